@@ -1,0 +1,66 @@
+"""treeshape's exceptions, and the only place mismatch data becomes prose."""
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+
+if TYPE_CHECKING:
+    from ._structure import Mismatch
+
+
+class StructureMismatchError(TypeError):
+    """A pytree does not have the expected structure.
+
+    Raised by [treeshape.Structure.check][] (and the functions built on it).
+    The message lists every difference, in leaf order, each naming the pytree
+    path, the expected and the actual value, and how to fix it. The same data
+    is on the exception as `err.mismatches`, a list of [treeshape.Mismatch][].
+
+    It subclasses `TypeError`, the exception JAX raises for the same kind of
+    mistake, so existing `except TypeError` handlers keep working.
+    """
+
+    def __init__(self, message: str, mismatches: Sequence["Mismatch"] = ()) -> None:
+        super().__init__(message)
+        self.mismatches: list[Mismatch] = list(mismatches)
+
+
+class CarryMismatchError(StructureMismatchError):
+    """No loop-carry type is a fixed point of the loop body under the policy.
+
+    Raised by [treeshape.carry_structure][] and the `*_carry` functions. The
+    message names every offending carry leaf by path (`carry[1]['mu']`), its
+    input and output types, why the policy forbids the change, and the fix: the
+    policy that would allow it, or the shape `body` should return.
+    """
+
+
+def fix_for(m: "Mismatch") -> str:
+    """The sentence that tells the user how to repair one mismatch."""
+    if m.kind == "shape":
+        return f"Make this leaf shape {m.expected}."
+    if m.kind == "dtype":
+        return f"Convert it with `.astype({m.expected})`."
+    if m.kind == "weak_type":
+        if m.expected:
+            return "Build it from a Python scalar, or convert the expected side with `ts.strip_weak_type`."
+        return "Make it strong with `ts.strip_weak_type`, or pass a typed array instead of a Python scalar."
+    if m.kind == "vma":
+        missing = sorted(set(m.expected) - set(m.actual))
+        if missing:
+            return f'Apply `jax.lax.pcast(x, {tuple(missing)!r}, to="varying")` to it.'
+        return "It varies over more manual axes than expected: reduce it (e.g. `jax.lax.psum`) or expect those axes."
+    if m.actual is None:
+        return "Add this entry."
+    if m.expected is None:
+        return "Remove this entry."
+    return "Make both trees use the same containers (same node types, keys and lengths)."
+
+
+def format_mismatches(header: str, mismatches: Sequence["Mismatch"]) -> str:
+    """`header` plus one sentence (or one bullet per mismatch) with its fix."""
+    lines = [f"{m} {fix_for(m)}" for m in mismatches]
+    if len(lines) == 1:
+        return f"{header}: {lines[0]}"
+    count = f"{len(lines)} differences"
+    return f"{header}; {count}:\n\n" + "\n".join(f"  * {line}" for line in lines)

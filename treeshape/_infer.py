@@ -1,0 +1,422 @@
+"""`out_structure`, `structure_of` and the cache behind them."""
+
+import collections
+import functools as ft
+import threading
+import types
+import weakref
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.tree_util as jtu
+import numpy as np
+
+from ._structure import PyTree, Structure
+
+
+# -- leaves --------------------------------------------------------------------
+# How a leaf is treated, decided once per Python type.
+_ARRAY = 0  # jax.Array or tracer: abstract, keyed by its aval
+_NUMPY = 1  # np.ndarray / NumPy scalar: abstract, strong
+_SDS = 2  # jax.ShapeDtypeStruct: abstract, keyed by itself
+_SCALAR = 3  # Python bool/int/float/complex: abstract (weak, except bool)
+_OTHER = 4  # static, unless the instance has .shape and .dtype (duck array)
+
+_SCALAR_TYPES = (bool, int, float, complex)
+_kinds: dict[type, int] = {}
+
+
+def _kind_of(cls: type) -> int:
+    kind = _kinds.get(cls)
+    if kind is None:
+        if issubclass(cls, (jax.Array, jax.core.Tracer)):
+            kind = _ARRAY
+        elif issubclass(cls, (np.ndarray, np.generic)):
+            kind = _NUMPY
+        elif issubclass(cls, jax.ShapeDtypeStruct):
+            kind = _SDS
+        elif cls in _SCALAR_TYPES:  # exactly: an IntEnum is an int but stays static
+            kind = _SCALAR
+        else:
+            kind = _OTHER
+        _kinds[cls] = kind
+    return kind
+
+
+def _is_duck_array(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type)
+
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31
+
+
+def _scalar_key(x: Any) -> Any:
+    cls = type(x)
+    if cls is int and not _INT32_MIN <= x < _INT32_MAX:
+        return (int, x)  # may not fit the weak int dtype: never share an entry
+    return cls
+
+
+class _Unhashable(Exception):
+    """A static value cannot be part of a cache key."""
+
+
+def _static_key(x: Any, refs: list[Any]) -> Any:
+    """A hashable stand-in for a static value that keeps no strong reference
+    to objects compared by identity (functions, most objects)."""
+    cls = type(x)
+    if cls is types.MethodType:
+        return (types.MethodType, _static_key(x.__func__, refs), _static_key(x.__self__, refs))
+    if cls.__hash__ is object.__hash__ and cls.__eq__ is object.__eq__:
+        try:
+            ref = weakref.ref(x)
+        except TypeError:
+            pass
+        else:
+            refs.append(x)
+            return ref
+    try:
+        hash(x)
+    except TypeError:
+        raise _Unhashable from None
+    return (cls, x)
+
+
+def _call_key(leaves: list[Any], concrete_scalars: bool, refs: list[Any]) -> list[Any]:
+    """Per-leaf cache keys: abstract values for arrays, values for the rest."""
+    out = []
+    for x in leaves:
+        kind = _kind_of(type(x))
+        if kind == _ARRAY:
+            out.append(x.aval)
+        elif kind == _SCALAR:
+            out.append((type(x), x) if concrete_scalars else _scalar_key(x))
+        elif kind == _NUMPY:
+            out.append((np.ndarray, np.shape(x), x.dtype))
+        elif kind == _SDS:
+            out.append(x)
+        elif _is_duck_array(x):
+            out.append(
+                (_OTHER, tuple(x.shape), x.dtype, getattr(x, "weak_type", False), getattr(x, "sharding", None))
+            )
+        else:
+            out.append(_static_key(x, refs))
+    return out
+
+
+def _is_abstract(x: Any, concrete_scalars: bool) -> bool:
+    kind = _kind_of(type(x))
+    if kind == _SCALAR:
+        return not concrete_scalars
+    if kind == _OTHER:
+        return _is_duck_array(x)
+    return True
+
+
+# -- callables -----------------------------------------------------------------
+def _call_pytree(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
+
+
+def _split_callable(fn: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+    """Write `fn` as `core(*bound, *args, **{**bound_kw, **kwargs})`.
+
+    `bound`/`bound_kw` hold the callable's own state (a partial's arguments, a
+    bound method's `self`, a callable pytree itself): passed to `core` as
+    inputs, so a partial rebuilt on every call shares one cache entry and no
+    tracer is ever closed over.
+    """
+    if type(fn) is types.FunctionType:
+        return fn, (), {}
+    if isinstance(fn, ft.partial):
+        core, bound, bound_kw = _split_callable(fn.func)
+        return core, bound + tuple(fn.args), {**bound_kw, **fn.keywords}
+    if type(fn) is types.MethodType:
+        core, bound, bound_kw = _split_callable(fn.__func__)
+        return core, (*bound, fn.__self__), bound_kw
+    if not isinstance(fn, types.BuiltinFunctionType) and not jtu.treedef_is_leaf(jtu.tree_structure(fn)):
+        return _call_pytree, (fn,), {}
+    return fn, (), {}
+
+
+# -- the cache -----------------------------------------------------------------
+class CacheInfo(NamedTuple):
+    """Statistics of the `out_structure` cache."""
+
+    hits: int
+    misses: int
+    size: int
+    maxsize: int
+
+
+class _Cache:
+    """A thread-safe LRU map that forgets entries whose objects die."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._entries: collections.OrderedDict[Any, tuple[Structure, list[Any]]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._dead: list[Any] = []  # filled by weakref callbacks, purged under the lock
+        self.hits = 0
+        self.misses = 0
+
+    def _purge(self) -> None:
+        while self._dead:
+            self._entries.pop(self._dead.pop(), None)
+
+    def get(self, key: Any) -> Structure | None:
+        with self._lock:
+            self._purge()
+            entry = self._entries.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry[0]
+
+    def put(self, key: Any, value: Structure, objects: list[Any]) -> None:
+        dead = self._dead
+
+        def forget(_: Any) -> None:
+            dead.append(key)
+
+        guards = [weakref.ref(obj, forget) for obj in objects]
+        with self._lock:
+            self._purge()
+            self._entries[key] = (value, guards)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.maxsize:
+                self._entries.popitem(last=False)
+
+    def miss(self) -> None:
+        with self._lock:
+            self.misses += 1
+
+    def info(self) -> CacheInfo:
+        with self._lock:
+            self._purge()
+            return CacheInfo(self.hits, self.misses, len(self._entries), self.maxsize)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._dead.clear()
+            self.hits = self.misses = 0
+
+
+_CACHE = _Cache(maxsize=4096)
+
+
+def cache_info() -> CacheInfo:
+    """Return the `out_structure` cache statistics `(hits, misses, size, maxsize)`.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> ts.clear_cache()
+        >>> f = lambda x: x * 2
+        >>> _ = ts.out_structure(f, jnp.ones(3))
+        >>> _ = ts.out_structure(f, jnp.zeros(3))  # same abstract input: a hit
+        >>> ts.cache_info()
+        CacheInfo(hits=1, misses=1, size=1, maxsize=4096)
+    """
+    return _CACHE.info()
+
+
+def clear_cache() -> None:
+    """Empty the `out_structure` cache and reset its counts.
+
+    Examples:
+        >>> import treeshape as ts
+        >>> ts.clear_cache()
+        >>> ts.cache_info().size
+        0
+    """
+    _CACHE.clear()
+
+
+def _context_key() -> tuple[Any, ...]:
+    # Settings that change what the same function returns for the same inputs.
+    return (
+        jax.config.jax_enable_x64,
+        jax.config.jax_numpy_dtype_promotion,
+        jax.sharding.get_abstract_mesh(),
+    )
+
+
+# -- inference -----------------------------------------------------------------
+def _check_scalars(leaves: list[Any], treedef: jtu.PyTreeDef, root: str) -> None:
+    """Name the path of a Python int that JAX cannot type (instead of JAX's bare OverflowError)."""
+    bits = 64 if jax.config.jax_enable_x64 else 32
+    low, high = -(2 ** (bits - 1)), 2 ** (bits - 1)
+    for i, x in enumerate(leaves):
+        if type(x) is int and not low <= x < high:
+            path = jtu.keystr(jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, leaves))[0][i][0])
+            raise OverflowError(
+                f"treeshape.out_structure: {root}{path} is the Python int {x}, which does not fit "
+                f"the int{bits} JAX gives Python ints. Pass it as a typed array (e.g. "
+                f"`np.int64({x})` with jax_enable_x64 on), or bind it with `functools.partial` "
+                f"so it stays a concrete Python value."
+            )
+
+
+def _evaluate(
+    core: Callable[..., Any],
+    n_bound: int,
+    bound_leaves: list[Any],
+    call_leaves: list[Any],
+    treedef: jtu.PyTreeDef,
+) -> Structure:
+    """Abstractly evaluate `core` on the given leaves (one `jax.eval_shape` trace)."""
+    leaves = bound_leaves + call_leaves
+    abstract = [_is_abstract(x, i < n_bound) for i, x in enumerate(leaves)]
+    dynamic = [x for x, a in zip(leaves, abstract, strict=True) if a]
+    out_info: list[Any] = []
+
+    def traced(*values: Any) -> list[Any]:
+        it = iter(values)
+        full = [next(it) if a else x for x, a in zip(leaves, abstract, strict=True)]
+        (bound, bound_kw), (args, kwargs) = jtu.tree_unflatten(treedef, full)
+        out = core(*bound, *args, **{**bound_kw, **kwargs})
+        out_leaves, out_treedef = jtu.tree_flatten(out)
+        traced_out = []
+        descriptions: list[Any] = []
+        for x in out_leaves:
+            kind = _kind_of(type(x))
+            if kind == _SDS:
+                descriptions.append(x)
+            elif kind == _OTHER and not _is_duck_array(x):
+                descriptions.append(x)
+            else:
+                descriptions.append(_TRACED)
+                traced_out.append(x)
+        out_info[:] = [out_treedef, descriptions]
+        return traced_out
+
+    shapes = iter(jax.eval_shape(traced, *dynamic))
+    out_treedef, descriptions = out_info
+    return Structure(out_treedef, tuple(next(shapes) if d is _TRACED else d for d in descriptions))
+
+
+_TRACED = object()
+_EMPTY_BOUND = jtu.tree_structure(((), {}))
+
+
+def _out_structure(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Structure:
+    if not callable(fn):
+        raise TypeError(
+            f"treeshape.out_structure: `fn` must be callable, got {type(fn).__name__} {fn!r}. "
+            "Pass the function first and its arguments after it: `ts.out_structure(f, x)`."
+        )
+    core, bound, bound_kw = _split_callable(fn)
+    if bound or bound_kw:
+        bound_leaves, bound_treedef = jtu.tree_flatten((bound, bound_kw))
+    else:
+        bound_leaves, bound_treedef = [], _EMPTY_BOUND
+    call_leaves, call_treedef = jtu.tree_flatten((args, kwargs))
+    refs: list[Any] = []
+    try:
+        key = (
+            _static_key(core, refs),
+            bound_treedef,
+            call_treedef,
+            *_call_key(bound_leaves, True, refs),
+            *_call_key(call_leaves, False, refs),
+            _context_key(),
+        )
+        hash(key)
+    except (_Unhashable, TypeError):
+        key = None
+    if key is not None:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            return hit
+    else:
+        _CACHE.miss()
+    _check_scalars(call_leaves, call_treedef, "args/kwargs")
+    treedef = jtu.treedef_tuple((bound_treedef, call_treedef))
+    structure = _evaluate(core, len(bound_leaves), bound_leaves, call_leaves, treedef)
+    if key is not None:
+        _CACHE.put(key, structure, refs)
+    return structure
+
+
+def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Structure:
+    """Infer the structure of `fn(*args, **kwargs)` without running it.
+
+    Abstract evaluation with `jax.eval_shape`: no FLOPs, no device memory, no
+    lowering and no compilation. Safe at top level and inside `jit`, `vmap`,
+    `grad`, `jvp`/`vjp`, loop and `cond` bodies, `checkpoint`, custom
+    derivative rules and `shard_map`, with closures and partials over tracers:
+    no tracer escapes, and the result describes the values as seen at that
+    level (under `vmap`, per-example shapes).
+
+    Array leaves of the arguments (arrays, tracers, `jax.ShapeDtypeStruct`s,
+    NumPy arrays and scalars, duck arrays) and Python scalars are abstract
+    inputs, typed as JAX types them (`int`/`float`/`complex` weak, `bool`
+    strong). Any other leaf (a string, a callable, an object) is passed to
+    `fn` unchanged, as a static value. In the output, Python scalars become
+    weak arrays and other non-array leaves are kept as static leaves.
+
+    Results are cached (LRU, 4096 entries): a repeated call with the same
+    callable and the same abstract inputs is answered without tracing. A
+    `functools.partial` or `jax.tree_util.Partial` rebuilt on every call hits
+    the cache when its function, its bound Python values (compared by
+    equality, passed to `fn` concrete) and the abstract values of its bound
+    arrays match. Unhashable static values bypass the cache. The cache holds
+    no tracer and no strong reference to your functions.
+
+    Args:
+        fn: Any callable: a function, lambda or closure, `functools.partial`,
+            `jax.tree_util.Partial`, bound method, `jax.jit`-wrapped function
+            or callable pytree.
+        *args: Pytrees of arrays, tracers, `jax.ShapeDtypeStruct`s, NumPy or
+            Python scalars, or static values.
+        **kwargs: As `args`.
+
+    Returns:
+        A [treeshape.Structure][]: the output treedef and one
+        `jax.ShapeDtypeStruct` (or static value) per output leaf.
+
+    Raises:
+        TypeError: `fn` is not callable.
+        OverflowError: a Python int argument does not fit JAX's int type.
+
+    Errors raised by `fn` itself propagate unchanged.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> def predict(params, x):
+        ...     return params["w"] @ x + params["b"]
+        >>> params = {"w": jnp.zeros((2, 3)), "b": jnp.zeros(2)}
+        >>> ts.out_structure(predict, params, jnp.zeros(3))
+        Structure(f32[2], 1 leaf, 8 B)
+    """
+    return _out_structure(fn, args, kwargs)
+
+
+def _identity(tree: PyTree) -> PyTree:
+    return tree
+
+
+def structure_of(tree: PyTree) -> Structure:
+    """Describe an existing pytree: `out_structure(lambda t: t, tree)`.
+
+    Args:
+        tree: A pytree whose leaves are arrays, tracers,
+            `jax.ShapeDtypeStruct`s, NumPy or Python scalars (typed as JAX
+            types them), or static values.
+
+    Returns:
+        Its [treeshape.Structure][].
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> ts.structure_of({"step": 0, "w": jnp.zeros((2, 2), jnp.bfloat16), "act": "relu"})
+        Structure({'act': 'relu', 'step': ~i32[], 'w': bf16[2,2]}, 3 leaves, 12 B)
+    """
+    return _out_structure(_identity, (tree,), {})
