@@ -64,3 +64,44 @@ def format_mismatches(header: str, mismatches: Sequence["Mismatch"]) -> str:
         return f"{header}: {lines[0]}"
     count = f"{len(lines)} differences"
     return f"{header}; {count}:\n\n" + "\n".join(f"  * {line}" for line in lines)
+
+
+# -- dtype policies (upcast and loop carries) ----------------------------------
+def format_lines(header: str, lines: Sequence[str], what: str) -> str:
+    """`header: line` for one line, else `header; N <what>s differ:` and bullets."""
+    if len(lines) == 1:
+        return f"{header}: {lines[0]}"
+    return f"{header}; {len(lines)} {what} differ:\n\n" + "\n".join(f"  * {line}" for line in lines)
+
+
+def policy_fix(src: str, src_weak: bool, dst: str, policy: str, allowing: str | None) -> str:
+    """Why `policy` forbids a dtype change from `src` to `dst`, and which policy allows it."""
+    strength = "weakly typed" if src_weak else "strongly typed"
+    if allowing is None:
+        return f'policy="{policy}" may not change it.'
+    reason = {
+        "promote": f"{src} promotes to {dst}",
+        "cast": f"an explicit cast from {src} to {dst}",
+    }.get(allowing, "")
+    if src_weak:
+        why = f"JAX's weak-type promotion of a {strength} {src} with {dst} does not give {dst}"
+    else:
+        why = f"the leaf is {strength}"
+    return f'The dtypes differ and {why}, so policy="{policy}" may not change it; policy="{allowing}" would ({reason}).'
+
+
+def carry_shape_fix(shape: tuple[int, ...]) -> str:
+    return f"The shapes differ, and no policy changes a shape: make `body` return shape {shape} here."
+
+
+def carry_vma_fix(in_axes: frozenset[str], out_axes: frozenset[str]) -> str:
+    extra = tuple(sorted(in_axes - out_axes))
+    return (
+        f"`body` returns a value that varies over fewer manual axes than the carry ({extra} missing), "
+        f'and no policy removes axes from a carry: apply `jax.lax.pcast(..., {extra!r}, to="varying")` '
+        "to that output inside `body`."
+    )
+
+
+def carry_structure_fix() -> str:
+    return "No policy changes the tree structure: make `body` return a carry with the same containers as `init`."

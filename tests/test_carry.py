@@ -1,0 +1,420 @@
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import treeshape as ts
+
+
+POLICIES = ["weak", "promote", "cast"]
+
+
+@pytest.fixture(params=["standard", "strict"])
+def promotion(request):
+    """Run a test under both `jax_numpy_dtype_promotion` modes."""
+    with jax.numpy_dtype_promotion(request.param):
+        yield request.param
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Moments:
+    mu: jax.Array
+    nu: jax.Array
+
+
+def _allowed(policy, needed):
+    return POLICIES.index(policy) >= POLICIES.index(needed)
+
+
+def _dtypes(tree):
+    return [x.dtype for x in jax.tree.leaves(tree)]
+
+
+# -- the three loop kinds ----------------------------------------------------------
+# Each runner turns a step `f(carry) -> carry` into a body of its loop kind, asks
+# treeshape for the carry, runs the real JAX loop on it and returns both.
+def _run_scan(step, init, policy):
+    xs = jnp.arange(3.0)
+    body = lambda c, x: (step(c), x)
+    carry = ts.scan_carry(body, init, xs, policy=policy)
+    assert ts.carry_structure(body, init, xs, policy=policy) == ts.structure_of(carry)
+    return carry, lax.scan(body, carry, xs)[0]
+
+
+def _run_while(step, init, policy):
+    carry = ts.while_carry(step, init, policy=policy)
+    counted = lambda ic: (ic[0] + 1, step(ic[1]))
+    return carry, lax.while_loop(lambda ic: ic[0] < 3, counted, (0, carry))[1]
+
+
+def _run_fori(step, init, policy):
+    body = lambda i, c: step(c)
+    carry = ts.fori_carry(body, init, policy=policy)
+    return carry, lax.fori_loop(0, 3, body, carry)
+
+
+LOOPS = {"scan": _run_scan, "while": _run_while, "fori": _run_fori}
+FN_NAMES = {"scan": "scan_carry", "while": "while_carry", "fori": "fori_carry"}
+
+
+def _nested(mu, nu, last, step=None):
+    """A carry of dicts of tuples of dataclasses."""
+    step = jnp.zeros((), jnp.int32) if step is None else step
+    return {"opt": (Moments(mu=mu, nu=nu), last), "step": step}
+
+
+def _replace(carry, mu=None, nu=None, last=None, step=None):
+    (m, old_last) = carry["opt"]
+    return {
+        "opt": (
+            Moments(m.mu if mu is None else mu, m.nu if nu is None else nu),
+            old_last if last is None else last,
+        ),
+        "step": carry["step"] if step is None else step,
+    }
+
+
+# (id, step, init, least policy that allows it, path, input type, output type)
+# The bodies convert explicitly, so they also run under strict dtype promotion.
+DTYPE_CASES = [
+    (
+        "weak_float_meets_f16",
+        lambda c: _replace(c, mu=c["opt"][0].mu * jnp.float16(2)),
+        lambda: _nested(0.0, jnp.zeros(3), jnp.zeros(2)),
+        "weak",
+        "carry['opt'][0].mu",
+        "~f32[]",
+        "f16[]",
+    ),
+    (
+        "bf16_meets_f32",
+        lambda c: _replace(c, nu=c["opt"][0].nu.astype(jnp.float32) * 2),
+        lambda: _nested(jnp.zeros(2), jnp.zeros(3, jnp.bfloat16), jnp.zeros(2)),
+        "promote",
+        "carry['opt'][0].nu",
+        "bf16[3]",
+        "f32[3]",
+    ),
+    (
+        "int32_counter_becomes_float",
+        lambda c: _replace(c, step=c["step"].astype(jnp.float32) + 0.5),
+        lambda: _nested(jnp.zeros(2), jnp.zeros(3), jnp.zeros(2)),
+        "promote",
+        "carry['step']",
+        "i32[]",
+        "f32[]",
+    ),
+    (
+        "f32_cast_down_to_bf16",
+        lambda c: _replace(c, last=c["opt"][1].astype(jnp.bfloat16)),
+        lambda: _nested(jnp.zeros(2), jnp.zeros(3), jnp.zeros(2)),
+        "cast",
+        "carry['opt'][1]",
+        "f32[2]",
+        "bf16[2]",
+    ),
+    (
+        "weak_float_meets_int32",
+        lambda c: _replace(c, nu=jnp.zeros((), jnp.int32)),
+        lambda: _nested(jnp.zeros(2), 1.0, jnp.zeros(2)),
+        "cast",
+        "carry['opt'][0].nu",
+        "~f32[]",
+        "i32[]",
+    ),
+]
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("case", DTYPE_CASES, ids=[c[0] for c in DTYPE_CASES])
+def test_dtype_changes_follow_the_policy(loop, policy, case, promotion):
+    _, step, make_init, needed, path, in_type, out_type = case
+    init = make_init()
+    if _allowed(policy, needed):
+        carry, final = LOOPS[loop](step, init, policy)
+        # The announced carry type is what the real loop carries.
+        assert _dtypes(carry) == _dtypes(final)
+        assert [m.kind for m in ts.structure_of(final).diff(carry)] in (
+            [],
+            ["weak_type"],
+        )
+        return
+    with pytest.raises(ts.CarryMismatchError, match=re.escape(path)) as info:
+        LOOPS[loop](step, init, policy)
+    message = str(info.value)
+    assert message.startswith(
+        f'treeshape.{FN_NAMES[loop]}: no carry type is a fixed point of `body` under policy="{policy}"'
+    )
+    assert f"{path}: input {in_type}, output {out_type}." in message
+    assert f'so policy="{policy}" may not change it; policy="{needed}" would' in message
+    assert isinstance(info.value, TypeError)
+    [m] = info.value.mismatches
+    assert (m.path, m.kind) == (path, "dtype")
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+@pytest.mark.parametrize("policy", POLICIES)
+def test_shape_and_structure_changes_fail_under_every_policy(loop, policy):
+    init = _nested(jnp.zeros(2), jnp.zeros(3), jnp.zeros(8))
+    reshaped = lambda c: _replace(c, last=c["opt"][1][:, None], mu=c["opt"][0].mu.astype(jnp.bfloat16))
+    with pytest.raises(ts.CarryMismatchError) as info:
+        LOOPS[loop](reshaped, init, policy)
+    message = str(info.value)
+    assert "carry['opt'][1]: input f32[8], output f32[8,1]." in message
+    assert "make `body` return shape (8,) here" in message
+    kinds = {m.path: m.kind for m in info.value.mismatches}
+    assert kinds["carry['opt'][1]"] == "shape"
+    if policy == "cast":
+        assert len(info.value.mismatches) == 1
+    else:  # every offending leaf is listed, in leaf order
+        assert list(kinds) == ["carry['opt'][0].mu", "carry['opt'][1]"]
+        assert "2 leaves differ" in message
+
+    restructured = lambda c: {"opt": c["opt"], "steps": c["step"]}
+    with pytest.raises(ts.CarryMismatchError) as info:
+        LOOPS[loop](restructured, init, policy)
+    paths = [(m.path, m.kind) for m in info.value.mismatches]
+    assert paths == [("carry['step']", "structure"), ("carry['steps']", "structure")]
+    assert "No policy changes the tree structure" in str(info.value)
+
+    as_list = lambda c: [c["opt"], c["step"]]
+    with pytest.raises(
+        ts.CarryMismatchError,
+        match=re.escape("carry: expected a dict with keys ['opt', 'step'], got a list"),
+    ):
+        LOOPS[loop](as_list, init, policy)
+
+
+# -- where JAX stops short -----------------------------------------------------------
+def _jax_9046_body(c, x):
+    # Each step mixes float16 into one more leaf: three passes to settle.
+    return [c[0] + x, c[1] + c[0], c[2] + c[1]], None
+
+
+def test_jax_9046_needs_a_true_fixed_point():
+    xs = jnp.ones(5, jnp.float16)
+    init = [0.0] * 3
+    with pytest.raises(TypeError):  # JAX's two-pass promotion is not enough
+        lax.scan(_jax_9046_body, init, xs)
+    traces = 0
+
+    def body(c, x):
+        nonlocal traces
+        traces += 1
+        return _jax_9046_body(c, x)
+
+    s = ts.carry_structure(body, init, xs)
+    assert traces == 4  # one per promotion step, plus the one that confirms
+    assert [leaf.dtype for leaf in s.leaves] == [jnp.float16] * 3
+    carry = ts.scan_carry(_jax_9046_body, init, xs)
+    final, _ = lax.scan(_jax_9046_body, carry, xs)
+    assert [float(v) for v in final] == [5.0, 10.0, 10.0]
+    assert ts.structure_of(final).matches(carry)
+
+
+def test_python_scalar_accumulator():
+    xs = jnp.arange(4, dtype=jnp.float16)
+    body = lambda acc, x: (acc + x, acc)
+    carry = ts.scan_carry(body, 0.0, xs)
+    assert carry.dtype == jnp.float16 and not ts.is_weak(carry)
+    total, ys = lax.scan(body, carry, xs)
+    assert total == 6 and ys.dtype == jnp.float16
+
+
+def test_fori_int32_counter_turned_float():
+    body = lambda i, c: c + 0.5
+    for policy in ("weak",):
+        with pytest.raises(ts.CarryMismatchError, match=re.escape("carry: input i32[], output ~f32[]")):
+            ts.fori_carry(body, jnp.int32(0), policy=policy)
+    for policy in ("promote", "cast"):
+        init = ts.fori_carry(body, jnp.int32(0), policy=policy)
+        assert lax.fori_loop(0, 4, body, init) == 2.0
+    # a Python int counter is weak: JAX's own rule lets it become float
+    assert lax.fori_loop(0, 4, body, ts.fori_carry(body, 0)) == 2.0
+
+
+def test_weak_promotion_follows_jax_arithmetic(promotion):
+    # jnp.result_type ignores a ShapeDtypeStruct's weak flag (weak f32 with f16
+    # gives f32); the carry must follow what JAX's arithmetic really does.
+    body = lambda c, x: (c * x, None)
+    for dtype in (
+        jnp.float16,
+        jnp.bfloat16,
+        jnp.float32,
+        jnp.complex64,
+        jnp.int8,
+        jnp.uint8,
+    ):
+        xs = jnp.ones(3, dtype)
+        for init in (1, 1.0, 1j):
+            try:
+                concrete = init * xs[0]
+            except jax.dtypes.TypePromotionError:
+                with pytest.raises(jax.dtypes.TypePromotionError):
+                    ts.carry_structure(body, init, xs)
+                continue
+            [leaf] = ts.carry_structure(body, init, xs).leaves
+            assert leaf.dtype == concrete.dtype, (init, dtype)
+            final, _ = lax.scan(body, ts.scan_carry(body, init, xs), xs)
+            assert final.dtype == concrete.dtype
+
+
+def test_weak_flag_alone_never_mismatches():
+    # input weak float32, output strong float32: init keeps its flag
+    body = lambda c, x: (c * x, None)
+    s = ts.carry_structure(body, 1.0, jnp.ones((2,), jnp.float32))
+    assert s.leaves[0].dtype == jnp.float32 and s.leaves[0].weak_type
+    # input strong, output weak
+    s = ts.carry_structure(lambda c, x: (jnp.asarray(2.0), None), jnp.float32(0), length=2)
+    assert not s.leaves[0].weak_type
+
+
+def test_one_trace_when_init_is_a_fixed_point():
+    traces = 0
+
+    def body(c, x):
+        nonlocal traces
+        traces += 1
+        return {"w": c["w"] + x, "n": c["n"] + 1}, c["w"].sum()
+
+    init = {"w": jnp.zeros(3), "n": jnp.zeros((), jnp.int32)}
+    xs = jnp.ones((4, 3))
+    assert ts.carry_structure(body, init, xs) == ts.structure_of(init)
+    assert traces == 1
+    ts.scan_carry(body, init, xs)
+    assert traces == 1  # answered from the cache
+
+
+def test_scan_xs_and_length():
+    body = lambda c, x: (c + x["a"][0] + x["b"], None)
+    xs = {"a": (jnp.ones((5, 2)),), "b": jnp.ones((5, 2))}
+    assert ts.scan_carry(body, jnp.zeros(2), xs, length=5).shape == (2,)
+    with pytest.raises(
+        ValueError,
+        match=re.escape("`length=4` disagrees with the leading axis of `xs` (5"),
+    ):
+        ts.scan_carry(body, jnp.zeros(2), xs, length=4)
+    with pytest.raises(ValueError, match=re.escape("xs['a'][0] has 5, xs['b'] has 6")):
+        ts.scan_carry(body, jnp.zeros(2), {"a": (jnp.ones((5, 2)),), "b": jnp.ones((6, 2))})
+    with pytest.raises(ValueError, match="`length` must be given"):
+        ts.scan_carry(lambda c, x: (c, None), jnp.zeros(2))
+    with pytest.raises(ValueError, match=re.escape("xs[0] is a scalar")):
+        ts.scan_carry(lambda c, x: (c, None), jnp.zeros(2), [jnp.float32(1)])
+    # xs=None with length; y may be any pytree
+    body = lambda c, x: (c + 1, {"y": (c, [c * 2])})
+    carry = ts.scan_carry(body, 0, length=3)
+    assert lax.scan(body, carry, None, length=3)[0] == 3
+
+
+def test_bad_body_and_policy():
+    with pytest.raises(TypeError, match=re.escape("a scan body must return a pair `(carry, y)`")):
+        ts.scan_carry(lambda c, x: c, jnp.zeros(2), length=2)
+    with pytest.raises(TypeError, match="pair"):
+        ts.carry_structure(lambda c, x: (c, x, x), jnp.zeros(2), length=2)
+    with pytest.raises(ValueError, match=re.escape("use one of 'weak', 'promote', 'cast'")):
+        ts.scan_carry(lambda c, x: (c, None), jnp.zeros(2), length=2, policy="loose")
+    for fn in (
+        ts.while_carry,
+        lambda b, i, policy: ts.fori_carry(lambda k, c: b(c), i, policy=policy),
+    ):
+        with pytest.raises(ValueError, match="unknown policy 'upcast'"):
+            fn(lambda c: c, jnp.zeros(2), policy="upcast")
+    with pytest.raises(TypeError, match=re.escape("carry['name'] is a str")):
+        ts.while_carry(lambda c: c, {"name": "x", "v": 0.0})
+
+
+def test_body_errors_propagate_unchanged():
+    class Boom(Exception):
+        pass
+
+    def body(c, x):
+        raise Boom("from the body")
+
+    with pytest.raises(Boom, match="from the body"):
+        ts.scan_carry(body, 0.0, length=2)
+
+
+def test_never_settling_body_is_reported():
+    flip = lambda c: c.astype(jnp.bfloat16) if c.dtype == jnp.float32 else c.astype(jnp.float32)
+    with pytest.raises(ts.CarryMismatchError, match="did not settle within 32 evaluations"):
+        ts.while_carry(flip, jnp.zeros(2), policy="cast")
+
+
+# -- under transformations ------------------------------------------------------------
+def test_carries_inside_transformations(in_context):
+    def f(x):
+        body = lambda c, xi: (c + xi * jnp.float16(1), None)
+        carry = ts.scan_carry(body, 0.0, x.astype(jnp.float16))
+        total, _ = lax.scan(body, carry, x.astype(jnp.float16))
+        assert total.dtype == jnp.float16
+        return x + total.astype(x.dtype)
+
+    in_context(f, jnp.ones(3))
+
+
+def test_shard_map_makes_the_carry_varying():
+    mesh = jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Explicit,))
+    x = jax.device_put(jnp.arange(16.0), jax.NamedSharding(mesh, P("i")))
+
+    def per_device(x):
+        body = lambda c, xi: ({"acc": c["acc"] + xi, "n": c["n"] + 1}, None)
+        init = {"acc": jnp.zeros(2), "n": 0}
+        with pytest.raises(TypeError, match="pcast"):  # what JAX says on its own
+            lax.scan(body, init, x[None])
+        carry = ts.scan_carry(body, init, x[None])
+        assert jax.typeof(carry["acc"]).manual_axis_type.varying == {"i"}
+        assert ts.carry_structure(body, init, x[None]).leaves[0].manual_axis_type.varying == {"i"}
+        return lax.scan(body, carry, x[None])[0]["acc"]
+
+    out = jax.shard_map(per_device, mesh=mesh, in_specs=P("i"), out_specs=P("i"))(x)
+    assert (out == jnp.arange(16.0)).all()
+
+
+def test_shard_map_less_varying_output_is_reported():
+    mesh = jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Explicit,))
+    x = jax.device_put(jnp.arange(16.0), jax.NamedSharding(mesh, P("i")))
+
+    def per_device(x):
+        body = lambda c, xi: (jnp.zeros(2), None)  # drops the varying input
+        with pytest.raises(
+            ts.CarryMismatchError,
+            match=re.escape("carry: input f32[2]{V:i}, output f32[2]"),
+        ) as info:
+            ts.scan_carry(body, x, length=2)
+        assert 'to="varying")` to that output inside `body`' in str(info.value)
+        assert info.value.mismatches[0].kind == "vma"
+        return x
+
+    jax.shard_map(per_device, mesh=mesh, in_specs=P("i"), out_specs=P("i"))(x)
+
+
+def test_scan_carry_adds_no_runtime_op_under_jit():
+    body = lambda c, x: (c + x, None)
+    xs = jnp.ones((8, 4))
+
+    def with_treeshape(init, xs):
+        return lax.scan(body, ts.scan_carry(body, init, xs, policy="promote"), xs)[0]
+
+    def by_hand(init, xs):
+        return lax.scan(body, init.astype(jnp.float32), xs)[0]
+
+    init = jnp.zeros(4, jnp.bfloat16)
+    count = lambda f: jax.jit(f).lower(init, xs).compile().as_text().count(" = ")
+    assert count(with_treeshape) == count(by_hand)
+    assert (jax.jit(with_treeshape)(init, xs) == by_hand(init, xs)).all()
+
+
+def test_while_and_fori_carry_values_are_init_converted():
+    init = {"x": jnp.arange(3, dtype=jnp.bfloat16), "k": 2}
+    body = lambda c: {"x": c["x"].astype(jnp.float32) * 2, "k": c["k"] + 1}
+    carry = ts.while_carry(body, init, policy="promote")
+    assert carry["x"].dtype == jnp.float32 and carry["k"] == 2
+    assert (carry["x"] == jnp.arange(3.0)).all()
+    out = lax.while_loop(lambda c: c["k"] < 5, body, carry)
+    assert out["k"] == 5 and (out["x"] == jnp.arange(3.0) * 8).all()

@@ -1,0 +1,414 @@
+"""Loop carries that type-check: `carry_structure`, `scan_carry`, `while_carry`, `fori_carry`."""
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from jax import lax
+
+from ._display import leaf_str, short_dtype, varying_axes
+from ._errors import (
+    CarryMismatchError,
+    carry_shape_fix,
+    carry_structure_fix,
+    carry_vma_fix,
+    format_lines,
+    policy_fix,
+)
+from ._infer import out_structure
+from ._structure import Mismatch, PyTree, Structure, diff_structures
+from ._weak import (
+    _PY_SCALAR_TYPES,
+    allowing_policy,
+    check_policy,
+    convert,
+    dtype_change_allowed,
+)
+
+
+_MAX_STEPS: Final = 32
+_ROOT: Final = "carry"
+
+
+def _abstract_leaf(x: Any, where: str, fn_name: str, drop_leading: bool = False) -> jax.ShapeDtypeStruct:
+    """A leaf's abstract value (shape, dtype, weak flag, sharding, manual axes), without tracing.
+
+    With `drop_leading`, the value of one scan step (the leading axis removed).
+    """
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x.update(shape=x.shape[1:], sharding=None) if drop_leading else x
+    try:
+        aval = jax.typeof(x)
+    except TypeError:
+        raise TypeError(
+            f"treeshape.{fn_name}: {where} is a {type(x).__name__}, but loop carries and scanned "
+            "values must be arrays or Python scalars. Keep static values out of the carry "
+            "(close over them in `body` instead)."
+        ) from None
+    shape = aval.shape[1:] if drop_leading else aval.shape
+    sharding, mat = aval.sharding, aval.manual_axis_type
+    if sharding.mesh.empty:
+        return jax.ShapeDtypeStruct(shape, aval.dtype, weak_type=aval.weak_type)
+    if drop_leading:
+        spec = tuple(sharding.spec) + (None,) * (len(aval.shape) - len(sharding.spec))
+        sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec[1:]))
+    # A manual mesh's values carry their manual axes only together with their sharding.
+    return jax.ShapeDtypeStruct(
+        shape,
+        aval.dtype,
+        weak_type=aval.weak_type,
+        sharding=sharding,
+        manual_axis_type=mat,
+    )
+
+
+def _abstract_tree(
+    tree: PyTree, root: str, fn_name: str, drop_leading: bool = False
+) -> tuple[jtu.PyTreeDef, list[str], list[Any]]:
+    flat, treedef = jtu.tree_flatten_with_path(tree)
+    paths = [root + jtu.keystr(path) for path, _ in flat]
+    leaves = [_abstract_leaf(x, p, fn_name, drop_leading) for p, (_, x) in zip(paths, flat, strict=True)]
+    return treedef, paths, leaves
+
+
+def _x_slices(xs: PyTree, length: int | None, fn_name: str) -> PyTree:
+    """The abstract value `body` sees for one step of `xs`, checking lengths as `lax.scan` does."""
+    flat, treedef = jtu.tree_flatten_with_path(xs)
+    paths = ["xs" + jtu.keystr(path) for path, _ in flat]
+    leaves = [_abstract_leaf(x, p, fn_name) for p, (_, x) in zip(paths, flat, strict=True)]
+    if not leaves:
+        if length is None:
+            raise ValueError(
+                f"treeshape.{fn_name}: `xs` has no arrays to scan over, so `length` must be given "
+                "(as for `lax.scan`): pass `length=N`."
+            )
+        return xs
+    for path, leaf in zip(paths, leaves, strict=True):
+        if not leaf.shape:
+            raise ValueError(
+                f"treeshape.{fn_name}: {path} is a scalar ({leaf_str(leaf)}), but every leaf of `xs` "
+                "needs a leading axis to scan over."
+            )
+    sizes = {leaf.shape[0] for leaf in leaves}
+    if len(sizes) > 1:
+        listing = ", ".join(f"{p} has {leaf.shape[0]}" for p, leaf in zip(paths, leaves, strict=True))
+        raise ValueError(
+            f"treeshape.{fn_name}: the leaves of `xs` must share one leading axis size; {listing}. "
+            "Make them all the same length."
+        )
+    (size,) = sizes
+    if length is not None and length != size:
+        raise ValueError(
+            f"treeshape.{fn_name}: `length={length}` disagrees with the leading axis of `xs` ({size}, "
+            f"e.g. {paths[0]}: {leaf_str(leaves[0])}). Drop `length` or make them agree."
+        )
+    _, _, slices = _abstract_tree(xs, "xs", fn_name, drop_leading=True)
+    return jtu.tree_unflatten(treedef, slices)
+
+
+def _sub_structure(s: Structure, index: int) -> Structure:
+    children = s.treedef.children()
+    start = sum(child.num_leaves for child in children[:index])
+    child = children[index]
+    return Structure(child, s.leaves[start : start + child.num_leaves])
+
+
+def _scan_step(body: Callable[..., Any], x: PyTree, fn_name: str) -> Callable[[PyTree], Structure]:
+    def step(carry: PyTree) -> Structure:
+        out = out_structure(body, carry, x)
+        node = None if jtu.treedef_is_leaf(out.treedef) else out.treedef.node_data()
+        if node is None or node[0] not in (tuple, list) or len(out.treedef.children()) != 2:
+            raise TypeError(
+                f"treeshape.{fn_name}: a scan body must return a pair `(carry, y)`, as for `lax.scan`, "
+                f"but `body` returned {out!r}. Return `new_carry, y` (use `None` for no `y`)."
+            )
+        return _sub_structure(out, 0)
+
+    return step
+
+
+def _fixed_point(
+    fn_name: str,
+    step: Callable[[PyTree], Structure],
+    init: PyTree,
+    policy: str,
+) -> Structure:
+    """Evaluate `step` from `init`'s types, joining input and output types until stable."""
+    check_policy(policy, fn_name)
+    treedef, paths, carry = _abstract_tree(init, _ROOT, fn_name)
+    header = f'treeshape.{fn_name}: no carry type is a fixed point of `body` under policy="{policy}"'
+    for _ in range(_MAX_STEPS):
+        out = step(jtu.tree_unflatten(treedef, carry))
+        current = Structure(treedef, tuple(carry))
+        if out.treedef != treedef:
+            mismatches = diff_structures(current, out, _ROOT)
+            lines = [f"{m} {carry_structure_fix()}" for m in mismatches]
+            raise CarryMismatchError(format_lines(header, lines, "parts"), mismatches)
+        joined, mismatches, lines = _join(paths, carry, list(out.leaves), policy)
+        if mismatches:
+            raise CarryMismatchError(format_lines(header, lines, "leaves"), mismatches)
+        if joined == carry:
+            return current
+        carry = joined
+    raise CarryMismatchError(
+        f"treeshape.{fn_name}: the carry type did not settle within {_MAX_STEPS} evaluations of `body` "
+        f'under policy="{policy}" (the body keeps changing a dtype, e.g. casting back and forth). '
+        f"Last carry: {Structure(treedef, tuple(carry))!r}. Make `body` return a fixed dtype for every leaf."
+    )
+
+
+def _join(
+    paths: list[str], carry: list[Any], out: list[Any], policy: str
+) -> tuple[list[Any], list[Mismatch], list[str]]:
+    """Each carry leaf joined with the body's output leaf, or why it cannot be."""
+    joined: list[Any] = []
+    mismatches: list[Mismatch] = []
+    lines: list[str] = []
+
+    def fail(m: Mismatch, c: Any, o: Any, fix: str) -> None:
+        mismatches.append(m)
+        lines.append(f"{m.path}: input {leaf_str(c)}, output {leaf_str(o)}. {fix}")
+
+    for path, c, o in zip(paths, carry, out, strict=True):
+        if not isinstance(o, jax.ShapeDtypeStruct):
+            fail(
+                Mismatch(path, "structure", leaf_str(c), f"the static value {leaf_str(o)}"),
+                c,
+                o,
+                carry_structure_fix(),
+            )
+            joined.append(c)
+            continue
+        new = c
+        if c.shape != o.shape:
+            fail(
+                Mismatch(path, "shape", c.shape, o.shape),
+                c,
+                o,
+                carry_shape_fix(c.shape),
+            )
+        if c.dtype != o.dtype:
+            if dtype_change_allowed(c.dtype, c.weak_type, o.dtype, policy):
+                new = new.update(dtype=o.dtype, weak_type=False)
+            else:
+                allowing = allowing_policy(c.dtype, c.weak_type, o.dtype)
+                fix = policy_fix(
+                    short_dtype(c.dtype),
+                    c.weak_type,
+                    short_dtype(o.dtype),
+                    policy,
+                    allowing,
+                )
+                fail(Mismatch(path, "dtype", c.dtype, o.dtype), c, o, fix)
+        c_axes, o_axes = varying_axes(c), varying_axes(o)
+        if c_axes - o_axes:
+            fail(
+                Mismatch(path, "vma", c_axes, o_axes),
+                c,
+                o,
+                carry_vma_fix(c_axes, o_axes),
+            )
+        elif o_axes - c_axes:
+            new = new.update(sharding=o.sharding, manual_axis_type=o.manual_axis_type)
+        joined.append(new)
+    return joined, mismatches, lines
+
+
+def _convert_init(init: PyTree, carry: Structure, fn_name: str) -> PyTree:
+    """`init`'s values with `carry`'s dtypes and manual axes."""
+    leaves, treedef = jtu.tree_flatten(init)
+    out = []
+    for x, want in zip(leaves, carry.leaves, strict=True):
+        if isinstance(x, jax.ShapeDtypeStruct):
+            raise TypeError(
+                f"treeshape.{fn_name}: `init` holds a jax.ShapeDtypeStruct, which has no value to "
+                "convert. Build values with `ts.carry_structure(...).zeros()` instead."
+            )
+        have = jax.typeof(x)
+        if have.dtype != want.dtype or (have.weak_type != want.weak_type and type(x) not in _PY_SCALAR_TYPES):
+            x = convert(x, want.dtype, want.weak_type)
+        missing = varying_axes(want) - varying_axes(have)
+        if missing:
+            x = lax.pcast(x, tuple(sorted(missing)), to="varying")
+        out.append(x)
+    return jtu.tree_unflatten(treedef, out)
+
+
+def carry_structure(
+    body: Callable[..., Any],
+    init: PyTree,
+    xs: PyTree = None,
+    *,
+    length: int | None = None,
+    policy: str = "weak",
+) -> Structure:
+    """Find the carry type for which `lax.scan(body, carry, xs, length=length)` type-checks.
+
+    Starts from `init`'s abstract types, evaluates `body` abstractly (through
+    [treeshape.out_structure][], so it is cached and safe under any
+    transformation), joins each input leaf with the matching output leaf under
+    `policy`, and repeats until nothing changes: one trace of `body` when
+    `init` already is a fixed point, one more per promotion step. Unlike JAX's
+    own two-pass weak-type promotion, this reaches a true fixed point. Under
+    `jax.shard_map`, a leaf whose output varies over manual mesh axes is made
+    varying over them too.
+
+    Args:
+        body: A `lax.scan` body, `body(carry, x) -> (carry, y)`.
+        init: The initial carry: a pytree of arrays, tracers or Python scalars.
+        xs: The values to scan over (leading axis), or `None`.
+        length: The number of steps; required when `xs` is `None`.
+        policy: Which leaves may change dtype to reach the body's type:
+
+            - `"weak"` (default): only weakly typed leaves (Python scalars,
+              weak arrays), to the dtype JAX's weak-type promotion gives;
+            - `"promote"`: also strong leaves, where
+              `jnp.promote_types(src, dst) == dst`;
+            - `"cast"`: any leaf, to any dtype.
+
+    Returns:
+        The carry's [treeshape.Structure][], with `init`'s treedef.
+
+    Raises:
+        CarryMismatchError: no fixed point exists under `policy`; lists every
+            offending leaf with its input and output types and the fix.
+        TypeError: `body` does not return a pair `(carry, y)`.
+        ValueError: `xs` is `None` without `length`, `length` disagrees with
+            `xs`, or `policy` is unknown.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> def body(total, x):
+        ...     return total + x, None
+        >>> xs = jnp.ones(4, jnp.float16)
+        >>> ts.carry_structure(body, 0.0, xs)  # a Python float meets float16
+        Structure(f16[], 1 leaf, 2 B)
+    """
+    return _fixed_point(
+        "carry_structure",
+        _scan_step(body, _x_slices(xs, length, "carry_structure"), "carry_structure"),
+        init,
+        policy,
+    )
+
+
+def scan_carry(
+    body: Callable[..., Any],
+    init: PyTree,
+    xs: PyTree = None,
+    *,
+    length: int | None = None,
+    policy: str = "weak",
+) -> PyTree:
+    """Convert `init` to the carry type `lax.scan(body, ...)` needs.
+
+    The values of `init` converted to [treeshape.carry_structure][]'s types:
+    the dtype casts `policy` allows, and `lax.pcast(..., to="varying")` where
+    the body's carry varies over manual mesh axes. Leaves that need no change
+    are returned as they are. The result can be passed straight to `lax.scan`.
+
+    Args:
+        body: A `lax.scan` body, `body(carry, x) -> (carry, y)`.
+        init: The initial carry values.
+        xs: The values to scan over, or `None`.
+        length: The number of steps; required when `xs` is `None`.
+        policy: `"weak"` (default), `"promote"` or `"cast"`, as in
+            [treeshape.carry_structure][].
+
+    Returns:
+        A pytree like `init`, ready to be the initial carry of `lax.scan`.
+
+    Raises:
+        CarryMismatchError: no fixed point exists under `policy`.
+        TypeError: `body` does not return a pair `(carry, y)`.
+        ValueError: `xs`/`length` are inconsistent, or `policy` is unknown.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> def body(acc, x):
+        ...     return acc + x, acc
+        >>> xs = jnp.ones(3, jnp.float32)
+        >>> init = ts.scan_carry(body, jnp.zeros((), jnp.bfloat16), xs, policy="promote")
+        >>> init.dtype
+        dtype('float32')
+        >>> jax.lax.scan(body, init, xs)[0]
+        Array(3., dtype=float32)
+    """
+    fn_name = "scan_carry"
+    step = _scan_step(body, _x_slices(xs, length, fn_name), fn_name)
+    return _convert_init(init, _fixed_point(fn_name, step, init, policy), fn_name)
+
+
+def while_carry(body: Callable[[PyTree], PyTree], init: PyTree, *, policy: str = "weak") -> PyTree:
+    """Convert `init` to the carry type a `lax.while_loop` body `body(carry) -> carry` needs.
+
+    As [treeshape.scan_carry][], for `lax.while_loop(cond, body, init)`.
+
+    Args:
+        body: The loop body, `body(carry) -> carry`.
+        init: The initial carry values.
+        policy: `"weak"` (default), `"promote"` or `"cast"`, as in
+            [treeshape.carry_structure][].
+
+    Returns:
+        A pytree like `init`, ready for `lax.while_loop`.
+
+    Raises:
+        CarryMismatchError: no fixed point exists under `policy`.
+        ValueError: `policy` is unknown.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> body = lambda c: (c[0] + 1, c[1] * 0.5)
+        >>> init = ts.while_carry(body, (0, jnp.int32(8)), policy="promote")
+        >>> jax.lax.while_loop(lambda c: c[0] < 3, body, init)
+        (Array(3, dtype=int32, weak_type=True), Array(1., dtype=float32))
+    """
+    fn_name = "while_carry"
+
+    def step(carry: PyTree) -> Structure:
+        return out_structure(body, carry)
+
+    return _convert_init(init, _fixed_point(fn_name, step, init, policy), fn_name)
+
+
+def fori_carry(body: Callable[[Any, PyTree], PyTree], init: PyTree, *, policy: str = "weak") -> PyTree:
+    """Convert `init` to the carry type a `lax.fori_loop` body `body(i, carry) -> carry` needs.
+
+    As [treeshape.scan_carry][], for `lax.fori_loop(lower, upper, body, init)`;
+    `i` is an abstract integer scalar, weakly typed as `lax.fori_loop` passes
+    it for Python bounds.
+
+    Args:
+        body: The loop body, `body(i, carry) -> carry`.
+        init: The initial carry values.
+        policy: `"weak"` (default), `"promote"` or `"cast"`, as in
+            [treeshape.carry_structure][].
+
+    Returns:
+        A pytree like `init`, ready for `lax.fori_loop`.
+
+    Raises:
+        CarryMismatchError: no fixed point exists under `policy`.
+        ValueError: `policy` is unknown.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> body = lambda i, c: c + 0.5  # an int32 counter turned into float
+        >>> init = ts.fori_carry(body, jnp.int32(0), policy="promote")
+        >>> jax.lax.fori_loop(0, 4, body, init)
+        Array(2., dtype=float32)
+    """
+    fn_name = "fori_carry"
+    index = jax.ShapeDtypeStruct((), jnp.result_type(int), weak_type=True)
+
+    def step(carry: PyTree) -> Structure:
+        return out_structure(body, index, carry)
+
+    return _convert_init(init, _fixed_point(fn_name, step, init, policy), fn_name)

@@ -1,0 +1,231 @@
+"""Weak types: `is_weak`, `weak_paths`, `strip_weak_type`, `upcast`, and the
+dtype-change rules shared with loop carries."""
+
+import functools as ft
+from typing import Any, Final
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+from jax import lax
+
+from . import _compat
+from ._structure import Mismatch, PyTree, Structure, diff_structures
+
+
+POLICIES: Final = ("weak", "promote", "cast")
+
+
+def check_policy(policy: str, fn_name: str) -> None:
+    if policy not in POLICIES:
+        allowed = ", ".join(repr(p) for p in POLICIES)
+        raise ValueError(
+            f"treeshape.{fn_name}: unknown policy {policy!r}; use one of {allowed}: "
+            '"weak" changes only weakly typed leaves (JAX\'s own loop-carry rule), '
+            '"promote" also strong leaves whose dtype promotes to the target, '
+            '"cast" any leaf to any dtype.'
+        )
+
+
+_PY_SCALAR_TYPES: Final = (bool, int, float, complex)
+
+
+def _abstract(x: Any) -> Any:
+    """The abstract value of an array-like leaf, or None for a static leaf."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    if type(x) in _PY_SCALAR_TYPES or isinstance(x, (jax.Array, jax.core.Tracer, np.ndarray, np.generic)):
+        return jax.typeof(x)
+    return None
+
+
+def is_weak(x: Any) -> bool:
+    """Return whether `x` is weakly typed (a Python scalar or an array derived from one).
+
+    Args:
+        x: An array, tracer, `jax.ShapeDtypeStruct` or Python scalar.
+
+    Returns:
+        `True` for Python `int`/`float`/`complex` and weak arrays; `False` for
+        `bool`, NumPy values and strong arrays.
+
+    Raises:
+        TypeError: `x` is none of the above.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> ts.is_weak(1.0), ts.is_weak(jnp.asarray(1.0)), ts.is_weak(jnp.float32(1.0))
+        (True, True, False)
+    """
+    aval = _abstract(x)
+    if aval is None:
+        raise TypeError(
+            f"treeshape.is_weak: expected an array, tracer, jax.ShapeDtypeStruct or Python "
+            f"scalar, got {type(x).__name__}. Use ts.weak_paths(tree) for a whole pytree."
+        )
+    return bool(aval.weak_type)
+
+
+def weak_paths(tree: PyTree) -> list[str]:
+    """List the `jax.tree_util.keystr` paths of the weakly typed leaves of `tree`.
+
+    Static leaves (strings, callables, ...) are never weak.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> ts.weak_paths({"lr": 0.1, "w": jnp.ones(2), "step": jnp.asarray(0)})
+        ["['lr']", "['step']"]
+    """
+    flat, _ = jtu.tree_flatten_with_path(tree)
+    paths = []
+    for path, x in flat:
+        aval = _abstract(x)
+        if aval is not None and aval.weak_type:
+            paths.append(jtu.keystr(path))
+    return paths
+
+
+def _make_strong(x: Any) -> Any:
+    aval = _abstract(x)
+    if aval is None or not aval.weak_type:
+        return x
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x.update(weak_type=False)
+    return lax.convert_element_type(x, aval.dtype)
+
+
+def strip_weak_type(tree: PyTree) -> PyTree:
+    """Make every weakly typed leaf of `tree` strong, keeping its value and dtype.
+
+    Python scalars become strong arrays of JAX's default dtype for them, weak
+    arrays and tracers are converted (a no-op at run time), weak
+    `jax.ShapeDtypeStruct`s get `weak_type=False`. Useful to give a jitted
+    function one stable signature whether its inputs come weak or strong.
+
+    Examples:
+        >>> import treeshape as ts
+        >>> ts.strip_weak_type({"lr": 0.1, "name": "adam"})
+        {'lr': Array(0.1, dtype=float32), 'name': 'adam'}
+    """
+    return jtu.tree_map(_make_strong, tree)
+
+
+# -- dtype changes -------------------------------------------------------------
+_KIND_SCALARS: Final = {"b": False, "i": 0, "u": 0, "f": 0.0, "c": 0j}
+
+
+@ft.cache
+def weak_result(src: Any, dst: Any) -> Any:
+    """The dtype JAX gives a weak value of dtype `src` meeting dtype `dst`:
+    the result type of a Python scalar of `src`'s kind with `dst` (None if JAX
+    refuses, as in strict promotion mode)."""
+    kind = np.dtype(src).kind if not jnp.issubdtype(src, jax.dtypes.prng_key) else None
+    if kind not in _KIND_SCALARS or jnp.issubdtype(dst, jax.dtypes.prng_key):
+        return None
+    try:
+        return jnp.result_type(_KIND_SCALARS[kind], dst)
+    except Exception:  # TypePromotionError under jax_numpy_dtype_promotion="strict"
+        return None
+
+
+@ft.cache
+def _promotes(src: Any, dst: Any) -> bool:
+    try:
+        return bool(jnp.promote_types(src, dst) == dst)
+    except Exception:
+        return False
+
+
+def dtype_change_allowed(src: Any, src_weak: bool, dst: Any, policy: str) -> bool:
+    """Whether `policy` lets a leaf of dtype `src` take dtype `dst`."""
+    if policy == "cast":
+        return True
+    if src_weak and weak_result(src, dst) == dst:
+        return True
+    return policy == "promote" and _promotes(src, dst)
+
+
+def allowing_policy(src: Any, src_weak: bool, dst: Any) -> str | None:
+    """The first (least permissive) policy that allows the change."""
+    for policy in POLICIES:
+        if dtype_change_allowed(src, src_weak, dst, policy):
+            return policy
+    return None  # pragma: no cover - "cast" allows everything
+
+
+def convert(x: Any, dtype: Any, weak_type: bool) -> Any:
+    """`x` as an array of `dtype` with the given weak flag (a no-op when it already is)."""
+    aval = jax.typeof(x)
+    if aval.dtype == dtype and aval.weak_type == weak_type and not isinstance(x, (int, float, complex)):
+        return x
+    return _compat.convert_element_type(x, dtype, weak_type=weak_type)
+
+
+# -- upcast --------------------------------------------------------------------
+def upcast(tree: PyTree, like: Structure | PyTree, *, policy: str = "weak") -> PyTree:
+    """Convert `tree` to the dtypes of `like`, as far as `policy` allows.
+
+    Leaves whose dtype already matches are returned unchanged; a converted leaf
+    takes `like`'s dtype and weak flag.
+
+    Args:
+        tree: A pytree of arrays, tracers or Python scalars (static leaves are
+            kept and must equal `like`'s).
+        like: A [treeshape.Structure][] or a pytree of arrays or
+            `jax.ShapeDtypeStruct`s with the same structure and shapes.
+        policy: Which leaves may change dtype:
+
+            - `"weak"` (default): only weakly typed leaves, to the dtype JAX's
+              weak-type promotion gives;
+            - `"promote"`: also strong leaves, where
+              `jnp.promote_types(src, dst) == dst`;
+            - `"cast"`: any leaf, to any dtype.
+
+    Returns:
+        `tree` with `like`'s dtypes.
+
+    Raises:
+        StructureMismatchError: the structures or shapes differ, or `policy`
+            forbids a dtype change; the message lists every offending leaf.
+        ValueError: `policy` is not one of the three above.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> like = {"lr": jnp.zeros((), jnp.bfloat16), "w": jnp.zeros(2, jnp.float32)}
+        >>> ts.upcast({"lr": 0.5, "w": jnp.ones(2, jnp.bfloat16)}, like, policy="promote")
+        {'lr': Array(0.5, dtype=bfloat16), 'w': Array([1., 1.], dtype=float32)}
+    """
+    from ._display import short_dtype
+    from ._errors import StructureMismatchError, fix_for, format_lines, policy_fix
+    from ._infer import structure_of
+
+    check_policy(policy, "upcast")
+    target = like if isinstance(like, Structure) else structure_of(like)
+    source = structure_of(tree)
+    mismatches = [m for m in diff_structures(target, source, "tree") if m.kind in ("structure", "shape")]
+    lines = [f"{m} {fix_for(m)}" for m in mismatches]
+    if not mismatches:
+        for path, want, have in zip(target.paths, target.leaves, source.leaves, strict=True):
+            if not isinstance(want, jax.ShapeDtypeStruct) or want.dtype == have.dtype:
+                continue
+            if not dtype_change_allowed(have.dtype, have.weak_type, want.dtype, policy):
+                m = Mismatch("tree" + path, "dtype", want.dtype, have.dtype)
+                src, dst = short_dtype(have.dtype), short_dtype(want.dtype)
+                allowing = allowing_policy(have.dtype, have.weak_type, want.dtype)
+                mismatches.append(m)
+                lines.append(f"{m} {policy_fix(src, have.weak_type, dst, policy, allowing)}")
+    if mismatches:
+        header = f'treeshape.upcast: the tree cannot be converted to the target under policy="{policy}"'
+        raise StructureMismatchError(format_lines(header, lines, "leaves"), mismatches)
+    leaves = jtu.tree_leaves(tree)
+    out = [
+        convert(x, want.dtype, want.weak_type)
+        if isinstance(want, jax.ShapeDtypeStruct) and (want.dtype != have.dtype or type(x) in _PY_SCALAR_TYPES)
+        else x
+        for x, want, have in zip(leaves, target.leaves, source.leaves, strict=True)
+    ]
+    return jtu.tree_unflatten(source.treedef, out)
