@@ -1,19 +1,42 @@
-"""Compact text for leaves: `f32[2,3]`, `~f32[]` (weak), `key<fry>[4]`."""
+"""One table renderer for `str(Structure)`, `describe`, `_repr_html_` and the CLI.
 
+Also the compact leaf notation used everywhere else: `f32[2,3]`, `~f32[]`
+(weak), `key<fry>[4]`, `f32[8]{V:i}` (varying over manual axis `i`).
+"""
+
+import dataclasses
 import functools as ft
-from typing import Any
+import html
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
 import numpy as np
 
 
-_PREFIXES = (("bfloat", "bf"), ("float", "f"), ("uint", "u"), ("int", "i"), ("complex", "c"))
+if TYPE_CHECKING:
+    from ._structure import Structure
+
+PyTree = Any
+
+_PREFIXES = (
+    ("bfloat", "bf"),
+    ("float", "f"),
+    ("uint", "u"),
+    ("int", "i"),
+    ("complex", "c"),
+)
 
 
-@ft.lru_cache(maxsize=None)
+@ft.cache
 def short_dtype(dtype: Any) -> str:
     """`float32` -> `f32`, `bfloat16` -> `bf16`, `key<fry>` unchanged."""
-    name = str(dtype) if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) else np.dtype(dtype).name
+    if jnp.issubdtype(dtype, jax.dtypes.prng_key):
+        name = str(dtype)
+    else:
+        name = np.dtype(dtype).name
     for long, short in _PREFIXES:
         if name.startswith(long):
             return short + name[len(long) :]
@@ -30,6 +53,10 @@ def varying_axes(leaf: jax.ShapeDtypeStruct) -> frozenset[str]:
     return frozenset(mat.varying) if mat is not None else frozenset()
 
 
+def _axes_str(axes: frozenset[str]) -> str:
+    return "{V:" + ",".join(sorted(axes)) + "}"
+
+
 def leaf_str(leaf: Any) -> str:
     """One leaf in compact notation; static leaves as their `repr`."""
     if isinstance(leaf, jax.ShapeDtypeStruct):
@@ -37,7 +64,7 @@ def leaf_str(leaf: Any) -> str:
         text = f"{weak}{short_dtype(leaf.dtype)}{short_shape(leaf.shape)}"
         axes = varying_axes(leaf)
         if axes:
-            text += "{V:" + ",".join(sorted(axes)) + "}"
+            text += _axes_str(axes)
         return text
     text = repr(leaf)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -53,3 +80,212 @@ def human_bytes(n: int) -> str:
         if value < 1024 or unit == "PiB":
             return f"{value:.1f} {unit}"
     raise AssertionError("unreachable")
+
+
+# -- the table -----------------------------------------------------------------
+DEFAULT_MAX_ROWS: Final = 50
+_HEADERS: Final = ("path", "shape", "dtype", "extra", "bytes")
+_ROOT: Final = "(root)"  # keystr of the empty path is "": show something
+_LEAF_TREEDEF: Final = jtu.tree_structure(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Table:
+    """The cells of a table, shared by the text and HTML renderers."""
+
+    rows: list[tuple[str, str, str, str, str]]
+    cut_at: int | None  # index in `rows` where "... N more leaves" goes
+    hidden: int  # how many leaves the cut hides
+    total: str  # "total: 2 leaves, 9 elements"
+    total_bytes: str
+    show_extra: bool
+
+
+def _spec_str(sharding: Any) -> str:
+    """A sharding's `PartitionSpec` when it names a mesh axis, else ""."""
+    spec = getattr(sharding, "spec", None)
+    if spec is None:
+        return ""
+    names_an_axis = any(entry is not None for entry in spec) or bool(
+        getattr(spec, "unreduced", None) or getattr(spec, "reduced", None)
+    )
+    return str(spec) if names_an_axis else ""
+
+
+def _static_str(leaf: Any) -> str:
+    kind = type(leaf).__name__
+    name = getattr(leaf, "__qualname__", None) or getattr(leaf, "__name__", None)
+    if callable(leaf) and isinstance(name, str):
+        return f"static {kind} {name}"
+    text = repr(leaf)
+    if " at 0x" in text:  # a default repr: the address is noise
+        return f"static {kind}"
+    return f"static {kind} {leaf_str(leaf)}"
+
+
+def _leaf_nbytes(leaf: jax.ShapeDtypeStruct) -> int:
+    from ._structure import Structure
+
+    # One source of truth for bytes (typed PRNG keys count their key data).
+    return Structure(_LEAF_TREEDEF, (leaf,)).nbytes
+
+
+def _row(path: str, leaf: Any) -> tuple[str, str, str, str, str]:
+    path = path or _ROOT
+    if not isinstance(leaf, jax.ShapeDtypeStruct):
+        return (path, "", "", _static_str(leaf), "")
+    dtype = ("~" if leaf.weak_type else "") + short_dtype(leaf.dtype)
+    extra = [_spec_str(leaf.sharding)]
+    axes = varying_axes(leaf)
+    if axes:
+        extra.append(_axes_str(axes))
+    extra_str = " ".join(e for e in extra if e)
+    nbytes = human_bytes(_leaf_nbytes(leaf))
+    return (path, short_shape(leaf.shape), dtype, extra_str, nbytes)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+
+
+def _build(structure: "Structure", max_rows: int | None) -> _Table:
+    if max_rows is not None and max_rows < 0:
+        raise ValueError(f"max_rows must be None or >= 0, got {max_rows}")
+    n = len(structure)
+    indices: Sequence[int] = range(n)
+    cut_at: int | None = None
+    hidden = 0
+    if max_rows is not None and n > max_rows:
+        head = (max_rows + 1) // 2
+        tail = max_rows - head
+        indices = [*range(head), *range(n - tail, n)]
+        cut_at, hidden = head, n - max_rows
+    paths, leaves = structure.paths, structure.leaves
+    rows = [_row(paths[i], leaves[i]) for i in indices]
+    leaf_word = "leaf" if n == 1 else "leaves"
+    total = f"total: {n:,} {leaf_word}, {_plural(structure.size, 'element')}"
+    return _Table(
+        rows=rows,
+        cut_at=cut_at,
+        hidden=hidden,
+        total=total,
+        total_bytes=human_bytes(structure.nbytes),
+        show_extra=any(row[3] for row in rows),
+    )
+
+
+def _more(hidden: int) -> str:
+    return f"... {hidden:,} more {'leaf' if hidden == 1 else 'leaves'}"
+
+
+def table(structure: "Structure", max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
+    """Render `structure` as an aligned text table (what `str(structure)` shows).
+
+    Columns: path, shape, dtype (`~` marks weak), extra (sharding spec, manual
+    axes `{V:i}`, static leaf type; omitted when empty for every row) and bytes.
+    The last row is the exact total, whatever `max_rows` hides.
+    """
+    t = _build(structure, max_rows)
+    cols = [0, 1, 2, 3, 4] if t.show_extra else [0, 1, 2, 4]
+    headers = [_HEADERS[c] for c in cols]
+    rows = [[row[c] for c in cols] for row in t.rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    widths[-1] = max(widths[-1], len(t.total_bytes))
+    # The total row: its label, then the total bytes flush right under the
+    # bytes column, or two spaces after a label too long for that.
+    full = sum(widths) + 2 * (len(widths) - 1)
+    full = max(full, len(t.total) + 2 + len(t.total_bytes))
+
+    def line(cells: list[str]) -> str:
+        left = "  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths, strict=False))
+        return (left + "  " + cells[-1].rjust(widths[-1])).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    out = [line(headers), rule]
+    for i, row in enumerate(rows):
+        if i == t.cut_at:
+            out.append(_more(t.hidden))
+        out.append(line(row))
+    if t.cut_at is not None and t.cut_at == len(rows):
+        out.append(_more(t.hidden))
+    out.append(rule)
+    out.append(t.total + t.total_bytes.rjust(full - len(t.total)))
+    return "\n".join(out)
+
+
+_CSS: Final = "font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; border-collapse: collapse"
+_LEFT: Final = ' style="text-align: left"'
+_RIGHT: Final = ' style="text-align: right"'
+
+
+def html_table(structure: "Structure", max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
+    """Render `structure` as an HTML table: the cells of [table][], escaped."""
+    t = _build(structure, max_rows)
+    cols = [0, 1, 2, 3, 4] if t.show_extra else [0, 1, 2, 4]
+    esc = html.escape
+
+    def cells(values: list[str], tag: str) -> str:
+        parts = [f"<{tag}{_RIGHT if i == len(values) - 1 else _LEFT}>{esc(v)}</{tag}>" for i, v in enumerate(values)]
+        return "<tr>" + "".join(parts) + "</tr>"
+
+    more = f'<tr><td colspan="{len(cols)}"{_LEFT}>{esc(_more(t.hidden))}</td></tr>'
+    body = []
+    for i, row in enumerate(t.rows):
+        if i == t.cut_at:
+            body.append(more)
+        body.append(cells([row[c] for c in cols], "td"))
+    if t.cut_at is not None and t.cut_at == len(t.rows):
+        body.append(more)
+    total = f'<tr><th colspan="{len(cols) - 1}"{_LEFT}>{esc(t.total)}</th><th{_RIGHT}>{esc(t.total_bytes)}</th></tr>'
+    return (
+        f'<table class="treeshape-structure" style="{_CSS}">'
+        f"<thead>{cells([_HEADERS[c] for c in cols], 'th')}</thead>"
+        f"<tbody>{''.join(body)}</tbody>"
+        f"<tfoot>{total}</tfoot></table>"
+    )
+
+
+def describe(tree_or_structure: PyTree, *, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
+    """Describe a pytree (or a [treeshape.Structure][]) as an aligned table.
+
+    The same table as `str(structure)`: one row per leaf with its path, shape,
+    dtype (`~` marks a weak type, as JAX prints it), an *extra* column (the
+    sharding's `PartitionSpec`, the manual mesh axes `{V:i}` a leaf varies over
+    under `shard_map`, or `static TYPE` for a static leaf; left out when every
+    row is empty) and its size in bytes, then a total row with the number of
+    leaves, elements and bytes. Long trees show their first and last rows
+    around a `... N more leaves` line; the total always counts every leaf.
+
+    Args:
+        tree_or_structure: A [treeshape.Structure][], or any pytree that
+            [treeshape.structure_of][] accepts (arrays, tracers,
+            `jax.ShapeDtypeStruct`s, scalars, static values).
+        max_rows: Show at most this many leaf rows (`None`: all of them).
+
+    Returns:
+        The table, as lines joined by newlines (no trailing newline).
+
+    Raises:
+        ValueError: `max_rows` is negative.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> params = {"w": jnp.zeros((2, 3), jnp.bfloat16), "b": jnp.zeros(3)}
+        >>> print(ts.describe({"params": params, "step": 0}))
+        path             shape  dtype  bytes
+        ---------------  -----  -----  -----
+        ['params']['b']  [3]    f32     12 B
+        ['params']['w']  [2,3]  bf16    12 B
+        ['step']         []     ~i32     4 B
+        ---------------  -----  -----  -----
+        total: 3 leaves, 10 elements    28 B
+    """
+    from ._infer import structure_of
+    from ._structure import Structure
+
+    if isinstance(tree_or_structure, Structure):
+        structure = tree_or_structure
+    else:
+        structure = structure_of(tree_or_structure)
+    return table(structure, max_rows)

@@ -1,0 +1,229 @@
+"""The `treeshape` command: `python -m treeshape` for exit codes and stderr,
+`main(argv)` in-process for the rest. Functions to inspect live in
+`tests/cli_fixtures.py`."""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from treeshape._cli import main
+
+
+TESTS = pathlib.Path(__file__).parent
+ERROR_LINE = re.compile(r"treeshape: error: [^\n]+\n")
+
+
+def run(*argv, cwd=TESTS):
+    """`python -m treeshape ARGV` in `cwd` (where `cli_fixtures` is importable)."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run(
+        [sys.executable, "-m", "treeshape", *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def assert_one_line_error(stderr, message):
+    """stderr is exactly one `treeshape: error:` line that contains `message`."""
+    assert ERROR_LINE.fullmatch(stderr), stderr
+    assert message in stderr, stderr
+    assert "Traceback" not in stderr
+
+
+EVERY_SPEC = [
+    "f32[8,784]",
+    "bf16[]",
+    "i32[3]",
+    "u8[2,2]",
+    "bool[4]",
+    "c64[2]",
+    "float32[3]",
+    "0.5",
+    "3",
+    "True",
+    "scale=bf16[2]",
+    "flag=False",
+]
+
+
+def _entry(path, shape, dtype, weak_type=False):
+    return {"path": path, "shape": shape, "dtype": dtype, "weak_type": weak_type}
+
+
+EVERY_SPEC_JSON = [
+    _entry("['args'][0]", [8, 784], "float32"),
+    _entry("['args'][1]", [], "bfloat16"),
+    _entry("['args'][2]", [3], "int32"),
+    _entry("['args'][3]", [2, 2], "uint8"),
+    _entry("['args'][4]", [4], "bool"),
+    _entry("['args'][5]", [2], "complex64"),
+    _entry("['args'][6]", [3], "float32"),
+    _entry("['args'][7]", [], "float32", weak_type=True),
+    _entry("['args'][8]", [], "int32", weak_type=True),
+    _entry("['args'][9]", [], "bool"),
+    _entry("['kwargs']['flag']", [], "bool"),
+    _entry("['kwargs']['scale']", [2], "bfloat16"),
+]
+
+
+# -- subprocess: the real command ------------------------------------------------
+def test_every_spec_form_and_kwargs_as_json():
+    result = run("inspect", "cli_fixtures:echo", *EVERY_SPEC, "--json")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert json.loads(result.stdout) == EVERY_SPEC_JSON
+
+
+def test_demo_runs_offline_and_the_loss_goes_down():
+    result = run("demo")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    out = result.stdout
+    for heading in ("1. The parameters", "2. The optimizer state", "3. The scan carry"):
+        assert heading in out
+    assert "the initial carry matches it: True" in out
+    losses = [float(x) for x in re.findall(r"mean loss (\d+\.\d+)", out)]
+    assert len(losses) >= 3
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] / 2
+    assert re.search(r"CacheInfo\(hits=[1-9]\d*, misses=\d+", out)
+
+
+BAD_INPUTS = {
+    "usage": ([], 2, "the following arguments are required"),
+    "malformed_spec": (
+        ["inspect", "cli_fixtures:echo", "f32[8,"],
+        2,
+        "malformed spec 'f32[8,': expected DTYPE[DIMS], e.g. f32[8,784]",
+    ),
+    "unknown_module": (
+        ["inspect", "no_such_module_xyz:f", "f32[3]"],
+        2,
+        "no module named 'no_such_module_xyz'",
+    ),
+    "unknown_attribute": (
+        ["inspect", "cli_fixtures:nope", "f32[3]"],
+        2,
+        "'cli_fixtures' has no attribute 'nope'",
+    ),
+    "error_in_function": (
+        ["inspect", "cli_fixtures:fails", "f32[3]"],
+        1,
+        "calling cli_fixtures:fails failed: ValueError: fixture failure",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_line_without_traceback(case):
+    argv, status, message = BAD_INPUTS[case]
+    result = run(*argv)
+    assert result.returncode == status
+    assert result.stdout == ""
+    assert_one_line_error(result.stderr, message)
+
+
+def test_error_while_importing_the_module(tmp_path):
+    (tmp_path / "broken_module.py").write_text("raise RuntimeError('broken at import')\n")
+    result = run("inspect", "broken_module:f", "f32[3]", cwd=tmp_path)
+    assert result.returncode == 1
+    assert_one_line_error(result.stderr, "importing 'broken_module' failed: RuntimeError: broken at import")
+
+
+def test_traceback_option_after_the_subcommand():
+    result = run("inspect", "cli_fixtures:fails", "f32[3]", "--traceback")
+    assert result.returncode == 1
+    assert "Traceback (most recent call last)" in result.stderr
+    assert 'in fails\n    raise ValueError("fixture failure' in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("treeshape: error: calling")
+
+
+# -- in-process: main(argv) ----------------------------------------------------------
+def test_main_table(capsys):
+    status = main(["inspect", "cli_fixtures:mlp", "bf16[8,784]", "scale=0.5"])
+    out, err = capsys.readouterr()
+    assert status == 0 and err == ""
+    assert out == (
+        "path        shape   dtype  bytes\n"
+        "----------  ------  -----  -----\n"
+        "['logits']  [8,10]  bf16   160 B\n"
+        "----------  ------  -----  -----\n"
+        "total: 1 leaf, 80 elements  160 B\n"
+    )
+
+
+def test_main_dotted_attribute_and_static_literal(capsys):
+    assert main(["inspect", "cli_fixtures:Model.apply", "f32[4]", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [
+        _entry("['n']", [], "int32", weak_type=True),
+        _entry("['y']", [4], "float32"),
+    ]
+    assert main(["inspect", "cli_fixtures:echo", "'relu'", "--json"]) == 0
+    [entry] = json.loads(capsys.readouterr().out)
+    assert entry == {**_entry("['args'][0]", None, None, None), "static": "'relu'"}
+    assert main(["inspect", "cli_fixtures:echo", "{'w': 1.0, 'n': (1, True)}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [
+        _entry("['args'][0]['n'][0]", [], "int32", weak_type=True),
+        _entry("['args'][0]['n'][1]", [], "bool"),
+        _entry("['args'][0]['w']", [], "float32", weak_type=True),
+    ]
+
+
+def test_main_traceback_option_before_the_subcommand(capsys):
+    assert main(["--traceback", "inspect", "cli_fixtures:fails", "f32[3]"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err
+    assert err.splitlines()[-1] == ("treeshape: error: calling cli_fixtures:fails failed: ValueError: fixture failure")
+
+
+@pytest.mark.parametrize(
+    "argv, status, message",
+    [
+        (["bogus"], 2, "invalid choice: 'bogus'"),
+        (["inspect"], 2, "the following arguments are required: MODULE:ATTR"),
+        (["inspect", "cli_fixtures"], 2, "expected MODULE:ATTR"),
+        (["inspect", "cli_fixtures:NOT_CALLABLE"], 2, "is a int, not a callable"),
+        (["inspect", "cli_fixtures:Model.nope"], 2, "'cli_fixtures:Model' has no attribute"),
+        (["inspect", "cli_fixtures:echo", "f33[3]"], 2, "unknown dtype 'f33'"),
+        (["inspect", "cli_fixtures:echo", "float[3]"], 2, "unknown dtype 'float'"),
+        (["inspect", "cli_fixtures:echo", "f32[-1]"], 2, "malformed spec 'f32[-1]'"),
+        (["inspect", "cli_fixtures:echo", "f32[8,]"], 2, "malformed spec 'f32[8,]'"),
+        (["inspect", "cli_fixtures:echo", "relu"], 2, "expected DTYPE[DIMS] (e.g."),
+        (["inspect", "cli_fixtures:echo", "__import__('os')"], 2, "malformed spec"),
+        (["inspect", "cli_fixtures:echo", "x=1", "f32[3]"], 2, "after a keyword spec"),
+        (["inspect", "cli_fixtures:echo", "x=1", "x=2"], 2, "keyword 'x' given twice"),
+        (["inspect", "cli_fixtures:echo", "--jsn"], 2, "unrecognized arguments: --jsn"),
+        (["demo", "extra"], 2, "unrecognized arguments: extra"),
+        (["inspect", "jax.numpy:matmul", "f32[3]", "f32[4]"], 1, "TypeError: dot_general"),
+        (["inspect", "cli_fixtures:echo", "3000000000"], 1, "OverflowError"),
+    ],
+)
+def test_main_bad_input(capsys, argv, status, message):
+    assert main(argv) == status
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert_one_line_error(err, message)
+
+
+def test_main_help_documents_the_spec_language(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for text in ("f32[8,784]", "bf16[]", "u8[2,2]", "float32", "0.5", "True", "NAME=SPEC"):
+        assert text in out
+    assert "treeshape inspect mypkg.model:predict f32[8,784]" in out
+    assert main(["inspect", "--help"]) == 0
+    assert "DTYPE[DIMS]" in capsys.readouterr().out
+
+
+def test_main_version(capsys):
+    import treeshape
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"treeshape {treeshape.__version__}\n"

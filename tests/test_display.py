@@ -1,0 +1,188 @@
+"""Tables: `str(Structure)`, `ts.describe`, `_repr_html_` (golden strings)."""
+
+import html
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import treeshape as ts
+from treeshape._display import html_table, table
+
+
+def relu(x):
+    return x
+
+
+class Opaque:
+    pass
+
+
+def test_weak_bf16_and_numpy_leaves():
+    tree = {
+        "params": {"w": jnp.zeros((2, 3), jnp.bfloat16), "b": jnp.zeros(3)},
+        "step": 0,
+        "lr": 0.5,
+        "mask": np.ones(4, bool),
+    }
+    assert str(ts.structure_of(tree)) == (
+        "path             shape  dtype  bytes\n"
+        "---------------  -----  -----  -----\n"
+        "['lr']           []     ~f32     4 B\n"
+        "['mask']         [4]    bool     4 B\n"
+        "['params']['b']  [3]    f32     12 B\n"
+        "['params']['w']  [2,3]  bf16    12 B\n"
+        "['step']         []     ~i32     4 B\n"
+        "---------------  -----  -----  -----\n"
+        "total: 5 leaves, 15 elements    36 B"
+    )
+
+
+def test_typed_keys_and_static_leaves():
+    tree = {
+        "key": jax.random.key(0),
+        "keys": jax.random.split(jax.random.key(1), 4),
+        "act": relu,
+        "name": "mlp",
+        "obj": Opaque(),
+        "tup": (1.0, None),
+    }
+    assert ts.describe(tree) == (
+        "path        shape  dtype     extra                 bytes\n"
+        "----------  -----  --------  --------------------  -----\n"
+        "['act']                      static function relu\n"
+        "['key']     []     key<fry>                          8 B\n"
+        "['keys']    [4]    key<fry>                         32 B\n"
+        "['name']                     static str 'mlp'\n"
+        "['obj']                      static Opaque\n"
+        "['tup'][0]  []     ~f32                              4 B\n"
+        "----------  -----  --------  --------------------  -----\n"
+        "total: 6 leaves, 6 elements                         44 B"
+    )
+
+
+def test_sharded_leaves_show_their_partition_spec():
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+
+    def sharding(*spec):
+        return jax.NamedSharding(mesh, P(*spec))
+
+    tree = {
+        "emb": jax.ShapeDtypeStruct((1024, 64), jnp.float32, sharding=sharding("model", None)),
+        "w": jax.device_put(jnp.zeros((16, 8)), sharding(("data", "model"), None)),
+        "b": jax.device_put(jnp.zeros(8), sharding()),  # replicated: nothing to show
+    }
+    assert ts.describe(tree) == (
+        "path     shape      dtype  extra                           bytes\n"
+        "-------  ---------  -----  --------------------------  ---------\n"
+        "['b']    [8]        f32                                     32 B\n"
+        "['emb']  [1024,64]  f32    P('model', None)            256.0 KiB\n"
+        "['w']    [16,8]     f32    P(('data', 'model'), None)      512 B\n"
+        "-------  ---------  -----  --------------------------  ---------\n"
+        "total: 3 leaves, 65,672 elements                       256.5 KiB"
+    )
+
+
+def test_varying_leaves_under_shard_map():
+    mesh = jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Explicit,))
+    tables = []
+
+    def body(x):
+        tree = {"x": x, "y": x.sum(), "total": jax.lax.psum(x.sum(), "i")}
+        tables.append(ts.describe(tree))
+        return x
+
+    xs = jax.device_put(jnp.zeros(16), jax.NamedSharding(mesh, P("i")))
+    jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"))(xs)
+    assert tables == [
+        "path       shape  dtype  extra  bytes\n"
+        "---------  -----  -----  -----  -----\n"
+        "['total']  []     f32             4 B\n"
+        "['x']      [2]    f32    {V:i}    8 B\n"
+        "['y']      []     f32    {V:i}    4 B\n"
+        "---------  -----  -----  -----  -----\n"
+        "total: 3 leaves, 4 elements      16 B"
+    ]
+
+
+def test_max_rows_cut_keeps_the_total_exact():
+    big = {"layers": [{"w": jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16)} for _ in range(80)]}
+    assert ts.describe(big, max_rows=4) == (
+        "path                 shape        dtype      bytes\n"
+        "-------------------  -----------  -----  ---------\n"
+        "['layers'][0]['w']   [8192,8192]  bf16   128.0 MiB\n"
+        "['layers'][1]['w']   [8192,8192]  bf16   128.0 MiB\n"
+        "... 76 more leaves\n"
+        "['layers'][78]['w']  [8192,8192]  bf16   128.0 MiB\n"
+        "['layers'][79]['w']  [8192,8192]  bf16   128.0 MiB\n"
+        "-------------------  -----------  -----  ---------\n"
+        "total: 80 leaves, 5,368,709,120 elements  10.0 GiB"
+    )
+
+
+@pytest.mark.parametrize("max_rows, shown", [(0, 0), (1, 1), (3, 3), (9, 9), (10, 10), (None, 10)])
+def test_max_rows_counts(max_rows, shown):
+    s = ts.structure_of([jnp.zeros(2)] * 10)
+    text = table(s, max_rows=max_rows)
+    rows = [line for line in text.splitlines() if line.startswith("[")]
+    assert len(rows) == shown
+    hidden = 10 - shown
+    assert (f"... {hidden} more leaves" in text) == (hidden > 1)
+    assert ("... 1 more leaf\n" in text) == (hidden == 1)
+    assert text.endswith("total: 10 leaves, 20 elements  80 B")
+
+
+def test_default_cut_applies_to_str_and_describe():
+    s = ts.structure_of(list(range(200)))
+    assert str(s) == ts.describe(s) == ts.describe(list(range(200))) == table(s)
+    assert "... 150 more leaves" in str(s)
+    assert len(ts.describe(s, max_rows=None).splitlines()) == 200 + 4
+
+
+def test_root_leaf_and_empty_tree():
+    assert ts.describe(jnp.zeros(3)) == (
+        "path    shape  dtype  bytes\n"
+        "------  -----  -----  -----\n"
+        "(root)  [3]    f32     12 B\n"
+        "------  -----  -----  -----\n"
+        "total: 1 leaf, 3 elements  12 B"
+    )
+    assert ts.describe({}).endswith("----\ntotal: 0 leaves, 0 elements  0 B")
+
+
+def test_negative_max_rows_is_an_error():
+    with pytest.raises(ValueError, match="max_rows"):
+        ts.describe([1], max_rows=-1)
+
+
+def test_describe_in_every_context(in_context):
+    def f(x):
+        text = ts.describe({"x": x})
+        assert "['x']  [3]    f32" in text
+        assert text.splitlines()[-1].startswith("total: 1 leaf, 3 elements")
+        return x
+
+    in_context(f, jnp.ones(3))
+
+
+# -- HTML ----------------------------------------------------------------------------
+def test_html_escapes_paths_and_static_values():
+    s = ts.structure_of({"<b>": jnp.zeros(2), "s": "<script>&"})
+    out = s._repr_html_()
+    assert "<b>" not in out and "<script>" not in out
+    assert html.escape("['<b>']") in out
+    assert html.escape("static str '<script>&'") in out
+    assert out.startswith('<table class="treeshape-structure"')
+
+
+def test_html_has_the_cells_of_the_text_table():
+    big = [jnp.zeros((2, 2), jnp.bfloat16)] * 7 + [jax.random.key(0)]
+    s = ts.structure_of(big)
+    out = html_table(s, max_rows=4)
+    assert out.count("<tr>") == 1 + 4 + 1 + 1  # header, rows, cut, total
+    assert "... 4 more leaves" in out
+    assert "<td" in out and "[2,2]" in out and "bf16" in out and "key&lt;fry&gt;" in out
+    assert "total: 8 leaves, 29 elements" in out and ">64 B<" in out
+    assert s._repr_html_() == html_table(s)

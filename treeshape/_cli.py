@@ -1,0 +1,396 @@
+"""The `treeshape` command: `treeshape demo` and `treeshape inspect`.
+
+Every failure is one line on stderr (`treeshape: error: ...`) and a non-zero
+exit status: 2 for bad input on the command line (usage, a malformed spec, an
+unknown module or attribute), 1 for an error raised by the user's code (while
+importing the module or calling the function). `--traceback` adds the Python
+traceback.
+"""
+
+import argparse
+import importlib
+import json
+import os
+import re
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any, Final, NoReturn, TextIO
+
+
+_PROG: Final = "treeshape"
+_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+_DESCRIPTION: Final = """\
+Pytree shape inference for JAX, from the command line.
+
+  treeshape demo                    the built-in example (offline, seconds)
+  treeshape inspect MODULE:ATTR ... the output structure of a function
+"""
+
+_SPECS: Final = """\
+specs:
+  Each argument after MODULE:ATTR is one abstract argument of the function,
+  positional (SPEC) or keyword (NAME=SPEC). A SPEC is parsed, never run:
+
+    DTYPE[DIMS]   an array: a jax.ShapeDtypeStruct, no memory is allocated
+                  f32[8,784]  bf16[]  i32[3]  u8[2,2]  bool[4]  c64[2]
+                  DTYPE is a short name (f16 f32 f64 bf16 i8 i16 i32 i64
+                  u8 u16 u32 u64 c64 c128 bool) or a NumPy name (float32,
+                  float8_e4m3fn, ...); DIMS are sizes, [] for a scalar.
+    LITERAL       a Python literal: 0.5, 3 (weak, as JAX types Python
+                  numbers), True (strong), 'relu', (1, 2), None. Numbers
+                  are abstract inputs, strings are static values, tuples
+                  and lists are pytrees of their items.
+
+  64-bit dtypes need JAX_ENABLE_X64=1, as everywhere in JAX. MODULE is
+  imported from the current directory or sys.path; ATTR may be dotted
+  (Model.apply).
+
+examples:
+  treeshape inspect mypkg.model:predict f32[8,784]
+  treeshape inspect mypkg.model:init_state 'bf16[1024,1024]' step=0
+  treeshape inspect jax.numpy:matmul f32[8,784] f32[784,10] --json
+
+output: a table (the first and last 25 rows of a tree of more than 50
+leaves, and an exact total), or with --json every leaf as JSON.
+
+exit status: 0 on success, 2 for bad command-line input (usage, specs,
+unknown module or attribute), 1 when the module or the function raises.
+"""
+
+
+class _Fail(Exception):
+    """A failure to report as one line, with an exit status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Parser(argparse.ArgumentParser):
+    """An `ArgumentParser` whose usage errors are one line, like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _Fail(f"{message} (see '{self.prog} --help')", 2)
+
+
+class _SubParser(_Parser):
+    """A subcommand parser that lets options and specs come in any order."""
+
+    _intermixed = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._intermixed:  # the inner calls of parse_known_intermixed_args
+            return super().parse_known_args(args, namespace)
+        self._intermixed = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixed = False
+
+
+def _parser() -> _Parser:
+    traceback_help = "on error, also print the Python traceback"
+    parser = _Parser(
+        prog=_PROG,
+        description=_DESCRIPTION,
+        epilog=_SPECS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--traceback", action="store_true", help=traceback_help)
+    sub = parser.add_subparsers(dest="command", metavar="{demo,inspect}", required=True, parser_class=_SubParser)
+    demo = sub.add_parser(
+        "demo",
+        help="run the built-in example: a small model's structures, carry and training",
+        description="Infer a small MLP's parameter and optimizer-state structures,\n"
+        "build the scan carry, train it for a few scan steps and print the\n"
+        "cache figures. Offline, a few seconds, no arguments.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    inspect = sub.add_parser(
+        "inspect",
+        help="print the output structure of MODULE:ATTR called on abstract arguments",
+        description="Import MODULE, take ATTR (dotted attributes allowed) and print\n"
+        "the structure of its output for the given abstract arguments: no\n"
+        "FLOPs, no device memory, no compilation.",
+        epilog=_SPECS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    inspect.add_argument("target", nargs="?", metavar="MODULE:ATTR", help="e.g. mypkg.model:predict")
+    inspect.add_argument("specs", nargs="*", metavar="SPEC | NAME=SPEC", help="the function's arguments")
+    inspect.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON list of {path, shape, dtype, weak_type} instead of a table",
+    )
+    for subparser in (demo, inspect):
+        # Accepted after the subcommand too; SUPPRESS keeps the main parser's value.
+        subparser.add_argument(
+            "--traceback",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help=traceback_help,
+        )
+    return parser
+
+
+def _version() -> str:
+    import treeshape
+
+    return str(treeshape.__version__)
+
+
+def _one_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    text = f"{type(err).__name__}: {lines[0].strip()}" if lines else type(err).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+# -- inspect ---------------------------------------------------------------------
+def _import(module_name: str) -> Any:
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)  # as `python -m` does: find modules in the working dir
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        missing = err.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):
+            where = "looked in the current directory and sys.path"
+            raise _Fail(f"no module named {missing!r} ({where})", 2) from err
+        raise _Fail(f"importing {module_name!r} failed: {_one_line(err)}", 1) from err
+    except Exception as err:
+        raise _Fail(f"importing {module_name!r} failed: {_one_line(err)}", 1) from err
+
+
+def _resolve(target: str) -> Callable[..., Any]:
+    module_name, sep, attr = target.partition(":")
+    if not (sep and _NAME.fullmatch(module_name) and _NAME.fullmatch(attr)):
+        example = "mypkg.model:predict"
+        raise _Fail(f"expected MODULE:ATTR such as {example}, got {target!r}", 2)
+    obj = _import(module_name)
+    done = module_name
+    for name in attr.split("."):
+        try:
+            obj = getattr(obj, name)
+        except AttributeError as err:
+            raise _Fail(f"{done!r} has no attribute {name!r}", 2) from err
+        except Exception as err:
+            raise _Fail(f"reading {target!r} failed: {_one_line(err)}", 1) from err
+        done += (":" if done == module_name else ".") + name
+    if not callable(obj):
+        raise _Fail(f"{target!r} is a {type(obj).__name__}, not a callable", 2)
+    return obj  # type: ignore[no-any-return]
+
+
+def _arguments(specs: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
+    from ._spec import SpecError, parse_spec, split_kwarg
+
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for text in specs:
+        name, spec = split_kwarg(text)
+        try:
+            value = parse_spec(spec)
+        except SpecError as err:
+            raise _Fail(str(err), 2) from err
+        if name is None:
+            if kwargs:
+                raise _Fail(f"positional spec {text!r} after a keyword spec", 2)
+            args.append(value)
+        elif name in kwargs:
+            raise _Fail(f"keyword {name!r} given twice", 2)
+        else:
+            kwargs[name] = value
+    return args, kwargs
+
+
+def _as_json(structure: Any) -> list[dict[str, Any]]:
+    import jax
+
+    out: list[dict[str, Any]] = []
+    for path, leaf in zip(structure.paths, structure.leaves, strict=True):
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            out.append(
+                {
+                    "path": path,
+                    "shape": list(leaf.shape),
+                    "dtype": str(leaf.dtype),
+                    "weak_type": bool(leaf.weak_type),
+                }
+            )
+        else:  # a static leaf: no shape or dtype, its repr instead
+            entry = {"path": path, "shape": None, "dtype": None, "weak_type": None}
+            out.append({**entry, "static": repr(leaf)})
+    return out
+
+
+def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
+    import treeshape as ts
+
+    if args.target is None:
+        raise _Fail("the following arguments are required: MODULE:ATTR", 2)
+    positional, keywords = _arguments(args.specs)
+    fn = _resolve(args.target)
+    try:
+        structure = ts.out_structure(fn, *positional, **keywords)
+    except Exception as err:
+        raise _Fail(f"calling {args.target} failed: {_one_line(err)}", 1) from err
+    if args.json:
+        entries = [json.dumps(entry) for entry in _as_json(structure)]
+        print("[\n  " + ",\n  ".join(entries) + "\n]" if entries else "[]", file=stdout)
+    else:
+        print(structure, file=stdout)
+    return 0
+
+
+# -- demo --------------------------------------------------------------------------
+def _demo(stdout: TextIO) -> int:
+    """A 2-layer MLP regression, trained with a hand-written Adam inside `lax.scan`."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    import treeshape as ts
+
+    def say(text: str = "") -> None:
+        print(text, file=stdout)
+
+    steps_per_scan, scans, batch, features, hidden = 50, 4, 64, 8, 32
+    k_data, k_true, k_1, k_2 = jax.random.split(jax.random.key(0), 4)
+
+    # Synthetic data: one batch per scan step, y = sin(x @ v).
+    x = jax.random.normal(k_data, (scans, steps_per_scan, batch, features))
+    v = jax.random.normal(k_true, (features, 1)) / jnp.sqrt(features)
+    y = jnp.sin(x @ v)
+
+    params = {
+        "hidden": {
+            "w": jax.random.normal(k_1, (features, hidden)) / jnp.sqrt(features),
+            "b": jnp.zeros(hidden),
+        },
+        "out": {
+            "w": jax.random.normal(k_2, (hidden, 1)) / jnp.sqrt(hidden),
+            "b": jnp.zeros(1),
+        },
+    }
+
+    def predict(params: Any, x: jax.Array) -> Any:
+        h = jnp.tanh(x @ params["hidden"]["w"] + params["hidden"]["b"])
+        return h @ params["out"]["w"] + params["out"]["b"]
+
+    def loss_fn(params: Any, x: jax.Array, y: jax.Array) -> Any:
+        return jnp.mean((predict(params, x) - y) ** 2)
+
+    def adam_init(params: Any) -> Any:
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        return {"count": jnp.zeros((), jnp.int32), "mu": zeros, "nu": zeros}
+
+    def adam_update(grads: Any, state: Any, params: Any, lr: float = 1e-2) -> Any:
+        b1, b2, eps = 0.9, 0.999, 1e-8
+        count = state["count"] + 1
+        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state["mu"], grads)
+        nu = jax.tree.map(lambda n, g: b2 * n + (1 - b2) * g * g, state["nu"], grads)
+        t = count.astype(jnp.float32)
+
+        def step(p: jax.Array, m: jax.Array, n: jax.Array) -> Any:
+            m_hat, n_hat = m / (1 - b1**t), n / (1 - b2**t)
+            return p - lr * m_hat / (jnp.sqrt(n_hat) + eps)
+
+        new_params = jax.tree.map(step, params, mu, nu)
+        return new_params, {"count": count, "mu": mu, "nu": nu}
+
+    def train_step(carry: Any, batch: Any) -> tuple[Any, jax.Array]:
+        params, opt_state = carry
+        loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
+        params, opt_state = adam_update(grads, opt_state, params)
+        return (params, opt_state), loss
+
+    say("treeshape demo: a 2-layer MLP regression trained with a hand-written Adam")
+    say()
+    say("1. The parameters: ts.describe(params)")
+    say(ts.describe(params))
+    say()
+
+    opt_structure = ts.out_structure(adam_init, params)
+    say("2. The optimizer state, inferred without running adam_init:")
+    say("   ts.out_structure(adam_init, params)")
+    say(str(opt_structure))
+    say()
+
+    # The scan carry: the parameters plus a zero optimizer state, converted to
+    # the type `train_step` needs (a true fixed point of its carry types).
+    init = (params, opt_structure.zeros())
+    carry = ts.scan_carry(train_step, init, xs=(x[0], y[0]))
+    carry_structure = ts.carry_structure(train_step, init, xs=(x[0], y[0]))
+    say("3. The scan carry (params, opt_state): ts.scan_carry(train_step, init, xs)")
+    say(str(carry_structure))
+    say(f"   the initial carry matches it: {carry_structure.matches(carry)}")
+    say()
+
+    @jax.jit
+    def train(carry: Any, xs: Any) -> tuple[Any, jax.Array]:
+        return lax.scan(train_step, carry, xs)
+
+    say(f"4. Training: lax.scan over {steps_per_scan} batches, {scans} times")
+    for i in range(scans):
+        carry, losses = train(carry, (x[i], y[i]))
+        first, last = i * steps_per_scan + 1, (i + 1) * steps_per_scan
+        say(f"   steps {first:3d}-{last:3d}  mean loss {float(losses.mean()):.4f}")
+    say()
+
+    # The same question again is answered from the cache, without tracing.
+    ts.out_structure(adam_init, params)
+    info = ts.cache_info()
+    say("5. The out_structure cache: ts.cache_info()")
+    hits, misses = _count(info.hits, "call"), _count(info.misses, "call")
+    say(f"   {info}: {hits} answered without tracing, {misses} traced")
+    return 0
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word if n == 1 else word + 's'}"
+
+
+# -- main ----------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `treeshape` command line and return its exit status.
+
+    Args:
+        argv: The arguments after the program name (default: `sys.argv[1:]`).
+
+    Returns:
+        0 on success, 2 for bad command-line input (usage, a malformed spec,
+        an unknown module or attribute), 1 when the inspected module or
+        function raises.
+
+    Examples:
+        >>> from treeshape._cli import main
+        >>> main(["inspect", "jax.numpy:matmul", "f32[8,784]", "f32[784,10]"])
+        path    shape   dtype  bytes
+        ------  ------  -----  -----
+        (root)  [8,10]  f32    320 B
+        ------  ------  -----  -----
+        total: 1 leaf, 80 elements  320 B
+        0
+    """
+    args = None
+    try:
+        try:
+            args = _parser().parse_args(argv)
+        except SystemExit as exit_:  # --help and --version
+            return exit_.code if isinstance(exit_.code, int) else 0
+        if args.command == "demo":
+            return _demo(sys.stdout)
+        return _inspect(args, sys.stdout)
+    except _Fail as err:
+        if getattr(args, "traceback", False) and err.__cause__ is not None:
+            traceback.print_exception(err.__cause__, file=sys.stderr)
+        elif err.status == 1:
+            err.args = (f"{err} (rerun with --traceback to see where)",)
+        print(f"{_PROG}: error: {err}", file=sys.stderr)
+        return err.status
