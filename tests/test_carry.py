@@ -418,3 +418,25 @@ def test_while_and_fori_carry_values_are_init_converted():
     assert (carry["x"] == jnp.arange(3.0)).all()
     out = lax.while_loop(lambda c: c["k"] < 5, body, carry)
     assert out["k"] == 5 and (out["x"] == jnp.arange(3.0) * 8).all()
+
+
+def test_structure_and_dtype_changes_are_reported_together():
+    def body(carry, x):
+        w, stats = carry
+        return (w + x.astype(jnp.float32), [stats[0] + 1, stats[1]]), None
+
+    init = (jnp.zeros(3, jnp.bfloat16), (jnp.int32(0), jnp.zeros(())))
+    with pytest.raises(ts.CarryMismatchError) as info:
+        ts.scan_carry(body, init, jnp.ones((4, 3)))
+    message = str(info.value)
+    assert "2 places differ" in message
+    assert (
+        'carry[0]: input bf16[3], output f32[3]. The dtypes differ and the leaf is strongly typed, so policy="weak"'
+        in message
+    )
+    assert "carry[1]: expected a tuple with 2 children, got a list with 2 children. No policy changes" in message
+    assert [(m.path, m.kind) for m in info.value.mismatches] == [("carry[0]", "dtype"), ("carry[1]", "structure")]
+    # under "promote" only the structure is left
+    with pytest.raises(ts.CarryMismatchError) as info:
+        ts.scan_carry(body, init, jnp.ones((4, 3)), policy="promote")
+    assert [(m.path, m.kind) for m in info.value.mismatches] == [("carry[1]", "structure")]

@@ -143,9 +143,8 @@ def _fixed_point(
         out = step(jtu.tree_unflatten(treedef, carry))
         current = Structure(treedef, tuple(carry))
         if out.treedef != treedef:
-            mismatches = diff_structures(current, out, _ROOT)
-            lines = [f"{m} {carry_structure_fix()}" for m in mismatches]
-            raise CarryMismatchError(format_lines(header, lines, "parts"), mismatches)
+            mismatches, lines = _structure_mismatches(current, out, paths, policy)
+            raise CarryMismatchError(format_lines(header, lines, "places"), mismatches)
         joined, mismatches, lines = _join(paths, carry, list(out.leaves), policy)
         if mismatches:
             raise CarryMismatchError(format_lines(header, lines, "leaves"), mismatches)
@@ -157,6 +156,28 @@ def _fixed_point(
         f'under policy="{policy}" (the body keeps changing a dtype, e.g. casting back and forth). '
         f"Last carry: {Structure(treedef, tuple(carry))!r}. Make `body` return a fixed dtype for every leaf."
     )
+
+
+def _structure_mismatches(
+    current: Structure, out: Structure, paths: list[str], policy: str
+) -> tuple[list[Mismatch], list[str]]:
+    """Everything that differs when `body` changes the carry's tree structure: the
+    structural differences, and the leaves that also differ where both trees agree."""
+    carry_at = dict(zip(paths, current.leaves, strict=True))
+    out_at = {_ROOT + path: leaf for path, leaf in zip(out.paths, out.leaves, strict=True)}
+    mismatches: list[Mismatch] = []
+    lines: list[str] = []
+    joined_paths = set()
+    for m in diff_structures(current, out, _ROOT):
+        if m.kind == "structure":
+            mismatches.append(m)
+            lines.append(f"{m} {carry_structure_fix()}")
+        elif m.path not in joined_paths:
+            joined_paths.add(m.path)
+            _, leaf_mismatches, leaf_lines = _join([m.path], [carry_at[m.path]], [out_at[m.path]], policy)
+            mismatches += leaf_mismatches
+            lines += leaf_lines
+    return mismatches, lines
 
 
 def _join(
