@@ -18,7 +18,8 @@ def convert_element_type(x: Any, dtype: Any, weak_type: bool) -> Any:
     The public `lax.convert_element_type` always returns a strongly typed
     array, and `jnp` only makes weak arrays of the default dtypes. A zero carry
     for a weak `float16` leaf (what JAX's own loop-carry promotion produces)
-    needs this. Lowers to nothing when only the flag changes.
+    needs this. When only the flag changes it lowers to a same-dtype convert,
+    which XLA removes: no runtime operation.
     """
     return _lax._convert_element_type(x, np.dtype(dtype), weak_type=weak_type)
 

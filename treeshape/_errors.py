@@ -40,6 +40,10 @@ def fix_for(m: "Mismatch") -> str:
     if m.kind == "shape":
         return f"Make this leaf shape {m.expected}."
     if m.kind == "dtype":
+        if _is_key(m.expected):
+            return f"Make it a typed PRNG key array of dtype {m.expected} (e.g. with `jax.random.wrap_key_data`)."
+        if _is_key(m.actual):
+            return f"Pass numeric data of dtype {m.expected} (e.g. `jax.random.key_data(...)`), not PRNG keys."
         return f"Convert it with `.astype({m.expected})`."
     if m.kind == "weak_type":
         if m.expected:
@@ -55,6 +59,10 @@ def fix_for(m: "Mismatch") -> str:
     if m.expected is None:
         return "Remove this entry."
     return "Make both trees use the same containers (same node types, keys and lengths)."
+
+
+def _is_key(dtype: object) -> bool:
+    return str(dtype).startswith("key<")
 
 
 def format_mismatches(header: str, mismatches: Sequence["Mismatch"]) -> str:

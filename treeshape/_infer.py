@@ -2,6 +2,7 @@
 
 import collections
 import functools as ft
+import sys
 import threading
 import types
 import weakref
@@ -12,6 +13,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
+from . import _compat
 from ._structure import PyTree, Structure
 
 
@@ -58,17 +60,27 @@ def _scalar_key(x: Any) -> Any:
     return cls
 
 
+_OBJECT_HASH: Any = object.__hash__
+_OBJECT_EQ: Any = object.__eq__
+
+
 class _Unhashable(Exception):
     """A static value cannot be part of a cache key."""
 
 
 def _static_key(x: Any, refs: list[Any]) -> Any:
     """A hashable stand-in for a static value that keeps no strong reference
-    to objects compared by identity (functions, most objects)."""
+    to callables or to objects compared by identity.
+
+    Such objects are keyed by a weak reference (which hashes and compares as
+    its referent while it lives) and appended to `refs`, so that the entry is
+    dropped when they die. Values compared by equality (numbers, strings,
+    enums, tuples) are keyed by themselves.
+    """
     cls = type(x)
     if cls is types.MethodType:
         return (types.MethodType, _static_key(x.__func__, refs), _static_key(x.__self__, refs))
-    if cls.__hash__ is object.__hash__ and cls.__eq__ is object.__eq__:
+    if callable(x) or (cls.__hash__ is _OBJECT_HASH and cls.__eq__ is _OBJECT_EQ):
         try:
             ref = weakref.ref(x)
         except TypeError:
@@ -97,9 +109,7 @@ def _call_key(leaves: list[Any], concrete_scalars: bool, refs: list[Any]) -> lis
         elif kind == _SDS:
             out.append(x)
         elif _is_duck_array(x):
-            out.append(
-                (_OTHER, tuple(x.shape), x.dtype, getattr(x, "weak_type", False), getattr(x, "sharding", None))
-            )
+            out.append((_OTHER, tuple(x.shape), x.dtype, getattr(x, "weak_type", False), getattr(x, "sharding", None)))
         else:
             out.append(_static_key(x, refs))
     return out
@@ -190,6 +200,13 @@ class _Cache:
             while len(self._entries) > self.maxsize:
                 self._entries.popitem(last=False)
 
+    def resize(self, maxsize: int) -> int:
+        with self._lock:
+            old, self.maxsize = self.maxsize, maxsize
+            while len(self._entries) > maxsize:
+                self._entries.popitem(last=False)
+            return old
+
     def miss(self) -> None:
         with self._lock:
             self.misses += 1
@@ -237,25 +254,44 @@ def clear_cache() -> None:
     _CACHE.clear()
 
 
+def set_cache_maxsize(maxsize: int) -> int:
+    """Bound the cache to `maxsize` entries (evicting the oldest); return the old bound.
+
+    Private (tests and benchmarks): the public default stays 4096.
+    """
+    if not isinstance(maxsize, int) or maxsize < 0:
+        raise ValueError(f"treeshape: the cache maxsize must be an int >= 0, got {maxsize!r}")
+    return _CACHE.resize(maxsize)
+
+
 def _context_key() -> tuple[Any, ...]:
-    # Settings that change what the same function returns for the same inputs.
+    # Settings that change what the same function returns (or whether it
+    # raises) for the same inputs.
     return (
-        jax.config.jax_enable_x64,
-        jax.config.jax_numpy_dtype_promotion,
+        jax.enable_x64.value,
+        jax.numpy_dtype_promotion.value,
+        jax.numpy_rank_promotion.value,
+        jax.default_prng_impl.value,
         jax.sharding.get_abstract_mesh(),
     )
 
 
 # -- inference -----------------------------------------------------------------
-def _check_scalars(leaves: list[Any], treedef: jtu.PyTreeDef, root: str) -> None:
-    """Name the path of a Python int that JAX cannot type (instead of JAX's bare OverflowError)."""
-    bits = 64 if jax.config.jax_enable_x64 else 32
+def _check_scalars(leaves: list[Any], treedef: jtu.PyTreeDef) -> None:
+    """Name the path of a Python int that JAX cannot type (instead of JAX's bare OverflowError).
+
+    `leaves`/`treedef` are the flattened `(args, kwargs)` of the call; the path
+    reads `args[0]['n']` or `kwargs['n']`.
+    """
+    bits = 64 if jax.enable_x64.value else 32
     low, high = -(2 ** (bits - 1)), 2 ** (bits - 1)
     for i, x in enumerate(leaves):
         if type(x) is int and not low <= x < high:
-            path = jtu.keystr(jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, leaves))[0][i][0])
+            keys = jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, leaves))[0][i][0]
+            root = "args" if keys[0] == jtu.SequenceKey(0) else "kwargs"
+            path = root + jtu.keystr(tuple(keys[1:]))
             raise OverflowError(
-                f"treeshape.out_structure: {root}{path} is the Python int {x}, which does not fit "
+                f"treeshape.out_structure: {path} is the Python int {x}, which does not fit "
                 f"the int{bits} JAX gives Python ints. Pass it as a typed array (e.g. "
                 f"`np.int64({x})` with jax_enable_x64 on), or bind it with `functools.partial` "
                 f"so it stays a concrete Python value."
@@ -264,14 +300,17 @@ def _check_scalars(leaves: list[Any], treedef: jtu.PyTreeDef, root: str) -> None
 
 def _evaluate(
     core: Callable[..., Any],
-    n_bound: int,
+    n_concrete: int,
     bound_leaves: list[Any],
     call_leaves: list[Any],
     treedef: jtu.PyTreeDef,
 ) -> Structure:
-    """Abstractly evaluate `core` on the given leaves (one `jax.eval_shape` trace)."""
+    """Abstractly evaluate `core` on the given leaves (one `jax.eval_shape` trace).
+
+    Python scalars among the first `n_concrete` leaves are passed concrete.
+    """
     leaves = bound_leaves + call_leaves
-    abstract = [_is_abstract(x, i < n_bound) for i, x in enumerate(leaves)]
+    abstract = [_is_abstract(x, i < n_concrete) for i, x in enumerate(leaves)]
     dynamic = [x for x, a in zip(leaves, abstract, strict=True) if a]
     out_info: list[Any] = []
 
@@ -302,9 +341,67 @@ def _evaluate(
 
 _TRACED = object()
 _EMPTY_BOUND = jtu.tree_structure(((), {}))
+_JITTED: type = type(jax.jit(lambda: None))
 
 
-def _out_structure(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Structure:
+# -- what an entry may hold strongly ------------------------------------------------
+def _importable(fn: Any) -> bool:
+    """True for a callable reachable as `module.qualname`: it lives as long as its module."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    qualname = getattr(fn, "__qualname__", None)
+    if module is None or not isinstance(qualname, str) or "<" in qualname:
+        return False
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj is fn
+
+
+def _safe_to_hold(x: Any) -> bool:
+    """Whether a cache entry may keep `x` alive: no tracer, no user function
+    (a lambda, closure, local function, partial or bound method), looking
+    inside containers. Classes and module-level functions live anyway."""
+    if isinstance(x, jax.core.Tracer):
+        return False
+    if isinstance(x, (tuple, list, frozenset, set)):
+        return all(_safe_to_hold(y) for y in x)
+    if isinstance(x, dict):
+        return all(_safe_to_hold(k) and _safe_to_hold(v) for k, v in x.items())
+    if callable(x) and not isinstance(x, type):
+        return _importable(x)
+    return True
+
+
+def _treedef_safe_to_hold(treedef: jtu.PyTreeDef) -> bool:
+    """Whether `treedef`'s node data (a `Partial`'s function, a dataclass's
+    static fields, ...) may be kept alive by the cache."""
+    stack = [treedef]
+    while stack:
+        td = stack.pop()
+        if jtu.treedef_is_leaf(td):
+            continue
+        node_type, aux = td.node_data()
+        if node_type not in _PLAIN_NODES and not _safe_to_hold(aux):
+            return False
+        stack.extend(td.children())
+    return True
+
+
+_PLAIN_NODES: frozenset[type] = frozenset({tuple, list, dict, type(None), collections.OrderedDict})
+
+
+def _entry_safe_to_hold(treedefs: tuple[jtu.PyTreeDef, ...], structure: Structure) -> bool:
+    """A result is cached only if its key's treedefs and its own treedef and
+    static leaves hold no tracer and keep no user function alive."""
+    if not all(_treedef_safe_to_hold(td) for td in (*treedefs, structure.treedef)):
+        return False
+    return all(_safe_to_hold(leaf) for leaf in structure.leaves if not isinstance(leaf, jax.ShapeDtypeStruct))
+
+
+def _out_structure(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Structure, list[Any]]:
+    """The structure of `fn(*args, **kwargs)`, and the flattened `(args, kwargs)`."""
     if not callable(fn):
         raise TypeError(
             f"treeshape.out_structure: `fn` must be callable, got {type(fn).__name__} {fn!r}. "
@@ -316,6 +413,9 @@ def _out_structure(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[s
     else:
         bound_leaves, bound_treedef = [], _EMPTY_BOUND
     call_leaves, call_treedef = jtu.tree_flatten((args, kwargs))
+    # A jitted core abstracts its own non-static arguments: Python scalars are
+    # passed to it concrete (and keyed by value), so its static arguments work.
+    jitted = type(core) is _JITTED
     refs: list[Any] = []
     try:
         key = (
@@ -323,7 +423,7 @@ def _out_structure(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[s
             bound_treedef,
             call_treedef,
             *_call_key(bound_leaves, True, refs),
-            *_call_key(call_leaves, False, refs),
+            *_call_key(call_leaves, jitted, refs),
             _context_key(),
         )
         hash(key)
@@ -332,15 +432,19 @@ def _out_structure(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[s
     if key is not None:
         hit = _CACHE.get(key)
         if hit is not None:
-            return hit
+            return hit, call_leaves
     else:
         _CACHE.miss()
-    _check_scalars(call_leaves, call_treedef, "args/kwargs")
+    n_concrete = len(bound_leaves)
+    if jitted:
+        n_concrete += len(call_leaves)
+    else:
+        _check_scalars(call_leaves, call_treedef)
     treedef = jtu.treedef_tuple((bound_treedef, call_treedef))
-    structure = _evaluate(core, len(bound_leaves), bound_leaves, call_leaves, treedef)
-    if key is not None:
+    structure = _evaluate(core, n_concrete, bound_leaves, call_leaves, treedef)
+    if key is not None and _entry_safe_to_hold((bound_treedef, call_treedef), structure):
         _CACHE.put(key, structure, refs)
-    return structure
+    return structure, call_leaves
 
 
 def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Structure:
@@ -366,7 +470,15 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
     the cache when its function, its bound Python values (compared by
     equality, passed to `fn` concrete) and the abstract values of its bound
     arrays match. Unhashable static values bypass the cache. The cache holds
-    no tracer and no strong reference to your functions.
+    no tracer and no strong reference to your functions: functions and
+    identity-compared objects are keyed by weak reference, and a result that
+    would keep a local function alive (one returned as a static output leaf,
+    or held as node data such as a `Partial` argument's function) is not
+    cached.
+
+    A `jax.jit`-wrapped `fn` receives Python scalars concrete, so its
+    `static_argnums`/`static_argnames` work; `jit` abstracts the others
+    itself, exactly as `jax.eval_shape` does.
 
     Args:
         fn: Any callable: a function, lambda or closure, `functools.partial`,
@@ -395,7 +507,7 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
         >>> ts.out_structure(predict, params, jnp.zeros(3))
         Structure(f32[2], 1 leaf, 8 B)
     """
-    return _out_structure(fn, args, kwargs)
+    return _out_structure(fn, args, kwargs)[0]
 
 
 def _identity(tree: PyTree) -> PyTree:
@@ -404,6 +516,11 @@ def _identity(tree: PyTree) -> PyTree:
 
 def structure_of(tree: PyTree) -> Structure:
     """Describe an existing pytree: `out_structure(lambda t: t, tree)`.
+
+    The result equals `out_structure(lambda t: t, tree)`. In addition, at top
+    level, a leaf that is a committed array (or a `jax.ShapeDtypeStruct` with
+    a concrete sharding) keeps that concrete sharding, so
+    `structure_of(params).zeros()` is placed where `params` lives.
 
     Args:
         tree: A pytree whose leaves are arrays, tracers,
@@ -419,4 +536,32 @@ def structure_of(tree: PyTree) -> Structure:
         >>> ts.structure_of({"step": 0, "w": jnp.zeros((2, 2), jnp.bfloat16), "act": "relu"})
         Structure({'act': 'relu', 'step': ~i32[], 'w': bf16[2,2]}, 3 leaves, 12 B)
     """
-    return _out_structure(_identity, (tree,), {})
+    structure, leaves = _out_structure(_identity, (tree,), {})
+    if not _compat.at_top_level():
+        return structure
+    placed = None
+    for i, x in enumerate(leaves):
+        kind = _kind_of(type(x))
+        if kind == _ARRAY or kind == _SDS:
+            sharding = _concrete_sharding(x, kind)
+            if sharding is not None:
+                placed = placed or list(structure.leaves)
+                placed[i] = placed[i].update(sharding=sharding)
+    return structure if placed is None else Structure(structure.treedef, tuple(placed))
+
+
+def abstract_structure_of(tree: PyTree) -> Structure:
+    """`structure_of` without the concrete shardings (for comparisons, which ignore them)."""
+    return _out_structure(_identity, (tree,), {})[0]
+
+
+def _concrete_sharding(x: Any, kind: int) -> Any:
+    """The concrete sharding of a committed array or a ShapeDtypeStruct, or None."""
+    if kind == _ARRAY:
+        if isinstance(x, jax.core.Tracer) or not x.committed:
+            return None
+        return x.sharding
+    sharding = x.sharding
+    if sharding is None or isinstance(getattr(sharding, "mesh", None), jax.sharding.AbstractMesh):
+        return None
+    return sharding

@@ -1,5 +1,6 @@
 """`Structure` and `Mismatch`: immutable descriptions of pytrees and their differences."""
 
+import collections
 import dataclasses
 import functools as ft
 import math
@@ -85,26 +86,31 @@ def _leaf_key(leaf: Any) -> tuple[Any, ...]:
     return (False, type(leaf), leaf)
 
 
-@ft.lru_cache(maxsize=None)
+@ft.cache
 def _key_data_bytes(dtype: Any) -> int:
     data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
-    return math.prod(data.shape) * np.dtype(data.dtype).itemsize
+    return int(math.prod(data.shape) * np.dtype(data.dtype).itemsize)
 
 
-@ft.lru_cache(maxsize=None)
+@ft.cache
 def _is_key_dtype(dtype: Any) -> bool:
-    return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+    return bool(jnp.issubdtype(dtype, jax.dtypes.prng_key))
 
 
 def _leaf_nbytes(leaf: jax.ShapeDtypeStruct) -> int:
-    size = math.prod(leaf.shape)
+    size: int = math.prod(leaf.shape)
     if _is_key_dtype(leaf.dtype):
         return size * _key_data_bytes(leaf.dtype)
-    return size * np.dtype(leaf.dtype).itemsize
+    itemsize: int = np.dtype(leaf.dtype).itemsize
+    return size * itemsize
 
 
-def _placement(sharding: Any) -> Any:
-    """The concrete sharding to place a top-level leaf with, or None."""
+def _as_abstract_mesh(mesh: Any) -> Any:
+    return mesh if isinstance(mesh, jax.sharding.AbstractMesh) else mesh.abstract_mesh
+
+
+def _top_level_sharding(sharding: Any) -> Any:
+    """The concrete sharding to place a top-level leaf with, or None (default placement)."""
     if sharding is None:
         return None
     mesh = getattr(sharding, "mesh", None)
@@ -116,21 +122,54 @@ def _placement(sharding: Any) -> Any:
     return sharding
 
 
+def _spec_axes(spec: Any) -> set[str]:
+    axes: set[str] = set()
+    for entry in spec:
+        if isinstance(entry, str):
+            axes.add(entry)
+        elif isinstance(entry, tuple):
+            axes.update(a for a in entry if isinstance(a, str))
+    return axes
+
+
+def _traced_sharding(sharding: Any) -> Any:
+    """Under a trace, the sharding that is part of the leaf's type, or None.
+
+    With `Explicit` mesh axes the sharding is part of an array's type (a scan
+    carry must keep it), so a leaf sharded over explicit axes is built with
+    it, unless another mesh is in context. Auto and manual axes are not part
+    of the type.
+    """
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return None
+    mesh = _as_abstract_mesh(sharding.mesh)
+    current = jax.sharding.get_abstract_mesh()
+    if not current.empty and current != mesh:
+        return None
+    explicit = {
+        name
+        for name, kind in zip(mesh.axis_names, mesh.axis_types, strict=True)
+        if kind == jax.sharding.AxisType.Explicit
+    }
+    if not _spec_axes(sharding.spec) & explicit:
+        return None
+    return jax.sharding.NamedSharding(mesh, sharding.spec)
+
+
 def _filled(leaf: jax.ShapeDtypeStruct, value: Any, top: bool) -> Any:
     dtype = leaf.dtype
+    sharding = _top_level_sharding(leaf.sharding) if top else _traced_sharding(leaf.sharding)
     if _is_key_dtype(dtype):
-        x = jnp.zeros(leaf.shape, dtype)
+        x = jnp.zeros(leaf.shape, dtype)  # keys from zero key data, whatever `value` is
+        if sharding is not None:
+            x = jax.device_put(x, sharding) if top else jax.sharding.reshard(x, sharding)
     else:
-        x = lax.full(leaf.shape, value, dtype)
+        x = lax.full(leaf.shape, value, dtype, sharding=sharding)
         if leaf.weak_type:
             x = _compat.convert_element_type(x, dtype, weak_type=True)
     axes = varying_axes(leaf)
     if axes:
         x = lax.pcast(x, tuple(sorted(axes)), to="varying")
-    if top:
-        sharding = _placement(leaf.sharding)
-        if sharding is not None:
-            x = jax.device_put(x, sharding)
     return x
 
 
@@ -215,7 +254,7 @@ class Structure:
         """One `jax.tree_util.keystr` path per leaf, in leaf order."""
 
         def compute() -> tuple[str, ...]:
-            flat, _ = jtu.tree_flatten_with_path(self.tree)
+            flat, _ = jtu.tree_flatten_with_path(jtu.tree_unflatten(self._treedef, self._leaves))
             return tuple(jtu.keystr(path) for path, _ in flat)
 
         paths: tuple[str, ...] = self._memo("paths", compute)
@@ -227,7 +266,7 @@ class Structure:
 
         Equal to what `jax.eval_shape` returns for the same call.
         """
-        return self._memo("tree", lambda: jtu.tree_unflatten(self._treedef, self._leaves))
+        return jtu.tree_unflatten(self._treedef, self._leaves)  # fresh: callers may mutate it
 
     def _array_leaves(self) -> Iterator[jax.ShapeDtypeStruct]:
         return (leaf for leaf in self._leaves if isinstance(leaf, jax.ShapeDtypeStruct))
@@ -258,7 +297,9 @@ class Structure:
         placed with it, and one whose sharding names an abstract mesh is placed
         on the mesh set with `jax.set_mesh` (default placement otherwise).
         Under `jit` the arrays are compile-time constants, exactly like
-        hand-written `jnp.full`.
+        hand-written `jnp.full`; a leaf sharded over `Explicit` mesh axes
+        keeps that sharding, which is part of its type there (so the result
+        type-checks as a `lax.scan` carry).
 
         Args:
             value: The fill value, converted to each leaf's dtype.
@@ -352,7 +393,8 @@ class Structure:
             >>> ts.structure_of({"w": jnp.zeros(3)}).check({"w": jnp.zeros(4)})
             Traceback (most recent call last):
             ...
-            treeshape._errors.StructureMismatchError: treeshape.Structure.check: the tree does not match: tree['w']: expected shape (3,), got (4,). Make this leaf shape (3,).
+            treeshape._errors.StructureMismatchError: treeshape.Structure.check: the tree does not match:
+            tree['w']: expected shape (3,), got (4,). Make this leaf shape (3,).
         """
         mismatches = self.diff(tree)
         if mismatches:
@@ -369,10 +411,29 @@ class Structure:
         return self is other or self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        def compute() -> int:
+            treedef, keys = self._key()
+            # An unhashable static leaf (compared by `==` only) hashes by its type.
+            return hash((treedef, tuple(k if _hashable(k) else (False, k[1]) for k in keys)))
+
+        value: int = self._memo("hash", compute)
+        return value
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Structure, (self._treedef, self._leaves))
+        # Devices do not pickle: a concrete sharding travels as its abstract
+        # form (a NamedSharding keeps its spec over the abstract mesh). Equality
+        # ignores sharding, so the copy is equal to the original.
+        return (Structure, (self._treedef, tuple(_picklable_leaf(leaf) for leaf in self._leaves)))
+
+    def __str__(self) -> str:
+        from ._display import table
+
+        return table(self)
+
+    def _repr_html_(self) -> str:
+        from ._display import html_table
+
+        return html_table(self)
 
     def __repr__(self) -> str:
         try:
@@ -386,12 +447,32 @@ class Structure:
         return f"Structure({body}, {n} {'leaf' if n == 1 else 'leaves'}, {human_bytes(self.nbytes)})"
 
 
+def _hashable(x: Any) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
+
+
+def _picklable_leaf(leaf: Any) -> Any:
+    if not isinstance(leaf, jax.ShapeDtypeStruct) or leaf.sharding is None:
+        return leaf
+    sharding = leaf.sharding
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        if isinstance(sharding.mesh, jax.sharding.AbstractMesh):
+            return leaf
+        abstract = jax.sharding.NamedSharding(sharding.mesh.abstract_mesh, sharding.spec)
+        return leaf.update(sharding=abstract)
+    return leaf.update(sharding=None)
+
+
 def _as_structure(tree: PyTree) -> Structure:
     if isinstance(tree, Structure):
         return tree
-    from ._infer import structure_of
+    from ._infer import abstract_structure_of
 
-    return structure_of(tree)
+    return abstract_structure_of(tree)
 
 
 # -- diff ----------------------------------------------------------------------
@@ -436,14 +517,26 @@ def _describe_leaf(leaf: Any) -> str:
     return f"the static value {leaf_str(leaf)}"
 
 
-def _describe_node(treedef: jtu.PyTreeDef, leaves: tuple[Any, ...]) -> str:
+def _describe_node(treedef: jtu.PyTreeDef, leaves: tuple[Any, ...], with_data: bool = False) -> str:
     if jtu.treedef_is_leaf(treedef):
         return _describe_leaf(leaves[0]) if leaves else "None"
-    node_type, aux = treedef.node_data()  # type: ignore[misc]
-    if node_type is dict:
-        return f"a dict with keys {list(aux)}"
+    node_type, aux = treedef.node_data()
+    keys = _mapping_keys(node_type, aux)
+    if keys is not None:
+        return f"{_type_name(node_type)} with keys {list(keys)}"
+    if with_data:
+        return f"{_type_name(node_type)} with static data {aux!r}"
     n = len(treedef.children())
     return f"{_type_name(node_type)} with {n} {'child' if n == 1 else 'children'}"
+
+
+def _mapping_keys(node_type: type, aux: Any) -> Any:
+    """The keys of a dict-like node (dict, OrderedDict, defaultdict), else None."""
+    if node_type is dict or node_type is collections.OrderedDict:
+        return aux
+    if node_type is collections.defaultdict:
+        return aux[1]
+    return None
 
 
 def _type_name(node_type: type) -> str:
@@ -453,7 +546,7 @@ def _type_name(node_type: type) -> str:
 
 
 def _child_keys(treedef: jtu.PyTreeDef, leaves: tuple[Any, ...]) -> list[Any]:
-    node_type, _ = treedef.node_data()  # type: ignore[misc]
+    node_type, _ = treedef.node_data()
     if issubclass(node_type, tuple) and hasattr(node_type, "_fields"):
         # flatten_one_level_with_keys names every namedtuple child after the
         # first field in JAX 0.10.2; the fields are the keys.
@@ -490,26 +583,62 @@ def _diff_nodes(
         return
     e_node = None if e_leaf else e_td.node_data()
     a_node = None if a_leaf else a_td.node_data()
-    if e_node is not None and a_node is not None and e_node[0] is dict and a_node[0] is dict:
-        e_children = dict(zip(e_node[1], _split(e_td, e_leaves), strict=True))
-        a_children = dict(zip(a_node[1], _split(a_td, a_leaves), strict=True))
-        for key, (td, leaves) in e_children.items():
-            sub_path = path + jtu.keystr((jtu.DictKey(key),))
-            if key not in a_children:
-                out.append(Mismatch(sub_path, "structure", _describe_node(td, leaves), None))
-            else:
-                _diff_nodes(td, leaves, *a_children[key], sub_path, out)
-        for key, (td, leaves) in a_children.items():
-            if key not in e_children:
-                sub_path = path + jtu.keystr((jtu.DictKey(key),))
-                out.append(Mismatch(sub_path, "structure", None, _describe_node(td, leaves)))
-        return
-    same_node = e_node is not None and e_node == a_node and len(e_td.children()) == len(a_td.children())
-    if not same_node:
+    if e_node is None or a_node is None or e_node[0] is not a_node[0]:
         out.append(Mismatch(path, "structure", _describe_node(e_td, e_leaves), _describe_node(a_td, a_leaves)))
+        return
+    node_type = e_node[0]
+    e_keys, a_keys = _mapping_keys(node_type, e_node[1]), _mapping_keys(node_type, a_node[1])
+    if e_keys is not None and a_keys is not None:
+        # Same kind of mapping: match children by key, report missing and extra keys.
+        e_children = dict(zip(e_keys, _split(e_td, e_leaves), strict=True))
+        a_children = dict(zip(a_keys, _split(a_td, a_leaves), strict=True))
+        ordered = node_type is collections.OrderedDict  # JAX keeps its insertion order
+        _diff_children(e_children, a_children, jtu.DictKey, path, out, ordered)
+        return
+    if node_type is list or node_type is tuple:
+        # Same sequence type, different lengths: match children by index.
+        e_items = dict(enumerate(_split(e_td, e_leaves)))
+        a_items = dict(enumerate(_split(a_td, a_leaves)))
+        _diff_children(e_items, a_items, jtu.SequenceKey, path, out)
+        return
+    if e_node != a_node or len(e_td.children()) != len(a_td.children()):
+        # The same custom node type with other static data (or arity).
+        with_data = len(e_td.children()) == len(a_td.children())
+        out.append(
+            Mismatch(
+                path,
+                "structure",
+                _describe_node(e_td, e_leaves, with_data),
+                _describe_node(a_td, a_leaves, with_data),
+            )
+        )
         return
     keys = _child_keys(e_td, e_leaves)
     for key, (e_sub, e_sub_leaves), (a_sub, a_sub_leaves) in zip(
         keys, _split(e_td, e_leaves), _split(a_td, a_leaves), strict=True
     ):
         _diff_nodes(e_sub, e_sub_leaves, a_sub, a_sub_leaves, path + jtu.keystr((key,)), out)
+
+
+_Children = dict[Any, tuple[jtu.PyTreeDef, tuple[Any, ...]]]
+
+
+def _diff_children(
+    expected: _Children, actual: _Children, make_key: Any, path: str, out: list[Mismatch], ordered: bool = False
+) -> None:
+    """Diff children matched by key, in leaf order: shared ones recursively,
+    missing and extra ones as one structure mismatch each."""
+    keys = list(expected) + [k for k in actual if k not in expected]
+    if not ordered:
+        try:
+            keys = sorted(keys)
+        except TypeError:  # keys of mixed types: keep the expected order, then the extra ones
+            pass
+    for key in keys:
+        sub_path = path + jtu.keystr((make_key(key),))
+        if key not in actual:
+            out.append(Mismatch(sub_path, "structure", _describe_node(*expected[key]), None))
+        elif key not in expected:
+            out.append(Mismatch(sub_path, "structure", None, _describe_node(*actual[key])))
+        else:
+            _diff_nodes(*expected[key], *actual[key], sub_path, out)

@@ -1,0 +1,397 @@
+"""The `out_structure` cache: hits without retracing, bounded, thread-safe, leak-free."""
+
+import dataclasses
+import functools as ft
+import gc
+import threading
+import types
+import weakref
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import pytest
+
+import treeshape as ts
+from treeshape import _infer
+
+
+def _counted():
+    """A fresh function `f(w, x, *, scale=1.0)` and a getter for how often it was traced."""
+    n = 0
+
+    def f(w, x, *, scale=1.0):
+        nonlocal n
+        n += 1
+        return {"y": w * x * scale, "n": x.ndim}
+
+    return f, lambda: n
+
+
+def test_repeated_call_is_a_hit():
+    f, traces = _counted()
+    for x in [jnp.ones(3), jnp.zeros(3), np.ones(3, np.float32), jax.ShapeDtypeStruct((3,), jnp.float32)]:
+        s = ts.out_structure(f, x, x)
+        assert s.tree["y"] == jax.ShapeDtypeStruct((3,), jnp.float32)
+    assert traces() == 3  # the array and NumPy inputs hit; the ShapeDtypeStruct is keyed apart
+    info = ts.cache_info()
+    assert (info.hits, info.misses) == (1, 3)
+    # Another abstract input is another entry.
+    ts.out_structure(f, jnp.ones(4), jnp.ones(4))
+    ts.out_structure(f, jnp.ones(3, jnp.bfloat16), jnp.ones(3, jnp.bfloat16))
+    ts.out_structure(f, 1.0, 2.0)
+    ts.out_structure(f, 1.0, 2)
+    assert traces() == 7
+
+
+def test_fresh_functools_partial_hits():
+    f, traces = _counted()
+    results = [ts.out_structure(ft.partial(f, jnp.ones(3), scale=2.0), jnp.full(3, i)) for i in range(5)]
+    assert traces() == 1
+    assert all(s == results[0] for s in results)
+    assert ts.cache_info().hits == 4
+
+
+def test_fresh_tree_util_partial_hits():
+    f, traces = _counted()
+    for i in range(5):
+        ts.out_structure(jtu.Partial(f, jnp.full(3, i), scale=0.5), jnp.ones(3))
+    assert traces() == 1
+
+
+def test_partial_bound_python_values_are_concrete_and_compared_by_equality():
+    seen = []
+
+    def f(n, x):
+        seen.append(n)
+        assert type(n) is int  # concrete, as jax.eval_shape passes a partial's values
+        return jnp.zeros((n,) + x.shape)
+
+    assert ts.out_structure(ft.partial(f, 2), jnp.ones(3)).tree.shape == (2, 3)
+    assert ts.out_structure(ft.partial(f, 2), jnp.ones(3)).tree.shape == (2, 3)
+    assert ts.out_structure(jtu.Partial(f, 5), jnp.ones(3)).tree.shape == (5, 3)
+    assert seen == [2, 5]
+    # 2 == 2.0, but a float is another value: a separate entry.
+    assert ts.out_structure(ft.partial(lambda n, x: x * n, 2.0), jnp.ones(3, jnp.int32)).tree.dtype == jnp.float32
+
+
+def test_fresh_partials_inside_jit_hit_across_traces():
+    f, traces = _counted()
+
+    def step(w, x):
+        out = []
+        for _ in range(3):
+            s = ts.out_structure(jtu.Partial(f, w, scale=2.0), x)  # holds the tracer `w`
+            out.append(s.zeros()["y"])
+            s = ts.out_structure(ft.partial(f, w), x)
+            out.append(s.zeros()["y"])
+        return out
+
+    jax.make_jaxpr(step)(jnp.ones(3), jnp.ones(3))
+    jax.make_jaxpr(step)(jnp.zeros(3), jnp.zeros(3))  # a new trace, new tracers, same avals
+    out = jax.jit(step)(jnp.ones(3), jnp.ones(3))
+    assert traces() == 2  # one per distinct bound keyword set
+    assert all(o.shape == (3,) for o in out)
+
+
+def test_fresh_bound_methods_and_callable_pytrees_hit():
+    n = 0
+
+    @jtu.register_dataclass
+    @dataclasses.dataclass
+    class Model:
+        w: jax.Array
+        depth: int = dataclasses.field(metadata={"static": True})
+
+        def apply(self, x):
+            nonlocal n
+            n += 1
+            return self.w @ x
+
+        def __call__(self, x):
+            return self.apply(x)
+
+    for i in range(3):
+        model = Model(jnp.full((2, 3), i), depth=4)
+        assert ts.out_structure(model.apply, jnp.ones(3)).tree.shape == (2,)
+        assert ts.out_structure(model, jnp.ones(3)).tree.shape == (2,)
+    assert n == 2
+    ts.out_structure(Model(jnp.ones((2, 3)), depth=5).apply, jnp.ones(3))  # static field differs
+    assert n == 3
+
+
+def test_jitted_function_hits():
+    f, traces = _counted()
+    jf = jax.jit(f)
+    for _ in range(3):
+        ts.out_structure(jf, jnp.ones(2), jnp.ones(2))
+    assert traces() == 1
+
+
+def test_cache_info_and_clear_cache():
+    info = ts.cache_info()
+    assert info == (0, 0, 0, 4096)
+    assert info._fields == ("hits", "misses", "size", "maxsize")
+    f = lambda x: x + 1
+    ts.out_structure(f, jnp.ones(2))
+    ts.out_structure(f, jnp.ones(2))
+    ts.out_structure(f, jnp.ones(3))
+    assert ts.cache_info() == (1, 2, 2, 4096)
+    ts.clear_cache()
+    assert ts.cache_info() == (0, 0, 0, 4096)
+
+
+def test_context_settings_are_part_of_the_key():
+    f = lambda x, y: x + y
+    assert ts.out_structure(f, jnp.ones(2), 1).tree.dtype == jnp.float32
+    with jax.enable_x64(True):
+        assert ts.out_structure(lambda x: x, 1).tree.dtype == jnp.int64
+    assert ts.out_structure(lambda x: x, 1).tree.dtype == jnp.int32
+
+    mixed = (jnp.ones(2, jnp.bfloat16), jnp.ones(2, jnp.float16))
+    assert ts.out_structure(f, *mixed).tree.dtype == jnp.float32
+    with jax.numpy_dtype_promotion("strict"), pytest.raises(jax.dtypes.TypePromotionError, match="strict"):
+        ts.out_structure(f, *mixed)  # not the cached standard-mode answer
+
+    mesh = jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Explicit,))
+    make = lambda: jnp.zeros(8)
+    assert ts.out_structure(make).tree.sharding is None
+    with jax.set_mesh(mesh):
+        assert ts.out_structure(make).tree.sharding.mesh == mesh.abstract_mesh
+
+    key = lambda: jax.random.key(0)
+    assert str(ts.out_structure(key).tree.dtype) == "key<fry>"
+    with jax.default_prng_impl("rbg"):
+        assert str(ts.out_structure(key).tree.dtype) == "key<rbg>"
+
+
+class _Config:
+    """Compared by value, not hashable."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, width):
+        self.width = width
+
+    def __eq__(self, other):
+        return isinstance(other, _Config) and other.width == self.width
+
+
+def test_unhashable_static_values_bypass_the_cache():
+    f, traces = _counted()
+
+    def g(x, cfg):
+        f(x, x)
+        return jnp.zeros((cfg.width,) + x.shape)
+
+    for width in [2, 2, 3]:
+        assert ts.out_structure(g, jnp.ones(4), _Config(width)).tree.shape == (width, 4)
+    assert ts.out_structure(ft.partial(g, cfg=_Config(5)), jnp.ones(4)).tree.shape == (5, 4)
+    bound_set = ft.partial(lambda s, x: x * len(s), {1, 2})  # a set is an unhashable leaf
+    assert ts.out_structure(bound_set, jnp.ones(2)).tree.shape == (2,)
+    ts.out_structure(bound_set, jnp.ones(2))
+    assert traces() == 4
+    info = ts.cache_info()
+    assert (info.hits, info.misses, info.size) == (0, 6, 0)
+
+
+# -- lifetimes: the cache keeps nothing alive -----------------------------------------
+def _collected(ref):
+    gc.collect()
+    return ref() is None
+
+
+@pytest.mark.parametrize("wrap", ["function", "functools.partial", "tree_util.Partial", "jitted"])
+def test_deleted_function_is_collected(wrap):
+    def f(x, y=1.0):
+        return x * y
+
+    ref = weakref.ref(f)
+    fn = {"function": f, "functools.partial": ft.partial(f, y=2.0), "tree_util.Partial": jtu.Partial(f, y=3.0)}.get(
+        wrap
+    ) or jax.jit(f)
+    assert ts.out_structure(fn, jnp.ones(2)).tree.shape == (2,)
+    assert ts.cache_info().size == 1
+    del f, fn
+    assert _collected(ref)
+    assert ts.cache_info().size == 0  # and its entry is gone
+
+
+def test_function_passed_as_static_argument_is_collected():
+    def act(x):
+        return jnp.tanh(x)
+
+    class Net:  # compared by identity: kept by weak reference only
+        def apply(self, x):
+            return x * 2
+
+    net, jitted = Net(), jax.jit(act)
+    refs = [weakref.ref(act), weakref.ref(net), weakref.ref(jitted)]
+    apply = lambda x, fs, obj: {"y": fs[0](x) + fs[1](x) + obj.apply(x)}
+    for _ in range(2):
+        assert ts.out_structure(apply, jnp.ones(2), [act, jitted], net).tree["y"].shape == (2,)
+        ts.out_structure(net.apply, jnp.ones(2))  # a bound method of a plain object: `self` is static
+    assert ts.cache_info() == (2, 2, 2, 4096)
+    del act, jitted, net
+    assert all(_collected(r) for r in refs)
+    assert ts.cache_info().size == 0  # both entries are gone
+
+
+def test_static_function_in_the_output_is_not_kept_alive():
+    def act(x):
+        return jnp.tanh(x)
+
+    ref = weakref.ref(act)
+    returns_fn = lambda x, f: {"y": f(x), "f": f}
+    returns_partial = lambda x, f: {"y": f(x), "p": jtu.Partial(f)}  # `f` in the output's treedef
+    for _ in range(2):
+        assert ts.out_structure(returns_fn, jnp.ones(2), act).tree["f"] is act
+        assert ts.out_structure(returns_partial, jnp.ones(2), act).tree["p"].func is act
+    # Such results are not cached: the entry would keep `act` alive.
+    assert ts.cache_info().size == 0
+    assert ts.out_structure(returns_fn, jnp.ones(2), jnp.tanh).tree["f"] is jnp.tanh  # importable: cached
+    assert ts.cache_info().size == 1
+    del act
+    assert _collected(ref)
+
+
+def test_function_inside_an_argument_treedef_is_not_kept_alive():
+    def act(x):
+        return jnp.tanh(x)
+
+    ref = weakref.ref(act)
+    call = lambda x, p: p(x)
+    for _ in range(2):  # a Partial argument: `act` is node data of the call's treedef
+        assert ts.out_structure(call, jnp.ones(2), jtu.Partial(act)).tree.shape == (2,)
+    assert ts.cache_info().size == 0
+    ts.out_structure(call, jnp.ones(2), jtu.Partial(jnp.tanh))
+    ts.out_structure(call, jnp.ones(2), jtu.Partial(jnp.tanh))
+    assert ts.cache_info() == (1, 3, 1, 4096)
+    del act
+    assert _collected(ref)
+
+
+def test_equinox_failure_mode_closure_does_not_keep_function_alive():
+    """A cached wrapper closing over the user's function would keep it (and its closure) alive."""
+
+    def make_model():
+        big = jnp.ones((256, 256))
+
+        def model(x):
+            return big @ x
+
+        return model, weakref.ref(big)
+
+    model, big_ref = make_model()
+    model_ref = weakref.ref(model)
+    for _ in range(2):
+        ts.out_structure(model, jnp.ones(256))
+        ts.out_structure(ft.partial(model), jnp.ones(256))
+    del model
+    assert _collected(model_ref) and _collected(big_ref)
+
+
+# -- no tracers ----------------------------------------------------------------------
+def _reachable(root, depth=8):
+    """Everything reachable from `root` through `gc.get_referents` (modules and types excluded)."""
+    seen = {id(root): root}
+    frontier = [root]
+    for _ in range(depth):
+        nxt = []
+        for obj in frontier:
+            for ref in gc.get_referents(obj):
+                if id(ref) in seen or isinstance(ref, (types.ModuleType, type)):
+                    continue
+                seen[id(ref)] = ref
+                nxt.append(ref)
+        frontier = nxt
+    return list(seen.values())
+
+
+def test_cache_holds_no_tracer_jax_24818():
+    """JAX removed a cache that leaked tracers (jax#24818): ours must hold none."""
+
+    def f(a, b, *, c):
+        return {"h": a @ b + c, "static": "ok"}
+
+    @jax.jit
+    def step(a, b):
+        closure = lambda x: f(x, b, c=a.sum())
+        s1 = ts.out_structure(jtu.Partial(f, b=b, c=a[0, 0]), a)
+        s2 = ts.out_structure(ft.partial(f, c=b.sum()), a, b)
+        s3 = ts.out_structure(closure, a)
+        s4 = ts.structure_of({"a": a, "b": b})
+        return s1.zeros()["h"] + s2.zeros()["h"] + s3.zeros()["h"] + s4.zeros()["a"] @ b
+
+    with jax.check_tracer_leaks(True):
+        out = step(jnp.ones((2, 3)), jnp.ones((3, 2)))
+    assert out.shape == (2, 2)
+    assert ts.cache_info().size >= 3
+    gc.collect()
+    reachable = _reachable(_infer._CACHE)
+    assert len(reachable) > 10  # the walk did look inside the entries
+    assert not [x for x in reachable if isinstance(x, jax.core.Tracer)]
+
+
+# -- bound and threads ---------------------------------------------------------
+@pytest.fixture
+def small_cache():
+    old = _infer.set_cache_maxsize(3)
+    yield
+    _infer.set_cache_maxsize(old)
+
+
+def test_lru_bound_holds(small_cache):
+    fns = [_counted() for _ in range(5)]
+    x = jnp.ones(2)
+    for f, _ in fns:
+        ts.out_structure(f, x, x)
+    assert ts.cache_info().size == 3
+    assert ts.cache_info().maxsize == 3
+    ts.out_structure(fns[2][0], x, x)  # refresh 2: LRU order is now 3, 4, 2
+    ts.out_structure(fns[0][0], x, x)  # miss, evicts 3
+    assert [t() for _, t in fns] == [2, 1, 1, 1, 1]
+    ts.out_structure(fns[4][0], x, x)
+    ts.out_structure(fns[2][0], x, x)
+    ts.out_structure(fns[3][0], x, x)  # evicted: traced again
+    assert [t() for _, t in fns] == [2, 1, 1, 2, 1]
+    assert ts.cache_info().size == 3
+
+
+def test_set_cache_maxsize_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="maxsize"):
+        _infer.set_cache_maxsize(-1)
+    assert ts.cache_info().maxsize == 4096
+
+
+def test_threads_get_correct_results():
+    f, traces = _counted()
+    shapes = [(i,) for i in range(1, 9)]
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def work(t):
+        try:
+            barrier.wait()
+            for r in range(40):
+                shape = shapes[(t + r) % 8]
+                w = jnp.ones(shape, jnp.bfloat16) if r % 2 else jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+                s = ts.out_structure(jtu.Partial(f, w, scale=2.0), jax.ShapeDtypeStruct(shape, jnp.float32))
+                assert s.tree == {
+                    "y": jax.ShapeDtypeStruct(shape, jnp.float32),
+                    "n": jax.ShapeDtypeStruct((), jnp.int32, weak_type=True),
+                }
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    info = ts.cache_info()
+    assert info.hits + info.misses == 8 * 40
+    assert info.size == 16  # 8 shapes x (array, ShapeDtypeStruct) bound leaf
+    assert 16 <= traces() <= info.misses

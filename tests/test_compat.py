@@ -1,0 +1,67 @@
+"""Pin the JAX-internal behaviour `treeshape._compat` relies on, so an upgrade fails here first."""
+
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from treeshape import _compat
+
+
+_PACKAGE = pathlib.Path(_compat.__file__).parent
+
+
+def test_only_compat_imports_jax_internals():
+    offenders = [
+        path.name
+        for path in sorted(_PACKAGE.glob("*.py"))
+        if path.name != "_compat.py" and re.search(r"^\s*(from|import)\s+jax\._src", path.read_text(), re.M)
+    ]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.int8, jnp.uint32, jnp.complex64, jnp.float32])
+def test_convert_element_type_sets_the_weak_flag(dtype):
+    x = jnp.arange(3).astype(dtype)
+    weak = _compat.convert_element_type(x, dtype, weak_type=True)
+    assert (jax.typeof(weak).dtype, jax.typeof(weak).weak_type) == (jnp.dtype(dtype), True)
+    np.testing.assert_array_equal(np.asarray(weak), np.asarray(x))
+    strong = _compat.convert_element_type(weak, dtype, weak_type=False)
+    assert not jax.typeof(strong).weak_type
+    # Under a trace too; the same-dtype convert it lowers to is removed by XLA.
+    jaxpr = jax.make_jaxpr(lambda y: _compat.convert_element_type(y, dtype, weak_type=True))(x)
+    assert jaxpr.out_avals[0].weak_type
+    assert _hlo_ops(lambda y: _compat.convert_element_type(y, dtype, weak_type=True), x) == _hlo_ops(lambda y: y, x)
+
+
+def _hlo_ops(fn, *args):
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    return sorted(re.findall(r"= \S+ ([a-z][\w-]*)\(", text))
+
+
+def test_convert_element_type_changes_dtype():
+    out = _compat.convert_element_type(jnp.ones(2, jnp.int32), jnp.float16, weak_type=True)
+    assert (out.dtype, out.weak_type) == (jnp.float16, True)
+
+
+def test_at_top_level():
+    assert _compat.at_top_level()
+    seen = []
+
+    def record(x):
+        seen.append(_compat.at_top_level())
+        return x
+
+    jax.jit(record)(jnp.ones(2))
+    jax.vmap(record)(jnp.ones(2))
+    jax.grad(lambda x: record(x).sum())(jnp.ones(2))
+    jax.make_jaxpr(lambda x: record(x))(jnp.ones(2))  # a new function: jit's trace cache would answer
+    jax.lax.scan(lambda c, _: (record(c), None), jnp.ones(2), length=1)
+    mesh = jax.make_mesh((8,), ("i",))
+    x = jax.device_put(jnp.ones(8), jax.NamedSharding(mesh, jax.P("i")))
+    jax.shard_map(record, mesh=mesh, in_specs=jax.P("i"), out_specs=jax.P("i"))(x)
+    assert seen == [False] * 6
+    assert _compat.at_top_level()
