@@ -3,16 +3,22 @@ import os
 
 # Eight host CPU devices for sharding and shard_map tests: must be set before
 # JAX initialises its backends.
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import treeshape as ts  # noqa: E402
+
+
+# A few hundred examples per property in CI; `HYPOTHESIS_PROFILE=thorough` for more.
+_HEALTH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=_HEALTH)
+settings.register_profile("thorough", max_examples=2000, deadline=None, suppress_health_check=_HEALTH)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _shard_map(f, x):
