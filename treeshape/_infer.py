@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
@@ -277,25 +278,61 @@ def _context_key() -> tuple[Any, ...]:
 
 
 # -- inference -----------------------------------------------------------------
-def _check_scalars(leaves: list[Any], treedef: jtu.PyTreeDef) -> None:
-    """Name the path of a Python int that JAX cannot type (instead of JAX's bare OverflowError).
+def _jax_dtype(dtype: Any) -> bool:
+    """Whether JAX can hold an array of `dtype` (numbers, bool, bfloat16, float8, PRNG keys, ...)."""
+    try:
+        return any(jnp.issubdtype(dtype, kind) for kind in (jnp.number, jnp.bool_, jax.dtypes.extended))
+    except TypeError:  # not a dtype at all
+        return False
 
-    `leaves`/`treedef` are the flattened `(args, kwargs)` of the call; the path
-    reads `args[0]['n']` or `kwargs['n']`.
-    """
-    bits = 64 if jax.enable_x64.value else 32
-    low, high = -(2 ** (bits - 1)), 2 ** (bits - 1)
-    for i, x in enumerate(leaves):
+
+def _input_problem(x: Any, abstract: bool, bits: int) -> str | None:
+    """Why JAX cannot take leaf `x` as an input, or None."""
+    if not abstract:
+        return None
+    kind = _kind_of(type(x))
+    if kind == _SCALAR:
+        low, high = -(2 ** (bits - 1)), 2 ** (bits - 1)
         if type(x) is int and not low <= x < high:
-            keys = jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, leaves))[0][i][0]
-            root = "args" if keys[0] == jtu.SequenceKey(0) else "kwargs"
-            path = root + jtu.keystr(tuple(keys[1:]))
-            raise OverflowError(
-                f"treeshape.out_structure: {path} is the Python int {x}, which does not fit "
-                f"the int{bits} JAX gives Python ints. Pass it as a typed array (e.g. "
-                f"`np.int64({x})` with jax_enable_x64 on), or bind it with `functools.partial` "
-                f"so it stays a concrete Python value."
+            return (
+                f"is the Python int {x}, which does not fit the int{bits} JAX gives Python ints. "
+                f"Pass it as a typed array (e.g. `np.int64({x})` with jax_enable_x64 on), or bind it "
+                "with `functools.partial` so it stays a concrete Python value."
             )
+    elif kind == _NUMPY or kind == _OTHER:
+        if not _jax_dtype(x.dtype):
+            what = "NumPy array" if kind == _NUMPY else type(x).__name__
+            return (
+                f"is a {what} of dtype {str(x.dtype)!r}, which JAX cannot hold (only numbers, "
+                "bool and JAX's extended dtypes). Convert it to a numeric array, or bind it with "
+                "`functools.partial` or a closure so `fn` receives it as it is."
+            )
+    return None
+
+
+def _check_inputs(leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef) -> None:
+    """Raise, naming the path, for an input JAX cannot make abstract (instead of JAX's
+    error about an internal function's `values[i]`)."""
+    bits = 64 if jax.enable_x64.value else 32
+    for i, (x, a) in enumerate(zip(leaves, abstract, strict=True)):
+        problem = _input_problem(x, a, bits)
+        if problem is None:
+            continue
+        keys = jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, leaves))[0][i][0]
+        # keys: (bound or call, args or kwargs, ...)
+        bound = keys[0] == jtu.SequenceKey(0)
+        root = ("the bound " if bound else "") + ("args" if keys[1] == jtu.SequenceKey(0) else "kwargs")
+        error = OverflowError if type(x) is int else TypeError
+        raise error(f"treeshape.out_structure: {root}{jtu.keystr(tuple(keys[2:]))} {problem}")
+
+
+def _is_output_array(x: Any, kind: int) -> bool:
+    """Whether an output leaf is an array for JAX (the rest are kept as static leaves)."""
+    if kind == _ARRAY or kind == _SCALAR:
+        return True
+    if kind == _NUMPY or (kind == _OTHER and _is_duck_array(x)):
+        return _jax_dtype(x.dtype)
+    return False
 
 
 def _evaluate(
@@ -311,6 +348,7 @@ def _evaluate(
     """
     leaves = bound_leaves + call_leaves
     abstract = [_is_abstract(x, i < n_concrete) for i, x in enumerate(leaves)]
+    _check_inputs(leaves, abstract, treedef)
     dynamic = [x for x, a in zip(leaves, abstract, strict=True) if a]
     out_info: list[Any] = []
 
@@ -323,14 +361,11 @@ def _evaluate(
         traced_out = []
         descriptions: list[Any] = []
         for x in out_leaves:
-            kind = _kind_of(type(x))
-            if kind == _SDS:
-                descriptions.append(x)
-            elif kind == _OTHER and not _is_duck_array(x):
-                descriptions.append(x)
-            else:
+            if _is_output_array(x, _kind_of(type(x))):
                 descriptions.append(_TRACED)
                 traced_out.append(x)
+            else:  # a ShapeDtypeStruct describes itself; other leaves are static
+                descriptions.append(x)
         out_info[:] = [out_treedef, descriptions]
         return traced_out
 
@@ -438,8 +473,6 @@ def _out_structure(
     n_concrete = len(bound_leaves)
     if jitted:
         n_concrete += len(call_leaves)
-    else:
-        _check_scalars(call_leaves, call_treedef)
     treedef = jtu.treedef_tuple((bound_treedef, call_treedef))
     structure = _evaluate(core, n_concrete, bound_leaves, call_leaves, treedef)
     if key is not None and _entry_safe_to_hold((bound_treedef, call_treedef), structure):

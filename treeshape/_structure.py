@@ -173,6 +173,12 @@ def _filled(leaf: jax.ShapeDtypeStruct, value: Any, top: bool) -> Any:
     return x
 
 
+def _is_fill_value(value: Any) -> bool:
+    if isinstance(value, (bool, int, float, complex, np.number, np.bool_)):
+        return True
+    return isinstance(value, (jax.Array, np.ndarray)) and value.ndim == 0
+
+
 class _Text:
     """A placeholder leaf whose repr is the given text (for one-line reprs)."""
 
@@ -314,6 +320,11 @@ class Structure:
             >>> s.full(7)
             (Array([7, 7], dtype=int32), Array(7., dtype=float32, weak_type=True))
         """
+        if not _is_fill_value(value):
+            raise TypeError(
+                f"treeshape.Structure.full: `value` must be a number or bool scalar (or a 0-d array), got "
+                f"{type(value).__name__} {value!r}. For other fills, use `jax.tree.map` over `structure.tree`."
+            )
         top = _compat.at_top_level()
         leaves = [_filled(x, value, top) if isinstance(x, jax.ShapeDtypeStruct) else x for x in self._leaves]
         return jtu.tree_unflatten(self._treedef, leaves)

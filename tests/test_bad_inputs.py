@@ -1,0 +1,298 @@
+"""A catalogue of bad inputs: each names what is wrong and where, and leaves the
+library (and its cache) working for the next good call."""
+
+import dataclasses
+import functools as ft
+import re
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import treeshape as ts
+from treeshape._cli import main
+
+
+F32 = jnp.float32
+
+
+class DuckWithBadDtype:
+    shape = (2,)
+    dtype = "not-a-dtype"
+
+
+class Boom(Exception):
+    pass
+
+
+def _explode(x):
+    raise Boom("raised inside fn")
+
+
+def _cli(argv):
+    def run():
+        status = main(argv)
+        if status:
+            raise SystemExit(status)
+
+    return run
+
+
+def _assign(obj, name, value):
+    setattr(obj, name, value)
+
+
+def _assign_item(seq, i, value):
+    seq[i] = value
+
+
+def _nested(w_shape=(2, 3), w_dtype=F32, extra=False, as_list=False):
+    layer = {"w": jnp.zeros(w_shape, w_dtype), "b": jnp.zeros(3, F32)}
+    tree = {"params": [layer, layer], "step": jnp.zeros((), jnp.int32)}
+    if extra:
+        tree["ema"] = jnp.zeros(3, F32)
+    if as_list:
+        tree["params"] = tuple(tree["params"])
+    return tree
+
+
+_S = ts.structure_of(_nested())
+
+# id: (call, exception type, fragments the message must contain)
+CATALOGUE = {
+    "non_callable_fn": (lambda: ts.out_structure(3, 1.0), TypeError, ["`fn` must be callable", "got int 3"]),
+    "wrong_arity": (
+        lambda: ts.out_structure(lambda x, y: x + y, jnp.ones(2)),
+        TypeError,
+        ["missing 1 required positional argument: 'y'"],
+    ),
+    "object_array_argument": (
+        lambda: ts.out_structure(lambda t: t, {"a": np.array([object()])}),
+        TypeError,
+        ["args[0]['a']", "NumPy array of dtype 'object'", "JAX cannot hold"],
+    ),
+    "string_array_in_a_kwarg": (
+        lambda: ts.out_structure(lambda names=None: 0, names=np.array(["a", "b"])),
+        TypeError,
+        ["kwargs['names']", "dtype '<U1'"],
+    ),
+    "duck_array_with_bad_dtype": (
+        lambda: ts.out_structure(lambda t: t, [1.0, DuckWithBadDtype()]),
+        TypeError,
+        ["args[0][1]", "DuckWithBadDtype of dtype 'not-a-dtype'"],
+    ),
+    "bad_array_bound_in_a_partial": (
+        lambda: ts.out_structure(ft.partial(lambda a, x: x, np.array([object()])), 1.0),
+        TypeError,
+        ["the bound args[0]", "dtype 'object'"],
+    ),
+    "python_int_too_large": (
+        lambda: ts.out_structure(lambda n: n, {"n": 2**70}),
+        OverflowError,
+        ["args[0]['n']", "Python int 1180591620717411303424", "does not fit"],
+    ),
+    "fn_raises": (lambda: ts.out_structure(_explode, jnp.ones(2)), Boom, ["raised inside fn"]),
+    "fn_raises_under_jit": (
+        lambda: jax.jit(lambda x: ts.out_structure(_explode, x).leaves)(jnp.ones(2)),
+        Boom,
+        ["raised inside fn"],
+    ),
+    "different_node_types": (
+        lambda: _S.check(_nested(as_list=True)),
+        ts.StructureMismatchError,
+        ["tree['params']: expected a list with 2 children, got a tuple with 2 children"],
+    ),
+    "extra_key": (
+        lambda: _S.check(_nested(extra=True)),
+        ts.StructureMismatchError,
+        ["tree['ema']: unexpected extra entry f32[3]", "Remove this entry"],
+    ),
+    "missing_key": (
+        lambda: ts.structure_of(_nested(extra=True)).check(_nested()),
+        ts.StructureMismatchError,
+        ["tree['ema']: missing; expected f32[3]", "Add this entry"],
+    ),
+    "shape_at_depth": (
+        lambda: _S.check(_nested(w_shape=(3, 2))),
+        ts.StructureMismatchError,
+        ["tree['params'][0]['w']: expected shape (2, 3), got (3, 2)", "tree['params'][1]['w']", "2 differences"],
+    ),
+    "dtype_at_depth": (
+        lambda: _S.check(_nested(w_dtype=jnp.bfloat16)),
+        ts.StructureMismatchError,
+        ["tree['params'][0]['w']: expected dtype float32, got bfloat16", "`.astype(float32)`"],
+    ),
+    "weak_type": (
+        lambda: ts.structure_of({"lr": jnp.float32(0.1)}).check({"lr": 0.1}),
+        ts.StructureMismatchError,
+        ["tree['lr']: expected a strongly typed leaf, got a weakly typed one", "ts.strip_weak_type"],
+    ),
+    "list_length": (
+        lambda: ts.structure_of([jnp.zeros(2)] * 3).check([jnp.zeros(2)] * 2),
+        ts.StructureMismatchError,
+        ["tree[2]: missing; expected f32[2]"],
+    ),
+    "scan_body_returns_three_values": (
+        lambda: ts.scan_carry(lambda c, x: (c, x, x), jnp.zeros(2), jnp.ones((3, 2))),
+        TypeError,
+        ["treeshape.scan_carry: a scan body must return a pair `(carry, y)`"],
+    ),
+    "scan_body_returns_a_bare_carry": (
+        lambda: ts.carry_structure(lambda c, x: c + x, jnp.zeros(2), jnp.ones((3, 2))),
+        TypeError,
+        ["must return a pair", "returned Structure(f32[2]"],
+    ),
+    "carry_structure_changes": (
+        lambda: ts.while_carry(lambda c: {**c, "extra": c["x"]}, {"x": jnp.zeros(2)}),
+        ts.CarryMismatchError,
+        [
+            "treeshape.while_carry",
+            "carry['extra']: unexpected extra entry f32[2]",
+            "No policy changes the tree structure",
+        ],
+    ),
+    "carry_shape_changes": (
+        lambda: ts.fori_carry(lambda i, c: (c[0], c[1][None]), (0, jnp.zeros(4))),
+        ts.CarryMismatchError,
+        ["carry[1]: input f32[4], output f32[1,4]", "make `body` return shape (4,) here"],
+    ),
+    "carry_dtype_forbidden_by_policy": (
+        lambda: ts.scan_carry(lambda c, x: (c + x, None), jnp.zeros(2, jnp.bfloat16), jnp.ones((3, 2), F32)),
+        ts.CarryMismatchError,
+        ["carry: input bf16[2], output f32[2]", 'policy="weak" may not change it; policy="promote" would'],
+    ),
+    "scan_body_raises": (
+        lambda: ts.scan_carry(lambda c, x: _explode(c), 0.0, length=2),
+        Boom,
+        ["raised inside fn"],
+    ),
+    "static_leaf_in_carry": (
+        lambda: ts.scan_carry(lambda c, x: (c, None), {"act": "relu", "h": 0.0}, length=2),
+        TypeError,
+        ["carry['act'] is a str", "Keep static values out of the carry"],
+    ),
+    "xs_without_length": (
+        lambda: ts.scan_carry(lambda c, x: (c, None), 0.0),
+        ValueError,
+        ["`xs` has no arrays to scan over, so `length` must be given"],
+    ),
+    "length_disagrees_with_xs": (
+        lambda: ts.scan_carry(lambda c, x: (c, None), 0.0, {"a": jnp.ones((5, 2))}, length=3),
+        ValueError,
+        ["`length=3` disagrees with the leading axis of `xs` (5", "xs['a']"],
+    ),
+    "unknown_policy": (
+        lambda: ts.carry_structure(lambda c, x: (c, None), 0.0, length=2, policy="safe"),
+        ValueError,
+        ["unknown policy 'safe'", "'weak', 'promote', 'cast'"],
+    ),
+    "upcast_forbidden_by_policy": (
+        lambda: ts.upcast({"w": jnp.ones(2, F32)}, {"w": jax.ShapeDtypeStruct((2,), jnp.bfloat16)}, policy="promote"),
+        ts.StructureMismatchError,
+        ["tree['w']: expected dtype bfloat16, got float32", 'policy="cast" would'],
+    ),
+    "upcast_structure_differs": (
+        lambda: ts.upcast({"w": jnp.ones(2)}, {"v": jnp.ones(2)}),
+        ts.StructureMismatchError,
+        ["tree['v']: missing", "tree['w']: unexpected extra entry"],
+    ),
+    "is_weak_of_a_non_array": (
+        lambda: ts.is_weak("0.5"),
+        TypeError,
+        ["treeshape.is_weak: expected an array, tracer, jax.ShapeDtypeStruct or Python scalar, got str"],
+    ),
+    "full_with_a_non_number": (
+        lambda: _S.full("zero"),
+        TypeError,
+        ["treeshape.Structure.full: `value` must be a number or bool scalar", "got str 'zero'"],
+    ),
+    "structure_attribute_assignment": (
+        lambda: _assign(_S, "leaves", ()),
+        dataclasses.FrozenInstanceError,
+        ["treeshape.Structure is immutable; cannot assign 'leaves'"],
+    ),
+    "structure_private_state_assignment": (
+        lambda: _assign(_S, "_leaves", ()),
+        dataclasses.FrozenInstanceError,
+        ["cannot assign '_leaves'"],
+    ),
+    "structure_leaves_item_assignment": (
+        lambda: _assign_item(_S.leaves, 0, None),
+        TypeError,
+        ["'tuple' object does not support item assignment"],
+    ),
+    "mismatch_is_frozen": (
+        lambda: _assign(ts.Mismatch("tree", "shape", (1,), (2,)), "kind", "dtype"),
+        dataclasses.FrozenInstanceError,
+        ["cannot assign to field 'kind'"],
+    ),
+    "cli_malformed_spec": (_cli(["inspect", "jax.numpy:add", "f32[8,"]), SystemExit, ["2"]),
+    "cli_unknown_dtype": (_cli(["inspect", "jax.numpy:add", "f33[8]", "f32[8]"]), SystemExit, ["2"]),
+}
+
+
+def _good_call_still_works():
+    traces = 0
+
+    def f(x):
+        nonlocal traces
+        traces += 1
+        return {"y": x * 2}
+
+    for _ in range(2):
+        assert ts.out_structure(f, jnp.ones(3, F32)).tree == {"y": jax.ShapeDtypeStruct((3,), F32)}
+    assert traces == 1  # the second call was a cache hit
+
+
+def test_catalogue_has_at_least_25_cases():
+    assert len(CATALOGUE) >= 25
+
+
+@pytest.mark.parametrize("case", list(CATALOGUE))
+def test_bad_input_is_named_and_leaves_treeshape_working(case, capsys):
+    call, error, fragments = CATALOGUE[case]
+    with pytest.raises(error) as info:
+        call()
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+    if error is SystemExit:  # the command line: one line on stderr, no traceback
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("treeshape: error: ") and "Traceback" not in err
+    elif message.startswith("treeshape."):  # treeshape's own errors come from treeshape's frames
+        last = traceback.extract_tb(info.value.__traceback__)[-1]
+        assert "/treeshape/" in last.filename
+    _good_call_still_works()
+
+
+def test_catalogue_under_jit_leaks_no_tracer():
+    # The same mistakes inside a jitted function (the leak checker is on).
+    @jax.jit
+    def f(x):
+        with pytest.raises(ts.CarryMismatchError, match=re.escape("carry: input bf16[2], output f32[2]")):
+            ts.scan_carry(lambda c, xi: (c + xi, None), x.astype(jnp.bfloat16), jnp.ones((3, 2), F32))
+        with pytest.raises(TypeError, match=re.escape("args[0]['a']")):
+            ts.out_structure(lambda t: t, {"a": np.array([object()]), "x": x})
+        with pytest.raises(ts.StructureMismatchError, match=re.escape("tree['w']: expected shape (2,), got (3,)")):
+            ts.structure_of({"w": x}).check({"w": jnp.zeros(3)})
+        return lax.scan(lambda c, xi: (c + xi, None), x, jnp.ones((3, 2)))[0]
+
+    assert (f(jnp.zeros(2, F32)) == 3).all()
+    _good_call_still_works()
+
+
+def test_unhashable_static_value_still_works_uncached():
+    before = ts.cache_info()
+    s = ts.out_structure(lambda x, options: x * len(options), jnp.ones(2, F32), {"a", "b"})
+    assert s.leaves[0].shape == (2,)
+    after = ts.cache_info()
+    assert after.size == before.size and after.misses == before.misses + 1
+
+
+def test_static_output_leaves_are_kept():
+    s = ts.out_structure(lambda x: {"y": x, "names": np.array(["a"]), "act": jax.nn.relu}, jnp.ones(2, F32))
+    assert s.tree["act"] is jax.nn.relu and s.tree["names"][0] == "a"
+    assert isinstance(s.tree["y"], jax.ShapeDtypeStruct)
