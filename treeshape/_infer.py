@@ -47,8 +47,29 @@ def _kind_of(cls: type) -> int:
     return kind
 
 
+_jax_dtypes: dict[Any, bool] = {}
+
+
+def _jax_dtype(dtype: Any) -> bool:
+    """Whether JAX can hold an array of `dtype` (numbers, bool, bfloat16, float8, PRNG keys, ...)."""
+    try:
+        return _jax_dtypes[dtype]
+    except (KeyError, TypeError):
+        pass
+    try:
+        ok = any(jnp.issubdtype(dtype, kind) for kind in (jnp.number, jnp.bool_, jax.dtypes.extended))
+    except TypeError:  # not a dtype at all
+        ok = False
+    try:
+        _jax_dtypes[dtype] = ok
+    except TypeError:
+        pass
+    return ok
+
+
 def _is_duck_array(x: Any) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type)
+    """An object JAX takes as an array: `.shape` and a `.dtype` JAX can hold."""
+    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type) and _jax_dtype(x.dtype)
 
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31
@@ -105,11 +126,11 @@ def _call_key(leaves: list[Any], concrete_scalars: bool, refs: list[Any]) -> lis
             out.append(x.aval)
         elif kind == _SCALAR:
             out.append((type(x), x) if concrete_scalars else _scalar_key(x))
-        elif kind == _NUMPY:
+        elif kind == _NUMPY and _jax_dtype(x.dtype):
             out.append((np.ndarray, np.shape(x), x.dtype))
         elif kind == _SDS:
             out.append(x)
-        elif _is_duck_array(x):
+        elif kind == _OTHER and _is_duck_array(x):
             out.append((_OTHER, tuple(x.shape), x.dtype, getattr(x, "weak_type", False), getattr(x, "sharding", None)))
         else:
             out.append(_static_key(x, refs))
@@ -120,6 +141,8 @@ def _is_abstract(x: Any, concrete_scalars: bool) -> bool:
     kind = _kind_of(type(x))
     if kind == _SCALAR:
         return not concrete_scalars
+    if kind == _NUMPY:  # a NumPy array of strings or objects is a static value
+        return _jax_dtype(x.dtype)
     if kind == _OTHER:
         return _is_duck_array(x)
     return True
@@ -161,12 +184,29 @@ class CacheInfo(NamedTuple):
     maxsize: int
 
 
+class _Key:
+    """A cache key that hashes its (long) tuple once."""
+
+    __slots__ = ("items", "hash")
+
+    def __init__(self, items: tuple[Any, ...]) -> None:
+        self.items = items
+        self.hash = hash(items)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Key) and self.hash == other.hash and self.items == other.items
+
+
 class _Cache:
     """A thread-safe LRU map that forgets entries whose objects die."""
 
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
-        self._entries: collections.OrderedDict[Any, tuple[Structure, list[Any]]] = collections.OrderedDict()
+        # key -> (structure, weakref guards, the stored key: moved by identity on a hit)
+        self._entries: collections.OrderedDict[_Key, tuple[Structure, list[Any], _Key]] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._dead: list[Any] = []  # filled by weakref callbacks, purged under the lock
         self.hits = 0
@@ -176,18 +216,18 @@ class _Cache:
         while self._dead:
             self._entries.pop(self._dead.pop(), None)
 
-    def get(self, key: Any) -> Structure | None:
+    def get(self, key: _Key) -> Structure | None:
         with self._lock:
             self._purge()
             entry = self._entries.get(key)
             if entry is None:
                 self.misses += 1
                 return None
-            self._entries.move_to_end(key)
+            self._entries.move_to_end(entry[2])  # found by identity: no second key comparison
             self.hits += 1
             return entry[0]
 
-    def put(self, key: Any, value: Structure, objects: list[Any]) -> None:
+    def put(self, key: _Key, value: Structure, objects: list[Any]) -> None:
         dead = self._dead
 
         def forget(_: Any) -> None:
@@ -196,7 +236,7 @@ class _Cache:
         guards = [weakref.ref(obj, forget) for obj in objects]
         with self._lock:
             self._purge()
-            self._entries[key] = (value, guards)
+            self._entries[key] = (value, guards, key)
             self._entries.move_to_end(key)
             while len(self._entries) > self.maxsize:
                 self._entries.popitem(last=False)
@@ -278,61 +318,33 @@ def _context_key() -> tuple[Any, ...]:
 
 
 # -- inference -----------------------------------------------------------------
-def _jax_dtype(dtype: Any) -> bool:
-    """Whether JAX can hold an array of `dtype` (numbers, bool, bfloat16, float8, PRNG keys, ...)."""
-    try:
-        return any(jnp.issubdtype(dtype, kind) for kind in (jnp.number, jnp.bool_, jax.dtypes.extended))
-    except TypeError:  # not a dtype at all
-        return False
-
-
-def _input_problem(x: Any, abstract: bool, bits: int) -> str | None:
-    """Why JAX cannot take leaf `x` as an input, or None."""
-    if not abstract:
-        return None
-    kind = _kind_of(type(x))
-    if kind == _SCALAR:
-        low, high = -(2 ** (bits - 1)), 2 ** (bits - 1)
-        if type(x) is int and not low <= x < high:
-            return (
-                f"is the Python int {x}, which does not fit the int{bits} JAX gives Python ints. "
-                f"Pass it as a typed array (e.g. `np.int64({x})` with jax_enable_x64 on), or bind it "
-                "with `functools.partial` so it stays a concrete Python value."
-            )
-    elif kind == _NUMPY or kind == _OTHER:
-        if not _jax_dtype(x.dtype):
-            what = "NumPy array" if kind == _NUMPY else type(x).__name__
-            return (
-                f"is a {what} of dtype {str(x.dtype)!r}, which JAX cannot hold (only numbers, "
-                "bool and JAX's extended dtypes). Convert it to a numeric array, or bind it with "
-                "`functools.partial` or a closure so `fn` receives it as it is."
-            )
-    return None
-
-
 def _check_inputs(leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef) -> None:
-    """Raise, naming the path, for an input JAX cannot make abstract (instead of JAX's
-    error about an internal function's `values[i]`)."""
+    """Name the path of a Python int JAX cannot type (instead of JAX's bare OverflowError):
+    it is an abstract input by contract, and no JAX integer holds it."""
     bits = 64 if jax.enable_x64.value else 32
+    low, high = -(2 ** (bits - 1)), 2 ** (bits - 1)
     for i, (x, a) in enumerate(zip(leaves, abstract, strict=True)):
-        problem = _input_problem(x, a, bits)
-        if problem is None:
+        if not (a and type(x) is int) or low <= x < high:
             continue
         keys = jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, leaves))[0][i][0]
         # keys: (bound or call, args or kwargs, ...)
-        bound = keys[0] == jtu.SequenceKey(0)
-        root = ("the bound " if bound else "") + ("args" if keys[1] == jtu.SequenceKey(0) else "kwargs")
-        error = OverflowError if type(x) is int else TypeError
-        raise error(f"treeshape.out_structure: {root}{jtu.keystr(tuple(keys[2:]))} {problem}")
+        root = ("the bound " if keys[0] == jtu.SequenceKey(0) else "") + (
+            "args" if keys[1] == jtu.SequenceKey(0) else "kwargs"
+        )
+        raise OverflowError(
+            f"treeshape.out_structure: {root}{jtu.keystr(tuple(keys[2:]))} is the Python int {x}, which does "
+            f"not fit the int{bits} JAX gives Python ints. Pass it as a typed array (e.g. `np.int64({x})` with "
+            "jax_enable_x64 on), or bind it with `functools.partial` so it stays a concrete Python value."
+        )
 
 
 def _is_output_array(x: Any, kind: int) -> bool:
     """Whether an output leaf is an array for JAX (the rest are kept as static leaves)."""
     if kind == _ARRAY or kind == _SCALAR:
         return True
-    if kind == _NUMPY or (kind == _OTHER and _is_duck_array(x)):
+    if kind == _NUMPY:
         return _jax_dtype(x.dtype)
-    return False
+    return kind == _OTHER and _is_duck_array(x)
 
 
 def _evaluate(
@@ -453,15 +465,16 @@ def _out_structure(
     jitted = type(core) is _JITTED
     refs: list[Any] = []
     try:
-        key = (
-            _static_key(core, refs),
-            bound_treedef,
-            call_treedef,
-            *_call_key(bound_leaves, True, refs),
-            *_call_key(call_leaves, jitted, refs),
-            _context_key(),
+        key: _Key | None = _Key(
+            (
+                _static_key(core, refs),
+                bound_treedef,
+                call_treedef,
+                *_call_key(bound_leaves, True, refs),
+                *_call_key(call_leaves, jitted, refs),
+                _context_key(),
+            )
         )
-        hash(key)
     except (_Unhashable, TypeError):
         key = None
     if key is not None:

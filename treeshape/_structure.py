@@ -489,6 +489,8 @@ def _as_structure(tree: PyTree) -> Structure:
 # -- diff ----------------------------------------------------------------------
 def diff_structures(expected: Structure, actual: Structure, root: str) -> list[Mismatch]:
     """Every difference between two structures, with paths under `root`."""
+    if _equal(expected, actual):  # the common case, and cheap: keys are memoised per Structure
+        return []
     out: list[Mismatch] = []
     if expected.treedef == actual.treedef:
         for path, e, a in zip(expected.paths, expected.leaves, actual.leaves, strict=True):
@@ -496,6 +498,13 @@ def diff_structures(expected: Structure, actual: Structure, root: str) -> list[M
     else:
         _diff_nodes(expected.treedef, expected.leaves, actual.treedef, actual.leaves, root, out)
     return out
+
+
+def _equal(a: Structure, b: Structure) -> bool:
+    try:
+        return a == b
+    except Exception:  # static leaves (e.g. NumPy arrays) whose `==` is not a bool
+        return False
 
 
 def _diff_leaf(path: str, e: Any, a: Any, out: list[Mismatch]) -> None:

@@ -36,7 +36,10 @@ def _abstract(x: Any) -> Any:
     if isinstance(x, jax.ShapeDtypeStruct):
         return x
     if type(x) in _PY_SCALAR_TYPES or isinstance(x, (jax.Array, jax.core.Tracer, np.ndarray, np.generic)):
-        return jax.typeof(x)
+        try:
+            return jax.typeof(x)
+        except TypeError:  # a NumPy array of strings or objects: a static value
+            return None
     return None
 
 
