@@ -1,4 +1,4 @@
-"""Speed and memory benchmarks for treeshape (issue 2, section "Speed").
+"""Speed and memory benchmarks for treeshape (issue 2 "Speed", issue 3 loop carries, issue 5 cache memory).
 
 Run `python benchmarks/run.py` for the full benchmark, `--quick` for the CI
 smoke run (few repetitions; goals are printed but never fail the run), `--only
@@ -22,6 +22,7 @@ object). Cases run in registration order.
 """
 
 import argparse
+import collections
 import cProfile
 import dataclasses
 import functools as ft
@@ -32,6 +33,7 @@ import operator
 import os
 import platform
 import pstats
+import re
 import resource
 import statistics
 import subprocess
@@ -43,6 +45,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
+from jax import lax
 
 import treeshape as ts
 
@@ -52,6 +56,7 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le,
     "<": operator.lt,
     ">=": operator.ge,
+    "==": operator.eq,
 }
 
 
@@ -62,9 +67,10 @@ class Goal:
     op: str  # one of _OPS
     bound: float
     text: str  # how the table shows it, e.g. "<=0.05 (20x faster)"
+    low: float | None = None  # also require `value >= low` (a two-sided goal)
 
     def met(self, value: float) -> bool:
-        return _OPS[self.op](value, self.bound)
+        return _OPS[self.op](value, self.bound) and (self.low is None or value >= self.low)
 
 
 def faster(times: float) -> Goal:
@@ -76,13 +82,20 @@ def at_most(ratio: float, what: str = "") -> Goal:
     return Goal("<=", ratio, f"<={ratio:g}" + (f" ({what})" if what else ""))
 
 
+def within(low: float, high: float) -> Goal:
+    """The ratio between `low` and `high` (inclusive): as fast as the baseline, within noise."""
+    return Goal("<=", high, f"{low:g}-{high:g}", low=low)
+
+
 @dataclasses.dataclass
 class Row:
     """One line of the table.
 
     `baseline` and `treeshape` are medians in `unit` ("s" for times, "MiB" for
-    memory). The goal is checked against `measured`, which defaults to the
-    ratio `treeshape / baseline`.
+    memory, "instr" for HLO instruction counts, "entries" for cache sizes).
+    The goal is checked against `measured`, which defaults to the ratio
+    `treeshape / baseline`. A row whose cache check is strict (see
+    `check_cache`) misses its goal when the cache was not used as assumed.
     """
 
     case: str
@@ -94,6 +107,7 @@ class Row:
     measured_unit: str = "x"
     note: str = ""
     detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+    cache_ok: bool = True  # False once a strict cache check failed
 
     def __post_init__(self) -> None:
         if self.measured is None:
@@ -106,7 +120,9 @@ class Row:
     @property
     def met(self) -> bool | None:
         assert self.measured is not None
-        return None if self.goal is None else self.goal.met(self.measured)
+        if self.goal is None:
+            return None
+        return self.cache_ok and self.goal.met(self.measured)
 
 
 # -- timing --------------------------------------------------------------------
@@ -226,10 +242,11 @@ def timed_row(case_name: str, timing: Timing, goal: Goal | None, note: str = "")
     return row
 
 
-def check_cache(row: Row, call: Callable[[], Any], hits: int, misses: int) -> Row:
+def check_cache(row: Row, call: Callable[[], Any], hits: int, misses: int, strict: bool = False) -> Row:
     """Record how one more `call` uses treeshape's cache, and warn in the row's
     note when that is not what the case assumes (a cache that silently stopped
-    hitting would otherwise look like a slow cache)."""
+    hitting would otherwise look like a slow cache). With `strict`, the cache
+    behaviour is part of the goal: the row is then marked missed."""
     before = ts.cache_info()
     call()
     after = ts.cache_info()
@@ -238,6 +255,8 @@ def check_cache(row: Row, call: Callable[[], Any], hits: int, misses: int) -> Ro
     if got != (hits, misses):
         warning = f"WARNING: expected {hits} cache hit(s) and {misses} miss(es) per call, got {got[0]} and {got[1]}"
         row.note = f"{row.note}; {warning}" if row.note else warning
+        if strict:
+            row.cache_ok = False
     return row
 
 
@@ -475,6 +494,16 @@ def jit_trace(cfg: Config) -> list[Row]:
 
 
 SMALL, LARGE = 1_000, 10_000
+QUICK_SMALL, QUICK_LARGE = 100, 1_000  # --quick: 10x smaller trees (the 10k-leaf zeros() alone took ~15 s)
+
+
+def _leaf_counts(cfg: Config) -> tuple[int, int]:
+    return (QUICK_SMALL, QUICK_LARGE) if cfg.quick else (SMALL, LARGE)
+
+
+def _k(n: int) -> str:
+    """10000 -> "10k", 100 -> "100"."""
+    return f"{n // 1000}k" if n % 1000 == 0 else str(n)
 
 
 def _scaling(
@@ -485,10 +514,11 @@ def _scaling(
     goal: Goal | None,
     trees: Callable[[int], Any] = leaf_tree,
 ) -> Row:
-    small, large = trees(SMALL), trees(LARGE)
+    n_small, n_large = _leaf_counts(cfg)
+    small, large = trees(n_small), trees(n_large)
     t = compare(make(small), make(large), cfg, reps=reps)
-    row = timed_row(f"6 {name}: {LARGE // 1000}k vs {SMALL // 1000}k leaves", t, goal)
-    row.detail["sides"] = [f"{SMALL} leaves", f"{LARGE} leaves"]
+    row = timed_row(f"6 {name}: {_k(n_large)} vs {_k(n_small)} leaves", t, goal)
+    row.detail["sides"] = [f"{n_small} leaves", f"{n_large} leaves"]
     return row
 
 
@@ -533,7 +563,8 @@ def scaling(cfg: Config) -> list[Row]:
 
         return per_call(setup, lambda fresh: fresh.diff(tree))
 
-    large, large_committed = leaf_tree(LARGE), committed_tree(LARGE)
+    n_small, n_large = _leaf_counts(cfg)
+    large, large_committed = leaf_tree(n_large), committed_tree(n_large)
     rows = [
         _scaling(cfg, "reference: floor (flatten + types)", floor_steady, 15, None),
         check_cache(
@@ -559,9 +590,11 @@ def scaling(cfg: Config) -> list[Row]:
         _scaling(cfg, "diff, matching tree (first call)", diff_first, 7, None),
     ]
     t = compare(repeat(lambda: ts.structure_of(large)), repeat(lambda: ts.structure_of(large_committed)), cfg, reps=15)
-    note = "same 10k-leaf tree; baseline = uncommitted arrays, treeshape = committed (device_put to a device)"
-    rows.append(timed_row("6 structure_of (cached), committed vs uncommitted, 10k", t, None, note))
-    for n in (SMALL, LARGE):
+    note = (
+        f"same {_k(n_large)}-leaf tree; baseline = uncommitted arrays, treeshape = committed (device_put to a device)"
+    )
+    rows.append(timed_row(f"6 structure_of (cached), committed vs uncommitted, {_k(n_large)}", t, None, note))
+    for n in (n_small, n_large):
         s = ts.structure_of(leaf_tree(n))
         t = compare(
             repeat(lambda s=s: _blocked_tree_map(s)),
@@ -571,13 +604,13 @@ def scaling(cfg: Config) -> list[Row]:
         )
         rows.append(
             timed_row(
-                f"6 zeros() vs tree.map(jnp.zeros), {n // 1000}k leaves",
+                f"6 zeros() vs tree.map(jnp.zeros), {_k(n)} leaves",
                 t,
                 at_most(1.2),
                 "both eager, both timed to block_until_ready",
             )
         )
-    for n in (SMALL, LARGE):
+    for n in (n_small, n_large):
         tree = leaf_tree(n)
         t = compare(
             per_call(fresh_identity, lambda f, tree=tree: jax.eval_shape(f, tree)),
@@ -587,7 +620,7 @@ def scaling(cfg: Config) -> list[Row]:
         )
         rows.append(
             timed_row(
-                f"6 structure_of first call vs eval_shape(identity), {n // 1000}k",
+                f"6 structure_of first call vs eval_shape(identity), {_k(n)}",
                 t,
                 None,
             )
@@ -713,10 +746,324 @@ def memory(cfg: Config) -> list[Row]:
     ]
 
 
+# -- loop carries (issue 3) ----------------------------------------------------
+ADAM_SIZES = (16, 64, 64, 8)  # a 3-layer MLP: 6 parameter leaves, 19 carry leaves with the Adam state
+ADAM_BATCH = 32
+SCAN_STEPS = 64
+
+Params = list[dict[str, jax.Array]]
+AdamCarry = tuple[Params, tuple[jax.Array, Params, Params]]
+Batch = tuple[jax.Array, jax.Array]
+
+
+def adam_loss(params: Params, x: jax.Array, y: jax.Array) -> jax.Array:
+    for i, layer in enumerate(params):
+        x = x @ layer["w"] + layer["b"]
+        if i < len(params) - 1:
+            x = jax.nn.relu(x)
+    return jnp.mean((x - y) ** 2)
+
+
+def make_train_step(
+    lr: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8
+) -> Callable[[AdamCarry, Batch], tuple[AdamCarry, jax.Array]]:
+    """A new scan body on every call: one hand-written Adam step (no optax) of
+    the MLP, `(params, (count, mu, nu)), (x, y) -> (carry, loss)`."""
+
+    def train_step(carry: AdamCarry, batch: Batch) -> tuple[AdamCarry, jax.Array]:
+        params, (count, mu, nu) = carry
+        loss, grads = jax.value_and_grad(adam_loss)(params, *batch)
+        count = count + 1
+        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, mu, grads)
+        nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, nu, grads)
+        t = count.astype(jnp.float32)
+        step = lr * jnp.sqrt(1 - b2**t) / (1 - b1**t)
+        params = jax.tree.map(lambda p, m, v: p - step * m / (jnp.sqrt(v) + eps), params, mu, nu)
+        return (params, (count, mu, nu)), loss
+
+    return train_step
+
+
+@ft.cache
+def adam_inputs(param_dtype: str) -> tuple[AdamCarry, Batch]:
+    """`(init, xs)`: the MLP's parameters in `param_dtype`, an f32 Adam state
+    (`count` an int32 0, `mu`/`nu` zeros), and SCAN_STEPS batches to scan over."""
+    rng = np.random.default_rng(1)  # NumPy, not jax.random: no XLA compilation before the timings
+    params = [
+        {
+            "w": jnp.asarray(rng.standard_normal((a, b), np.float32) / a**0.5, param_dtype),
+            "b": jnp.zeros(b, param_dtype),
+        }
+        for a, b in zip(ADAM_SIZES[:-1], ADAM_SIZES[1:], strict=False)
+    ]
+    mu, nu = ([{name: jnp.zeros(p.shape, jnp.float32) for name, p in layer.items()} for layer in params] for _ in "mn")
+    init = (params, (jnp.zeros((), jnp.int32), mu, nu))
+    xs = (
+        jnp.asarray(rng.standard_normal((SCAN_STEPS, ADAM_BATCH, ADAM_SIZES[0]), np.float32)),
+        jnp.asarray(rng.standard_normal((SCAN_STEPS, ADAM_BATCH, ADAM_SIZES[-1]), np.float32)),
+    )
+    return init, xs
+
+
+def _fresh_train_step() -> Callable[..., Any]:
+    """A new body and an empty cache: a first call for JAX and for treeshape."""
+    ts.clear_cache()
+    return make_train_step()
+
+
+@case("carry")
+def carry_first_and_cached(cfg: Config) -> list[Row]:
+    """8. carry_structure on a fixed-point init vs one jax.eval_shape of the body."""
+    init, xs = adam_inputs("float32")
+    x_step = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), xs)  # what the body sees
+    assert ts.carry_structure(make_train_step(), init, xs) == ts.structure_of(init), "init must be a fixed point"
+    rows = []
+    t = compare(
+        per_call(_fresh_train_step, lambda body: jax.eval_shape(body, init, x_step)),
+        per_call(_fresh_train_step, lambda body: ts.carry_structure(body, init, xs)),
+        cfg,
+        reps=31,
+    )
+    row = timed_row("8 carry_structure first call vs one eval_shape, Adam MLP", t, at_most(1.1))
+    # One trace of the body (1 miss) and nothing else: init already is the fixed point.
+    rows.append(check_cache(row, lambda: ts.carry_structure(make_train_step(), init, xs), 0, 1, strict=True))
+
+    body = make_train_step()
+    ts.carry_structure(body, init, xs)  # fill the cache
+    t = compare(
+        per_call(make_train_step, lambda fresh: jax.eval_shape(fresh, init, x_step)),
+        repeat(lambda: ts.carry_structure(body, init, xs)),
+        cfg,
+        reps=21,
+    )
+    row = timed_row(
+        "8 carry_structure cached (same body) vs one eval_shape",
+        t,
+        at_most(0.1, "cache hit"),
+        "baseline: a first eval_shape (fresh body), as in the row above",
+    )
+    rows.append(check_cache(row, lambda: ts.carry_structure(body, init, xs), 1, 0, strict=True))
+    t = compare(
+        repeat(lambda: jax.eval_shape(body, init, x_step)),
+        repeat(lambda: ts.carry_structure(body, init, xs)),
+        cfg,
+        reps=21,
+    )
+    row = timed_row(
+        "8 carry_structure cached vs eval_shape, same body",
+        t,
+        None,
+        "baseline: jax.eval_shape of the same body again (JAX's own trace cache)",
+    )
+    rows.append(check_cache(row, lambda: ts.carry_structure(body, init, xs), 1, 0))
+    return rows
+
+
+_HLO_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+ = ")
+_HLO_OPCODE = re.compile(r"([a-z][a-z0-9\-]*)\(")
+
+
+def hlo_opcodes(text: str) -> collections.Counter[str]:
+    """The instructions of an optimized HLO module, counted by opcode: the
+    lines `name = type opcode(operands), ...` of every computation."""
+    ops: collections.Counter[str] = collections.Counter()
+    for line in text.splitlines():
+        if " = " in line and _HLO_INSTRUCTION.match(line):
+            found = _HLO_OPCODE.search(line.split(" = ", 1)[1])
+            ops[found.group(1) if found else "?"] += 1
+    return ops
+
+
+@case("scan_carry")
+def scan_carry_hlo(cfg: Config) -> list[Row]:
+    """9. A lax.scan whose carry comes from scan_carry vs one cast by hand with .astype."""
+    init, xs = adam_inputs("bfloat16")  # bf16 params meet the f32 Adam state and batches: promoted to f32
+    body = make_train_step()
+
+    def by_hand(init: AdamCarry, xs: Batch) -> tuple[AdamCarry, jax.Array]:
+        params, opt_state = init
+        params = jax.tree.map(lambda p: p.astype(jnp.float32), params)
+        return lax.scan(body, (params, opt_state), xs)
+
+    def with_treeshape(init: AdamCarry, xs: Batch) -> tuple[AdamCarry, jax.Array]:
+        return lax.scan(body, ts.scan_carry(body, init, xs, policy="promote"), xs)
+
+    compiled = [jax.jit(f).lower(init, xs).compile() for f in (by_hand, with_treeshape)]
+    ops = [hlo_opcodes(c.as_text() or "") for c in compiled]
+    counts = [sum(o.values()) for o in ops]
+    same_ops = ops[0] == ops[1]
+    opcode_diff = {k: ops[1][k] - ops[0][k] for k in ops[0] | ops[1] if ops[1][k] != ops[0][k]}
+    rows = [
+        Row(
+            "9 scan_carry vs hand-cast scan: optimized HLO instructions",
+            counts[0],
+            counts[1],
+            Goal("==", 0, "equal"),
+            unit="instr",
+            measured=counts[1] - counts[0],
+            measured_unit="instr",
+            note=(
+                "bf16 params, f32 Adam state and batches, policy='promote'; instructions of "
+                "jax.jit(f).lower(...).compile().as_text(); "
+                + ("same count for every opcode" if same_ops else f"opcode counts differ: {opcode_diff}")
+            ),
+            detail={"opcodes_by_hand": dict(ops[0]), "opcodes_treeshape": dict(ops[1]), "same_opcodes": same_ops},
+        )
+    ]
+    outs = [jax.block_until_ready(c(init, xs)) for c in compiled]
+    assert ts.structure_of(outs[0]) == ts.structure_of(outs[1]), "both scans must return the same types"
+    t = compare(
+        repeat(lambda: jax.block_until_ready(compiled[0](init, xs))),
+        repeat(lambda: jax.block_until_ready(compiled[1](init, xs))),
+        cfg,
+        reps=21,
+    )
+    rows.append(
+        timed_row(
+            f"9 scan_carry vs hand-cast scan: runtime, {SCAN_STEPS} steps",
+            t,
+            within(0.9, 1.1),
+            "the two compiled executables, timed to block_until_ready",
+        )
+    )
+    return rows
+
+
+# -- cache memory (issue 5) ----------------------------------------------------
+CACHE_CALLS = 100_000
+CACHE_CALLS_QUICK = 3_000
+CACHE_MAXSIZE_QUICK = 256  # set with the private treeshape._infer.set_cache_maxsize under --quick
+
+
+def _fresh_function() -> Callable[[Any], Any]:
+    """A distinct function object on every call: a cache miss every time."""
+    return lambda a: a * 2 + 1
+
+
+def cache_probe(calls: int, maxsize: int) -> dict[str, Any]:
+    """In a fresh process: `calls` out_structure calls, each with a new function;
+    the cache's size and the process's RSS after 10% and after 100% of them.
+
+    The most recent `2 * maxsize` functions stay alive (as a program's live
+    functions would), so the cache fills up and must evict by LRU; older ones
+    die, and with them whatever the cache or JAX keyed on them.
+    """
+    from treeshape import _infer  # private: lowering the bound is for tests and benchmarks only
+
+    default = ts.cache_info().maxsize
+    old = _infer.set_cache_maxsize(maxsize) if maxsize != default else None
+    try:
+        x = jax.ShapeDtypeStruct((4,), jnp.float32)
+        live: collections.deque[Callable[[Any], Any]] = collections.deque(maxlen=2 * maxsize)
+
+        def call() -> None:
+            f = _fresh_function()
+            live.append(f)
+            ts.out_structure(f, x)
+
+        for _ in range(50):  # warm up the tracing machinery
+            call()
+        ts.clear_cache()
+        gc.collect()
+        start_mb = _status_mb("VmRSS") or 0.0
+        checkpoint = calls // 10
+        samples: list[tuple[int, float]] = []
+        reset, at_checkpoint = False, 0.0
+        t0 = time.perf_counter()
+        for i in range(1, calls + 1):
+            call()
+            if i % checkpoint == 0:
+                gc.collect()
+                samples.append((i, _status_mb("VmRSS") or 0.0))
+                if i == checkpoint:
+                    # From here on, the peak RSS (VmHWM) starts at the current RSS.
+                    at_checkpoint = samples[-1][1]
+                    reset = _reset_peak()
+        seconds = time.perf_counter() - t0
+        gc.collect()
+        info = ts.cache_info()
+        end_mb = _status_mb("VmRSS") or 0.0
+        peak_mb = _peak_rss_mb()
+    finally:
+        if old is not None:
+            _infer.set_cache_maxsize(old)
+    return {
+        "calls": calls,
+        "checkpoint": checkpoint,
+        "maxsize": info.maxsize,
+        "size": info.size,
+        "hits": info.hits,
+        "misses": info.misses,
+        "live_functions": len(live),
+        "check_tracer_leaks": bool(jax.check_tracer_leaks.value),
+        "seconds_per_call": seconds / calls,
+        "rss_start": start_mb,
+        "rss_checkpoint": at_checkpoint,
+        "rss_end": end_mb,
+        "peak_method": "VmHWM after clear_refs" if reset else "VmRSS",
+        "peak_since_checkpoint": peak_mb if reset else end_mb,
+        "samples": samples,
+    }
+
+
+@case("cache_memory")
+def cache_memory(cfg: Config) -> list[Row]:
+    """10. 100k calls with distinct functions: the cache stays at its bound, RSS flat."""
+    calls, maxsize = (CACHE_CALLS_QUICK, CACHE_MAXSIZE_QUICK) if cfg.quick else (CACHE_CALLS, ts.cache_info().maxsize)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--cache-probe", f"{calls}:{maxsize}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    r: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    checkpoint = r["checkpoint"]
+    filling = r["rss_checkpoint"] - r["rss_start"]
+    growth = r["peak_since_checkpoint"] - r["rss_checkpoint"]
+    note = (
+        f"{r['seconds_per_call'] * 1e3:.2f} ms per call, {r['misses']:,} misses, {r['hits']} hits; "
+        f"the newest {r['live_functions']:,} functions kept alive"
+        + (f"; --quick: maxsize lowered to {maxsize} with _infer.set_cache_maxsize" if cfg.quick else "")
+    )
+    if r["misses"] != calls or r["check_tracer_leaks"]:
+        note += "; WARNING: expected one miss per call and jax_check_tracer_leaks off"
+    rows = [
+        Row(
+            f"10 cache size after {calls:,} calls, distinct functions",
+            r["maxsize"],
+            r["size"],
+            Goal("==", r["maxsize"], f"== maxsize ({r['maxsize']})"),
+            unit="entries",
+            measured=r["size"],
+            measured_unit="entries",
+            note=note,
+            detail=r,
+        ),
+        Row(
+            f"10 RSS growth from {checkpoint:,} to {calls:,} calls",
+            filling,
+            growth,
+            Goal("<", 50e6 / 2**20, "<50 MB"),
+            unit="MiB",
+            measured=growth,
+            measured_unit="MiB",
+            note=(
+                f"baseline: RSS growth over the first {checkpoint:,} calls (filling the cache); treeshape: peak "
+                f"RSS ({r['peak_method']}) over the next {calls - checkpoint:,} above the RSS at {checkpoint:,} calls; "
+                f"VmRSS {r['rss_checkpoint']:.0f} -> {r['rss_end']:.0f} MiB"
+            ),
+            detail=r,
+        ),
+    ]
+    return rows
+
+
 # -- report --------------------------------------------------------------------
 def _fmt_value(value: float, unit: str) -> str:
     if unit == "MiB":
-        return f"+{value:.1f} MiB"
+        return f"{value:+.1f} MiB"
+    if unit in ("instr", "entries"):
+        return f"{value:,.0f} {unit}"
     for scale, suffix in ((1, "s"), (1e-3, "ms"), (1e-6, "us")):
         if value >= scale:
             return f"{value / scale:.3g} {suffix}"
@@ -726,7 +1073,11 @@ def _fmt_value(value: float, unit: str) -> str:
 def _fmt_measured(row: Row) -> str:
     assert row.measured is not None
     if row.measured_unit == "MiB":
-        return f"+{row.measured:.1f} MiB"
+        return f"{row.measured:+.1f} MiB"
+    if row.measured_unit == "instr":
+        return f"{row.measured:+,.0f} instr"
+    if row.measured_unit == "entries":
+        return f"{row.measured:,.0f}"
     return f"{row.measured:.3g}x"
 
 
@@ -814,10 +1165,15 @@ def main(argv: list[str] | None = None) -> int:
         "functions with the most own time to stderr, e.g. `--only cached --profile`",
     )
     parser.add_argument("--memory-probe", choices=list(PROBES), help=argparse.SUPPRESS)
+    parser.add_argument("--cache-probe", metavar="CALLS:MAXSIZE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.memory_probe:
         print(json.dumps(memory_probe(args.memory_probe)))
+        return 0
+    if args.cache_probe:
+        calls, maxsize = (int(n) for n in args.cache_probe.split(":"))
+        print(json.dumps(cache_probe(calls, maxsize)))
         return 0
 
     names = list(CASES) if not args.only else [n for spec in args.only for n in spec.split(",")]
@@ -861,7 +1217,8 @@ def main(argv: list[str] | None = None) -> int:
         if r.note:
             print(f"note: {r.case}: {r.note}")
     print("ratio = treeshape / baseline; medians of interleaved repetitions")
-    print("rows '6 ...: 10k vs 1k leaves': baseline = 1k leaves, treeshape = 10k")
+    small, large = _leaf_counts(cfg)
+    print(f"rows '6 ...: {_k(large)} vs {_k(small)} leaves': baseline = {_k(small)} leaves, treeshape = {_k(large)}")
     print(f"total {elapsed:.0f} s")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in load_after)}")
     if profiler:
