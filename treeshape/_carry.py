@@ -1,6 +1,7 @@
 """Loop carries that type-check: `carry_structure`, `scan_carry`, `while_carry`, `fori_carry`."""
 
-from collections.abc import Callable
+import functools as ft
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 import jax
@@ -32,52 +33,71 @@ _MAX_STEPS: Final = 32
 _ROOT: Final = "carry"
 
 
-def _abstract_leaf(x: Any, where: str, fn_name: str, drop_leading: bool = False) -> jax.ShapeDtypeStruct:
-    """A leaf's abstract value (shape, dtype, weak flag, sharding, manual axes), without tracing.
+class _Paths:
+    """`root` + `keystr` path of each leaf of `tree`, computed only when an error needs one."""
 
-    With `drop_leading`, the value of one scan step (the leading axis removed).
-    """
+    def __init__(self, tree: PyTree, root: str) -> None:
+        self._tree, self._root = tree, root
+        self._paths: list[str] | None = None
+
+    def _all(self) -> list[str]:
+        if self._paths is None:
+            flat, _ = jtu.tree_flatten_with_path(self._tree)
+            self._paths = [self._root + jtu.keystr(path) for path, _ in flat]
+        return self._paths
+
+    def __getitem__(self, i: int) -> str:
+        return self._all()[i]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+
+def _abstract_leaf(x: Any, where: Callable[[], str], fn_name: str) -> jax.ShapeDtypeStruct:
+    """A leaf's abstract value (shape, dtype, weak flag, sharding, manual axes), without tracing."""
     if isinstance(x, jax.ShapeDtypeStruct):
-        return x.update(shape=x.shape[1:], sharding=None) if drop_leading else x
+        return x
     try:
         aval = jax.typeof(x)
     except TypeError:
         raise TypeError(
-            f"treeshape.{fn_name}: {where} is a {type(x).__name__}, but loop carries and scanned "
+            f"treeshape.{fn_name}: {where()} is a {type(x).__name__}, but loop carries and scanned "
             "values must be arrays or Python scalars. Keep static values out of the carry "
             "(close over them in `body` instead)."
         ) from None
-    shape = aval.shape[1:] if drop_leading else aval.shape
-    sharding, mat = aval.sharding, aval.manual_axis_type
-    if sharding.mesh.empty:
-        return jax.ShapeDtypeStruct(shape, aval.dtype, weak_type=aval.weak_type)
-    if drop_leading:
-        spec = tuple(sharding.spec) + (None,) * (len(aval.shape) - len(sharding.spec))
-        sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec[1:]))
+    if aval.sharding.mesh.empty:
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
     # A manual mesh's values carry their manual axes only together with their sharding.
     return jax.ShapeDtypeStruct(
-        shape,
+        aval.shape,
         aval.dtype,
         weak_type=aval.weak_type,
-        sharding=sharding,
-        manual_axis_type=mat,
+        sharding=aval.sharding,
+        manual_axis_type=aval.manual_axis_type,
     )
 
 
-def _abstract_tree(
-    tree: PyTree, root: str, fn_name: str, drop_leading: bool = False
-) -> tuple[jtu.PyTreeDef, list[str], list[Any]]:
-    flat, treedef = jtu.tree_flatten_with_path(tree)
-    paths = [root + jtu.keystr(path) for path, _ in flat]
-    leaves = [_abstract_leaf(x, p, fn_name, drop_leading) for p, (_, x) in zip(paths, flat, strict=True)]
-    return treedef, paths, leaves
+def _abstract_tree(tree: PyTree, root: str, fn_name: str) -> tuple[jtu.PyTreeDef, _Paths, list[Any]]:
+    leaves, treedef = jtu.tree_flatten(tree)
+    paths = _Paths(tree, root)
+    return treedef, paths, [_abstract_leaf(x, ft.partial(paths.__getitem__, i), fn_name) for i, x in enumerate(leaves)]
+
+
+def _one_step(leaf: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+    """The value of one scan step of `leaf`: its leading axis removed."""
+    sharding = leaf.sharding
+    if sharding is not None and hasattr(sharding, "spec"):
+        spec = tuple(sharding.spec) + (None,) * (len(leaf.shape) - len(sharding.spec))
+        sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec[1:]))
+    else:
+        sharding = None
+    step: jax.ShapeDtypeStruct = leaf.update(shape=leaf.shape[1:], sharding=sharding)
+    return step
 
 
 def _x_slices(xs: PyTree, length: int | None, fn_name: str) -> PyTree:
     """The abstract value `body` sees for one step of `xs`, checking lengths as `lax.scan` does."""
-    flat, treedef = jtu.tree_flatten_with_path(xs)
-    paths = ["xs" + jtu.keystr(path) for path, _ in flat]
-    leaves = [_abstract_leaf(x, p, fn_name) for p, (_, x) in zip(paths, flat, strict=True)]
+    treedef, paths, leaves = _abstract_tree(xs, "xs", fn_name)
     if not leaves:
         if length is None:
             raise ValueError(
@@ -85,10 +105,10 @@ def _x_slices(xs: PyTree, length: int | None, fn_name: str) -> PyTree:
                 "(as for `lax.scan`): pass `length=N`."
             )
         return xs
-    for path, leaf in zip(paths, leaves, strict=True):
+    for i, leaf in enumerate(leaves):
         if not leaf.shape:
             raise ValueError(
-                f"treeshape.{fn_name}: {path} is a scalar ({leaf_str(leaf)}), but every leaf of `xs` "
+                f"treeshape.{fn_name}: {paths[i]} is a scalar ({leaf_str(leaf)}), but every leaf of `xs` "
                 "needs a leading axis to scan over."
             )
     sizes = {leaf.shape[0] for leaf in leaves}
@@ -104,8 +124,7 @@ def _x_slices(xs: PyTree, length: int | None, fn_name: str) -> PyTree:
             f"treeshape.{fn_name}: `length={length}` disagrees with the leading axis of `xs` ({size}, "
             f"e.g. {paths[0]}: {leaf_str(leaves[0])}). Drop `length` or make them agree."
         )
-    _, _, slices = _abstract_tree(xs, "xs", fn_name, drop_leading=True)
-    return jtu.tree_unflatten(treedef, slices)
+    return jtu.tree_unflatten(treedef, [_one_step(leaf) for leaf in leaves])
 
 
 def _sub_structure(s: Structure, index: int) -> Structure:
@@ -159,7 +178,7 @@ def _fixed_point(
 
 
 def _structure_mismatches(
-    current: Structure, out: Structure, paths: list[str], policy: str
+    current: Structure, out: Structure, paths: _Paths, policy: str
 ) -> tuple[list[Mismatch], list[str]]:
     """Everything that differs when `body` changes the carry's tree structure: the
     structural differences, and the leaves that also differ where both trees agree."""
@@ -181,58 +200,39 @@ def _structure_mismatches(
 
 
 def _join(
-    paths: list[str], carry: list[Any], out: list[Any], policy: str
+    paths: Sequence[str] | _Paths, carry: list[Any], out: list[Any], policy: str
 ) -> tuple[list[Any], list[Mismatch], list[str]]:
     """Each carry leaf joined with the body's output leaf, or why it cannot be."""
     joined: list[Any] = []
     mismatches: list[Mismatch] = []
     lines: list[str] = []
-
-    def fail(m: Mismatch, c: Any, o: Any, fix: str) -> None:
-        mismatches.append(m)
-        lines.append(f"{m.path}: input {leaf_str(c)}, output {leaf_str(o)}. {fix}")
-
-    for path, c, o in zip(paths, carry, out, strict=True):
-        if not isinstance(o, jax.ShapeDtypeStruct):
-            fail(
-                Mismatch(path, "structure", leaf_str(c), f"the static value {leaf_str(o)}"),
-                c,
-                o,
-                carry_structure_fix(),
-            )
+    for i, (c, o) in enumerate(zip(carry, out, strict=True)):
+        if c == o:  # the common case: nothing to join
             joined.append(c)
             continue
+        failures: list[tuple[str, Any, Any, str]] = []  # kind, expected, actual, fix
         new = c
-        if c.shape != o.shape:
-            fail(
-                Mismatch(path, "shape", c.shape, o.shape),
-                c,
-                o,
-                carry_shape_fix(c.shape),
-            )
-        if c.dtype != o.dtype:
-            if dtype_change_allowed(c.dtype, c.weak_type, o.dtype, policy):
-                new = new.update(dtype=o.dtype, weak_type=False)
-            else:
-                allowing = allowing_policy(c.dtype, c.weak_type, o.dtype)
-                fix = policy_fix(
-                    short_dtype(c.dtype),
-                    c.weak_type,
-                    short_dtype(o.dtype),
-                    policy,
-                    allowing,
-                )
-                fail(Mismatch(path, "dtype", c.dtype, o.dtype), c, o, fix)
-        c_axes, o_axes = varying_axes(c), varying_axes(o)
-        if c_axes - o_axes:
-            fail(
-                Mismatch(path, "vma", c_axes, o_axes),
-                c,
-                o,
-                carry_vma_fix(c_axes, o_axes),
-            )
-        elif o_axes - c_axes:
-            new = new.update(sharding=o.sharding, manual_axis_type=o.manual_axis_type)
+        if not isinstance(o, jax.ShapeDtypeStruct):
+            failures.append(("structure", leaf_str(c), f"the static value {leaf_str(o)}", carry_structure_fix()))
+        else:
+            if c.shape != o.shape:
+                failures.append(("shape", c.shape, o.shape, carry_shape_fix(c.shape)))
+            if c.dtype != o.dtype:
+                if dtype_change_allowed(c.dtype, c.weak_type, o.dtype, policy):
+                    new = new.update(dtype=o.dtype, weak_type=False)
+                else:
+                    allowing = allowing_policy(c.dtype, c.weak_type, o.dtype)
+                    src, dst = short_dtype(c.dtype), short_dtype(o.dtype)
+                    failures.append(("dtype", c.dtype, o.dtype, policy_fix(src, c.weak_type, dst, policy, allowing)))
+            c_axes, o_axes = varying_axes(c), varying_axes(o)
+            if c_axes - o_axes:
+                failures.append(("vma", c_axes, o_axes, carry_vma_fix(c_axes, o_axes)))
+            elif o_axes - c_axes:
+                new = new.update(sharding=o.sharding, manual_axis_type=o.manual_axis_type)
+        for kind, expected, actual, fix in failures:
+            m = Mismatch(paths[i], kind, expected, actual)
+            mismatches.append(m)
+            lines.append(f"{m.path}: input {leaf_str(c)}, output {leaf_str(o)}. {fix}")
         joined.append(new)
     return joined, mismatches, lines
 
