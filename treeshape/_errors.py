@@ -18,6 +18,21 @@ class StructureMismatchError(TypeError):
 
     It subclasses `TypeError`, the exception JAX raises for the same kind of
     mistake, so existing `except TypeError` handlers keep working.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> expected = ts.structure_of({"w": jnp.zeros((2, 3)), "b": jnp.zeros(3)})
+        >>> try:
+        ...     expected.check({"w": jnp.zeros((3, 2)), "b": jnp.zeros(3, jnp.int32)})
+        ... except ts.StructureMismatchError as err:
+        ...     print(err)
+        ...     print([(m.path, m.kind) for m in err.mismatches])
+        treeshape.Structure.check: the tree does not match; 2 differences:
+        <BLANKLINE>
+          * tree['b']: expected dtype float32, got int32. Convert it with `.astype(float32)`.
+          * tree['w']: expected shape (2, 3), got (3, 2). Make this leaf shape (2, 3).
+        [("tree['b']", 'dtype'), ("tree['w']", 'shape')]
     """
 
     def __init__(self, message: str, mismatches: Sequence["Mismatch"] = ()) -> None:
@@ -32,6 +47,22 @@ class CarryMismatchError(StructureMismatchError):
     message names every offending carry leaf by path (`carry[1]['mu']`), its
     input and output types, why the policy forbids the change, and the fix: the
     policy that would allow it, or the shape `body` should return.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> def body(carry, x):
+        ...     return {"acc": carry["acc"] + x}, None  # bf16 + f32 -> f32
+        >>> init = {"acc": jnp.zeros(3, jnp.bfloat16)}
+        >>> try:
+        ...     ts.scan_carry(body, init, jnp.ones((4, 3)))
+        ... except ts.CarryMismatchError as err:
+        ...     print(err.mismatches[0])
+        ...     print(str(err).split(". ", 1)[1])
+        carry['acc']: expected dtype bfloat16, got float32.
+        The dtypes differ and the leaf is strongly typed, so policy="weak" may not change it; policy="promote" would ...
+        >>> ts.scan_carry(body, init, jnp.ones((4, 3)), policy="promote")["acc"].dtype
+        dtype('float32')
     """
 
 
