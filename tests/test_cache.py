@@ -17,6 +17,11 @@ import treeshape as ts
 from treeshape import _infer
 
 
+# The dtypes JAX gives Python scalars: 64-bit under `jax_enable_x64`, 32-bit otherwise.
+INT = jax.dtypes.canonicalize_dtype(jnp.int64)
+FLOAT = jax.dtypes.canonicalize_dtype(jnp.float64)
+
+
 def _counted():
     """A fresh function `f(w, x, *, scale=1.0)` and a getter for how often it was traced."""
     n = 0
@@ -31,7 +36,12 @@ def _counted():
 
 def test_repeated_call_is_a_hit():
     f, traces = _counted()
-    for x in [jnp.ones(3), jnp.zeros(3), np.ones(3, np.float32), jax.ShapeDtypeStruct((3,), jnp.float32)]:
+    for x in [
+        jnp.ones(3, jnp.float32),
+        jnp.zeros(3, jnp.float32),
+        np.ones(3, np.float32),
+        jax.ShapeDtypeStruct((3,), jnp.float32),
+    ]:
         s = ts.out_structure(f, x, x)
         assert s.tree["y"] == jax.ShapeDtypeStruct((3,), jnp.float32)
     assert traces() == 3  # the array and NumPy inputs hit; the ShapeDtypeStruct is keyed apart
@@ -72,8 +82,8 @@ def test_partial_bound_python_values_are_concrete_and_compared_by_equality():
     assert ts.out_structure(ft.partial(f, 2), jnp.ones(3)).tree.shape == (2, 3)
     assert ts.out_structure(jtu.Partial(f, 5), jnp.ones(3)).tree.shape == (5, 3)
     assert seen == [2, 5]
-    # 2 == 2.0, but a float is another value: a separate entry.
-    assert ts.out_structure(ft.partial(lambda n, x: x * n, 2.0), jnp.ones(3, jnp.int32)).tree.dtype == jnp.float32
+    # 2 == 2.0, but a float is another value: a separate entry (int32 times a Python float: the default float).
+    assert ts.out_structure(ft.partial(lambda n, x: x * n, 2.0), jnp.ones(3, jnp.int32)).tree.dtype == FLOAT
 
 
 def test_fresh_partials_inside_jit_hit_across_traces():
@@ -144,10 +154,16 @@ def test_cache_info_and_clear_cache():
 
 def test_context_settings_are_part_of_the_key():
     f = lambda x, y: x + y
-    assert ts.out_structure(f, jnp.ones(2), 1).tree.dtype == jnp.float32
+    assert ts.out_structure(f, jnp.ones(2, jnp.float32), 1).tree.dtype == jnp.float32
+    ident = lambda x: x
+    assert ts.out_structure(ident, 1).tree.dtype == INT  # the suite's own mode first
     with jax.enable_x64(True):
         assert ts.out_structure(lambda x: x, 1).tree.dtype == jnp.int64
-    assert ts.out_structure(lambda x: x, 1).tree.dtype == jnp.int32
+        assert ts.out_structure(ident, 1).tree.dtype == jnp.int64
+    with jax.enable_x64(False):
+        assert ts.out_structure(lambda x: x, 1).tree.dtype == jnp.int32
+        assert ts.out_structure(ident, 1).tree.dtype == jnp.int32
+    assert ts.out_structure(ident, 1).tree.dtype == INT
 
     mixed = (jnp.ones(2, jnp.bfloat16), jnp.ones(2, jnp.float16))
     assert ts.out_structure(f, *mixed).tree.dtype == jnp.float32
@@ -380,7 +396,7 @@ def test_threads_get_correct_results():
                 s = ts.out_structure(jtu.Partial(f, w, scale=2.0), jax.ShapeDtypeStruct(shape, jnp.float32))
                 assert s.tree == {
                     "y": jax.ShapeDtypeStruct(shape, jnp.float32),
-                    "n": jax.ShapeDtypeStruct((), jnp.int32, weak_type=True),
+                    "n": jax.ShapeDtypeStruct((), INT, weak_type=True),  # x.ndim, a Python int
                 }
         except BaseException as e:  # reported below
             errors.append(e)

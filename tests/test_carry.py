@@ -12,6 +12,11 @@ import treeshape as ts
 
 POLICIES = ["weak", "promote", "cast"]
 
+# The dtype JAX gives a Python float, and its short name in messages: 64-bit
+# under `jax_enable_x64`, 32-bit otherwise (the suite runs in both modes).
+FLOAT = jax.dtypes.canonicalize_dtype(jnp.float64)
+F_NAME = f"f{FLOAT.itemsize * 8}"  # f32 or f64
+
 
 @pytest.fixture(params=["standard", "strict"])
 def promotion(request):
@@ -79,22 +84,27 @@ def _replace(carry, mu=None, nu=None, last=None, step=None):
     }
 
 
+def _f32(*shape):
+    return jnp.zeros(shape, jnp.float32)
+
+
 # (id, step, init, least policy that allows it, path, input type, output type)
 # The bodies convert explicitly, so they also run under strict dtype promotion.
+# A Python float in `init` is a weak float of the default width (`F_NAME`).
 DTYPE_CASES = [
     (
         "weak_float_meets_f16",
         lambda c: _replace(c, mu=c["opt"][0].mu * jnp.float16(2)),
-        lambda: _nested(0.0, jnp.zeros(3), jnp.zeros(2)),
+        lambda: _nested(0.0, _f32(3), _f32(2)),
         "weak",
         "carry['opt'][0].mu",
-        "~f32[]",
+        f"~{F_NAME}[]",
         "f16[]",
     ),
     (
         "bf16_meets_f32",
         lambda c: _replace(c, nu=c["opt"][0].nu.astype(jnp.float32) * 2),
-        lambda: _nested(jnp.zeros(2), jnp.zeros(3, jnp.bfloat16), jnp.zeros(2)),
+        lambda: _nested(_f32(2), jnp.zeros(3, jnp.bfloat16), _f32(2)),
         "promote",
         "carry['opt'][0].nu",
         "bf16[3]",
@@ -103,7 +113,7 @@ DTYPE_CASES = [
     (
         "int32_counter_becomes_float",
         lambda c: _replace(c, step=c["step"].astype(jnp.float32) + 0.5),
-        lambda: _nested(jnp.zeros(2), jnp.zeros(3), jnp.zeros(2)),
+        lambda: _nested(_f32(2), _f32(3), _f32(2)),
         "promote",
         "carry['step']",
         "i32[]",
@@ -112,7 +122,7 @@ DTYPE_CASES = [
     (
         "f32_cast_down_to_bf16",
         lambda c: _replace(c, last=c["opt"][1].astype(jnp.bfloat16)),
-        lambda: _nested(jnp.zeros(2), jnp.zeros(3), jnp.zeros(2)),
+        lambda: _nested(_f32(2), _f32(3), _f32(2)),
         "cast",
         "carry['opt'][1]",
         "f32[2]",
@@ -121,10 +131,10 @@ DTYPE_CASES = [
     (
         "weak_float_meets_int32",
         lambda c: _replace(c, nu=jnp.zeros((), jnp.int32)),
-        lambda: _nested(jnp.zeros(2), 1.0, jnp.zeros(2)),
+        lambda: _nested(_f32(2), 1.0, _f32(2)),
         "cast",
         "carry['opt'][0].nu",
-        "~f32[]",
+        f"~{F_NAME}[]",
         "i32[]",
     ),
 ]
@@ -161,7 +171,7 @@ def test_dtype_changes_follow_the_policy(loop, policy, case, promotion):
 @pytest.mark.parametrize("loop", list(LOOPS))
 @pytest.mark.parametrize("policy", POLICIES)
 def test_shape_and_structure_changes_fail_under_every_policy(loop, policy):
-    init = _nested(jnp.zeros(2), jnp.zeros(3), jnp.zeros(8))
+    init = _nested(_f32(2), _f32(3), _f32(8))
     reshaped = lambda c: _replace(c, last=c["opt"][1][:, None], mu=c["opt"][0].mu.astype(jnp.bfloat16))
     with pytest.raises(ts.CarryMismatchError) as info:
         LOOPS[loop](reshaped, init, policy)
@@ -228,9 +238,9 @@ def test_python_scalar_accumulator():
 
 
 def test_fori_int32_counter_turned_float():
-    body = lambda i, c: c + 0.5
+    body = lambda i, c: c + 0.5  # int32 plus a Python float: a weak float of the default width
     for policy in ("weak",):
-        with pytest.raises(ts.CarryMismatchError, match=re.escape("carry: input i32[], output ~f32[]")):
+        with pytest.raises(ts.CarryMismatchError, match=re.escape(f"carry: input i32[], output ~{F_NAME}[]")):
             ts.fori_carry(body, jnp.int32(0), policy=policy)
     for policy in ("promote", "cast"):
         init = ts.fori_carry(body, jnp.int32(0), policy=policy)
@@ -266,13 +276,13 @@ def test_weak_promotion_follows_jax_arithmetic(promotion):
 
 
 def test_weak_flag_alone_never_mismatches():
-    # input weak float32, output strong float32: init keeps its flag
+    # input weak float, output strong float of the same (default) dtype: init keeps its flag
     body = lambda c, x: (c * x, None)
-    s = ts.carry_structure(body, 1.0, jnp.ones((2,), jnp.float32))
-    assert s.leaves[0].dtype == jnp.float32 and s.leaves[0].weak_type
+    s = ts.carry_structure(body, 1.0, jnp.ones((2,), FLOAT))
+    assert s.leaves[0].dtype == FLOAT and s.leaves[0].weak_type
     # input strong, output weak
-    s = ts.carry_structure(lambda c, x: (jnp.asarray(2.0), None), jnp.float32(0), length=2)
-    assert not s.leaves[0].weak_type
+    s = ts.carry_structure(lambda c, x: (jnp.asarray(2.0), None), jnp.zeros((), FLOAT), length=2)
+    assert s.leaves[0].dtype == FLOAT and not s.leaves[0].weak_type
 
 
 def test_one_trace_when_init_is_a_fixed_point():
@@ -378,10 +388,10 @@ def test_shard_map_makes_the_carry_varying():
 
 def test_shard_map_less_varying_output_is_reported():
     mesh = jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Explicit,))
-    x = jax.device_put(jnp.arange(16.0), jax.NamedSharding(mesh, P("i")))
+    x = jax.device_put(jnp.arange(16.0, dtype=jnp.float32), jax.NamedSharding(mesh, P("i")))
 
     def per_device(x):
-        body = lambda c, xi: (jnp.zeros(2), None)  # drops the varying input
+        body = lambda c, xi: (jnp.zeros(2, jnp.float32), None)  # drops the varying input
         with pytest.raises(
             ts.CarryMismatchError,
             match=re.escape("carry: input f32[2]{V:i}, output f32[2]"),
@@ -396,7 +406,7 @@ def test_shard_map_less_varying_output_is_reported():
 
 def test_scan_carry_adds_no_runtime_op_under_jit():
     body = lambda c, x: (c + x, None)
-    xs = jnp.ones((8, 4))
+    xs = jnp.ones((8, 4), jnp.float32)
 
     def with_treeshape(init, xs):
         return lax.scan(body, ts.scan_carry(body, init, xs, policy="promote"), xs)[0]

@@ -9,6 +9,8 @@ import re
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from treeshape._cli import main
@@ -16,6 +18,13 @@ from treeshape._cli import main
 
 TESTS = pathlib.Path(__file__).parent
 ERROR_LINE = re.compile(r"treeshape: error: [^\n]+\n")
+
+# The dtypes JAX gives the literals `3` and `0.5`: 64-bit under `jax_enable_x64`
+# (the subprocesses inherit JAX_ENABLE_X64), 32-bit otherwise.
+INT = jax.dtypes.canonicalize_dtype(jnp.int64)
+FLOAT = jax.dtypes.canonicalize_dtype(jnp.float64)
+# A literal one past the default int's range (3e9 > 2**31, 3e19 > 2**63).
+TOO_BIG = "3" + "0" * (9 if INT == jnp.int32 else 19)
 
 
 def run(*argv, cwd=TESTS):
@@ -66,8 +75,8 @@ EVERY_SPEC_JSON = [
     _entry("['args'][4]", [4], "bool"),
     _entry("['args'][5]", [2], "complex64"),
     _entry("['args'][6]", [3], "float32"),
-    _entry("['args'][7]", [], "float32", weak_type=True),
-    _entry("['args'][8]", [], "int32", weak_type=True),
+    _entry("['args'][7]", [], FLOAT.name, weak_type=True),
+    _entry("['args'][8]", [], INT.name, weak_type=True),
     _entry("['args'][9]", [], "bool"),
     _entry("['kwargs']['flag']", [], "bool"),
     _entry("['kwargs']['scale']", [2], "bfloat16"),
@@ -162,7 +171,7 @@ def test_main_table(capsys):
 def test_main_dotted_attribute_and_static_literal(capsys):
     assert main(["inspect", "cli_fixtures:Model.apply", "f32[4]", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == [
-        _entry("['n']", [], "int32", weak_type=True),
+        _entry("['n']", [], INT.name, weak_type=True),
         _entry("['y']", [4], "float32"),
     ]
     assert main(["inspect", "cli_fixtures:echo", "'relu'", "--json"]) == 0
@@ -170,9 +179,9 @@ def test_main_dotted_attribute_and_static_literal(capsys):
     assert entry == {**_entry("['args'][0]", None, None, None), "static": "'relu'"}
     assert main(["inspect", "cli_fixtures:echo", "{'w': 1.0, 'n': (1, True)}", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == [
-        _entry("['args'][0]['n'][0]", [], "int32", weak_type=True),
+        _entry("['args'][0]['n'][0]", [], INT.name, weak_type=True),
         _entry("['args'][0]['n'][1]", [], "bool"),
-        _entry("['args'][0]['w']", [], "float32", weak_type=True),
+        _entry("['args'][0]['w']", [], FLOAT.name, weak_type=True),
     ]
 
 
@@ -202,7 +211,7 @@ def test_main_traceback_option_before_the_subcommand(capsys):
         (["inspect", "cli_fixtures:echo", "--jsn"], 2, "unrecognized arguments: --jsn"),
         (["demo", "extra"], 2, "unrecognized arguments: extra"),
         (["inspect", "jax.numpy:matmul", "f32[3]", "f32[4]"], 1, "TypeError: dot_general"),
-        (["inspect", "cli_fixtures:echo", "3000000000"], 1, "OverflowError"),
+        (["inspect", "cli_fixtures:echo", TOO_BIG], 1, "OverflowError"),
     ],
 )
 def test_main_bad_input(capsys, argv, status, message):

@@ -12,6 +12,12 @@ import treeshape as ts
 from treeshape._display import html_table, table
 
 
+# How a weak Python scalar shows: 64-bit under `jax_enable_x64`, 32-bit otherwise.
+# The short names and byte counts have the same width in both modes.
+X64 = jax.config.jax_enable_x64
+WF, WI, SB = ("~f64", "~i64", 8) if X64 else ("~f32", "~i32", 4)
+
+
 def relu(x):
     return x
 
@@ -22,7 +28,7 @@ class Opaque:
 
 def test_weak_bf16_and_numpy_leaves():
     tree = {
-        "params": {"w": jnp.zeros((2, 3), jnp.bfloat16), "b": jnp.zeros(3)},
+        "params": {"w": jnp.zeros((2, 3), jnp.bfloat16), "b": jnp.zeros(3, jnp.float32)},
         "step": 0,
         "lr": 0.5,
         "mask": np.ones(4, bool),
@@ -30,13 +36,13 @@ def test_weak_bf16_and_numpy_leaves():
     assert str(ts.structure_of(tree)) == (
         "path             shape  dtype  bytes\n"
         "---------------  -----  -----  -----\n"
-        "['lr']           []     ~f32     4 B\n"
+        f"['lr']           []     {WF}     {SB} B\n"
         "['mask']         [4]    bool     4 B\n"
         "['params']['b']  [3]    f32     12 B\n"
         "['params']['w']  [2,3]  bf16    12 B\n"
-        "['step']         []     ~i32     4 B\n"
+        f"['step']         []     {WI}     {SB} B\n"
         "---------------  -----  -----  -----\n"
-        "total: 5 leaves, 15 elements    36 B"
+        f"total: 5 leaves, 15 elements    {28 + 2 * SB} B"
     )
 
 
@@ -57,9 +63,9 @@ def test_typed_keys_and_static_leaves():
         "['keys']    [4]    key<fry>                         32 B\n"
         "['name']                     static str 'mlp'\n"
         "['obj']                      static Opaque\n"
-        "['tup'][0]  []     ~f32                              4 B\n"
+        f"['tup'][0]  []     {WF}                              {SB} B\n"
         "----------  -----  --------  --------------------  -----\n"
-        "total: 6 leaves, 6 elements                         44 B"
+        f"total: 6 leaves, 6 elements                         {40 + SB} B"
     )
 
 
@@ -71,8 +77,8 @@ def test_sharded_leaves_show_their_partition_spec():
 
     tree = {
         "emb": jax.ShapeDtypeStruct((1024, 64), jnp.float32, sharding=sharding("model", None)),
-        "w": jax.device_put(jnp.zeros((16, 8)), sharding(("data", "model"), None)),
-        "b": jax.device_put(jnp.zeros(8), sharding()),  # replicated: nothing to show
+        "w": jax.device_put(jnp.zeros((16, 8), jnp.float32), sharding(("data", "model"), None)),
+        "b": jax.device_put(jnp.zeros(8, jnp.float32), sharding()),  # replicated: nothing to show
     }
     assert ts.describe(tree) == (
         "path     shape      dtype  extra                           bytes\n"
@@ -94,7 +100,7 @@ def test_varying_leaves_under_shard_map():
         tables.append(ts.describe(tree))
         return x
 
-    xs = jax.device_put(jnp.zeros(16), jax.NamedSharding(mesh, P("i")))
+    xs = jax.device_put(jnp.zeros(16, jnp.float32), jax.NamedSharding(mesh, P("i")))
     jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"))(xs)
     assert tables == [
         "path       shape  dtype  extra  bytes\n"
@@ -124,7 +130,7 @@ def test_max_rows_cut_keeps_the_total_exact():
 
 @pytest.mark.parametrize("max_rows, shown", [(0, 0), (1, 1), (3, 3), (9, 9), (10, 10), (None, 10)])
 def test_max_rows_counts(max_rows, shown):
-    s = ts.structure_of([jnp.zeros(2)] * 10)
+    s = ts.structure_of([jnp.zeros(2, jnp.float32)] * 10)
     text = table(s, max_rows=max_rows)
     rows = [line for line in text.splitlines() if line.startswith("[")]
     assert len(rows) == shown
@@ -142,7 +148,7 @@ def test_default_cut_applies_to_str_and_describe():
 
 
 def test_root_leaf_and_empty_tree():
-    assert ts.describe(jnp.zeros(3)) == (
+    assert ts.describe(jnp.zeros(3, jnp.float32)) == (
         "path    shape  dtype  bytes\n"
         "------  -----  -----  -----\n"
         "(root)  [3]    f32     12 B\n"
@@ -164,7 +170,7 @@ def test_describe_in_every_context(in_context):
         assert text.splitlines()[-1].startswith("total: 1 leaf, 3 elements")
         return x
 
-    in_context(f, jnp.ones(3))
+    in_context(f, jnp.ones(3, jnp.float32))
 
 
 # -- HTML ----------------------------------------------------------------------------

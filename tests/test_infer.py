@@ -16,6 +16,13 @@ from jax import lax
 import treeshape as ts
 
 
+# The dtypes JAX gives Python scalars and 64-bit NumPy inputs: 64-bit under
+# `jax_enable_x64`, 32-bit otherwise (the suite runs in both modes).
+INT = jax.dtypes.canonicalize_dtype(jnp.int64)
+FLOAT = jax.dtypes.canonicalize_dtype(jnp.float64)
+COMPLEX = jax.dtypes.canonicalize_dtype(jnp.complex128)
+
+
 # -- callables of every kind ----------------------------------------------------
 def _affine(w, x, *, b):
     """The core every callable of the matrix calls: arrays, a reduction, Python scalars out."""
@@ -80,12 +87,12 @@ def test_matrix_matches_eval_shape(in_context, kind):
             seen.append(s)
         return x
 
-    in_context(body, jnp.arange(3.0) + 1.0)
+    in_context(body, jnp.arange(3.0, dtype=jnp.float32) + 1.0)
     assert seen and all(s == seen[0] for s in seen)
     # The per-example (per-shard, per-level) shapes: never a batched one.
     assert seen[0].tree["y"].shape == (3,)
-    scalar = seen[0].tree["pair"][1]
-    assert (scalar.shape, scalar.dtype, scalar.weak_type) == ((), jnp.float32, True)
+    scalar = seen[0].tree["pair"][1]  # the Python float 2.0
+    assert (scalar.shape, scalar.dtype, scalar.weak_type) == ((), FLOAT, True)
     assert seen[0].tree["step"].weak_type
 
 
@@ -146,7 +153,7 @@ def jax_events():
 def test_no_lowering_or_compilation(jax_events):
     big = jax.ShapeDtypeStruct((2**20, 2**14), jnp.float32)  # 64 GiB if it were real
     fresh_jit = jax.jit(lambda x: (x @ x.T).sum(axis=0))
-    x = jnp.ones((4, 3))
+    x = jnp.ones((4, 3), jnp.float32)
     jax_events.clear()  # creating `x` compiled a kernel
     live = len(jax.live_arrays())
 
@@ -231,8 +238,12 @@ def test_parity_x64_dtypes(dtype):
         s = ts.structure_of((1, 1.0, 1j, True))
         assert [leaf.dtype for leaf in s.leaves] == [jnp.int64, jnp.float64, jnp.complex128, jnp.bool_]
     # Back under 32 bits: the cache must not answer with the x64 result.
-    assert ts.structure_of(1).leaves[0].dtype == jnp.int32
-    assert ts.structure_of(jax.ShapeDtypeStruct((2,), jnp.float64)).leaves[0].dtype == jnp.float32
+    with jax.enable_x64(False):
+        assert ts.structure_of(1).leaves[0].dtype == jnp.int32
+        assert ts.structure_of(jax.ShapeDtypeStruct((2,), jnp.float64)).leaves[0].dtype == jnp.float32
+    # And in the suite's own mode, after both: its own answers.
+    assert ts.structure_of(1).leaves[0].dtype == INT
+    assert ts.structure_of(jax.ShapeDtypeStruct((2,), jnp.float64)).leaves[0].dtype == FLOAT
 
 
 def test_parity_concrete_arrays_of_every_dtype():
@@ -263,7 +274,7 @@ def test_parity_typed_keys(impl, shape):
 
 @pytest.mark.parametrize(
     ("value", "dtype", "weak"),
-    [(1, jnp.int32, True), (1.5, jnp.float32, True), (1j, jnp.complex64, True), (True, jnp.bool_, False)],
+    [(1, INT, True), (1.5, FLOAT, True), (1j, COMPLEX, True), (True, jnp.bool_, False)],
     ids=["int", "float", "complex", "bool"],
 )
 def test_python_scalars_typed_as_jax_types_them(value, dtype, weak):
@@ -275,13 +286,15 @@ def test_python_scalars_typed_as_jax_types_them(value, dtype, weak):
 
 
 def test_python_int_too_large_names_its_path():
+    bits = jnp.iinfo(INT).bits  # a Python int is typed as the default int: int32, or int64 under x64
+    big = 2 ** (bits + 8)  # 2**40 under 32 bits
     with pytest.raises(OverflowError, match=re.escape("args[0]['n']")) as info:
-        ts.out_structure(lambda t: t["n"] + 1, {"n": 2**40})
-    assert "1099511627776" in str(info.value)
+        ts.out_structure(lambda t: t["n"] + 1, {"n": big})
+    assert str(big) in str(info.value)
     with pytest.raises(OverflowError, match=re.escape("kwargs['big']")):
-        ts.out_structure(lambda *, big: big, big=-(2**35))
+        ts.out_structure(lambda *, big: big, big=-(2 ** (bits + 3)))
     # Bound in a partial it stays a concrete Python value: no overflow.
-    s = ts.out_structure(ft.partial(lambda n, x: x * (n // 2**39), 2**40), jnp.ones(2))
+    s = ts.out_structure(ft.partial(lambda n, x: x * (n // (big // 2)), big), jnp.ones(2, jnp.float32))
     assert s.tree == jax.ShapeDtypeStruct((2,), jnp.float32)
 
 
@@ -290,7 +303,7 @@ def test_numpy_arrays_and_scalars_are_strong_abstract_inputs():
         fn = lambda v: (v, v + 1)
         assert ts.out_structure(fn, x).tree == jax.eval_shape(fn, x)
         assert not ts.structure_of(x).leaves[0].weak_type
-    assert ts.structure_of(np.float64(1)).leaves[0].dtype == jnp.float32  # canonicalised, as JAX does
+    assert ts.structure_of(np.float64(1)).leaves[0].dtype == FLOAT  # canonicalised, as JAX does
 
 
 class _DuckArray:
@@ -336,7 +349,7 @@ def test_static_leaves_pass_through_arguments_and_outputs():
         y = act(x) if mode is _Mode.TRAIN else x
         return {"y": y, "name": name + "!", "mode": mode, "obj": obj, "act": act, "u": unhashable}
 
-    s = ts.out_structure(fn, jnp.ones(2), "layer", act, _Mode.TRAIN, obj, unhashable=unhashable)
+    s = ts.out_structure(fn, jnp.ones(2, jnp.float32), "layer", act, _Mode.TRAIN, obj, unhashable=unhashable)
     assert received == {"name": "layer", "act": act, "mode": _Mode.TRAIN, "obj": obj, "unhashable": unhashable}
     tree = s.tree
     assert tree["y"] == jax.ShapeDtypeStruct((2,), jnp.float32)

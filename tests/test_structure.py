@@ -18,6 +18,12 @@ import treeshape as ts
 
 Point = collections.namedtuple("Point", ["x", "y"])
 
+# The dtypes JAX gives Python scalars, and their short names in messages: 64-bit
+# under `jax_enable_x64`, 32-bit otherwise (the suite runs in both modes).
+INT = jax.dtypes.canonicalize_dtype(jnp.int64)
+FLOAT = jax.dtypes.canonicalize_dtype(jnp.float64)
+I_NAME, F_NAME = f"i{INT.itemsize * 8}", f"f{FLOAT.itemsize * 8}"
+
 
 @jtu.register_dataclass
 @dataclasses.dataclass
@@ -33,13 +39,13 @@ def _mesh(kind=jax.sharding.AxisType.Explicit):
 
 def _sample_tree():
     return {
-        "params": Params(jnp.ones((2, 3)), jnp.zeros(3, jnp.bfloat16)),
+        "params": Params(jnp.ones((2, 3), jnp.float32), jnp.zeros(3, jnp.bfloat16)),
         "opt": (Point(jnp.zeros(4, jnp.float16), 1.0), [jnp.int8(1), 3]),
         "key": jax.random.key(0),
         "rbg": jax.random.split(jax.random.key(1, impl="rbg"), 2),
         "flag": True,
         "name": "model",
-        "empty": jnp.zeros((0, 5)),
+        "empty": jnp.zeros((0, 5), jnp.float32),
     }
 
 
@@ -62,16 +68,17 @@ def test_members():
         "['rbg']",
     )
     assert s.leaves[3] == "model"
-    assert s.leaves[5] == jax.ShapeDtypeStruct((), jnp.float32, weak_type=True)
+    assert s.leaves[5] == jax.ShapeDtypeStruct((), FLOAT, weak_type=True)
     assert s.tree["params"] == Params(
         jax.ShapeDtypeStruct((2, 3), jnp.float32), jax.ShapeDtypeStruct((3,), jnp.bfloat16)
     )
     assert s.tree == jax.eval_shape(lambda t: t, {k: v for k, v in _sample_tree().items() if k != "name"}) | {
         "name": "model"
     }
-    # size: one element per key; nbytes: bytes of the key data (threefry 2 x u32, rbg 4 x u32).
+    # size: one element per key; nbytes: bytes of the key data (threefry 2 x u32, rbg 4 x u32),
+    # and the Python scalars 1.0 and 3 as wide as the mode's defaults.
     assert s.size == 0 + 1 + 1 + 4 + 1 + 1 + 1 + 6 + 3 + 2
-    assert s.nbytes == 0 + 1 + 8 + 8 + 4 + 1 + 4 + 24 + 6 + 2 * 16
+    assert s.nbytes == 0 + 1 + 8 + 8 + FLOAT.itemsize + 1 + INT.itemsize + 24 + 6 + 2 * 16
 
 
 def test_nbytes_matches_jax_arrays():
@@ -85,14 +92,14 @@ def test_nbytes_matches_jax_arrays():
 
 
 def test_repr_is_one_line():
-    s = ts.structure_of({"w": jnp.zeros((2, 3)), "b": jnp.zeros(3)})
+    s = ts.structure_of({"w": jnp.zeros((2, 3), jnp.float32), "b": jnp.zeros(3, jnp.float32)})
     assert repr(s) == "Structure({'b': f32[3], 'w': f32[2,3]}, 2 leaves, 36 B)"
     long = ts.structure_of([jax.ShapeDtypeStruct((i,), jnp.float32) for i in range(100)])
     assert "\n" not in repr(long) and len(repr(long)) < 200 and "100 leaves" in repr(long)
 
 
 def test_immutable():
-    s = ts.structure_of({"w": jnp.zeros(2)})
+    s = ts.structure_of({"w": jnp.zeros(2, jnp.float32)})
     for name in ["treedef", "leaves", "paths", "tree", "size", "nbytes", "_treedef", "_leaves", "other"]:
         with pytest.raises(AttributeError, match="immutable"):
             setattr(s, name, None)
@@ -340,8 +347,14 @@ def test_zeros_under_jit_add_no_runtime_op():
 
 # -- comparing ----------------------------------------------------------------
 def test_diff_reports_every_leaf_difference_by_path():
-    s = ts.structure_of({"w": jnp.zeros((2, 3)), "b": jnp.zeros(3), "n": 1.0, "s": "relu"})
-    actual = {"w": jnp.zeros((3, 2), jnp.bfloat16), "b": jnp.zeros(3), "n": jnp.float32(1), "s": "gelu"}
+    s = ts.structure_of({"w": jnp.zeros((2, 3), jnp.float32), "b": jnp.zeros(3, jnp.float32), "n": 1.0, "s": "relu"})
+    # "n": a strong array of the dtype JAX gives the Python float 1.0: only the weak flag differs.
+    actual = {
+        "w": jnp.zeros((3, 2), jnp.bfloat16),
+        "b": jnp.zeros(3, jnp.float32),
+        "n": jnp.asarray(1, FLOAT),
+        "s": "gelu",
+    }
     assert s.diff(actual) == [
         ts.Mismatch("tree['n']", "weak_type", True, False),
         ts.Mismatch("tree['s']", "structure", "the static value 'relu'", "the static value 'gelu'"),
@@ -349,32 +362,33 @@ def test_diff_reports_every_leaf_difference_by_path():
         ts.Mismatch("tree['w']", "dtype", jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)),
     ]
     assert not s.matches(actual)
-    assert s.matches({"w": jnp.ones((2, 3)), "b": np.ones(3, np.float32), "n": 5.0, "s": "relu"})
+    assert s.matches({"w": jnp.ones((2, 3), jnp.float32), "b": np.ones(3, np.float32), "n": 5.0, "s": "relu"})
     assert s.diff(ts.structure_of(actual)) == s.diff(actual)  # a Structure is accepted too
 
 
 def test_diff_reports_missing_extra_and_different_nodes():
+    f32 = lambda n: jnp.zeros(n, jnp.float32)
     s = ts.structure_of(
         {
-            "a": jnp.zeros(2),
-            "b": {"c": 1, "d": jnp.zeros(1)},
-            "t": (jnp.zeros(1), jnp.zeros(2)),
-            "p": Point(jnp.zeros(1), jnp.zeros(1)),
-            "l": [jnp.zeros(1), jnp.zeros(2)],
+            "a": f32(2),
+            "b": {"c": 1, "d": f32(1)},
+            "t": (f32(1), f32(2)),
+            "p": Point(f32(1), f32(1)),
+            "l": [f32(1), f32(2)],
         }
     )
     actual = {
-        "b": {"d": jnp.zeros(5), "e": 2.0},
-        "t": [jnp.zeros(1), jnp.zeros(2)],
-        "p": {"x": jnp.zeros(1), "y": jnp.zeros(1)},
-        "l": [jnp.zeros(1), jnp.zeros(2, jnp.int32), jnp.zeros(3)],
+        "b": {"d": f32(5), "e": 2.0},
+        "t": [f32(1), f32(2)],
+        "p": {"x": f32(1), "y": f32(1)},
+        "l": [f32(1), jnp.zeros(2, jnp.int32), f32(3)],
         "z": "extra",
     }
     assert s.diff(actual) == [
         ts.Mismatch("tree['a']", "structure", "f32[2]", None),
-        ts.Mismatch("tree['b']['c']", "structure", "~i32[]", None),
+        ts.Mismatch("tree['b']['c']", "structure", f"~{I_NAME}[]", None),
         ts.Mismatch("tree['b']['d']", "shape", (1,), (5,)),
-        ts.Mismatch("tree['b']['e']", "structure", None, "~f32[]"),
+        ts.Mismatch("tree['b']['e']", "structure", None, f"~{F_NAME}[]"),
         ts.Mismatch("tree['l'][1]", "dtype", jnp.dtype(jnp.float32), jnp.dtype(jnp.int32)),
         ts.Mismatch("tree['l'][2]", "structure", None, "f32[3]"),
         ts.Mismatch("tree['p']", "structure", "a Point with 2 children", "a dict with keys ['x', 'y']"),
@@ -384,15 +398,14 @@ def test_diff_reports_missing_extra_and_different_nodes():
 
 
 def test_diff_leaf_count_and_node_vs_leaf():
-    s = ts.structure_of([jnp.zeros(1), jnp.zeros(2)])
-    assert s.diff([jnp.zeros(1)]) == [ts.Mismatch("tree[1]", "structure", "f32[2]", None)]
-    assert s.diff(jnp.zeros(2)) == [ts.Mismatch("tree", "structure", "a list with 2 children", "f32[2]")]
+    f32 = lambda n: jnp.zeros(n, jnp.float32)
+    s = ts.structure_of([f32(1), f32(2)])
+    assert s.diff([f32(1)]) == [ts.Mismatch("tree[1]", "structure", "f32[2]", None)]
+    assert s.diff(f32(2)) == [ts.Mismatch("tree", "structure", "a list with 2 children", "f32[2]")]
     assert s.diff(None) == [ts.Mismatch("tree", "structure", "a list with 2 children", "None")]
-    assert ts.structure_of(jnp.zeros(2)).diff([jnp.zeros(2)]) == [
-        ts.Mismatch("tree", "structure", "f32[2]", "a list with 1 child")
-    ]
+    assert ts.structure_of(f32(2)).diff([f32(2)]) == [ts.Mismatch("tree", "structure", "f32[2]", "a list with 1 child")]
     assert ts.structure_of(Point(1, 2)).diff(Point(1, (2, 3))) == [
-        ts.Mismatch("tree.y", "structure", "~i32[]", "a tuple with 2 children")
+        ts.Mismatch("tree.y", "structure", f"~{I_NAME}[]", "a tuple with 2 children")
     ]
     p = ts.structure_of(Params(jnp.zeros(2), jnp.zeros(2)))
     assert p.diff(Params(jnp.zeros(2), jnp.zeros(2), act="gelu")) == [
@@ -422,8 +435,11 @@ def test_diff_vma_inside_shard_map():
 
 
 def test_check_raises_one_error_listing_every_mismatch():
-    s = ts.structure_of({"w": jnp.zeros((2, 3)), "b": jnp.zeros(3), "step": 0, "cfg": {"lr": 0.1}})
-    actual = {"w": jnp.zeros((2, 4), jnp.bfloat16), "step": jnp.int32(0), "cfg": {"lr": 0.1, "wd": 0.0}}
+    s = ts.structure_of(
+        {"w": jnp.zeros((2, 3), jnp.float32), "b": jnp.zeros(3, jnp.float32), "step": 0, "cfg": {"lr": 0.1}}
+    )
+    # "step": a strong array of the dtype JAX gives the Python int 0: only the weak flag differs.
+    actual = {"w": jnp.zeros((2, 4), jnp.bfloat16), "step": jnp.asarray(0, INT), "cfg": {"lr": 0.1, "wd": 0.0}}
     with pytest.raises(ts.StructureMismatchError) as info:
         s.check(actual)
     err = info.value
@@ -434,13 +450,16 @@ def test_check_raises_one_error_listing_every_mismatch():
     assert message.startswith("treeshape.Structure.check: the tree does not match; 5 differences:")
     for line in [
         "* tree['b']: missing; expected f32[3]. Add this entry.",
-        "* tree['cfg']['wd']: unexpected extra entry ~f32[]. Remove this entry.",
+        f"* tree['cfg']['wd']: unexpected extra entry ~{F_NAME}[]. Remove this entry.",
         "* tree['step']: expected a weakly typed leaf, got a strongly typed one.",
         "* tree['w']: expected shape (2, 3), got (2, 4). Make this leaf shape (2, 3).",
         "* tree['w']: expected dtype float32, got bfloat16. Convert it with `.astype(float32)`.",
     ]:
         assert line in message
-    assert s.check({"w": jnp.ones((2, 3)), "b": jnp.ones(3), "step": 5, "cfg": {"lr": 0.5}}) is None
+    assert (
+        s.check({"w": jnp.ones((2, 3), jnp.float32), "b": jnp.ones(3, jnp.float32), "step": 5, "cfg": {"lr": 0.5}})
+        is None
+    )
 
 
 def test_check_key_dtype_fix():
@@ -455,7 +474,7 @@ def test_check_key_dtype_fix():
 
 def test_check_single_mismatch_is_one_sentence():
     with pytest.raises(ts.StructureMismatchError, match=re.escape("tree[0]: expected dtype int32, got float32.")):
-        ts.structure_of([jnp.zeros(2, jnp.int32)]).check([jnp.zeros(2)])
+        ts.structure_of([jnp.zeros(2, jnp.int32)]).check([jnp.zeros(2, jnp.float32)])
 
 
 def test_check_inside_jit():
@@ -467,9 +486,9 @@ def test_check_inside_jit():
         assert not s.matches({"x": x[:2]})
         return x
 
-    f(jnp.ones(3))
+    f(jnp.ones(3, jnp.float32))
     with pytest.raises(ts.StructureMismatchError, match=re.escape("tree['x']: expected shape (3,), got (4,)")):
-        f(jnp.ones(4))
+        f(jnp.ones(4, jnp.float32))
 
 
 def test_mismatch_is_a_frozen_dataclass_with_a_sentence():

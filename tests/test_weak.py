@@ -8,6 +8,11 @@ import pytest
 import treeshape as ts
 
 
+# The dtypes JAX gives Python scalars: 64-bit under `jax_enable_x64`, 32-bit otherwise.
+INT = jax.dtypes.canonicalize_dtype(jnp.int64)
+FLOAT = jax.dtypes.canonicalize_dtype(jnp.float64)
+
+
 def _top(f, x):
     return f(x)
 
@@ -78,7 +83,7 @@ def test_strip_weak_type(where):
         out = ts.strip_weak_type(tree)
         assert ts.weak_paths(out) == []
         assert out["d"] == "static" and out["c"] is x
-        assert out["a"].dtype == jnp.float32 and out["b"].dtype == jnp.int32
+        assert out["a"].dtype == FLOAT and out["b"].dtype == INT  # the same dtypes, made strong
         sds = ts.strip_weak_type(jax.ShapeDtypeStruct((2,), jnp.float16, weak_type=True))
         assert sds == jax.ShapeDtypeStruct((2,), jnp.float16)
         return x + out["a"]
@@ -96,12 +101,12 @@ def test_strip_weak_type_gives_jit_one_signature():
         return x * 2
 
     f(jnp.asarray(1.0))  # weak
-    f(jnp.float32(1.0))  # strong: a second trace
+    f(jnp.asarray(1.0, FLOAT))  # strong, same dtype: a second trace
     assert compiles == 2
     compiles = 0
     g = jax.jit(lambda x: x * 2)
     cache_size = []
-    for value in (jnp.asarray(1.0), jnp.float32(2.0), 3.0, jnp.asarray(4.0)):
+    for value in (jnp.asarray(1.0), jnp.asarray(2.0, FLOAT), 3.0, jnp.asarray(4.0)):
         g(ts.strip_weak_type(value))
         cache_size.append(g._cache_size())
     assert cache_size == [1, 1, 1, 1]
@@ -142,17 +147,17 @@ def test_upcast_policies(value, target, needed, policy, where, promotion):
 
 
 def test_upcast_accepts_a_structure_and_keeps_matching_leaves():
-    params = {"w": jnp.ones(3, jnp.bfloat16), "b": jnp.zeros(3)}
-    target = ts.structure_of({"w": jnp.zeros(3), "b": jnp.zeros(3)})
+    params = {"w": jnp.ones(3, jnp.bfloat16), "b": jnp.zeros(3, jnp.float32)}
+    target = ts.structure_of({"w": jnp.zeros(3, jnp.float32), "b": jnp.zeros(3, jnp.float32)})
     out = ts.upcast(params, target, policy="promote")
     assert out["w"].dtype == jnp.float32 and out["b"] is params["b"]
     assert target.matches(out)
 
 
 def test_upcast_structure_and_shape_errors():
-    like = {"a": jnp.zeros(3), "b": jnp.zeros(2)}
+    like = {"a": jnp.zeros(3, jnp.float32), "b": jnp.zeros(2, jnp.float32)}
     with pytest.raises(ts.StructureMismatchError) as info:
-        ts.upcast({"a": jnp.zeros(4), "c": jnp.zeros(2)}, like, policy="cast")
+        ts.upcast({"a": jnp.zeros(4, jnp.float32), "c": jnp.zeros(2, jnp.float32)}, like, policy="cast")
     message = str(info.value)
     assert "tree['a']: expected shape (3,), got (4,)." in message
     assert "tree['b']: missing; expected f32[2]." in message
