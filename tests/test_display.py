@@ -192,3 +192,14 @@ def test_html_has_the_cells_of_the_text_table():
     assert "<td" in out and "[2,2]" in out and "bf16" in out and "key&lt;fry&gt;" in out
     assert "total: 8 leaves, 29 elements" in out and ">64 B<" in out
     assert s._repr_html_() == html_table(s)
+
+
+def test_treescope_renders_a_foldable_tree_of_compact_leaves():
+    import treescope  # a test extra: treeshape itself never imports it
+
+    s = ts.structure_of({"w": jnp.zeros((2, 3), jnp.float32), "act": "relu", "k": (0.5, [jnp.zeros(2, jnp.bfloat16)])})
+    text = treescope.render_to_text(s)
+    weak = "~f64[]" if jax.config.jax_enable_x64 else "~f32[]"
+    assert text.startswith("Structure(\n  tree={'act': 'relu', ")
+    assert "'w': f32[2,3]}" in text and f"'k': ({weak}, [bf16[2]])" in text
+    assert "leaves=4," in text and "object at 0x" not in text

@@ -190,6 +190,11 @@ class _Text:
     def __repr__(self) -> str:
         return self.text
 
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        from treescope import rendering_parts
+
+        return rendering_parts.text(self.text)
+
 
 _MAX_REPR = 120
 
@@ -445,6 +450,14 @@ class Structure:
         from ._display import html_table
 
         return html_table(self)
+
+    def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
+        """Render in treescope (when it is installed) as a foldable tree of compact leaves."""
+        from treescope import repr_lib
+
+        compact = jtu.tree_unflatten(self._treedef, [_Text(leaf_str(leaf)) for leaf in self._leaves])
+        summary = {"tree": compact, "leaves": len(self), "size": self.size, "nbytes": _Text(human_bytes(self.nbytes))}
+        return repr_lib.render_object_constructor(type(self), summary, path, subtree_renderer)
 
     def __repr__(self) -> str:
         try:
