@@ -20,8 +20,6 @@ from ._errors import StructureMismatchError, format_mismatches
 
 PyTree = Any
 
-_KINDS = ("structure", "shape", "dtype", "weak_type", "vma")
-
 
 @dataclasses.dataclass(frozen=True)
 class Mismatch:
