@@ -1,0 +1,132 @@
+"""Train steps that compile once: `settle`."""
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import jax
+import jax.tree_util as jtu
+import numpy as np
+
+from ._carry import Roles, _convert_init, _fixed_point, _sub_structure
+from ._infer import out_structure
+from ._structure import PyTree, Structure
+
+
+_FN_NAME: Final = "settle"
+# A train step's state: paths under `state`, the function is `step`, and, unlike a loop
+# carry, the weak flag follows the output (`jax.jit` keys on it) and every leaf becomes a
+# `jax.Array` (`jax.jit` keys Python and NumPy values apart from arrays).
+_STATE: Final = Roles(root="state", fn="step", init="state", weak_from_output=True, as_arrays=True)
+_PY_SCALARS: Final = (bool, int, float, complex)
+_ARRAYS: Final = (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic)
+
+
+def _new_state(out: Structure, treedef: jtu.PyTreeDef) -> Structure:
+    """The new state in `step`'s output: the whole output if it has the state's tree
+    structure, else the first element of a tuple or list."""
+    if out.treedef == treedef:
+        return out
+    node = None if jtu.treedef_is_leaf(out.treedef) else out.treedef.node_data()
+    if node is not None and node[0] in (tuple, list) and out.treedef.children():
+        return _sub_structure(out, 0)
+    raise TypeError(
+        f"treeshape.settle: `step` must return the new state (a pytree with the same structure as `state`), "
+        f"or a tuple or list whose first element is the new state, such as `(state, loss)`; but it returned "
+        f"{out!r}. Return the new state first."
+    )
+
+
+def _check_leaves(state: PyTree) -> None:
+    """Reject static leaves (a str, a callable) as `jax.jit` would, with the path."""
+    for x in jtu.tree_leaves(state):
+        if isinstance(x, _ARRAYS) or type(x) in _PY_SCALARS:
+            continue
+        try:
+            jax.typeof(x)
+        except TypeError:
+            flat, _ = jtu.tree_flatten_with_path(state)
+            path = next(jtu.keystr(p) for p, leaf in flat if leaf is x)
+            raise TypeError(
+                f"treeshape.settle: state{path} is a {type(x).__name__}, but a jitted step's state must "
+                "hold arrays or Python scalars only (jax.jit rejects other values). Keep static values "
+                "out of the state: close over them in `step`, or pass them as static arguments."
+            ) from None
+
+
+def settle(step: Callable[..., Any], state: PyTree, *args: Any, policy: str = "weak", **kwargs: Any) -> PyTree:
+    """Convert `state` to the type `step` maps to itself, so a jitted `step` compiles once.
+
+    A train step often returns its state with other types than it received:
+    optimizer moments that start `bfloat16` come back `float32`, a Python-int
+    step counter comes back a strong `int32`. `jax.jit(step)` then compiles a
+    second time on the second call, for the new types. `settle` finds the
+    state type that `step` maps to itself, as the loop carries do: it
+    evaluates `step` abstractly (through [treeshape.out_structure][], so no
+    FLOPs, cached, and safe under any transformation), joins each input leaf
+    with the output leaf under `policy`, and repeats until nothing changes
+    (one evaluation of `step` when `state` already is a fixed point). Then it
+    returns `state`'s values converted to that type.
+
+    Unlike a loop carry, a leaf whose only difference is its weak flag takes
+    the output's flag (`jax.jit` retraces when a weak type changes), and every
+    leaf of the result is a `jax.Array` (`jax.jit` also retraces when a Python
+    or NumPy scalar becomes an array).
+
+    Args:
+        step: The train step, `step(state, *args, **kwargs)`. It returns the
+            new state, or a tuple or list whose first element is the new state
+            (e.g. `(state, loss)`): the whole output is taken if its tree
+            structure equals `state`'s, else its first element.
+        state: The initial state: a pytree of arrays, tracers or Python
+            scalars (no static values, as for `jax.jit`).
+        *args: The other arguments of `step` (e.g. a batch): arrays,
+            `jax.ShapeDtypeStruct`s or anything `out_structure` accepts.
+        policy: Which leaves may change dtype to reach `step`'s type:
+
+            - `"weak"` (default): only weakly typed leaves (Python scalars,
+              weak arrays), to the dtype JAX's weak-type promotion gives;
+            - `"promote"`: also strong leaves, where
+              `jnp.promote_types(src, dst) == dst` (mixed precision:
+              `bfloat16` moments meeting `float32` gradients);
+            - `"cast"`: any leaf, to any dtype.
+        **kwargs: Keyword arguments of `step` (any name but `policy`).
+
+    Returns:
+        A pytree like `state`, of `jax.Array`s (or tracers) whose types `step`
+        returns unchanged.
+
+    Raises:
+        CarryMismatchError: no fixed point exists under `policy`; lists every
+            offending leaf by path under `state` (`state['opt'].mu['w']`),
+            its input and output types, and the fix.
+        TypeError: `step` is not callable, returns neither a state nor a
+            tuple or list starting with one, or `state` holds a static value.
+        ValueError: `policy` is unknown.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> def train_step(state, x):
+        ...     mu = 0.9 * state["mu"] + x  # bf16 meets f32: f32
+        ...     return {"mu": mu, "step": state["step"] + jnp.int32(1)}, mu.sum()
+        >>> state = {"mu": jnp.zeros(2, jnp.bfloat16), "step": 0}
+        >>> x = jnp.ones(2, jnp.float32)
+        >>> state = ts.settle(train_step, state, x, policy="promote")
+        >>> state
+        {'mu': Array([0., 0.], dtype=float32), 'step': Array(0, dtype=int32)}
+        >>> jitted = jax.jit(train_step)
+        >>> for _ in range(3):
+        ...     state, loss = jitted(state, x)  # one compilation for all three calls
+        >>> state["step"], loss
+        (Array(3, dtype=int32), Array(5.42, dtype=float32))
+    """
+    if not callable(step):
+        raise TypeError(f"treeshape.settle: `step` must be callable, got {type(step).__name__}.")
+    _check_leaves(state)
+    treedef = jtu.tree_structure(state)
+
+    def evaluate(current: PyTree) -> Structure:
+        return _new_state(out_structure(step, current, *args, **kwargs), treedef)
+
+    settled = _fixed_point(_FN_NAME, evaluate, state, policy, _STATE)
+    return _convert_init(state, settled, _FN_NAME, _STATE)
