@@ -65,3 +65,45 @@ def test_at_top_level():
     jax.shard_map(record, mesh=mesh, in_specs=jax.P("i"), out_specs=jax.P("i"))(x)
     assert seen == [False] * 6
     assert _compat.at_top_level()
+
+
+def test_tracing_context_changes_with_every_setting_that_changes_tracing():
+    base = _compat.tracing_context()
+    assert _compat.tracing_context() == base
+    for context in (
+        jax.enable_custom_prng(True),
+        jax.default_prng_impl("rbg"),
+        jax.legacy_prng_key("error"),
+        jax.debug_key_reuse(True),
+        jax.numpy_dtype_promotion("strict"),
+        jax.numpy_rank_promotion("raise"),
+        jax.enable_x64(not jax.config.jax_enable_x64),
+    ):
+        with context:
+            assert _compat.tracing_context() != base
+    assert _compat.tracing_context() == base
+    seen = []
+    jax.vmap(lambda x: seen.append(_compat.tracing_context()) or x, axis_name="i")(jnp.ones((2, 1)))
+    jax.vmap(lambda x: seen.append(_compat.tracing_context()) or x, axis_name="i")(jnp.ones((3, 1)))
+    jax.vmap(lambda x: seen.append(_compat.tracing_context()) or x, axis_name="j")(jnp.ones((2, 1)))
+    jax.vmap(lambda x: seen.append(_compat.tracing_context()) or x)(jnp.ones((2, 1)))
+    assert len({seen[0], seen[1], seen[2], base}) == 4
+    assert seen[3] == base  # an unnamed vmap axis cannot be referred to: not part of the context
+    hash(base)
+
+
+def test_abstractify_gives_one_aval_for_every_kind_of_array_input():
+    class Duck:
+        shape, dtype = (3,), np.dtype("float32")
+
+    avals = {
+        _compat.abstractify(x)
+        for x in (jnp.ones(3), np.ones(3, np.float32), jax.ShapeDtypeStruct((3,), jnp.float32), Duck())
+    }
+    assert avals == {jax.typeof(jnp.ones(3))}
+    weak = _compat.abstractify(jax.ShapeDtypeStruct((), jnp.float32, weak_type=True))
+    assert weak == jax.typeof(jnp.asarray(1.0)).update(dtype=jnp.float32) and weak.weak_type
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+    sharded = jax.ShapeDtypeStruct((8,), jnp.float32, sharding=jax.NamedSharding(mesh, jax.P("d")))
+    placed = jax.device_put(jnp.ones(8), jax.NamedSharding(mesh, jax.P("d")))
+    assert _compat.abstractify(sharded) == jax.typeof(placed) != jax.typeof(jnp.ones(8))

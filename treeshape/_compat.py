@@ -8,7 +8,7 @@ loudly there instead of silently elsewhere.
 from typing import Any
 
 import numpy as np
-from jax._src import core as _core
+from jax._src import config as _config, core as _core
 from jax._src.lax import lax as _lax
 
 
@@ -31,3 +31,35 @@ def at_top_level() -> bool:
     device placement (under a trace the value is a compile-time constant).
     """
     return bool(_core.trace_state_clean())
+
+
+def tracing_context() -> tuple[Any, ...]:
+    """Every setting that changes what tracing the same function on the same
+    inputs gives: JAX's own trace-context key, plus the PRNG settings it omits.
+
+    `jax.jit` keys its tracing cache on `config.trace_context()` (x64 and
+    explicit-x64 policy, dtype and rank promotion, key-reuse checking, the
+    mesh and abstract-mesh contexts, and the named axes in scope: `vmap` axis
+    names and sizes). There is no public equivalent. The PRNG settings below
+    change what `jax.random` returns under a trace too (a typed key under
+    `jax_enable_custom_prng`, another key shape for another default
+    implementation, an error under `jax_legacy_prng_key="error"`) but are not
+    part of that key, so they are added here.
+    """
+    return (
+        _config.trace_context(),
+        _config.enable_custom_prng.value,
+        _config.default_prng_impl.value,
+        _config.legacy_prng_key.value,
+    )
+
+
+def abstractify(x: Any) -> Any:
+    """The abstract value JAX traces for an array-like input: the same function
+    `jax.eval_shape` applies to arrays, NumPy arrays, `ShapeDtypeStruct`s and
+    duck arrays (shape, canonical dtype, weak type, sharding, manual axes).
+
+    `jax.typeof` is its public counterpart but rejects `ShapeDtypeStruct`s;
+    keying the cache on exactly what tracing sees makes those inputs one entry.
+    """
+    return _core.shaped_abstractify(x)

@@ -1,20 +1,17 @@
 """`out_structure`, `structure_of` and the cache behind them."""
 
-import collections
 import functools as ft
-import sys
-import threading
 import types
-import weakref
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from . import _compat
+from . import _cache, _compat
+from ._cache import CACHE, CacheInfo, Key, static_key
 from ._structure import PyTree, Structure
 
 
@@ -82,43 +79,22 @@ def _scalar_key(x: Any) -> Any:
     return cls
 
 
-_OBJECT_HASH: Any = object.__hash__
-_OBJECT_EQ: Any = object.__eq__
-
-
-class _Unhashable(Exception):
-    """A static value cannot be part of a cache key."""
-
-
-def _static_key(x: Any, refs: list[Any]) -> Any:
-    """A hashable stand-in for a static value that keeps no strong reference
-    to callables or to objects compared by identity.
-
-    Such objects are keyed by a weak reference (which hashes and compares as
-    its referent while it lives) and appended to `refs`, so that the entry is
-    dropped when they die. Values compared by equality (numbers, strings,
-    enums, tuples) are keyed by themselves.
-    """
-    cls = type(x)
-    if cls is types.MethodType:
-        return (types.MethodType, _static_key(x.__func__, refs), _static_key(x.__self__, refs))
-    if callable(x) or (cls.__hash__ is _OBJECT_HASH and cls.__eq__ is _OBJECT_EQ):
-        try:
-            ref = weakref.ref(x)
-        except TypeError:
-            pass
-        else:
-            refs.append(x)
-            return ref
-    try:
-        hash(x)
-    except TypeError:
-        raise _Unhashable from None
-    return (cls, x)
+def _as_abstract(x: Any) -> jax.ShapeDtypeStruct:
+    """A duck array as the `ShapeDtypeStruct` JAX would see (its `.sharding`
+    kept only if it is a JAX sharding)."""
+    sharding = getattr(x, "sharding", None)
+    if not isinstance(sharding, jax.sharding.Sharding):
+        sharding = None
+    return jax.ShapeDtypeStruct(
+        tuple(x.shape), x.dtype, weak_type=bool(getattr(x, "weak_type", False)), sharding=sharding
+    )
 
 
 def _call_key(leaves: list[Any], concrete_scalars: bool, refs: list[Any]) -> list[Any]:
-    """Per-leaf cache keys: abstract values for arrays, values for the rest."""
+    """Per-leaf key parts: the abstract value JAX traces for an array-like leaf
+    (so an array, a NumPy array, a ShapeDtypeStruct and a duck array of one
+    type share them), Python scalars by type (or value, when passed
+    concrete), static values as `_cache.static_key` says."""
     out = []
     for x in leaves:
         kind = _kind_of(type(x))
@@ -126,14 +102,12 @@ def _call_key(leaves: list[Any], concrete_scalars: bool, refs: list[Any]) -> lis
             out.append(x.aval)
         elif kind == _SCALAR:
             out.append((type(x), x) if concrete_scalars else _scalar_key(x))
-        elif kind == _NUMPY and _jax_dtype(x.dtype):
-            out.append((np.ndarray, np.shape(x), x.dtype))
-        elif kind == _SDS:
-            out.append(x)
+        elif kind == _SDS or (kind == _NUMPY and _jax_dtype(x.dtype)):
+            out.append(_compat.abstractify(x))
         elif kind == _OTHER and _is_duck_array(x):
-            out.append((_OTHER, tuple(x.shape), x.dtype, getattr(x, "weak_type", False), getattr(x, "sharding", None)))
+            out.append(_compat.abstractify(_as_abstract(x)))
         else:
-            out.append(_static_key(x, refs))
+            out.append(static_key(x, refs))
     return out
 
 
@@ -175,98 +149,6 @@ def _split_callable(fn: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[
 
 
 # -- the cache -----------------------------------------------------------------
-class CacheInfo(NamedTuple):
-    """Statistics of the `out_structure` cache."""
-
-    hits: int
-    misses: int
-    size: int
-    maxsize: int
-
-
-class _Key:
-    """A cache key that hashes its (long) tuple once."""
-
-    __slots__ = ("items", "hash")
-
-    def __init__(self, items: tuple[Any, ...]) -> None:
-        self.items = items
-        self.hash = hash(items)
-
-    def __hash__(self) -> int:
-        return self.hash
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Key) and self.hash == other.hash and self.items == other.items
-
-
-class _Cache:
-    """A thread-safe LRU map that forgets entries whose objects die."""
-
-    def __init__(self, maxsize: int) -> None:
-        self.maxsize = maxsize
-        # key -> (structure, weakref guards, the stored key: moved by identity on a hit)
-        self._entries: collections.OrderedDict[_Key, tuple[Structure, list[Any], _Key]] = collections.OrderedDict()
-        self._lock = threading.Lock()
-        self._dead: list[Any] = []  # filled by weakref callbacks, purged under the lock
-        self.hits = 0
-        self.misses = 0
-
-    def _purge(self) -> None:
-        while self._dead:
-            self._entries.pop(self._dead.pop(), None)
-
-    def get(self, key: _Key) -> Structure | None:
-        with self._lock:
-            self._purge()
-            entry = self._entries.get(key)
-            if entry is None:
-                self.misses += 1
-                return None
-            self._entries.move_to_end(entry[2])  # found by identity: no second key comparison
-            self.hits += 1
-            return entry[0]
-
-    def put(self, key: _Key, value: Structure, objects: list[Any]) -> None:
-        dead = self._dead
-
-        def forget(_: Any) -> None:
-            dead.append(key)
-
-        guards = [weakref.ref(obj, forget) for obj in objects]
-        with self._lock:
-            self._purge()
-            self._entries[key] = (value, guards, key)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.maxsize:
-                self._entries.popitem(last=False)
-
-    def resize(self, maxsize: int) -> int:
-        with self._lock:
-            old, self.maxsize = self.maxsize, maxsize
-            while len(self._entries) > maxsize:
-                self._entries.popitem(last=False)
-            return old
-
-    def miss(self) -> None:
-        with self._lock:
-            self.misses += 1
-
-    def info(self) -> CacheInfo:
-        with self._lock:
-            self._purge()
-            return CacheInfo(self.hits, self.misses, len(self._entries), self.maxsize)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._dead.clear()
-            self.hits = self.misses = 0
-
-
-_CACHE = _Cache(maxsize=4096)
-
-
 def cache_info() -> CacheInfo:
     """Return the `out_structure` cache statistics `(hits, misses, size, maxsize)`.
 
@@ -280,7 +162,7 @@ def cache_info() -> CacheInfo:
         >>> ts.cache_info()
         CacheInfo(hits=1, misses=1, size=1, maxsize=4096)
     """
-    return _CACHE.info()
+    return CACHE.info()
 
 
 def clear_cache() -> None:
@@ -292,7 +174,7 @@ def clear_cache() -> None:
         >>> ts.cache_info().size
         0
     """
-    _CACHE.clear()
+    CACHE.clear()
 
 
 def set_cache_maxsize(maxsize: int) -> int:
@@ -302,19 +184,7 @@ def set_cache_maxsize(maxsize: int) -> int:
     """
     if not isinstance(maxsize, int) or maxsize < 0:
         raise ValueError(f"treeshape: the cache maxsize must be an int >= 0, got {maxsize!r}")
-    return _CACHE.resize(maxsize)
-
-
-def _context_key() -> tuple[Any, ...]:
-    # Settings that change what the same function returns (or whether it
-    # raises) for the same inputs.
-    return (
-        jax.enable_x64.value,
-        jax.numpy_dtype_promotion.value,
-        jax.numpy_rank_promotion.value,
-        jax.default_prng_impl.value,
-        jax.sharding.get_abstract_mesh(),
-    )
+    return CACHE.resize(maxsize)
 
 
 # -- inference -----------------------------------------------------------------
@@ -358,9 +228,18 @@ def _evaluate(
 
     Python scalars among the first `n_concrete` leaves are passed concrete.
     """
-    leaves = bound_leaves + call_leaves
+    leaves = [
+        _as_abstract(x) if _kind_of(type(x)) == _OTHER and _is_duck_array(x) else x for x in bound_leaves + call_leaves
+    ]
     abstract = [_is_abstract(x, i < n_concrete) for i, x in enumerate(leaves)]
     _check_inputs(leaves, abstract, treedef)
+    if type(core) is _JITTED and not bound_leaves and treedef.children()[0] == _EMPTY_BOUND:
+        # A jitted function on its own: exactly `jax.eval_shape`, which asks the
+        # jitted function for its output info (so its `out_shardings` show).
+        (args, kwargs) = jtu.tree_unflatten(treedef, leaves)[1]
+        out = jax.eval_shape(core, *args, **kwargs)
+        out_leaves, out_treedef = jtu.tree_flatten(out)
+        return Structure(out_treedef, tuple(out_leaves))
     dynamic = [x for x, a in zip(leaves, abstract, strict=True) if a]
     out_info: list[Any] = []
 
@@ -378,10 +257,15 @@ def _evaluate(
                 traced_out.append(x)
             else:  # a ShapeDtypeStruct describes itself; other leaves are static
                 descriptions.append(x)
-        out_info[:] = [out_treedef, descriptions]
-        return traced_out
+        # Checked while the trace is alive, and nothing that holds a tracer is
+        # kept: it must not outlive the trace (the leak checker would see it).
+        escapes = _tracer_escapes(out, out_treedef, descriptions)
+        out_info[:] = [escapes] if escapes else [out_treedef, descriptions]
+        return [] if escapes else traced_out
 
     shapes = iter(jax.eval_shape(traced, *dynamic))
+    if len(out_info) == 1:
+        _raise_escapes(out_info[0])
     out_treedef, descriptions = out_info
     return Structure(out_treedef, tuple(next(shapes) if d is _TRACED else d for d in descriptions))
 
@@ -391,58 +275,46 @@ _EMPTY_BOUND = jtu.tree_structure(((), {}))
 _JITTED: type = type(jax.jit(lambda: None))
 
 
-# -- what an entry may hold strongly ------------------------------------------------
-def _importable(fn: Any) -> bool:
-    """True for a callable reachable as `module.qualname`: it lives as long as its module."""
-    module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    qualname = getattr(fn, "__qualname__", None)
-    if module is None or not isinstance(qualname, str) or "<" in qualname:
-        return False
-    obj: Any = module
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    return obj is fn
+def _tracer_escapes(out: Any, treedef: jtu.PyTreeDef, descriptions: list[Any]) -> list[str]:
+    """Where a static output leaf or node data holds a tracer (an attribute, a
+    closure cell, a generator frame...), which would escape the trace."""
+    suspects = [
+        i
+        for i, d in enumerate(descriptions)
+        if d is not _TRACED and not isinstance(d, jax.ShapeDtypeStruct) and not _cache.is_plain(d)
+    ]
+    found = [i for i in suspects if _cache.holds_tracer(descriptions[i])]
+    where = []
+    if found:
+        paths = [jtu.keystr(path) for path, _ in jtu.tree_flatten_with_path(out)[0]]
+        where += [f"the output leaf {paths[i] or '(the whole output)'}" for i in found]
+    if not _cache.treedef_is_plain(treedef):
+        where += [f"the static data of the output node {node}" for node in _nodes_holding_tracers(out)]
+    return where
 
 
-def _safe_to_hold(x: Any) -> bool:
-    """Whether a cache entry may keep `x` alive: no tracer, no user function
-    (a lambda, closure, local function, partial or bound method), looking
-    inside containers. Classes and module-level functions live anyway."""
-    if isinstance(x, jax.core.Tracer):
-        return False
-    if isinstance(x, (tuple, list, frozenset, set)):
-        return all(_safe_to_hold(y) for y in x)
-    if isinstance(x, dict):
-        return all(_safe_to_hold(k) and _safe_to_hold(v) for k, v in x.items())
-    if callable(x) and not isinstance(x, type):
-        return _importable(x)
-    return True
-
-
-def _treedef_safe_to_hold(treedef: jtu.PyTreeDef) -> bool:
-    """Whether `treedef`'s node data (a `Partial`'s function, a dataclass's
-    static fields, ...) may be kept alive by the cache."""
-    stack = [treedef]
+def _nodes_holding_tracers(out: Any) -> list[str]:
+    """`type at path` for each node of `out` whose static data holds a tracer."""
+    found = []
+    stack: list[tuple[str, Any]] = [("", out)]
     while stack:
-        td = stack.pop()
-        if jtu.treedef_is_leaf(td):
+        path, node = stack.pop()
+        try:
+            keyed, aux = jtu.flatten_one_level_with_keys(node)
+        except ValueError:  # a leaf
             continue
-        node_type, aux = td.node_data()
-        if node_type not in _PLAIN_NODES and not _safe_to_hold(aux):
-            return False
-        stack.extend(td.children())
-    return True
+        if _cache.holds_tracer(aux):
+            found.append(f"{type(node).__name__} at {path or '(the root)'}")
+        stack.extend((path + jtu.keystr((key,)), child) for key, child in reversed(list(keyed)))
+    return found
 
 
-_PLAIN_NODES: frozenset[type] = frozenset({tuple, list, dict, type(None), collections.OrderedDict})
-
-
-def _entry_safe_to_hold(treedefs: tuple[jtu.PyTreeDef, ...], structure: Structure) -> bool:
-    """A result is cached only if its key's treedefs and its own treedef and
-    static leaves hold no tracer and keep no user function alive."""
-    if not all(_treedef_safe_to_hold(td) for td in (*treedefs, structure.treedef)):
-        return False
-    return all(_safe_to_hold(leaf) for leaf in structure.leaves if not isinstance(leaf, jax.ShapeDtypeStruct))
+def _raise_escapes(where: list[str]) -> None:
+    raise TypeError(
+        f"treeshape.out_structure: {', '.join(where)} holds a JAX tracer (in an attribute, a closure cell or a "
+        "generator), which would escape the trace; `jax.eval_shape` rejects it too. Return arrays as pytree "
+        "leaves instead (register the class as a pytree node), and results rather than closures over traced values."
+    )
 
 
 def _out_structure(
@@ -464,33 +336,44 @@ def _out_structure(
     # passed to it concrete (and keyed by value), so its static arguments work.
     jitted = type(core) is _JITTED
     refs: list[Any] = []
+    key: Key | None = None
+    hit = None
     try:
-        key: _Key | None = _Key(
+        key = Key(
             (
-                _static_key(core, refs),
+                static_key(core, refs),
                 bound_treedef,
                 call_treedef,
                 *_call_key(bound_leaves, True, refs),
                 *_call_key(call_leaves, jitted, refs),
-                _context_key(),
+                _cache.context_key(),
             )
         )
-    except (_Unhashable, TypeError):
+        hit = CACHE.get(key)
+    except Exception:  # Uncacheable, or a user object's __hash__/__eq__ (in node data) failing
         key = None
-    if key is not None:
-        hit = _CACHE.get(key)
-        if hit is not None:
-            return hit, call_leaves
-    else:
-        _CACHE.miss()
+        CACHE.miss()
+    if hit is not None:
+        return hit, call_leaves
     n_concrete = len(bound_leaves)
     if jitted:
         n_concrete += len(call_leaves)
     treedef = jtu.treedef_tuple((bound_treedef, call_treedef))
     structure = _evaluate(core, n_concrete, bound_leaves, call_leaves, treedef)
-    if key is not None and _entry_safe_to_hold((bound_treedef, call_treedef), structure):
-        _CACHE.put(key, structure, refs)
+    if key is not None and _may_hold(bound_treedef, call_treedef, structure):
+        CACHE.put(key, structure, refs)
     return structure, call_leaves
+
+
+def _may_hold(bound_treedef: jtu.PyTreeDef, call_treedef: jtu.PyTreeDef, structure: Structure) -> bool:
+    """Whether an entry may keep its key's treedefs and its result alive:
+    only if their node data and static leaves are plain data."""
+    return (
+        _cache.treedef_is_plain(bound_treedef)
+        and _cache.treedef_is_plain(call_treedef)
+        and _cache.treedef_is_plain(structure.treedef)
+        and all(isinstance(leaf, jax.ShapeDtypeStruct) or _cache.is_plain(leaf) for leaf in structure.leaves)
+    )
 
 
 def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Structure:
@@ -511,16 +394,21 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
     weak arrays and other non-array leaves are kept as static leaves.
 
     Results are cached (LRU, 4096 entries): a repeated call with the same
-    callable and the same abstract inputs is answered without tracing. A
-    `functools.partial` or `jax.tree_util.Partial` rebuilt on every call hits
-    the cache when its function, its bound Python values (compared by
-    equality, passed to `fn` concrete) and the abstract values of its bound
-    arrays match. Unhashable static values bypass the cache. The cache holds
-    no tracer and no strong reference to your functions: functions and
-    identity-compared objects are keyed by weak reference, and a result that
-    would keep a local function alive (one returned as a static output leaf,
-    or held as node data such as a `Partial` argument's function) is not
-    cached.
+    callable and the same abstract inputs, in the same context, is answered
+    without tracing, and the answer is exactly what `jax.eval_shape` gives
+    there. The key covers the abstract inputs (an array, a NumPy array and a
+    `ShapeDtypeStruct` of one type are one input), static values by type and
+    value, every JAX setting that changes tracing (x64, promotion modes, PRNG
+    settings, ...), the abstract mesh and the named axes in scope (`vmap`
+    axis names and sizes, `shard_map` manual axes). A `functools.partial` or
+    `jax.tree_util.Partial` rebuilt on every call hits the cache when its
+    function, its bound Python values (passed to `fn` concrete) and the
+    abstract values of its bound arrays match. The cache keeps nothing alive:
+    functions and objects that are not plain data are keyed by weak
+    reference, and a call whose inputs or outputs cannot be keyed or held
+    that way simply traces. Answers are cached by inputs: a function that
+    reads mutable state needs [treeshape.clear_cache][] after the state
+    changes.
 
     A `jax.jit`-wrapped `fn` receives Python scalars concrete, so its
     `static_argnums`/`static_argnames` work; `jit` abstracts the others
@@ -539,7 +427,8 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
         `jax.ShapeDtypeStruct` (or static value) per output leaf.
 
     Raises:
-        TypeError: `fn` is not callable.
+        TypeError: `fn` is not callable, or a static output leaf (an object,
+            a closure, a generator) holds a tracer, which would escape.
         OverflowError: a Python int argument does not fit JAX's int type.
 
     Errors raised by `fn` itself propagate unchanged.

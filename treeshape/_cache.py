@@ -1,0 +1,304 @@
+"""The `out_structure` cache: keys that are never wrong, entries that keep nothing alive.
+
+A key is built from three kinds of parts:
+
+- *values* for what is compared by equality: abstract values of array inputs,
+  and static values made of plain data (numbers, strings, bytes, `None`,
+  enums, classes, module-level functions, and tuples / frozensets /
+  namedtuples / frozen dataclasses of these). They may be held strongly:
+  they keep nothing alive that the user could free.
+- *weak identities* for every other object and every callable: the entry is
+  dropped when the object dies, and the object's own `__hash__`/`__eq__` is
+  never called.
+- the tracing context (`_compat.tracing_context`) and the abstract mesh.
+
+Anything that fits none of these (an object that cannot be weakly
+referenced, a treedef whose node data is not plain) makes the call
+uncacheable: it still works, it just traces.
+"""
+
+import builtins
+import collections
+import dataclasses
+import enum
+import gc
+import sys
+import threading
+import types
+import weakref
+from collections.abc import Hashable
+from typing import Any, Final, NamedTuple
+
+import jax
+import jax.tree_util as jtu
+import numpy as np
+
+from . import _compat
+from ._structure import Structure
+
+
+class Uncacheable(Exception):
+    """A part of the call cannot be part of a cache key."""
+
+
+class _Strong:
+    """A key part compared by identity that holds its object (classes,
+    enum members and module-level functions: they live as long as their module)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Strong and other.obj is self.obj
+
+
+class _WeakId:
+    """A key part compared by identity that does not keep its object alive."""
+
+    __slots__ = ("ref", "ident")
+
+    def __init__(self, ref: "weakref.ref[Any]", ident: int) -> None:
+        self.ref, self.ident = ref, ident
+
+    def __hash__(self) -> int:
+        return self.ident
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not _WeakId or other.ident != self.ident:
+            return False
+        obj = self.ref()
+        return obj is not None and obj is other.ref()
+
+
+# -- plain values ---------------------------------------------------------------
+_BY_VALUE: Final = frozenset({int, bool, str, bytes, type(None)})
+_MAX_DEPTH: Final = 32
+
+
+def _importable(fn: Any) -> bool:
+    """True for a callable reachable as `module.qualname`: it lives as long as its module."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    qualname = getattr(fn, "__qualname__", None)
+    if module is None or not isinstance(qualname, str) or "<" in qualname:
+        return False
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj is fn
+
+
+def plain_key(x: Any, depth: int = 0) -> Hashable | None:
+    """A key for `x` by type and value if `x` is plain data, else None.
+
+    Keys differ wherever the values could behave differently: `1`, `True` and
+    `1.0` are three keys, and so are `0.0` and `-0.0`. No user `__hash__` or
+    `__eq__` is called.
+    """
+    cls = type(x)
+    if cls in _BY_VALUE:
+        return (cls, x)
+    if cls is float:
+        return (float, x.hex())
+    if cls is complex:
+        return (complex, x.real.hex(), x.imag.hex())
+    if depth >= _MAX_DEPTH:
+        return None
+    if cls is tuple or cls is frozenset or (issubclass(cls, tuple) and hasattr(cls, "_fields")):
+        parts = []
+        for item in x:
+            key = plain_key(item, depth + 1)
+            if key is None:
+                return None
+            parts.append(key)
+        return (_Strong(cls), frozenset(parts) if cls is frozenset else tuple(parts))
+    if isinstance(x, (type, enum.Enum)):
+        return _Strong(x)
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is not None and params.frozen and params.eq and not isinstance(x, type):
+        try:
+            values = tuple(getattr(x, f.name) for f in dataclasses.fields(x))
+        except AttributeError:  # a field left unset
+            return None
+        key = plain_key(values, depth + 1)
+        return None if key is None else (_Strong(cls), key)
+    if callable(x) and _importable(x):
+        return _Strong(x)
+    return None
+
+
+def is_plain(x: Any) -> bool:
+    return plain_key(x) is not None
+
+
+def static_key(x: Any, refs: list[Any]) -> Hashable:
+    """The key part of a static value or callable.
+
+    Plain data is keyed by value; callables and other objects by weak identity
+    (appended to `refs`, so the entry dies with them).
+
+    Raises:
+        Uncacheable: `x` is neither plain nor weakly referenceable.
+    """
+    if type(x) is types.MethodType:  # made afresh on each attribute access: key its parts
+        return (types.MethodType, static_key(x.__func__, refs), static_key(x.__self__, refs))
+    callable_ = callable(x)
+    if not callable_:
+        key = plain_key(x)
+        if key is not None:
+            return key
+    try:
+        ref = weakref.ref(x)
+    except TypeError:
+        key = plain_key(x) if callable_ else None  # e.g. a NumPy ufunc
+        if key is None:
+            raise Uncacheable from None
+        return key
+    refs.append(x)
+    return _WeakId(ref, id(x))
+
+
+_PLAIN_NODES: Final = frozenset({tuple, list, dict, collections.OrderedDict})  # node data: keys
+
+
+def treedef_is_plain(treedef: jtu.PyTreeDef) -> bool:
+    """Whether every node's static data is plain (so the treedef may be held)."""
+    stack = [treedef]
+    while stack:
+        td = stack.pop()
+        data = td.node_data()
+        if data is None:  # a leaf
+            continue
+        if data[0] not in _PLAIN_NODES and plain_key(data[1]) is None:
+            return False
+        stack.extend(td.children())
+    return True
+
+
+# -- tracers hidden in outputs ---------------------------------------------------
+_LIMIT: Final = 10_000
+_BUILTINS: Final = vars(builtins)
+_OPAQUE: Final = (str, bytes, int, float, complex, type, types.ModuleType, types.CodeType, np.ndarray, jax.Array)
+
+
+def holds_tracer(x: Any) -> bool | None:
+    """Whether a tracer is reachable from `x` (an attribute, a closure cell, a
+    generator frame, a container...): True, False, or None when `x` reaches
+    more objects than can be searched."""
+    seen: set[int] = set()
+    stack = [x]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, jax.core.Tracer):
+            return True
+        if id(obj) in seen or isinstance(obj, _OPAQUE):
+            continue
+        if type(obj) is dict and ("__builtins__" in obj or obj is _BUILTINS):  # a module's globals
+            continue
+        seen.add(id(obj))
+        if len(seen) > _LIMIT:
+            return None
+        stack.extend(gc.get_referents(obj))
+    return False
+
+
+# -- the cache -----------------------------------------------------------------
+class CacheInfo(NamedTuple):
+    """Statistics of the `out_structure` cache."""
+
+    hits: int
+    misses: int
+    size: int
+    maxsize: int
+
+
+class Key:
+    """A cache key that hashes its (long) tuple once."""
+
+    __slots__ = ("items", "hash")
+
+    def __init__(self, items: tuple[Any, ...]) -> None:
+        self.items = items
+        self.hash = hash(items)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Key) and self.hash == other.hash and self.items == other.items
+
+
+def context_key() -> tuple[Any, ...]:
+    """Everything outside the arguments that can change a traced result."""
+    return (_compat.tracing_context(), jax.sharding.get_abstract_mesh())
+
+
+class Cache:
+    """A thread-safe LRU map that forgets entries whose objects die."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        # key -> (structure, weakref guards, the stored key: moved by identity on a hit)
+        self._entries: collections.OrderedDict[Key, tuple[Structure, list[Any], Key]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._dead: list[Any] = []  # filled by weakref callbacks, purged under the lock
+        self.hits = 0
+        self.misses = 0
+
+    def _purge(self) -> None:
+        while self._dead:
+            self._entries.pop(self._dead.pop(), None)
+
+    def get(self, key: Key) -> Structure | None:
+        with self._lock:
+            self._purge()
+            entry = self._entries.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(entry[2])  # found by identity: no second key comparison
+            self.hits += 1
+            return entry[0]
+
+    def put(self, key: Key, value: Structure, objects: list[Any]) -> None:
+        dead = self._dead
+
+        def forget(_: Any) -> None:
+            dead.append(key)
+
+        guards = [weakref.ref(obj, forget) for obj in objects]
+        with self._lock:
+            self._purge()
+            self._entries[key] = (value, guards, key)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.maxsize:
+                self._entries.popitem(last=False)
+
+    def resize(self, maxsize: int) -> int:
+        with self._lock:
+            old, self.maxsize = self.maxsize, maxsize
+            while len(self._entries) > maxsize:
+                self._entries.popitem(last=False)
+            return old
+
+    def miss(self) -> None:
+        with self._lock:
+            self.misses += 1
+
+    def info(self) -> CacheInfo:
+        with self._lock:
+            self._purge()
+            return CacheInfo(self.hits, self.misses, len(self._entries), self.maxsize)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._dead.clear()
+            self.hits = self.misses = 0
+
+
+CACHE = Cache(maxsize=4096)
