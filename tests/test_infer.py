@@ -501,3 +501,88 @@ def test_jax_errors_from_fn_keep_their_type():
         ts.out_structure(_user_fn_with_shape_error, jnp.ones((2, 3)))
     assert type(info.value) is type(expected.value)
     assert "_user_fn_with_shape_error" in _frames(info)
+
+
+# -- Python scalars a function needs as Python values ---------------------------------
+def _init(key, n, m):
+    return {"w": jax.random.normal(key, (n, m))}
+
+
+def _apply(v, x, *, train):
+    if train:
+        return x * 2
+    return x
+
+
+def _loop(x, steps):
+    for _ in range(steps):
+        x = x * 2
+    return x
+
+
+@pytest.mark.parametrize(
+    "call, error, named, bind",
+    [
+        (
+            lambda: ts.out_structure(_init, jax.random.key(0), 8, 32),
+            TypeError,
+            "args[1] = 8, args[2] = 32",
+            "n=8, m=32",
+        ),
+        (
+            lambda: ts.out_structure(_apply, {}, jnp.ones(2), train=True),
+            jax.errors.TracerBoolConversionError,
+            "kwargs['train'] = True",
+            "train=True",
+        ),
+        (
+            lambda: ts.out_structure(_loop, jnp.ones(2), 3),
+            jax.errors.TracerIntegerConversionError,
+            "args[1] = 3",
+            "steps=3",
+        ),
+    ],
+    ids=["shape", "flag", "loop_count"],
+)
+@pytest.mark.parametrize("wrap", ["top", "jit"])
+def test_a_needed_python_scalar_gets_a_note_naming_the_argument(call, error, named, bind, wrap):
+    def run():  # only text leaves the trace: the exception's frames hold tracers
+        with pytest.raises(error) as info:
+            call()
+        return type(info.value), str(info.value), list(info.value.__notes__)
+
+    if wrap == "top":
+        kind, message, notes = run()
+    else:
+        seen = []
+        jax.jit(lambda x: seen.append(run()) or x)(jnp.ones(1))
+        [(kind, message, notes)] = seen
+    assert kind is error  # the user's exception, not a treeshape wrapper
+    [note] = [n for n in notes if n.startswith("treeshape:")]
+    assert named in note and bind in note and "static_argnames" in note
+    for internal in ("treeshape/_infer", "function traced", "values[", "_evaluate"):
+        assert internal not in message + "\n".join(notes)  # JAX's message names the user's function too
+    assert "args[" in message or "kwargs[" in message
+
+
+def test_the_suggested_binding_works():
+    s = ts.out_structure(ft.partial(_init, n=8, m=32), jax.random.key(0))
+    assert s.tree == {"w": jax.ShapeDtypeStruct((8, 32), jnp.float32)}
+    s = ts.out_structure(jax.jit(_apply, static_argnames="train"), {}, jnp.ones(2), train=True)
+    assert s.tree == jax.ShapeDtypeStruct((2,), jnp.float32)
+
+
+def test_other_errors_get_no_note():
+    def bad(x, n):
+        raise ValueError("mine")
+
+    with pytest.raises(ValueError, match="mine") as info:
+        ts.out_structure(bad, jnp.ones(2), 3)
+    assert not [n for n in getattr(info.value, "__notes__", []) if n.startswith("treeshape:")]
+
+    def needs_concrete(x):
+        return jnp.zeros(x.sum().astype(int))  # no Python scalar to blame: no note
+
+    with pytest.raises(TypeError) as info:
+        ts.out_structure(needs_concrete, jnp.ones(2))
+    assert not [n for n in getattr(info.value, "__notes__", []) if n.startswith("treeshape:")]

@@ -1,6 +1,8 @@
 """`out_structure`, `structure_of` and the cache behind them."""
 
 import functools as ft
+import inspect
+import itertools
 import types
 from collections.abc import Callable
 from typing import Any
@@ -240,11 +242,10 @@ def _evaluate(
         out = jax.eval_shape(core, *args, **kwargs)
         out_leaves, out_treedef = jtu.tree_flatten(out)
         return Structure(out_treedef, tuple(out_leaves))
-    dynamic = [x for x, a in zip(leaves, abstract, strict=True) if a]
     out_info: list[Any] = []
 
-    def traced(*values: Any) -> list[Any]:
-        it = iter(values)
+    def traced(args: Any, kwargs: Any, bound: Any) -> list[Any]:
+        it = iter(jtu.tree_leaves((bound, args, kwargs)))
         full = [next(it) if a else x for x, a in zip(leaves, abstract, strict=True)]
         (bound, bound_kw), (args, kwargs) = jtu.tree_unflatten(treedef, full)
         out = core(*bound, *args, **{**bound_kw, **kwargs})
@@ -263,7 +264,23 @@ def _evaluate(
         out_info[:] = [escapes] if escapes else [out_treedef, descriptions]
         return [] if escapes else traced_out
 
-    shapes = iter(jax.eval_shape(traced, *dynamic))
+    # JAX's own messages then name the user's function and the arguments as
+    # they were passed (`args[1]`, `kwargs['train']`), not this wrapper.
+    traced.__wrapped__ = core  # type: ignore[attr-defined]
+    traced.__signature__ = _TRACED_SIGNATURE  # type: ignore[attr-defined]
+    try:
+        shapes = iter(jax.eval_shape(traced, *_dynamic_arguments(leaves, abstract, treedef, len(bound_leaves))))
+    except TypeError as e:  # JAX's concretization errors are TypeErrors
+        n = len(bound_leaves)
+        _note_abstract_scalars(
+            e,
+            core,
+            len(treedef.children()[0].children()[0].children()),
+            leaves[n:],
+            abstract[n:],
+            treedef.children()[1],
+        )
+        raise
     if len(out_info) == 1:
         _raise_escapes(out_info[0])
     out_treedef, descriptions = out_info
@@ -271,6 +288,90 @@ def _evaluate(
 
 
 _TRACED = object()
+_TRACED_SIGNATURE = inspect.Signature(
+    [inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY) for name in ("args", "kwargs", "bound")]
+)
+
+
+def _dynamic_arguments(
+    leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef, n_bound: int
+) -> tuple[Any, Any, Any]:
+    """The abstract leaves grouped as the call was written: a tuple over the
+    positional arguments and a dict over the keyword arguments (each the leaf
+    itself, or a list of an argument's abstract leaves), and a list of the
+    bound ones. Flattened, they give the abstract leaves in order."""
+    bound = [x for x, a in zip(leaves[:n_bound], abstract[:n_bound], strict=True) if a]
+    args_td, kwargs_td = treedef.children()[1].children()
+    it = iter(zip(leaves[n_bound:], abstract[n_bound:], strict=True))
+
+    def group(td: jtu.PyTreeDef) -> Any:
+        part = [x for x, a in itertools.islice(it, td.num_leaves) if a]
+        return part[0] if jtu.treedef_is_leaf(td) and part else part
+
+    args = tuple(group(td) for td in args_td.children())
+    kwargs = {key: group(td) for key, td in zip(kwargs_td.node_data()[1], kwargs_td.children(), strict=True)}
+    return args, kwargs, bound
+
+
+_SHAPE_ERROR = "Shapes must be 1D sequences of concrete values"  # JAX's TypeError for a traced shape
+_CONCRETIZATION_ERRORS = (
+    jax.errors.ConcretizationTypeError,  # also TracerBoolConversionError
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerArrayConversionError,
+)
+
+
+def _note_abstract_scalars(
+    error: BaseException,
+    core: Callable[..., Any],
+    n_bound: int,
+    leaves: list[Any],
+    abstract: list[bool],
+    call_treedef: jtu.PyTreeDef,
+) -> None:
+    """When `fn` needed a concrete value and got a tracer, name the Python
+    scalars that were passed abstractly and say how to keep them concrete."""
+    if not (isinstance(error, _CONCRETIZATION_ERRORS) or _SHAPE_ERROR in str(error)):
+        return
+    scalars = [i for i, (x, a) in enumerate(zip(leaves, abstract, strict=True)) if a and _kind_of(type(x)) == _SCALAR]
+    if not scalars:
+        return
+    flat, _ = jtu.tree_flatten_with_path(jtu.tree_unflatten(call_treedef, leaves))
+    named, bind = [], []
+    params = _parameter_names(core)
+    for i in scalars:
+        keys = flat[i][0]
+        root = "args" if keys[0] == jtu.SequenceKey(0) else "kwargs"
+        named.append(f"{root}{jtu.keystr(tuple(keys[1:]))} = {leaves[i]!r}")
+        if len(keys) == 2 and root == "kwargs":
+            bind.append(f"{keys[1].key}={leaves[i]!r}")
+        elif len(keys) == 2 and n_bound + keys[1].idx < len(params):
+            bind.append(f"{params[n_bound + keys[1].idx]}={leaves[i]!r}")
+    name = getattr(core, "__name__", None)
+    name = name if isinstance(name, str) and name.isidentifier() else "fn"
+    example = ", ".join(bind) if len(bind) == len(scalars) else "name=value"
+    error.add_note(
+        f"treeshape: Python scalars are abstract inputs (traced, like arrays): {', '.join(named)}. If {name} "
+        "needs one as a Python value (a size, a flag, a loop count), bind it so that it stays concrete: "
+        f"`ts.out_structure(functools.partial({name}, {example}), ...)` without it, or pass a jitted function "
+        f"that marks it static: `jax.jit({name}, static_argnames=...)`."
+    )
+
+
+def _parameter_names(fn: Any) -> list[str]:
+    """The names of `fn`'s leading parameters that can be passed by keyword."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    names = []
+    for p in parameters:
+        if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD:
+            break
+        names.append(p.name)
+    return names
+
+
 _EMPTY_BOUND = jtu.tree_structure(((), {}))
 _JITTED: type = type(jax.jit(lambda: None))
 
