@@ -176,7 +176,12 @@ def test_main_dotted_attribute_and_static_literal(capsys):
     ]
     assert main(["inspect", "cli_fixtures:echo", "'relu'", "--json"]) == 0
     [entry] = json.loads(capsys.readouterr().out)
-    assert entry == {**_entry("['args'][0]", None, None, None), "static": "'relu'"}
+    assert entry == {
+        **_entry("['args'][0]", None, None, None),
+        "static": "'relu'",
+        "type": "builtins:str",
+        "value": "relu",
+    }
     assert main(["inspect", "cli_fixtures:echo", "{'w': 1.0, 'n': (1, True)}", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == [
         _entry("['args'][0]['n'][0]", [], INT.name, weak_type=True),

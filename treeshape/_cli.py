@@ -210,23 +210,10 @@ def _arguments(specs: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
 
 
 def _as_json(structure: Any) -> list[dict[str, Any]]:
-    import jax
+    """The leaf records of `structure.to_json()` (its `"leaves"` array), built by the same code."""
+    from ._json import leaf_records
 
-    out: list[dict[str, Any]] = []
-    for path, leaf in zip(structure.paths, structure.leaves, strict=True):
-        if isinstance(leaf, jax.ShapeDtypeStruct):
-            out.append(
-                {
-                    "path": path,
-                    "shape": list(leaf.shape),
-                    "dtype": str(leaf.dtype),
-                    "weak_type": bool(leaf.weak_type),
-                }
-            )
-        else:  # a static leaf: no shape or dtype, its repr instead
-            entry = {"path": path, "shape": None, "dtype": None, "weak_type": None}
-            out.append({**entry, "static": repr(leaf)})
-    return out
+    return leaf_records(structure.paths, structure.leaves)
 
 
 def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:

@@ -1,0 +1,736 @@
+"""Structures as JSON text: `Structure.to_json` / `Structure.from_json`, and `treeshape inspect --json`.
+
+The document is one JSON object:
+
+```json
+{
+  "version": 1,
+  "treedef": [{"type": "dict", "keys": ["b", "w"]}, "*", "*"],
+  "leaves": [
+    {"path": "['b']", "shape": [3], "dtype": "float32", "weak_type": false},
+    {"path": "['w']", "shape": [2, 3], "dtype": "bfloat16", "weak_type": false}
+  ]
+}
+```
+
+`treedef` lists the nodes in pre-order, flat (no nesting, so no depth limit):
+`"*"` is a leaf, `null` is `None`, and a container is an object whose `type`
+is `list`/`tuple` (with `n` children), `dict`/`OrderedDict`/`defaultdict`
+(with its `keys`, and a defaultdict's `factory`), `namedtuple` (with `name`,
+`"module:qualname"`, and `n`) or `dataclass` (a dataclass registered as a
+pytree node: `jax.tree_util.register_dataclass`, chex or flax.struct; with
+`name`, `n` and its node data `aux`, which must be plain data). Other custom
+pytree nodes are refused: their node data cannot be checked when loading.
+
+`leaves` holds one record per leaf, in leaf order: an array leaf's `path`,
+`shape`, `dtype` and `weak_type`, plus `sharding` (a `NamedSharding`'s spec
+and abstract mesh) and `vma` (manual axes under `shard_map`) when it has them;
+a static leaf has `shape`, `dtype` and `weak_type` `null`, its `repr` as
+`static`, its type's `"module:qualname"` as `type`, and, for `str`, `int`,
+`float`, `bool` and `None`, the `value` itself. `treeshape inspect --json`
+prints exactly this list.
+
+Loading is safe for untrusted text: every field is checked and anything
+malformed raises `ValueError`; nothing is evaluated, and no module is
+imported (named types are looked up in modules already in `sys.modules`).
+This module does not import `_structure` (which calls it): it works on a
+treedef and a tuple of leaves.
+"""
+
+import collections
+import dataclasses
+import json
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+
+
+VERSION: Final = 1
+_WHO: Final = "treeshape.Structure.from_json"
+_MAX_DIM: Final = 2**63 - 1  # XLA's dimension sizes are int64
+_MAX_INT_VALUE: Final = 10**300  # larger static ints are kept by repr only
+_LEAF: Final = "*"
+_LEAF_TREEDEF: Final = jtu.tree_structure(0)
+_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*")
+_NUMERIC_NAME: Final = re.compile(r"[a-z]+[0-9]*")
+_JSON_SCALARS: Final = (str, int, float, bool, type(None))
+
+
+class StaticRepr:
+    """A static leaf loaded from JSON: known only by its type's name and its `repr`.
+
+    JSON keeps `str`, `int`, `float`, `bool` and `None` static leaves as
+    themselves; any other static value (an enum, a callable, an object) is
+    stored as its `repr` and loaded back as this marker, whose `repr` is that
+    text. It equals another marker with the same type name and text, and
+    nothing else, so comparing a loaded Structure with a live tree that holds
+    such a value reports a difference: the value itself cannot be rebuilt
+    from its text (and must not be, for untrusted input).
+
+    Attributes:
+        type_name: The original value's type, as `"module:qualname"`.
+        text: The original value's `repr`.
+    """
+
+    __slots__ = ("type_name", "text")
+
+    type_name: str
+    text: str
+
+    def __init__(self, type_name: str, text: str) -> None:
+        object.__setattr__(self, "type_name", type_name)
+        object.__setattr__(self, "text", text)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("treeshape StaticRepr markers are immutable")
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not StaticRepr:
+            return NotImplemented
+        return self.type_name == other.type_name and self.text == other.text
+
+    def __hash__(self) -> int:
+        return hash((StaticRepr, self.type_name, self.text))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StaticRepr, (self.type_name, self.text))
+
+
+# -- encoding ------------------------------------------------------------------
+def _type_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _is_namedtuple(cls: type) -> bool:
+    return isinstance(cls, type) and issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, allow_nan=False)
+
+
+def _plain_data(x: Any, where: Callable[[], str]) -> Any:
+    """A dataclass node's data as JSON: plain values, and tuples/lists of them (tagged)."""
+    if type(x) in (str, bool, type(None)) or (type(x) is int and abs(x) < _MAX_INT_VALUE):
+        return x
+    if type(x) is float and math.isfinite(x):
+        return x
+    if type(x) in (tuple, list):
+        return {type(x).__name__: [_plain_data(item, where) for item in x]}
+    raise TypeError(
+        f"treeshape.Structure.to_json: the pytree node at {where()} has node data of type "
+        f"{type(x).__name__} ({_short_repr(x)}), which JSON cannot describe: only str, int, float, "
+        "bool, None and tuples or lists of these are supported. Keep such nodes out of the tree, "
+        "or pickle the Structure instead (trusted data only)."
+    )
+
+
+def _dict_keys(keys: Sequence[Any], where: Callable[[], str]) -> list[Any]:
+    for key in keys:
+        if type(key) not in (str, int):
+            raise TypeError(
+                f"treeshape.Structure.to_json: the dict at {where()} has a key {_short_repr(key)} of type "
+                f"{type(key).__name__}; JSON can describe str and int keys only."
+            )
+    return list(keys)
+
+
+def _callable_name(factory: Any, where: Callable[[], str]) -> str:
+    module, qualname = getattr(factory, "__module__", None), getattr(factory, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str) and _NAME.fullmatch(f"{module}:{qualname}"):
+        return f"{module}:{qualname}"
+    raise TypeError(
+        f"treeshape.Structure.to_json: the defaultdict at {where()} has the default factory "
+        f"{_short_repr(factory)}, which has no module-level name; JSON can describe a named factory only."
+    )
+
+
+def _encode_node(treedef: jtu.PyTreeDef, where: Callable[[], str]) -> Any:
+    if treedef.num_nodes == 1 and treedef.num_leaves == 1:
+        return _LEAF
+    node_type, aux = treedef.node_data()
+    if node_type is type(None):
+        return None
+    n = len(treedef.children())
+    if node_type is list or node_type is tuple:
+        return {"type": node_type.__name__, "n": n}
+    if node_type is dict:
+        return {"type": "dict", "keys": _dict_keys(aux, where)}
+    if node_type is collections.OrderedDict:
+        return {"type": "OrderedDict", "keys": _dict_keys(aux, where)}
+    if node_type is collections.defaultdict:
+        factory, keys = aux
+        name = None if factory is None else _callable_name(factory, where)
+        return {"type": "defaultdict", "factory": name, "keys": _dict_keys(keys, where)}
+    if _is_namedtuple(node_type):
+        return {"type": "namedtuple", "name": _type_name(node_type), "n": n}
+    if dataclasses.is_dataclass(node_type):
+        return {"type": "dataclass", "name": _type_name(node_type), "n": n, "aux": _plain_data(aux, where)}
+    raise TypeError(
+        f"treeshape.Structure.to_json: the pytree node at {where()} is a {node_type.__qualname__}, which JSON "
+        "cannot describe: only dicts (also OrderedDict and defaultdict), lists, tuples, None, namedtuples "
+        "and dataclasses registered as pytree nodes are supported. Pickle the Structure instead (trusted "
+        "data only)."
+    )
+
+
+def _encode_treedef(treedef: jtu.PyTreeDef) -> list[Any]:
+    """The nodes of `treedef` in pre-order, iteratively (no recursion limit)."""
+    nodes: list[Any] = []
+    stack: list[tuple[jtu.PyTreeDef, tuple[int, ...]]] = [(treedef, ())]
+    while stack:
+        node, indices = stack.pop()
+        nodes.append(_encode_node(node, lambda indices=indices: "tree" + _where(treedef, indices)))
+        if node.num_nodes > 1:
+            children = node.children()
+            for i in reversed(range(len(children))):
+                stack.append((children[i], (*indices, i)))
+    return nodes
+
+
+def _child_key(node_type: type, aux: Any, i: int) -> Any:
+    if node_type is dict or node_type is collections.OrderedDict:
+        return jtu.DictKey(aux[i])
+    if node_type is collections.defaultdict:
+        return jtu.DictKey(aux[1][i])
+    if node_type is list or node_type is tuple:
+        return jtu.SequenceKey(i)
+    if _is_namedtuple(node_type):
+        return jtu.GetAttrKey(node_type._fields[i])  # type: ignore[attr-defined]
+    return jtu.FlattenedIndexKey(i)
+
+
+def _where(treedef: jtu.PyTreeDef, indices: tuple[int, ...]) -> str:
+    """The keystr path of the node reached by child `indices` from the root (for error messages)."""
+    keys = []
+    node = treedef
+    for i in indices:
+        node_type, aux = node.node_data()
+        keys.append(_child_key(node_type, aux, i))
+        node = node.children()[i]
+    return jtu.keystr(tuple(keys))
+
+
+def _short_repr(x: Any) -> str:
+    try:
+        text = repr(x)
+    except Exception:
+        text = f"<{type(x).__name__} object>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _dtype_name(dtype: Any) -> str:
+    if jnp.issubdtype(dtype, jax.dtypes.extended):
+        return str(dtype)
+    return np.dtype(dtype).name
+
+
+def _sharding_record(sharding: Any) -> dict[str, Any] | None:
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return None
+    mesh = sharding.mesh
+    mesh = mesh if isinstance(mesh, jax.sharding.AbstractMesh) else mesh.abstract_mesh
+    spec = sharding.spec
+    entries: list[Any] = []
+    for entry in spec:
+        if entry is None or isinstance(entry, str):
+            entries.append(entry)
+        elif entry is jax.sharding.PartitionSpec.UNCONSTRAINED:
+            entries.append({"unconstrained": True})
+        else:
+            entries.append(list(entry))
+    record: dict[str, Any] = {
+        "spec": entries,
+        "mesh": {
+            "axis_names": list(mesh.axis_names),
+            "axis_sizes": list(mesh.axis_sizes),
+            "axis_types": [t.name for t in mesh.axis_types],
+        },
+    }
+    for field in ("unreduced", "reduced"):
+        axes = getattr(spec, field, None)
+        if axes:
+            record[field] = sorted(axes)
+    return record
+
+
+def _vma_record(leaf: jax.ShapeDtypeStruct) -> dict[str, list[str]] | None:
+    mat = leaf.manual_axis_type
+    if mat is None or not (mat.varying or mat.unreduced or mat.reduced):
+        return None
+    return {"varying": sorted(mat.varying), "unreduced": sorted(mat.unreduced), "reduced": sorted(mat.reduced)}
+
+
+def _static_record(path: str, leaf: Any) -> dict[str, Any]:
+    record: dict[str, Any] = {"path": path, "shape": None, "dtype": None, "weak_type": None}
+    if type(leaf) is StaticRepr:
+        return {**record, "static": leaf.text, "type": leaf.type_name}
+    try:
+        text = repr(leaf)
+    except Exception:  # a user object whose repr raises: still describable by its type
+        text = f"<{type(leaf).__qualname__} object (its repr raised)>"
+    record.update(static=text, type=_type_name(type(leaf)))
+    kind = type(leaf)
+    if (
+        kind in (str, bool, type(None))
+        or (kind is int and abs(leaf) < _MAX_INT_VALUE)
+        or (kind is float and math.isfinite(leaf))
+    ):
+        record["value"] = leaf
+    return record
+
+
+def leaf_records(paths: Sequence[str], leaves: Sequence[Any]) -> list[dict[str, Any]]:
+    """One JSON record per leaf: `path`, `shape`, `dtype`, `weak_type`, and more where it applies.
+
+    The `"leaves"` array of `Structure.to_json`, and what `treeshape inspect
+    --json` prints.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from treeshape._json import leaf_records
+        >>> for record in leaf_records(["['n']", "['w']"], [jax.ShapeDtypeStruct((2,), jnp.bfloat16), "relu"]):
+        ...     print(record)
+        {'path': "['n']", 'shape': [2], 'dtype': 'bfloat16', 'weak_type': False}
+        {'path': "['w']", 'shape': None, 'dtype': None, 'weak_type': None, 'static': "'relu'", 'type': 'builtins:str',
+         'value': 'relu'}
+    """
+    out: list[dict[str, Any]] = []
+    for path, leaf in zip(paths, leaves, strict=True):
+        if not isinstance(leaf, jax.ShapeDtypeStruct):
+            out.append(_static_record(path, leaf))
+            continue
+        record: dict[str, Any] = {
+            "path": path,
+            "shape": [int(d) for d in leaf.shape],
+            "dtype": _dtype_name(leaf.dtype),
+            "weak_type": bool(leaf.weak_type),
+        }
+        sharding = _sharding_record(leaf.sharding)
+        if sharding is not None:
+            record["sharding"] = sharding
+        vma = _vma_record(leaf)
+        if vma is not None:
+            record["vma"] = vma
+        out.append(record)
+    return out
+
+
+def dumps(treedef: jtu.PyTreeDef, leaves: Sequence[Any], paths: Sequence[str]) -> str:
+    """The JSON document for a treedef and its leaf descriptions (one node or leaf per line)."""
+    nodes = _encode_treedef(treedef)
+    records = leaf_records(paths, leaves)
+    node_lines = ",\n    ".join(_dumps(node) for node in nodes)
+    leaf_lines = ",\n    ".join(_dumps(record) for record in records)
+    return (
+        "{\n"
+        f'  "version": {VERSION},\n'
+        f'  "treedef": [\n    {node_lines}\n  ],\n'
+        f'  "leaves": [{f"{chr(10)}    {leaf_lines}{chr(10)}  " if records else ""}]\n'
+        "}\n"
+    )
+
+
+# -- decoding --------------------------------------------------------------------
+class _Malformed(Exception):
+    """Raised inside the decoder; `loads` turns it into one ValueError."""
+
+
+def _fail(where: str, message: str) -> Any:
+    raise _Malformed(f"{where}: {message}")
+
+
+def _reject_constant(name: str) -> Any:
+    raise _Malformed(f"{name} is not valid JSON")
+
+
+def _get(record: dict[str, Any], key: str, where: str) -> Any:
+    if key not in record:
+        _fail(where, f"missing the key {key!r}")
+    return record[key]
+
+
+def _int(x: Any, where: str, low: int = 0, high: int = _MAX_DIM) -> int:
+    if type(x) is not int or not low <= x <= high:
+        _fail(where, f"expected an integer in [{low}, {high}], got {_short_repr(x)}")
+    return int(x)
+
+
+def _str(x: Any, where: str) -> str:
+    if type(x) is not str:
+        _fail(where, f"expected a string, got {_short_repr(x)}")
+    return str(x)
+
+
+def _list(x: Any, where: str) -> list[Any]:
+    if type(x) is not list:
+        _fail(where, f"expected a list, got {_short_repr(x)}")
+    return list(x)
+
+
+def _str_list(x: Any, where: str, unique: bool = True) -> list[str]:
+    items = [_str(item, f"{where}[{i}]") for i, item in enumerate(_list(x, where))]
+    if unique and len(set(items)) != len(items):
+        _fail(where, f"names must be unique, got {_short_repr(items)}")
+    return items
+
+
+def _lookup(name: Any, where: str) -> Any:
+    """The object named `"module:qualname"`, from a module that is already imported."""
+    text = _str(name, where)
+    if not _NAME.fullmatch(text):
+        _fail(where, f"expected a name 'module:qualname', got {_short_repr(text)}")
+    module_name, qualname = text.split(":", 1)
+    module = sys.modules.get(module_name)
+    if module is None:
+        _fail(
+            where,
+            f"{text} names the module {module_name!r}, which is not imported; import it before loading "
+            "(treeshape never imports a module named in JSON)",
+        )
+    obj: Any = module
+    for part in qualname.split("."):
+        namespace = getattr(obj, "__dict__", None)  # no getattr: a module's __getattr__ may import
+        if not isinstance(namespace, dict) and not hasattr(namespace, "get"):
+            _fail(where, f"{text} is not defined in {module_name!r}")
+        if part not in namespace:
+            _fail(where, f"{text} is not defined in {module_name!r}")
+        obj = namespace[part]
+    return obj
+
+
+def _lookup_type(name: Any, where: str) -> type:
+    cls = _lookup(name, where)
+    if not isinstance(cls, type) or _type_name(cls) != name:
+        _fail(where, f"{name} is not a class defined under that name")
+    return cls  # type: ignore[no-any-return]
+
+
+def _data(x: Any, where: str) -> Any:
+    """Decode a dataclass node's plain data (the inverse of `_plain_data`)."""
+    if type(x) in (str, bool, int, float, type(None)):
+        return x
+    if type(x) is dict and len(x) == 1:
+        [(tag, items)] = x.items()
+        if tag in ("tuple", "list"):
+            values = [_data(item, f"{where}[{i}]") for i, item in enumerate(_list(items, where))]
+            return tuple(values) if tag == "tuple" else values
+    return _fail(where, f"expected plain data (a JSON scalar or {{'tuple'|'list': [...]}}), got {_short_repr(x)}")
+
+
+def _keys(x: Any, where: str, sort_as_jax: bool) -> list[Any]:
+    keys = _list(x, where)
+    for i, key in enumerate(keys):
+        if type(key) not in (str, int):
+            _fail(f"{where}[{i}]", f"dict keys must be strings or integers, got {_short_repr(key)}")
+    if len(set(keys)) != len(keys):
+        _fail(where, "dict keys must be unique")
+    if sort_as_jax:
+        try:
+            order = jtu.tree_structure(dict.fromkeys(keys, 0)).node_data()[1]
+        except ValueError:  # keys JAX cannot sort (strings mixed with integers)
+            _fail(where, "JAX cannot order these dict keys (strings mixed with integers)")
+        if list(order) != keys:
+            _fail(where, f"dict keys must be in JAX's sorted order, {_short_repr(list(order))}")
+    return keys
+
+
+def _node(entry: Any, where: str) -> tuple[Any, int]:
+    """`(node_data, number of children)` of one `treedef` entry; node_data None is a leaf."""
+    if entry == _LEAF and type(entry) is str:
+        return None, 0
+    if entry is None:
+        return (type(None), None), 0
+    if type(entry) is not dict:
+        return _fail(where, f"expected '*', null or a node object, got {_short_repr(entry)}")
+    kind = _get(entry, "type", where)
+    if kind in ("list", "tuple"):
+        return ((list if kind == "list" else tuple), None), _int(_get(entry, "n", where), f"{where}.n")
+    if kind == "dict":
+        keys = _keys(_get(entry, "keys", where), f"{where}.keys", sort_as_jax=True)
+        return (dict, keys), len(keys)
+    if kind == "OrderedDict":
+        keys = _keys(_get(entry, "keys", where), f"{where}.keys", sort_as_jax=False)
+        return (collections.OrderedDict, tuple(keys)), len(keys)
+    if kind == "defaultdict":
+        keys = _keys(_get(entry, "keys", where), f"{where}.keys", sort_as_jax=True)
+        factory_name = _get(entry, "factory", where)
+        factory = None if factory_name is None else _lookup(factory_name, f"{where}.factory")
+        if factory is not None and not callable(factory):
+            _fail(f"{where}.factory", f"{factory_name} is not callable")
+        return (collections.defaultdict, (factory, tuple(keys))), len(keys)
+    if kind == "namedtuple":
+        cls = _lookup_type(_get(entry, "name", where), f"{where}.name")
+        if not _is_namedtuple(cls):
+            _fail(f"{where}.name", f"{_type_name(cls)} is not a namedtuple class")
+        n = _int(_get(entry, "n", where), f"{where}.n")
+        if n != len(cls._fields):  # type: ignore[attr-defined]
+            _fail(f"{where}.n", f"{_type_name(cls)} has {len(cls._fields)} fields, not {n}")  # type: ignore[attr-defined]
+        return (cls, None), n
+    if kind == "dataclass":
+        cls = _lookup_type(_get(entry, "name", where), f"{where}.name")
+        if not dataclasses.is_dataclass(cls):
+            _fail(f"{where}.name", f"{_type_name(cls)} is not a dataclass")
+        aux = _data(_get(entry, "aux", where), f"{where}.aux")
+        n = _int(_get(entry, "n", where), f"{where}.n")
+        _check_dataclass_node(cls, aux, n, where)
+        return (cls, aux), n
+    return _fail(f"{where}.type", f"unknown node type {_short_repr(kind)}")
+
+
+def _check_dataclass_node(cls: type, aux: Any, n: int, where: str) -> None:
+    """Check a dataclass node's arity and node data against the registration, before JAX sees them.
+
+    JAX's own unflatten of a dataclass node trusts both (and may crash on a
+    wrong count), so they are compared with the node JAX makes for a probe
+    instance: built without calling `__init__`, every field set to `None`.
+    """
+    try:
+        probe = object.__new__(cls)
+        for field in dataclasses.fields(cls):
+            object.__setattr__(probe, field.name, None)
+        probe_def = jtu.tree_structure(probe)
+    except Exception as err:
+        _fail(f"{where}.name", f"cannot check the pytree dataclass {_type_name(cls)}: {type(err).__name__}: {err}")
+    if probe_def.num_nodes == 1 and probe_def.num_leaves == 1:
+        _fail(f"{where}.name", f"{_type_name(cls)} is not registered as a pytree node")
+    probe_type, probe_aux = probe_def.node_data()
+    if probe_type is not cls:
+        _fail(f"{where}.name", f"{_type_name(cls)} does not flatten to a node of its own type")
+    expected_n = len(probe_def.children())
+    if n != expected_n:
+        _fail(f"{where}.n", f"{_type_name(cls)} has {expected_n} pytree children, not {n}")
+    same_kind = type(aux) is type(probe_aux)
+    if not same_kind or (isinstance(aux, (tuple, list)) and len(aux) != len(probe_aux)):
+        _fail(f"{where}.aux", f"{_type_name(cls)} has node data like {_short_repr(probe_aux)}, not {_short_repr(aux)}")
+
+
+def _decode_treedef(entries: Any) -> jtu.PyTreeDef:
+    """Rebuild a treedef from its pre-order node list, bottom-up with an explicit stack."""
+    nodes = _list(entries, "treedef")
+    if not nodes:
+        _fail("treedef", "expected at least one node")
+    # Pre-order with known arities: read every node, then build from the last one back.
+    parsed = [_node(entry, f"treedef[{i}]") for i, entry in enumerate(nodes)]
+    # JAX flattens (and so rebuilds paths for) trees only as deep as Python's recursion limit,
+    # and deeper ones can crash its C++ code: refuse them before building anything deep.
+    max_depth = sys.getrecursionlimit()
+    built: list[tuple[jtu.PyTreeDef, int]] = []  # finished subtrees and their depths, the next on top
+    for i in range(len(parsed) - 1, -1, -1):
+        node_data, n = parsed[i]
+        if node_data is None:
+            built.append((_LEAF_TREEDEF, 1))
+            continue
+        if n > len(built):
+            _fail(f"treedef[{i}]", f"the node has {n} children but only {len(built)} nodes follow it")
+        children = [built.pop() for _ in range(n)]
+        depth = 1 + max((d for _, d in children), default=0)
+        if depth > max_depth:
+            _fail("treedef", f"the tree is nested more deeply than JAX can flatten ({max_depth} levels)")
+        try:
+            node = jtu.PyTreeDef.from_node_data_and_children(
+                jtu.default_registry, node_data, [child for child, _ in children]
+            )
+        except (RuntimeError, TypeError, ValueError) as err:
+            _fail(f"treedef[{i}]", f"cannot rebuild this node: {err}")
+        built.append((node, depth))
+    if len(built) != 1:
+        _fail("treedef", f"the nodes form {len(built)} trees, not one (a count `n` or a key list is wrong)")
+    return built[0][0]
+
+
+_KEY_IMPLS: Final = ("threefry2x32", "rbg", "unsafe_rbg")
+_dtype_table: dict[str, Any] = {}
+
+
+def _dtypes() -> dict[str, Any]:
+    """Every dtype name JAX can hold: NumPy and ml_dtypes types, and the built-in PRNG key types."""
+    if not _dtype_table:
+        table: dict[str, Any] = {}
+        for name in dir(jnp):
+            obj = getattr(jnp, name)
+            dtype = getattr(obj, "dtype", None)
+            if isinstance(obj, type) and isinstance(dtype, np.dtype) and dtype.kind != "O":
+                table[dtype.name] = dtype
+        for impl in _KEY_IMPLS:
+            key = jax.eval_shape(lambda impl=impl: jax.random.key(0, impl=impl))
+            table[str(key.dtype)] = key.dtype
+        _dtype_table.update(table)
+    return _dtype_table
+
+
+def _dtype(x: Any, where: str) -> Any:
+    name = _str(x, where)
+    dtype = _dtypes().get(name)
+    if dtype is None and _NUMERIC_NAME.fullmatch(name):
+        try:  # other NumPy numeric types (e.g. float128); the regex keeps out dtype mini-languages
+            candidate = np.dtype(name)
+        except TypeError:
+            candidate = None
+        if candidate is not None and candidate.name == name and candidate.kind in "biufc":
+            dtype = candidate
+    if dtype is None:
+        _fail(where, f"unknown dtype {_short_repr(name)}")
+    return dtype
+
+
+def _bool(x: Any, where: str) -> bool:
+    if type(x) is not bool:
+        _fail(where, f"expected true or false, got {_short_repr(x)}")
+    return bool(x)
+
+
+def _sharding(x: Any, where: str) -> Any:
+    if type(x) is not dict:
+        return _fail(where, f"expected an object, got {_short_repr(x)}")
+    mesh = _get(x, "mesh", where)
+    if type(mesh) is not dict:
+        _fail(f"{where}.mesh", f"expected an object, got {_short_repr(mesh)}")
+    names = _str_list(_get(mesh, "axis_names", f"{where}.mesh"), f"{where}.mesh.axis_names")
+    sizes = [
+        _int(s, f"{where}.mesh.axis_sizes[{i}]", low=1)
+        for i, s in enumerate(_list(_get(mesh, "axis_sizes", f"{where}.mesh"), f"{where}.mesh.axis_sizes"))
+    ]
+    types = _str_list(_get(mesh, "axis_types", f"{where}.mesh"), f"{where}.mesh.axis_types", unique=False)
+    if not len(names) == len(sizes) == len(types):
+        _fail(f"{where}.mesh", "axis_names, axis_sizes and axis_types must have the same length")
+    kinds = {kind.name: kind for kind in jax.sharding.AxisType}
+    for i, t in enumerate(types):
+        if t not in kinds:
+            _fail(f"{where}.mesh.axis_types[{i}]", f"expected one of {sorted(kinds)}, got {_short_repr(t)}")
+    entries: list[Any] = []
+    for i, entry in enumerate(_list(_get(x, "spec", where), f"{where}.spec")):
+        at = f"{where}.spec[{i}]"
+        if entry is None:
+            entries.append(None)
+        elif type(entry) is dict and entry == {"unconstrained": True}:
+            entries.append(jax.sharding.PartitionSpec.UNCONSTRAINED)
+        elif type(entry) is list:
+            entries.append(tuple(_str_list(entry, at)))
+        else:
+            entries.append(_str(entry, at))
+    extra = {
+        field: frozenset(_str_list(x[field], f"{where}.{field}")) for field in ("unreduced", "reduced") if field in x
+    }
+    try:
+        abstract = jax.sharding.AbstractMesh(tuple(sizes), tuple(names), axis_types=tuple(kinds[t] for t in types))
+        return jax.sharding.NamedSharding(abstract, jax.sharding.PartitionSpec(*entries, **extra))
+    except (ValueError, TypeError) as err:
+        return _fail(where, f"not a valid sharding: {err}")
+
+
+def _vma(x: Any, where: str) -> Any:
+    if type(x) is not dict:
+        return _fail(where, f"expected an object, got {_short_repr(x)}")
+    sets = {
+        field: frozenset(_str_list(_get(x, field, where), f"{where}.{field}"))
+        for field in ("varying", "unreduced", "reduced")
+    }
+    return jax.sharding.ManualAxisType(**sets)
+
+
+def _static(record: dict[str, Any], where: str) -> Any:
+    for field in ("shape", "dtype", "weak_type"):
+        if record.get(field) is not None:
+            _fail(f"{where}.{field}", "a static leaf has no shape, dtype or weak_type (expected null)")
+    text = _str(_get(record, "static", where), f"{where}.static")
+    type_name = _str(_get(record, "type", where), f"{where}.type")
+    if "value" in record:
+        value = record["value"]
+        expected = {
+            "builtins:str": str,
+            "builtins:int": int,
+            "builtins:float": float,
+            "builtins:bool": bool,
+            "builtins:NoneType": type(None),
+        }.get(type_name)
+        if expected is None or type(value) is not expected:
+            _fail(f"{where}.value", f"a value of type {type_name} cannot be {_short_repr(value)}")
+        return value
+    if type_name == "builtins:float" and text in ("nan", "inf", "-inf"):
+        return float(text)
+    return StaticRepr(type_name, text)
+
+
+def _leaf(record: Any, where: str) -> Any:
+    if type(record) is not dict:
+        return _fail(where, f"expected an object, got {_short_repr(record)}")
+    _str(_get(record, "path", where), f"{where}.path")
+    if "static" in record:
+        return _static(record, where)
+    shape = tuple(
+        _int(d, f"{where}.shape[{i}]") for i, d in enumerate(_list(_get(record, "shape", where), f"{where}.shape"))
+    )
+    dtype = _dtype(_get(record, "dtype", where), f"{where}.dtype")
+    weak = _bool(_get(record, "weak_type", where), f"{where}.weak_type")
+    sharding = _sharding(record["sharding"], f"{where}.sharding") if record.get("sharding") is not None else None
+    vma = _vma(record["vma"], f"{where}.vma") if record.get("vma") is not None else None
+    return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak, sharding=sharding, manual_axis_type=vma)
+
+
+def _check_paths(treedef: jtu.PyTreeDef, records: list[Any]) -> None:
+    """Each record's `path` is where the treedef puts that leaf (a hand-edited file may disagree)."""
+    try:
+        flat, _ = jtu.tree_flatten_with_path(treedef.unflatten(range(treedef.num_leaves)))
+        paths = [jtu.keystr(path) for path, _ in flat]
+    except (RecursionError, SystemError):  # JAX's own depth limit (raised from its C++ code)
+        _fail("treedef", "the tree is nested more deeply than JAX can flatten")
+    except Exception as err:  # a dataclass whose __init__ rejects placeholder leaves
+        _fail("treedef", f"the tree cannot be rebuilt: {type(err).__name__}: {err}")
+    for i, (path, record) in enumerate(zip(paths, records, strict=True)):
+        if record["path"] != path:
+            _fail(f"leaves[{i}].path", f"the treedef puts leaf {i} at {path!r}, not {_short_repr(record['path'])}")
+
+
+def _decode(text: str | bytes | bytearray) -> tuple[jtu.PyTreeDef, tuple[Any, ...]]:
+    try:
+        doc = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as err:
+        raise _Malformed(f"not valid JSON: {err}") from None
+    except UnicodeDecodeError as err:
+        raise _Malformed(f"not valid UTF-8 text: {err}") from None
+    if type(doc) is not dict:
+        _fail("the document", f"expected a JSON object, got {_short_repr(doc)}")
+    version = _get(doc, "version", "the document")
+    if type(version) is not int or version != VERSION:
+        _fail(
+            "version",
+            f"this treeshape reads version {VERSION}, got {_short_repr(version)} (written by another "
+            "treeshape release? regenerate the file with this one)",
+        )
+    treedef = _decode_treedef(_get(doc, "treedef", "the document"))
+    records = _list(_get(doc, "leaves", "the document"), "leaves")
+    if len(records) != treedef.num_leaves:
+        _fail("leaves", f"the treedef has {treedef.num_leaves} leaves, but there are {len(records)} records")
+    leaves = tuple(_leaf(record, f"leaves[{i}]") for i, record in enumerate(records))
+    _check_paths(treedef, records)
+    return treedef, leaves
+
+
+def loads(text: str | bytes | bytearray) -> tuple[jtu.PyTreeDef, tuple[Any, ...]]:
+    """Decode a document written by `dumps` into `(treedef, leaves)`.
+
+    Raises:
+        TypeError: `text` is not `str`, `bytes` or `bytearray`.
+        ValueError: anything malformed, with where and what.
+    """
+    if not isinstance(text, (str, bytes, bytearray)):
+        raise TypeError(f"{_WHO}: expected the JSON text as a str, got {type(text).__name__}")
+    try:
+        return _decode(text)
+    except _Malformed as err:
+        raise ValueError(f"{_WHO}: {err}") from None
+    except RecursionError:
+        raise ValueError(f"{_WHO}: the JSON is nested too deeply") from None
+    except MemoryError:
+        raise ValueError(f"{_WHO}: the JSON is too large to load") from None
