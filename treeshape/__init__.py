@@ -1,31 +1,41 @@
 """treeshape: pytree shape inference safe under every JAX transformation."""
 
+import importlib
 import importlib.metadata
+from typing import TYPE_CHECKING, Any
 
-from ._carry import (
-    carry_structure as carry_structure,
-    fori_carry as fori_carry,
-    scan_carry as scan_carry,
-    while_carry as while_carry,
-)
-from ._display import describe as describe
-from ._errors import (
-    CarryMismatchError as CarryMismatchError,
-    StructureMismatchError as StructureMismatchError,
-)
-from ._infer import (
-    cache_info as cache_info,
-    clear_cache as clear_cache,
-    out_structure as out_structure,
-    structure_of as structure_of,
-)
-from ._structure import Mismatch as Mismatch, Structure as Structure
-from ._weak import (
-    is_weak as is_weak,
-    strip_weak_type as strip_weak_type,
-    upcast as upcast,
-    weak_paths as weak_paths,
-)
+
+# `import treeshape` does not import JAX: each public name is imported from its
+# module on first use (`__getattr__` below). pytest loads the plugin
+# `treeshape.pytest_plugin`, and so this package, before any conftest.py, and a
+# conftest must still be able to configure JAX (JAX_PLATFORMS, JAX_ENABLE_X64,
+# XLA_FLAGS) before JAX is imported. Type checkers read the imports below.
+if TYPE_CHECKING:
+    from ._carry import (
+        carry_structure as carry_structure,
+        fori_carry as fori_carry,
+        scan_carry as scan_carry,
+        while_carry as while_carry,
+    )
+    from ._display import describe as describe
+    from ._errors import (
+        CarryMismatchError as CarryMismatchError,
+        StructureMismatchError as StructureMismatchError,
+    )
+    from ._infer import (
+        cache_info as cache_info,
+        clear_cache as clear_cache,
+        out_structure as out_structure,
+        structure_of as structure_of,
+    )
+    from ._settle import settle as settle
+    from ._structure import Mismatch as Mismatch, Structure as Structure
+    from ._weak import (
+        is_weak as is_weak,
+        strip_weak_type as strip_weak_type,
+        upcast as upcast,
+        weak_paths as weak_paths,
+    )
 
 
 __all__ = [
@@ -41,6 +51,7 @@ __all__ = [
     "is_weak",
     "out_structure",
     "scan_carry",
+    "settle",
     "strip_weak_type",
     "structure_of",
     "upcast",
@@ -48,3 +59,38 @@ __all__ = [
     "while_carry",
 ]
 __version__ = importlib.metadata.version("treeshape")
+
+# Where each public name lives (the imports above, for the interpreter).
+_MODULES = {
+    "CarryMismatchError": "._errors",
+    "Mismatch": "._structure",
+    "Structure": "._structure",
+    "StructureMismatchError": "._errors",
+    "cache_info": "._infer",
+    "carry_structure": "._carry",
+    "clear_cache": "._infer",
+    "describe": "._display",
+    "fori_carry": "._carry",
+    "is_weak": "._weak",
+    "out_structure": "._infer",
+    "scan_carry": "._carry",
+    "settle": "._settle",
+    "strip_weak_type": "._weak",
+    "structure_of": "._infer",
+    "upcast": "._weak",
+    "weak_paths": "._weak",
+    "while_carry": "._carry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups are plain module attributes
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
