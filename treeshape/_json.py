@@ -39,12 +39,13 @@ treedef and a tuple of leaves.
 
 import collections
 import dataclasses
+import functools as ft
 import json
 import math
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -174,7 +175,7 @@ def _encode_node(treedef: jtu.PyTreeDef, where: Callable[[], str]) -> Any:
         return {"type": "defaultdict", "factory": name, "keys": _dict_keys(keys, where)}
     if _is_namedtuple(node_type):
         return {"type": "namedtuple", "name": _type_name(node_type), "n": n}
-    if dataclasses.is_dataclass(node_type):
+    if isinstance(node_type, type) and dataclasses.is_dataclass(node_type):
         return {"type": "dataclass", "name": _type_name(node_type), "n": n, "aux": _plain_data(aux, where)}
     raise TypeError(
         f"treeshape.Structure.to_json: the pytree node at {where()} is a {node_type.__qualname__}, which JSON "
@@ -190,7 +191,7 @@ def _encode_treedef(treedef: jtu.PyTreeDef) -> list[Any]:
     stack: list[tuple[jtu.PyTreeDef, tuple[int, ...]]] = [(treedef, ())]
     while stack:
         node, indices = stack.pop()
-        nodes.append(_encode_node(node, lambda indices=indices: "tree" + _where(treedef, indices)))
+        nodes.append(_encode_node(node, ft.partial(_where, treedef, indices)))
         if node.num_nodes > 1:
             children = node.children()
             for i in reversed(range(len(children))):
@@ -211,14 +212,14 @@ def _child_key(node_type: type, aux: Any, i: int) -> Any:
 
 
 def _where(treedef: jtu.PyTreeDef, indices: tuple[int, ...]) -> str:
-    """The keystr path of the node reached by child `indices` from the root (for error messages)."""
+    """`tree` + the keystr path of the node reached by child `indices` from the root (for messages)."""
     keys = []
     node = treedef
     for i in indices:
         node_type, aux = node.node_data()
         keys.append(_child_key(node_type, aux, i))
         node = node.children()[i]
-    return jtu.keystr(tuple(keys))
+    return "tree" + jtu.keystr(tuple(keys))
 
 
 def _short_repr(x: Any) -> str:
@@ -232,7 +233,7 @@ def _short_repr(x: Any) -> str:
 def _dtype_name(dtype: Any) -> str:
     if jnp.issubdtype(dtype, jax.dtypes.extended):
         return str(dtype)
-    return np.dtype(dtype).name
+    return str(np.dtype(dtype).name)
 
 
 def _sharding_record(sharding: Any) -> dict[str, Any] | None:
@@ -346,11 +347,11 @@ class _Malformed(Exception):
     """Raised inside the decoder; `loads` turns it into one ValueError."""
 
 
-def _fail(where: str, message: str) -> Any:
+def _fail(where: str, message: str) -> NoReturn:
     raise _Malformed(f"{where}: {message}")
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> NoReturn:
     raise _Malformed(f"{name} is not valid JSON")
 
 
@@ -400,7 +401,7 @@ def _lookup(name: Any, where: str) -> Any:
         )
     obj: Any = module
     for part in qualname.split("."):
-        namespace = getattr(obj, "__dict__", None)  # no getattr: a module's __getattr__ may import
+        namespace: Any = getattr(obj, "__dict__", None)  # not getattr(obj, part): it may import
         if not isinstance(namespace, dict) and not hasattr(namespace, "get"):
             _fail(where, f"{text} is not defined in {module_name!r}")
         if part not in namespace:
@@ -413,7 +414,7 @@ def _lookup_type(name: Any, where: str) -> type:
     cls = _lookup(name, where)
     if not isinstance(cls, type) or _type_name(cls) != name:
         _fail(where, f"{name} is not a class defined under that name")
-    return cls  # type: ignore[no-any-return]
+    return cls
 
 
 def _data(x: Any, where: str) -> Any:
@@ -437,7 +438,8 @@ def _keys(x: Any, where: str, sort_as_jax: bool) -> list[Any]:
         _fail(where, "dict keys must be unique")
     if sort_as_jax:
         try:
-            order = jtu.tree_structure(dict.fromkeys(keys, 0)).node_data()[1]
+            sorted_def: jtu.PyTreeDef = jtu.tree_structure(dict.fromkeys(keys, 0))
+            order = sorted_def.node_data()[1]
         except ValueError:  # keys JAX cannot sort (strings mixed with integers)
             _fail(where, "JAX cannot order these dict keys (strings mixed with integers)")
         if list(order) != keys:
@@ -496,10 +498,10 @@ def _check_dataclass_node(cls: type, aux: Any, n: int, where: str) -> None:
     instance: built without calling `__init__`, every field set to `None`.
     """
     try:
-        probe = object.__new__(cls)
+        probe: Any = object.__new__(cls)
         for field in dataclasses.fields(cls):
             object.__setattr__(probe, field.name, None)
-        probe_def = jtu.tree_structure(probe)
+        probe_def: jtu.PyTreeDef = jtu.tree_structure(probe)
     except Exception as err:
         _fail(f"{where}.name", f"cannot check the pytree dataclass {_type_name(cls)}: {type(err).__name__}: {err}")
     if probe_def.num_nodes == 1 and probe_def.num_leaves == 1:
