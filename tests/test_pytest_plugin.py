@@ -6,6 +6,8 @@ inner JAX state (devices, x64) stays separate from this process.
 """
 
 import json
+import subprocess
+import sys
 
 import jax.numpy as jnp
 
@@ -205,3 +207,16 @@ def test_snapshot_stem():
     assert len(long) < 140
     assert snapshot_stem("..") and not snapshot_stem("..").startswith(".")
     assert snapshot_stem("test[\u00e9\n:*?<>|]").isascii()
+
+
+def test_import_treeshape_is_lazy_and_every_public_name_resolves():
+    code = (
+        "import sys, treeshape, treeshape.pytest_plugin\n"
+        "assert 'jax' not in sys.modules, 'import treeshape imported JAX'\n"
+        "names = {name: getattr(treeshape, name) for name in treeshape.__all__}\n"
+        "assert 'jax' in sys.modules and set(dir(treeshape)) >= set(names)\n"
+        "from treeshape import settle, Structure\n"
+        "assert settle is names['settle'] and Structure.__module__ == 'treeshape._structure'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
