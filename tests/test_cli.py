@@ -27,9 +27,10 @@ FLOAT = jax.dtypes.canonicalize_dtype(jnp.float64)
 TOO_BIG = "3" + "0" * (9 if INT == jnp.int32 else 19)
 
 
-def run(*argv, cwd=TESTS):
-    """`python -m treeshape ARGV` in `cwd` (where `cli_fixtures` is importable)."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+def run(*argv, cwd=TESTS, **env_vars):
+    """`python -m treeshape ARGV` in `cwd` (where `cli_fixtures` is importable), with
+    `env_vars` (such as `JAX_ENABLE_X64="0"`) added to the environment."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", **env_vars}
     return subprocess.run(
         [sys.executable, "-m", "treeshape", *argv],
         cwd=cwd,
@@ -43,6 +44,7 @@ def run(*argv, cwd=TESTS):
 def assert_one_line_error(stderr, message):
     """stderr is exactly one `treeshape: error:` line that contains `message`."""
     assert ERROR_LINE.fullmatch(stderr), stderr
+    assert stderr[:-1].isprintable(), stderr  # no control character reaches the terminal
     assert message in stderr, stderr
     assert "Traceback" not in stderr
 
@@ -58,8 +60,16 @@ EVERY_SPEC = [
     "0.5",
     "3",
     "True",
+    "~f32[]",
+    "~i32[]",
+    "key<fry>[2]",
+    "key<rbg>[]",
+    "key<unsafe_rbg>[3]",
+    "(f32[2],i32[])",
+    "(bf16[1], (0, [~f32[], 'a,b)']))",
     "scale=bf16[2]",
     "flag=False",
+    "axis=0",
 ]
 
 
@@ -78,6 +88,18 @@ EVERY_SPEC_JSON = [
     _entry("['args'][7]", [], FLOAT.name, weak_type=True),
     _entry("['args'][8]", [], INT.name, weak_type=True),
     _entry("['args'][9]", [], "bool"),
+    _entry("['args'][10]", [], "float32", weak_type=True),
+    _entry("['args'][11]", [], "int32", weak_type=True),
+    _entry("['args'][12]", [2], "key<fry>"),
+    _entry("['args'][13]", [], "key<rbg>"),
+    _entry("['args'][14]", [3], "key<urbg>"),
+    _entry("['args'][15][0]", [2], "float32"),
+    _entry("['args'][15][1]", [], "int32"),
+    _entry("['args'][16][0]", [1], "bfloat16"),
+    _entry("['args'][16][1][0]", [], INT.name, weak_type=True),
+    _entry("['args'][16][1][1][0]", [], "float32", weak_type=True),
+    {**_entry("['args'][16][1][1][1]", None, None, None), "static": "'a,b)'", "type": "builtins:str", "value": "a,b)"},
+    _entry("['kwargs']['axis']", [], INT.name, weak_type=True),
     _entry("['kwargs']['flag']", [], "bool"),
     _entry("['kwargs']['scale']", [2], "bfloat16"),
 ]
@@ -127,6 +149,41 @@ BAD_INPUTS = {
         1,
         "calling cli_fixtures:fails failed: ValueError: fixture failure",
     ),
+    "huge_dimension": (
+        ["inspect", "cli_fixtures:echo", "f32[" + "9" * 5000 + "]"],
+        2,
+        "dimension 9999999999... (5,000 digits) is too large (at most 2**63 - 1)",
+    ),
+    "system_exit_in_function": (
+        ["inspect", "cli_fixtures:quits", "f32[3]"],
+        1,
+        "calling cli_fixtures:quits failed: SystemExit with code 3 (rerun with --traceback",
+    ),
+    "bare_system_exit_in_function": (
+        ["inspect", "cli_fixtures:quits_quietly", "f32[3]"],
+        1,
+        "calling cli_fixtures:quits_quietly failed: SystemExit with code None",
+    ),
+    "repr_raises_in_output": (
+        ["inspect", "cli_fixtures:bad_repr", "f32[3]"],
+        1,
+        "showing the output of cli_fixtures:bad_repr failed: RuntimeError: repr is broken",
+    ),
+    "str_raises_in_error": (
+        ["inspect", "cli_fixtures:bad_str_error", "f32[3]"],
+        1,
+        "calling cli_fixtures:bad_str_error failed: BadStr (its message cannot be shown: str() raised RuntimeError)",
+    ),
+    "control_characters_in_error": (
+        ["inspect", "cli_fixtures:terminal_error", "f32[3]"],
+        1,
+        r"calling cli_fixtures:terminal_error failed: ValueError: \x1b[31mred\x1b[0m alert (rerun",
+    ),
+    "abstract_axis": (
+        ["inspect", "jax.nn:softmax", "f32[4,10]", "axis=i32[]"],
+        1,
+        "calling jax.nn:softmax failed: ConcretizationTypeError: Abstract tracer value",
+    ),
 }
 
 
@@ -137,6 +194,51 @@ def test_bad_input_is_one_line_without_traceback(case):
     assert result.returncode == status
     assert result.stdout == ""
     assert_one_line_error(result.stderr, message)
+
+
+@pytest.mark.parametrize("spec", ["f64[3]", "i64[]", "c128[2]", "u64[1]", "float64[2]", "(f32[2], i64[])"])
+def test_64_bit_spec_with_x64_off_is_an_error(spec):
+    result = run("inspect", "cli_fixtures:echo", spec, JAX_ENABLE_X64="0")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert_one_line_error(result.stderr, "but 64-bit types are off in JAX")
+    assert "set JAX_ENABLE_X64=1" in result.stderr
+    assert repr(spec.split(", ")[-1].strip("()")) in result.stderr  # names the spec
+
+
+def test_64_bit_spec_with_x64_on():
+    result = run("inspect", "cli_fixtures:echo", "f64[3]", "i64[]", "--json", JAX_ENABLE_X64="1")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [
+        _entry("['args'][0]", [3], "float64"),
+        _entry("['args'][1]", [], "int64"),
+    ]
+
+
+def test_literal_axis_is_concrete():
+    """Before: `axis=0` was traced, and softmax raised ConcretizationTypeError (see
+    BAD_INPUTS["abstract_axis"], which asks for that on purpose with `axis=i32[]`)."""
+    result = run("inspect", "jax.nn:softmax", "f32[4,10]", "axis=0")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert "(root)  [4,10]  f32    160 B" in result.stdout
+
+
+def test_control_characters_in_the_table_are_escaped():
+    result = run("inspect", "cli_fixtures:terminal_repr", "f32[2]")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert "\x1b" not in result.stdout
+    assert r"static TerminalRepr line one\nline two \x1b[31mred\x1b[0m" in result.stdout
+    assert len(result.stdout.splitlines()) == 6  # headers, rule, 2 leaves, rule, total
+
+
+def test_system_exit_while_importing_the_module(tmp_path):
+    (tmp_path / "script_module.py").write_text("import sys\nsys.exit(4)\n")
+    result = run("inspect", "script_module:f", "f32[3]", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert_one_line_error(result.stderr, "importing 'script_module' failed: SystemExit with code 4")
 
 
 def test_error_while_importing_the_module(tmp_path):
@@ -190,6 +292,45 @@ def test_main_dotted_attribute_and_static_literal(capsys):
     ]
 
 
+def test_main_literals_are_concrete_also_inside_tuples(capsys):
+    assert main(["inspect", "cli_fixtures:repeat", "f32[2]", "3", "axis=0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [_entry("", [6], "float32")]
+    assert main(["inspect", "cli_fixtures:tile", "(f32[2], 3)", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [_entry("", [6], "float32")]
+    # The same count as an abstract spec is traced, and jnp.tile refuses it.
+    assert main(["inspect", "cli_fixtures:tile", "(f32[2], i32[])"]) == 1
+    assert_one_line_error(capsys.readouterr().err, "calling cli_fixtures:tile failed: TypeError:")
+
+
+def test_main_table_escapes_control_characters(capsys):
+    assert main(["inspect", "cli_fixtures:terminal_repr", "f32[2]"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out == (
+        "path     shape  dtype  extra                                                      bytes\n"
+        "-------  -----  -----  ---------------------------------------------------------  -----\n"
+        "['obj']                static TerminalRepr line one\\nline two \\x1b[31mred\\x1b[0m\n"
+        "['x']    [2]    f32                                                                 8 B\n"
+        "-------  -----  -----  ---------------------------------------------------------  -----\n"
+        "total: 2 leaves, 2 elements                                                         8 B\n"
+    )
+
+
+def test_main_unexpected_error_is_one_line(capsys, monkeypatch):
+    import treeshape._cli
+
+    def broken(args, stdout):
+        raise RuntimeError("a bug\nwith two lines")
+
+    monkeypatch.setattr(treeshape._cli, "_inspect", broken)
+    assert main(["inspect", "cli_fixtures:echo"]) == 1
+    assert_one_line_error(capsys.readouterr().err, "unexpected error: RuntimeError: a bug (rerun with --traceback")
+    assert main(["--traceback", "inspect", "cli_fixtures:echo"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err
+    assert err.splitlines()[-1] == "treeshape: error: unexpected error: RuntimeError: a bug"
+
+
 def test_main_traceback_option_before_the_subcommand(capsys):
     assert main(["--traceback", "inspect", "cli_fixtures:fails", "f32[3]"]) == 1
     err = capsys.readouterr().err
@@ -217,6 +358,23 @@ def test_main_traceback_option_before_the_subcommand(capsys):
         (["demo", "extra"], 2, "unrecognized arguments: extra"),
         (["inspect", "jax.numpy:matmul", "f32[3]", "f32[4]"], 1, "TypeError: dot_general"),
         (["inspect", "cli_fixtures:echo", TOO_BIG], 1, "OverflowError"),
+        (["inspect", "cli_fixtures:echo", "f32[9223372036854775808]"], 2, "dimension 9223372036854775808 is too large"),
+        (["inspect", "cli_fixtures:echo", "~bool[]"], 2, "'~' (weak type) applies to numeric dtypes only"),
+        (["inspect", "cli_fixtures:echo", "~0.5"], 2, "'~' marks a weak array spec, e.g. ~f32[]"),
+        (["inspect", "cli_fixtures:echo", "~key<fry>[]"], 2, "a PRNG key has no weak type"),
+        (["inspect", "cli_fixtures:echo", "key<bogus>[2]"], 2, "unknown PRNG implementation 'bogus'"),
+        (["inspect", "cli_fixtures:echo", "key<fry>[-1]"], 2, "malformed spec 'key<fry>[-1]'"),
+        (
+            ["inspect", "cli_fixtures:echo", "(f32[2]"],
+            2,
+            "malformed spec '(f32[2]': expected ',' or ')', found the end",
+        ),
+        (["inspect", "cli_fixtures:echo", "(f32[2],,)"], 2, "an empty item at position 8"),
+        (["inspect", "cli_fixtures:echo", "(f32[2]) x"], 2, "unexpected 'x' after the closing bracket"),
+        (["inspect", "cli_fixtures:echo", "(f33[2], 1)"], 2, "unknown dtype 'f33' in spec 'f33[2]'"),
+        (["inspect", "cli_fixtures:echo", "(f32[2], relu)"], 2, "(an item of '(f32[2], relu)')"),
+        (["inspect", "cli_fixtures:echo", "(" * 101 + "f32[2]" + ")" * 101], 2, "nest more than 100 deep"),
+        (["inspect", "cli_fixtures:echo", "--j\x1bson"], 2, r"unrecognized arguments: --j\x1bson"),
     ],
 )
 def test_main_bad_input(capsys, argv, status, message):
@@ -231,7 +389,9 @@ def test_main_help_documents_the_spec_language(capsys):
     out = capsys.readouterr().out
     for text in ("f32[8,784]", "bf16[]", "u8[2,2]", "float32", "0.5", "True", "NAME=SPEC"):
         assert text in out
-    assert "treeshape inspect mypkg.model:predict f32[8,784]" in out
+    assert "treeshape inspect mypkg.model:predict 'f32[8,784]'" in out
+    for text in ("~f32[]", "key<fry>[2]", "(f32[2],i32[])", "axis=0", "JAX_ENABLE_X64=1"):
+        assert text in out
     assert main(["inspect", "--help"]) == 0
     assert "DTYPE[DIMS]" in capsys.readouterr().out
 

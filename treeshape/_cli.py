@@ -1,10 +1,11 @@
 """The `treeshape` command: `treeshape demo` and `treeshape inspect`.
 
-Every failure is one line on stderr (`treeshape: error: ...`) and a non-zero
-exit status: 2 for bad input on the command line (usage, a malformed spec, an
-unknown module or attribute), 1 for an error raised by the user's code (while
-importing the module or calling the function). `--traceback` adds the Python
-traceback.
+Every failure is one line on stderr (`treeshape: error: ...`, control
+characters escaped) and a non-zero exit status: 2 for bad input on the command
+line (usage, a malformed spec, an unknown module or attribute), 1 for an error
+raised by the user's code (while importing the module, calling the function,
+or showing its output), `SystemExit` included. `--traceback` adds the Python
+traceback. `KeyboardInterrupt` is left alone.
 """
 
 import argparse
@@ -30,33 +31,41 @@ Pytree shape inference for JAX, from the command line.
 
 _SPECS: Final = """\
 specs:
-  Each argument after MODULE:ATTR is one abstract argument of the function,
+  Each argument after MODULE:ATTR is one argument of the function,
   positional (SPEC) or keyword (NAME=SPEC). A SPEC is parsed, never run:
 
-    DTYPE[DIMS]   an array: a jax.ShapeDtypeStruct, no memory is allocated
-                  f32[8,784]  bf16[]  i32[3]  u8[2,2]  bool[4]  c64[2]
+    DTYPE[DIMS]   an abstract array: a jax.ShapeDtypeStruct, no memory is
+                  allocated. f32[8,784]  bf16[]  i32[3]  u8[2,2]  bool[4]
                   DTYPE is a short name (f16 f32 f64 bf16 i8 i16 i32 i64
                   u8 u16 u32 u64 c64 c128 bool) or a NumPy name (float32,
                   float8_e4m3fn, ...); DIMS are sizes, [] for a scalar.
-    LITERAL       a Python literal: 0.5, 3 (weak, as JAX types Python
-                  numbers), True (strong), 'relu', (1, 2), None. Numbers
-                  are abstract inputs, strings are static values, tuples
-                  and lists are pytrees of their items.
+    ~DTYPE[DIMS]  the same, weakly typed: ~f32[] is a traced Python float,
+                  ~i32[] a traced Python int.
+    key<IMPL>[DIMS]
+                  typed PRNG keys: key<fry>[2], key<rbg>[], key<unsafe_rbg>[3]
+    (SPEC,...)    a tuple (or [SPEC,...] a list) of specs, nested as deep as
+                  needed: (f32[2],i32[]) is one argument, a pair.
+    LITERAL       a Python literal, passed to the function as the Python
+                  value itself (concrete): 0, 0.5, True, 'relu', (1, 2),
+                  None. For an abstract scalar, use f32[] or ~f32[].
 
-  64-bit dtypes need JAX_ENABLE_X64=1, as everywhere in JAX. MODULE is
-  imported from the current directory or sys.path; ATTR may be dotted
-  (Model.apply).
+  64-bit dtypes need JAX_ENABLE_X64=1, as everywhere in JAX: without it, a
+  64-bit spec is an error. MODULE is imported from the current directory or
+  sys.path; ATTR may be dotted (Model.apply). Quote specs with brackets,
+  parentheses, < > or spaces in your shell.
 
 examples:
-  treeshape inspect mypkg.model:predict f32[8,784]
+  treeshape inspect mypkg.model:predict 'f32[8,784]'
   treeshape inspect mypkg.model:init_state 'bf16[1024,1024]' step=0
-  treeshape inspect jax.numpy:matmul f32[8,784] f32[784,10] --json
+  treeshape inspect jax.nn:softmax 'f32[4,10]' axis=0
+  treeshape inspect jax.numpy:matmul 'f32[8,784]' 'f32[784,10]' --json
 
 output: a table (the first and last 25 rows of a tree of more than 50
 leaves, and an exact total), or with --json every leaf as JSON.
 
 exit status: 0 on success, 2 for bad command-line input (usage, specs,
-unknown module or attribute), 1 when the module or the function raises.
+unknown module or attribute), 1 when the module or the function raises
+(SystemExit included) or its output cannot be shown.
 """
 
 
@@ -144,9 +153,36 @@ def _version() -> str:
     return str(treeshape.__version__)
 
 
+# The exceptions user code may raise that become a one-line error (KeyboardInterrupt stays as it is).
+_USER_ERRORS: Final = (Exception, SystemExit)
+
+
+def _printable(text: str) -> str:
+    """`text` with control and other non-printable characters escaped (`\\n`, `\\x1b`), so that
+    nothing a user's code writes into a message can corrupt the terminal or add a line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{type(value).__name__} whose repr raised>"
+
+
 def _one_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    text = f"{type(err).__name__}: {lines[0].strip()}" if lines else type(err).__name__
+    """`TYPE: the first line of the message`, escaped, at most 300 characters; never raises."""
+    name = type(err).__name__
+    if isinstance(err, SystemExit):
+        return f"{name} with code {_printable(_safe_repr(err.code))}"
+    try:
+        message = str(err)
+    except Exception as inner:
+        return f"{name} (its message cannot be shown: str() raised {type(inner).__name__})"
+    lines = message.strip().splitlines()
+    text = _printable(f"{name}: {lines[0].strip()}" if lines else name)
     return text if len(text) <= 300 else text[:297] + "..."
 
 
@@ -163,7 +199,7 @@ def _import(module_name: str) -> Any:
             where = "looked in the current directory and sys.path"
             raise _Fail(f"no module named {missing!r} ({where})", 2) from err
         raise _Fail(f"importing {module_name!r} failed: {_one_line(err)}", 1) from err
-    except Exception as err:
+    except _USER_ERRORS as err:
         raise _Fail(f"importing {module_name!r} failed: {_one_line(err)}", 1) from err
 
 
@@ -179,7 +215,7 @@ def _resolve(target: str) -> Callable[..., Any]:
             obj = getattr(obj, name)
         except AttributeError as err:
             raise _Fail(f"{done!r} has no attribute {name!r}", 2) from err
-        except Exception as err:
+        except _USER_ERRORS as err:
             raise _Fail(f"reading {target!r} failed: {_one_line(err)}", 1) from err
         done += (":" if done == module_name else ".") + name
     if not callable(obj):
@@ -209,6 +245,27 @@ def _arguments(specs: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
     return args, kwargs
 
 
+def _bind(
+    fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
+) -> tuple[Callable[..., Any], list[Any], dict[str, Any]]:
+    """What to pass to `out_structure`: `fn` and its arguments, or, when some are literals, a
+    function of the abstract arguments alone that passes the literals to `fn` as Python values
+    (`out_structure` would trace a Python number, as `jax.eval_shape` does)."""
+    from ._spec import abstract_leaves, is_abstract, put_back
+
+    values = [*args, *kwargs.values()]
+    if all(is_abstract(value) for value in values):
+        return fn, args, kwargs
+
+    def call(*leaves: Any) -> Any:
+        it = iter(leaves)
+        filled = [put_back(value, it) for value in values]
+        return fn(*filled[: len(args)], **dict(zip(kwargs, filled[len(args) :], strict=True)))
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]  # JAX's messages name `fn`, not `call`
+    return call, [leaf for value in values for leaf in abstract_leaves(value)], {}
+
+
 def _as_json(structure: Any) -> list[dict[str, Any]]:
     """The leaf records of `structure.to_json()` (its `"leaves"` array), built by the same code."""
     from ._json import leaf_records
@@ -222,16 +279,20 @@ def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
     if args.target is None:
         raise _Fail("the following arguments are required: MODULE:ATTR", 2)
     positional, keywords = _arguments(args.specs)
-    fn = _resolve(args.target)
+    fn, positional, keywords = _bind(_resolve(args.target), positional, keywords)
     try:
         structure = ts.out_structure(fn, *positional, **keywords)
-    except Exception as err:
+    except _USER_ERRORS as err:
         raise _Fail(f"calling {args.target} failed: {_one_line(err)}", 1) from err
-    if args.json:
-        entries = [json.dumps(entry) for entry in _as_json(structure)]
-        print("[\n  " + ",\n  ".join(entries) + "\n]" if entries else "[]", file=stdout)
-    else:
-        print(structure, file=stdout)
+    try:  # static output leaves are the user's objects: their repr may raise
+        if args.json:
+            entries = [json.dumps(entry) for entry in _as_json(structure)]
+            text = "[\n  " + ",\n  ".join(entries) + "\n]" if entries else "[]"
+        else:
+            text = str(structure)
+        print(text, file=stdout)
+    except _USER_ERRORS as err:
+        raise _Fail(f"showing the output of {args.target} failed: {_one_line(err)}", 1) from err
     return 0
 
 
@@ -371,13 +432,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = _parser().parse_args(argv)
         except SystemExit as exit_:  # --help and --version
             return exit_.code if isinstance(exit_.code, int) else 0
-        if args.command == "demo":
-            return _demo(sys.stdout)
-        return _inspect(args, sys.stdout)
+        try:
+            if args.command == "demo":
+                return _demo(sys.stdout)
+            return _inspect(args, sys.stdout)
+        except _Fail:
+            raise
+        except Exception as err:  # a bug of treeshape's own: still one line
+            raise _Fail(f"unexpected error: {_one_line(err)}", 1) from err
     except _Fail as err:
         if getattr(args, "traceback", False) and err.__cause__ is not None:
             traceback.print_exception(err.__cause__, file=sys.stderr)
         elif err.status == 1:
             err.args = (f"{err} (rerun with --traceback to see where)",)
-        print(f"{_PROG}: error: {err}", file=sys.stderr)
+        print(f"{_PROG}: error: {_printable(str(err))}", file=sys.stderr)
         return err.status
