@@ -252,7 +252,7 @@ def test_nbytes_per_device():
     assert s.nbytes == 16 * 8 * 4 + 10 * 4 * 2 + 5 * 4 + 8 * 8 + 3
     unsharded = ts.structure_of({"a": jnp.zeros((4, 4)), "n": 1})
     assert unsharded.nbytes_per_device == unsharded.nbytes
-    assert ts.structure_of(jax.device_put(jnp.zeros(8), jax.devices()[3])).nbytes_per_device == 32
+    assert ts.structure_of(jax.device_put(jnp.zeros(8, jnp.float32), jax.devices()[3])).nbytes_per_device == 32
 
 
 def test_table_shows_per_device_bytes_when_a_leaf_is_split():
