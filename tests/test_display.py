@@ -78,16 +78,17 @@ def test_sharded_leaves_show_their_partition_spec():
     tree = {
         "emb": jax.ShapeDtypeStruct((1024, 64), jnp.float32, sharding=sharding("model", None)),
         "w": jax.device_put(jnp.zeros((16, 8), jnp.float32), sharding(("data", "model"), None)),
-        "b": jax.device_put(jnp.zeros(8, jnp.float32), sharding()),  # replicated: nothing to show
+        "b": jax.device_put(jnp.zeros(8, jnp.float32), sharding()),  # replicated: marked
     }
+    # Some leaf is split: a per-device column (the largest shard) and its total.
     assert ts.describe(tree) == (
-        "path     shape      dtype  extra                           bytes\n"
-        "-------  ---------  -----  --------------------------  ---------\n"
-        "['b']    [8]        f32                                     32 B\n"
-        "['emb']  [1024,64]  f32    P('model', None)            256.0 KiB\n"
-        "['w']    [16,8]     f32    P(('data', 'model'), None)      512 B\n"
-        "-------  ---------  -----  --------------------------  ---------\n"
-        "total: 3 leaves, 65,672 elements                       256.5 KiB"
+        "path     shape      dtype  extra                           bytes  per device\n"
+        "-------  ---------  -----  --------------------------  ---------  ----------\n"
+        "['b']    [8]        f32    replicated                       32 B        32 B\n"
+        "['emb']  [1024,64]  f32    P('model', None)            256.0 KiB    64.0 KiB\n"
+        "['w']    [16,8]     f32    P(('data', 'model'), None)      512 B        64 B\n"
+        "-------  ---------  -----  --------------------------  ---------  ----------\n"
+        "total: 3 leaves, 65,672 elements                       256.5 KiB    64.1 KiB"
     )
 
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from . import _cache, _compat
+from . import _cache, _compat, _sharding
 from ._cache import CACHE, CacheInfo, Key, static_key
 from ._structure import PyTree, Structure
 
@@ -543,7 +543,22 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
         >>> ts.out_structure(predict, params, jnp.zeros(3))
         Structure(f32[2], 1 leaf, 8 B)
     """
-    return _out_structure(fn, args, kwargs)[0]
+    structure, call_leaves = _out_structure(fn, args, kwargs)
+    return _with_call_meshes(structure, fn, call_leaves)
+
+
+def _with_call_meshes(structure: Structure, fn: Any, call_leaves: list[Any]) -> Structure:
+    """At top level, a copy of `structure` that knows the concrete meshes of the call's
+    arguments (and of the `jax.set_mesh` mesh), when some output sharding names an
+    abstract mesh: `zeros()` places those leaves there. The cached entry is never changed:
+    one entry answers calls on different concrete meshes with the same abstract mesh."""
+    if not structure._sharded() or not _compat.at_top_level():
+        return structure
+    if not structure._memo("abstract_mesh", lambda: _sharding.has_abstract_mesh(structure)):
+        return structure
+    _, bound, bound_kw = _split_callable(fn)
+    meshes = _sharding.concrete_meshes([call_leaves, bound, bound_kw])
+    return structure._on_meshes(meshes) if meshes else structure
 
 
 def _identity(tree: PyTree) -> PyTree:
@@ -554,9 +569,10 @@ def structure_of(tree: PyTree) -> Structure:
     """Describe an existing pytree: `out_structure(lambda t: t, tree)`.
 
     The result equals `out_structure(lambda t: t, tree)`. In addition, at top
-    level, a leaf that is a committed array (or a `jax.ShapeDtypeStruct` with
-    a concrete sharding) keeps that concrete sharding, so
-    `structure_of(params).zeros()` is placed where `params` lives.
+    level, a leaf that is a committed array keeps its concrete sharding, so
+    `structure_of(params).zeros()` is placed where `params` lives (also across
+    processes), and a `jax.ShapeDtypeStruct` keeps its sharding as given (its
+    `PartitionSpec` too, over an Auto or abstract mesh).
 
     Args:
         tree: A pytree whose leaves are arrays, tracers,
@@ -592,12 +608,12 @@ def abstract_structure_of(tree: PyTree) -> Structure:
 
 
 def _concrete_sharding(x: Any, kind: int) -> Any:
-    """The concrete sharding of a committed array or a ShapeDtypeStruct, or None."""
+    """The sharding to keep for a leaf: a committed array's concrete one, or a
+    ShapeDtypeStruct's as the user gave it (also over an abstract or Auto mesh,
+    whose spec `jax.eval_shape` would drop), or None."""
     if kind == _ARRAY:
         if isinstance(x, jax.core.Tracer) or not x.committed:
             return None
         return x.sharding
     sharding = x.sharding
-    if sharding is None or isinstance(getattr(sharding, "mesh", None), jax.sharding.AbstractMesh):
-        return None
-    return sharding
+    return sharding if isinstance(sharding, jax.sharding.Sharding) else None
