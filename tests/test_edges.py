@@ -102,10 +102,10 @@ def test_no_policy_changes_a_key_dtype(where, fn, case, policy):
             fn(_key_body(make), init, xs, policy=policy)
         err = info.value
         assert isinstance(err, TypeError)
-        assert [(m.path, m.kind) for m in err.mismatches] == [("carry['rng']", "dtype")]
+        assert [(m.where, m.kind) for m in err.mismatches] == [("carry['rng']", "dtype")]
         message = str(err)
         assert message.startswith(
-            f'treeshape.{fn.__name__}: no carry type is a fixed point of `body` under policy="{policy}": '
+            f'treeshape.{fn.__name__}: no carry type is a fixed point of `body` under policy="{policy}":'
         )
         assert f"carry['rng']: input {in_type}, output {out_type}. The dtypes differ, and {advice}" in message
         assert not _claims_a_policy(message)
@@ -122,7 +122,7 @@ def test_keys_in_while_and_fori_carries(where):
             with pytest.raises(ts.CarryMismatchError) as info:
                 ts.fori_carry(lambda i, c: jax.random.key(c), jnp.uint32(0), policy=policy)
             [m] = info.value.mismatches
-            assert (m.path, m.kind) == ("carry", "dtype")
+            assert (m.where, m.kind) == ("carry", "dtype")
             assert "carry: input u32[], output key<fry>[]. The dtypes differ, and no policy turns" in str(info.value)
             assert not _claims_a_policy(str(info.value))
         return jnp.zeros(())
@@ -183,7 +183,7 @@ def test_upcast_never_converts_keys(where, case, policy):
             ts.upcast(tree, like, policy=policy)
         err = info.value
         assert not isinstance(err, ts.CarryMismatchError) and isinstance(err, TypeError)
-        kinds = [(m.path, m.kind) for m in err.mismatches]
+        kinds = [(m.where, m.kind) for m in err.mismatches]
         assert kinds[0] == ("tree['k']", "dtype")
         if policy != "weak":  # bf16 -> f32 is a promotion: only the key is left
             assert kinds == [("tree['k']", "dtype")]
@@ -294,7 +294,7 @@ def test_shard_map_carry_that_gains_a_shape(axis_type, jit, fn):
             in_type = f"~{F_NAME}[]" if isinstance(init["acc"], float) else "f32[]"
             with pytest.raises(ts.CarryMismatchError) as info:
                 fn(body, init, length=3)
-            assert [(m.path, m.kind) for m in info.value.mismatches] == [("carry['acc']", "shape")]
+            assert [(m.where, m.kind) for m in info.value.mismatches] == [("carry['acc']", "shape")]
             assert str(info.value) == (
                 f'treeshape.{fn.__name__}: no carry type is a fixed point of `body` under policy="weak": '
                 f"carry['acc']: input {in_type}, output f32[2]{{V:i}}. The shapes differ, and no policy changes "
@@ -322,7 +322,7 @@ def test_shard_map_shape_and_varying_axes_change_together(axis_type, jit):
         # varying in, varying and reshaped out: the shape only
         with pytest.raises(ts.CarryMismatchError) as info:
             ts.carry_structure(lambda c, _: (c[:, None] * 2, None), x, length=2)
-        assert [(m.path, m.kind) for m in info.value.mismatches] == [("carry", "shape")]
+        assert [(m.where, m.kind) for m in info.value.mismatches] == [("carry", "shape")]
         return x
 
     _per_shard(per_shard, _mesh(axis_type), jit)

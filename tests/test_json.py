@@ -205,7 +205,7 @@ def test_other_static_values_are_kept_by_repr_and_differ_from_the_live_value():
     assert ts.Structure.from_json(s.to_json()) == loaded
     assert loaded != s
     [m, m2] = loaded.diff(tree)
-    assert (m.path, m.kind) == ("tree['act']", "structure") and m2.path == "tree['fn']"
+    assert (m.where, m.kind) == ("tree['act']", "structure") and m2.where == "tree['fn']"
     assert ts.Structure.from_json(loaded.to_json()) == loaded  # markers are written back as they are
     # A repr that raises is replaced by a description of the type.
     s = ts.Structure(jtu.tree_structure(0), (BadRepr(),))
@@ -292,7 +292,7 @@ def test_from_json_under_jit():
 def test_loaded_structures_diff_and_check_live_trees():
     loaded = ts.Structure.from_json(ts.structure_of({"b": jnp.zeros(3), "w": jnp.zeros((2, 3))}).to_json())
     live = {"b": jnp.zeros(3, jnp.int32), "w": jnp.zeros((3, 2))}
-    assert [(m.path, m.kind) for m in loaded.diff(live)] == [("tree['b']", "dtype"), ("tree['w']", "shape")]
+    assert [(m.where, m.kind) for m in loaded.diff(live)] == [("tree['b']", "dtype"), ("tree['w']", "shape")]
     with pytest.raises(ts.StructureMismatchError, match=r"tree\['w'\]: expected shape \(2, 3\), got \(3, 2\)"):
         loaded.check(live)
     assert ts.structure_of(live).diff(loaded)  # and the other way round

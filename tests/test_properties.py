@@ -164,7 +164,7 @@ def test_a_single_leaf_mutation_is_reported_exactly(case):
     tree, changed, path, kind = case
     kinds = kind if isinstance(kind, tuple) else (kind,)
     diff = ts.structure_of(tree).diff(changed)
-    assert [(m.path, m.kind) for m in diff] == [("tree" + path, k) for k in kinds]
+    assert [(m.where, m.kind) for m in diff] == [("tree" + path, k) for k in kinds]
 
 
 @st.composite
@@ -185,7 +185,7 @@ def node_mutations(draw):
 @given(node_mutations())
 def test_a_node_mutation_is_reported_by_path(case):
     tree, changed, expected = case
-    assert [(m.path, m.kind) for m in ts.structure_of(tree).diff(changed)] == expected
+    assert [(m.where, m.kind) for m in ts.structure_of(tree).diff(changed)] == expected
 
 
 small_leaves = st.builds(

@@ -263,7 +263,7 @@ def test_carry_mismatch_names_every_leaf_under_state():
     assert 'policy="promote" would (bf16 promotes to f32)' in message
     assert "state['params']['w']: input bf16[3,2], output bf16[1,3,2]" in message
     assert "make `step` return shape (3, 2) here" in message
-    assert sorted((m.path, m.kind) for m in err.mismatches) == [
+    assert sorted((m.where, m.kind) for m in err.mismatches) == [
         ("state['opt'].mu['w']", "dtype"),
         ("state['params']['w']", "shape"),
     ]

@@ -289,7 +289,10 @@ def test_abstract_mesh_shardings_are_placed_on_the_set_mesh():
     x = jax.device_put(jnp.ones((16, 2)), NamedSharding(mesh, P("i")))
     s = ts.out_structure(lambda y: {"y": y * 2, "r": jnp.zeros(4)}, x)  # shardings over the abstract mesh
     assert s.leaves[1].sharding.mesh == mesh.abstract_mesh
-    assert s.zeros()["y"].sharding == jax.sharding.SingleDeviceSharding(jax.devices()[0])  # no mesh set
+    # No mesh set: the mesh of the call's argument (never silently one device).
+    assert s.zeros()["y"].sharding == NamedSharding(mesh, P("i", None))
+    with pytest.raises(ValueError, match=re.escape("tree['y']")):
+        pickle.loads(pickle.dumps(s)).zeros()  # no argument to take a mesh from
     with jax.set_mesh(mesh):
         z = s.zeros()
     assert z["y"].sharding == NamedSharding(mesh, P("i", None))
@@ -356,10 +359,10 @@ def test_diff_reports_every_leaf_difference_by_path():
         "s": "gelu",
     }
     assert s.diff(actual) == [
-        ts.Mismatch("tree['n']", "weak_type", True, False),
-        ts.Mismatch("tree['s']", "structure", "the static value 'relu'", "the static value 'gelu'"),
-        ts.Mismatch("tree['w']", "shape", (2, 3), (3, 2)),
-        ts.Mismatch("tree['w']", "dtype", jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)),
+        ts.Mismatch("['n']", "weak_type", True, False),
+        ts.Mismatch("['s']", "structure", "the static value 'relu'", "the static value 'gelu'"),
+        ts.Mismatch("['w']", "shape", (2, 3), (3, 2)),
+        ts.Mismatch("['w']", "dtype", jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)),
     ]
     assert not s.matches(actual)
     assert s.matches({"w": jnp.ones((2, 3), jnp.float32), "b": np.ones(3, np.float32), "n": 5.0, "s": "relu"})
@@ -385,33 +388,33 @@ def test_diff_reports_missing_extra_and_different_nodes():
         "z": "extra",
     }
     assert s.diff(actual) == [
-        ts.Mismatch("tree['a']", "structure", "f32[2]", None),
-        ts.Mismatch("tree['b']['c']", "structure", f"~{I_NAME}[]", None),
-        ts.Mismatch("tree['b']['d']", "shape", (1,), (5,)),
-        ts.Mismatch("tree['b']['e']", "structure", None, f"~{F_NAME}[]"),
-        ts.Mismatch("tree['l'][1]", "dtype", jnp.dtype(jnp.float32), jnp.dtype(jnp.int32)),
-        ts.Mismatch("tree['l'][2]", "structure", None, "f32[3]"),
-        ts.Mismatch("tree['p']", "structure", "a Point with 2 children", "a dict with keys ['x', 'y']"),
-        ts.Mismatch("tree['t']", "structure", "a tuple with 2 children", "a list with 2 children"),
-        ts.Mismatch("tree['z']", "structure", None, "the static value 'extra'"),
+        ts.Mismatch("['a']", "structure", "f32[2]", None),
+        ts.Mismatch("['b']['c']", "structure", f"~{I_NAME}[]", None),
+        ts.Mismatch("['b']['d']", "shape", (1,), (5,)),
+        ts.Mismatch("['b']['e']", "structure", None, f"~{F_NAME}[]"),
+        ts.Mismatch("['l'][1]", "dtype", jnp.dtype(jnp.float32), jnp.dtype(jnp.int32)),
+        ts.Mismatch("['l'][2]", "structure", None, "f32[3]"),
+        ts.Mismatch("['p']", "structure", "a Point with 2 children", "a dict with keys ['x', 'y']"),
+        ts.Mismatch("['t']", "structure", "a tuple with 2 children", "a list with 2 children"),
+        ts.Mismatch("['z']", "structure", None, "the static value 'extra'"),
     ]
 
 
 def test_diff_leaf_count_and_node_vs_leaf():
     f32 = lambda n: jnp.zeros(n, jnp.float32)
     s = ts.structure_of([f32(1), f32(2)])
-    assert s.diff([f32(1)]) == [ts.Mismatch("tree[1]", "structure", "f32[2]", None)]
-    assert s.diff(f32(2)) == [ts.Mismatch("tree", "structure", "a list with 2 children", "f32[2]")]
-    assert s.diff(None) == [ts.Mismatch("tree", "structure", "a list with 2 children", "None")]
-    assert ts.structure_of(f32(2)).diff([f32(2)]) == [ts.Mismatch("tree", "structure", "f32[2]", "a list with 1 child")]
+    assert s.diff([f32(1)]) == [ts.Mismatch("[1]", "structure", "f32[2]", None)]
+    assert s.diff(f32(2)) == [ts.Mismatch("", "structure", "a list with 2 children", "f32[2]")]
+    assert s.diff(None) == [ts.Mismatch("", "structure", "a list with 2 children", "None")]
+    assert ts.structure_of(f32(2)).diff([f32(2)]) == [ts.Mismatch("", "structure", "f32[2]", "a list with 1 child")]
     assert ts.structure_of(Point(1, 2)).diff(Point(1, (2, 3))) == [
-        ts.Mismatch("tree.y", "structure", f"~{I_NAME}[]", "a tuple with 2 children")
+        ts.Mismatch(".y", "structure", f"~{I_NAME}[]", "a tuple with 2 children")
     ]
     p = ts.structure_of(Params(jnp.zeros(2), jnp.zeros(2)))
     assert p.diff(Params(jnp.zeros(2), jnp.zeros(2), act="gelu")) == [
-        ts.Mismatch("tree", "structure", "a Params with static data ('relu',)", "a Params with static data ('gelu',)")
+        ts.Mismatch("", "structure", "a Params with static data ('relu',)", "a Params with static data ('gelu',)")
     ]
-    assert p.diff(Params(jnp.zeros(2), jnp.zeros(3))) == [ts.Mismatch("tree.b", "shape", (2,), (3,))]
+    assert p.diff(Params(jnp.zeros(2), jnp.zeros(3))) == [ts.Mismatch(".b", "shape", (2,), (3,))]
 
 
 def test_diff_vma_inside_shard_map():
@@ -427,8 +430,8 @@ def test_diff_vma_inside_shard_map():
 
     _run_shard_map(body, jnp.ones(16))
     assert found[0] == [
-        ts.Mismatch("tree['u']", "vma", frozenset(), frozenset({"i"})),
-        ts.Mismatch("tree['v']", "vma", frozenset({"i"}), frozenset()),
+        ts.Mismatch("['u']", "vma", frozenset(), frozenset({"i"})),
+        ts.Mismatch("['v']", "vma", frozenset({"i"}), frozenset()),
     ]
     assert "tree['v']: expected a leaf varying over manual axes {'i'}, got {} (none)." in found[1]
     assert "lax.pcast(x, ('i',), to=\"varying\")" in found[1]
@@ -492,16 +495,18 @@ def test_check_inside_jit():
 
 
 def test_mismatch_is_a_frozen_dataclass_with_a_sentence():
-    m = ts.Mismatch("carry[0]", "shape", (8,), (8, 1))
+    m = ts.Mismatch("[0]", "shape", (8,), (8, 1), root="carry")
     assert str(m) == "carry[0]: expected shape (8,), got (8, 1)."
-    assert dataclasses.astuple(m) == ("carry[0]", "shape", (8,), (8, 1))
+    assert dataclasses.astuple(m) == ("[0]", "shape", (8,), (8, 1), "carry")
+    assert (m.where, m.what) == ("carry[0]", "expected shape (8,), got (8, 1).")
+    assert str(ts.Mismatch("['w']", "dtype", "float32", "int32")) == "tree['w']: expected dtype float32, got int32."
     with pytest.raises(dataclasses.FrozenInstanceError):
         m.path = "x"  # type: ignore[misc]
-    assert str(ts.Mismatch("t['a']", "dtype", jnp.dtype("float32"), jnp.dtype("int8"))) == (
+    assert str(ts.Mismatch("['a']", "dtype", jnp.dtype("float32"), jnp.dtype("int8"), root="t")) == (
         "t['a']: expected dtype float32, got int8."
     )
-    assert str(ts.Mismatch("t", "weak_type", False, True)) == (
+    assert str(ts.Mismatch("", "weak_type", False, True, root="t")) == (
         "t: expected a strongly typed leaf, got a weakly typed one."
     )
-    assert str(ts.Mismatch("t", "structure", "f32[2]", None)) == "t: missing; expected f32[2]."
-    assert str(ts.Mismatch("t", "structure", None, "f32[2]")) == "t: unexpected extra entry f32[2]."
+    assert str(ts.Mismatch("", "structure", "f32[2]", None, root="t")) == "t: missing; expected f32[2]."
+    assert str(ts.Mismatch("", "structure", None, "f32[2]", root="t")) == "t: unexpected extra entry f32[2]."

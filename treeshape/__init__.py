@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ._display import describe as describe
     from ._errors import (
         CarryMismatchError as CarryMismatchError,
+        PrecisionWarning as PrecisionWarning,
         StructureMismatchError as StructureMismatchError,
     )
     from ._infer import (
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CarryMismatchError",
     "Mismatch",
+    "PrecisionWarning",
     "Structure",
     "StructureMismatchError",
     "cache_info",
@@ -64,6 +66,7 @@ __version__ = importlib.metadata.version("treeshape")
 _MODULES = {
     "CarryMismatchError": "._errors",
     "Mismatch": "._structure",
+    "PrecisionWarning": "._errors",
     "Structure": "._structure",
     "StructureMismatchError": "._errors",
     "cache_info": "._infer",

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
+from ._sharding import is_partitioned, is_replicated, per_device_nbytes, spec_str
+
 
 if TYPE_CHECKING:
     from ._structure import Structure
@@ -89,27 +91,25 @@ _ROOT: Final = "(root)"  # keystr of the empty path is "": show something
 _LEAF_TREEDEF: Final = jtu.tree_structure(0)
 
 
+_PER_DEVICE: Final = "per device"
+
+
 @dataclasses.dataclass(frozen=True)
 class _Table:
     """The cells of a table, shared by the text and HTML renderers."""
 
-    rows: list[tuple[str, str, str, str, str]]
+    rows: list[tuple[str, str, str, str, str, str]]  # path, shape, dtype, extra, bytes, per device
     cut_at: int | None  # index in `rows` where "... N more leaves" goes
     hidden: int  # how many leaves the cut hides
     total: str  # "total: 2 leaves, 9 elements"
     total_bytes: str
     show_extra: bool
+    total_per_device: str | None  # set (and a "per device" column shown) when some leaf is split
 
-
-def _spec_str(sharding: Any) -> str:
-    """A sharding's `PartitionSpec` when it names a mesh axis, else ""."""
-    spec = getattr(sharding, "spec", None)
-    if spec is None:
-        return ""
-    names_an_axis = any(entry is not None for entry in spec) or bool(
-        getattr(spec, "unreduced", None) or getattr(spec, "reduced", None)
-    )
-    return str(spec) if names_an_axis else ""
+    @property
+    def columns(self) -> list[int]:
+        cols = [0, 1, 2, 3, 4] if self.show_extra else [0, 1, 2, 4]
+        return cols + [5] if self.total_per_device is not None else cols
 
 
 def _static_str(leaf: Any) -> str:
@@ -130,18 +130,23 @@ def _leaf_nbytes(leaf: jax.ShapeDtypeStruct) -> int:
     return Structure(_LEAF_TREEDEF, (leaf,)).nbytes
 
 
-def _row(path: str, leaf: Any) -> tuple[str, str, str, str, str]:
+def _row(path: str, leaf: Any, per_device: bool) -> tuple[str, str, str, str, str, str]:
+    """One leaf's cells; with `per_device`, its largest shard's bytes, and "replicated" for a
+    leaf copied whole onto several devices."""
     path = path or _ROOT
     if not isinstance(leaf, jax.ShapeDtypeStruct):
-        return (path, "", "", _static_str(leaf), "")
+        return (path, "", "", _static_str(leaf), "", "")
     dtype = ("~" if leaf.weak_type else "") + short_dtype(leaf.dtype)
-    extra = [_spec_str(leaf.sharding)]
+    extra = [spec_str(leaf.sharding, len(leaf.shape))]
+    if per_device and not extra[0] and is_replicated(leaf):
+        extra[0] = "replicated"
     axes = varying_axes(leaf)
     if axes:
         extra.append(_axes_str(axes))
     extra_str = " ".join(e for e in extra if e)
     nbytes = human_bytes(_leaf_nbytes(leaf))
-    return (path, short_shape(leaf.shape), dtype, extra_str, nbytes)
+    device_bytes = human_bytes(per_device_nbytes(leaf)) if per_device else ""
+    return (path, short_shape(leaf.shape), dtype, extra_str, nbytes, device_bytes)
 
 
 def _plural(n: int, word: str) -> str:
@@ -161,7 +166,8 @@ def _build(structure: "Structure", max_rows: int | None) -> _Table:
         indices = [*range(head), *range(n - tail, n)]
         cut_at, hidden = head, n - max_rows
     paths, leaves = structure.paths, structure.leaves
-    rows = [_row(paths[i], leaves[i]) for i in indices]
+    per_device = structure._sharded() and any(is_partitioned(leaf) for leaf in leaves)
+    rows = [_row(paths[i], leaves[i], per_device) for i in indices]
     leaf_word = "leaf" if n == 1 else "leaves"
     total = f"total: {n:,} {leaf_word}, {_plural(structure.size, 'element')}"
     return _Table(
@@ -171,6 +177,7 @@ def _build(structure: "Structure", max_rows: int | None) -> _Table:
         total=total,
         total_bytes=human_bytes(structure.nbytes),
         show_extra=any(row[3] for row in rows),
+        total_per_device=human_bytes(structure.nbytes_per_device) if per_device else None,
     )
 
 
@@ -178,27 +185,39 @@ def _more(hidden: int) -> str:
     return f"... {hidden:,} more {'leaf' if hidden == 1 else 'leaves'}"
 
 
+def _printable(text: str) -> str:
+    """A cell with control characters from user reprs escaped (`\\n`, `\\x1b`): one line, no
+    terminal codes."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def table(structure: "Structure", max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
     """Render `structure` as an aligned text table (what `str(structure)` shows).
 
-    Columns: path, shape, dtype (`~` marks weak), extra (sharding spec, manual
-    axes `{V:i}`, static leaf type; omitted when empty for every row) and bytes.
+    Columns: path, shape, dtype (`~` marks weak), extra (sharding spec,
+    "replicated", manual axes `{V:i}`, static leaf type; omitted when empty for
+    every row), bytes and, when some leaf is split over devices, per device.
     The last row is the exact total, whatever `max_rows` hides.
     """
     t = _build(structure, max_rows)
-    cols = [0, 1, 2, 3, 4] if t.show_extra else [0, 1, 2, 4]
-    headers = [_HEADERS[c] for c in cols]
-    rows = [[row[c] for c in cols] for row in t.rows]
+    cols = t.columns
+    headers = [(*_HEADERS, _PER_DEVICE)[c] for c in cols]
+    rows = [[_printable(row[c]) for c in cols] for row in t.rows]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    widths[-1] = max(widths[-1], len(t.total_bytes))
+    right = 1 if t.total_per_device is None else 2  # the right-aligned byte columns, at the end
+    widths[-right] = max(widths[-right], len(t.total_bytes))
+    if t.total_per_device is not None:
+        widths[-1] = max(widths[-1], len(t.total_per_device))
     # The total row: its label, then the total bytes flush right under the
     # bytes column, or two spaces after a label too long for that.
-    full = sum(widths) + 2 * (len(widths) - 1)
+    head = widths[: len(widths) - right + 1]
+    full = sum(head) + 2 * (len(head) - 1)
     full = max(full, len(t.total) + 2 + len(t.total_bytes))
 
     def line(cells: list[str]) -> str:
-        left = "  ".join(c.ljust(w) for c, w in zip(cells[:-1], widths, strict=False))
-        return (left + "  " + cells[-1].rjust(widths[-1])).rstrip()
+        left = "  ".join(c.ljust(w) for c, w in zip(cells[:-right], widths, strict=False))
+        tail = "  ".join(c.rjust(w) for c, w in zip(cells[-right:], widths[-right:], strict=True))
+        return (left + "  " + tail).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
     out = [line(headers), rule]
@@ -209,7 +228,10 @@ def table(structure: "Structure", max_rows: int | None = DEFAULT_MAX_ROWS) -> st
     if t.cut_at is not None and t.cut_at == len(rows):
         out.append(_more(t.hidden))
     out.append(rule)
-    out.append(t.total + t.total_bytes.rjust(full - len(t.total)))
+    total = t.total + t.total_bytes.rjust(full - len(t.total))
+    if t.total_per_device is not None:
+        total += "  " + t.total_per_device.rjust(widths[-1])
+    out.append(total)
     return "\n".join(out)
 
 
@@ -221,11 +243,13 @@ _RIGHT: Final = ' style="text-align: right"'
 def html_table(structure: "Structure", max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
     """Render `structure` as an HTML table: the cells of [table][], escaped."""
     t = _build(structure, max_rows)
-    cols = [0, 1, 2, 3, 4] if t.show_extra else [0, 1, 2, 4]
+    cols = t.columns
+    right = 1 if t.total_per_device is None else 2  # the right-aligned byte columns, at the end
     esc = html.escape
 
     def cells(values: list[str], tag: str) -> str:
-        parts = [f"<{tag}{_RIGHT if i == len(values) - 1 else _LEFT}>{esc(v)}</{tag}>" for i, v in enumerate(values)]
+        first_right = len(values) - right
+        parts = [f"<{tag}{_RIGHT if i >= first_right else _LEFT}>{esc(v)}</{tag}>" for i, v in enumerate(values)]
         return "<tr>" + "".join(parts) + "</tr>"
 
     more = f'<tr><td colspan="{len(cols)}"{_LEFT}>{esc(_more(t.hidden))}</td></tr>'
@@ -236,10 +260,14 @@ def html_table(structure: "Structure", max_rows: int | None = DEFAULT_MAX_ROWS) 
         body.append(cells([row[c] for c in cols], "td"))
     if t.cut_at is not None and t.cut_at == len(t.rows):
         body.append(more)
-    total = f'<tr><th colspan="{len(cols) - 1}"{_LEFT}>{esc(t.total)}</th><th{_RIGHT}>{esc(t.total_bytes)}</th></tr>'
+    per_device = "" if t.total_per_device is None else f"<th{_RIGHT}>{esc(t.total_per_device)}</th>"
+    total = (
+        f'<tr><th colspan="{len(cols) - right}"{_LEFT}>{esc(t.total)}</th><th{_RIGHT}>{esc(t.total_bytes)}</th>'
+        f"{per_device}</tr>"
+    )
     return (
         f'<table class="treeshape-structure" style="{_CSS}">'
-        f"<thead>{cells([_HEADERS[c] for c in cols], 'th')}</thead>"
+        f"<thead>{cells([(*_HEADERS, _PER_DEVICE)[c] for c in cols], 'th')}</thead>"
         f"<tbody>{''.join(body)}</tbody>"
         f"<tfoot>{total}</tfoot></table>"
     )
@@ -250,11 +278,15 @@ def describe(tree_or_structure: PyTree, *, max_rows: int | None = DEFAULT_MAX_RO
 
     The same table as `str(structure)`: one row per leaf with its path, shape,
     dtype (`~` marks a weak type, as JAX prints it), an *extra* column (the
-    sharding's `PartitionSpec`, the manual mesh axes `{V:i}` a leaf varies over
-    under `shard_map`, or `static TYPE` for a static leaf; left out when every
-    row is empty) and its size in bytes, then a total row with the number of
-    leaves, elements and bytes. Long trees show their first and last rows
-    around a `... N more leaves` line; the total always counts every leaf.
+    sharding's `PartitionSpec`, one entry per dimension, the manual mesh axes
+    `{V:i}` a leaf varies over under `shard_map`, or `static TYPE` for a static
+    leaf; left out when every row is empty) and its size in bytes, then a total
+    row with the number of leaves, elements and bytes. When some leaf is split
+    over devices, a *per device* column shows each leaf's largest shard and
+    the total [treeshape.Structure.nbytes_per_device][], and leaves copied
+    whole onto several devices say "replicated". Long trees show their first
+    and last rows around a `... N more leaves` line; the total always counts
+    every leaf.
 
     Args:
         tree_or_structure: A [treeshape.Structure][], or any pytree that

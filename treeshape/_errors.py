@@ -1,7 +1,7 @@
 """treeshape's exceptions, and the only place mismatch data becomes prose."""
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ class StructureMismatchError(TypeError):
         <BLANKLINE>
           * tree['b']: expected dtype float32, got int32. Convert it with `.astype(float32)`.
           * tree['w']: expected shape (2, 3), got (3, 2). Make this leaf shape (2, 3).
-        [("tree['b']", 'dtype'), ("tree['w']", 'shape')]
+        [("['b']", 'dtype'), ("['w']", 'shape')]
     """
 
     def __init__(self, message: str, mismatches: Sequence["Mismatch"] = ()) -> None:
@@ -66,6 +66,64 @@ class CarryMismatchError(StructureMismatchError):
     """
 
 
+class PrecisionWarning(UserWarning):
+    """A loop carry will accumulate in a float narrower than 32 bits.
+
+    Emitted by the carry functions ([treeshape.carry_structure][],
+    [treeshape.scan_carry][], ...) when a weakly typed float leaf of `init`
+    (a Python `0.0` accumulator) takes the body's `bfloat16` or `float16`
+    dtype, as JAX's weak-type rule says it must. Summing a thousand `1.001`s
+    in `bfloat16` gives `256`: start such an accumulator from
+    `jnp.float32(0)` to sum in `float32`. It is a `UserWarning`, so the usual
+    `warnings` filters apply.
+
+    Examples:
+        >>> import warnings
+        >>> import jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> xs = jnp.ones(1000, jnp.bfloat16)
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     init = ts.scan_carry(lambda total, x: (total + x, None), 0.0, xs)
+        >>> init.dtype, caught[0].category.__name__
+        (dtype(bfloat16), 'PrecisionWarning')
+        >>> ts.scan_carry(lambda total, x: (total + x, None), jnp.float32(0), xs).dtype
+        dtype('float32')
+    """
+
+
+def narrowing_message(fn_name: str, leaves: Sequence[tuple[str, str, str]], init: str = "init") -> str:
+    """Weak float leaves (where, from, to) that settle on a float narrower than 32 bits."""
+    where, src, dst = leaves[0]
+    if len(leaves) == 1:
+        what = f"{where} ({src} -> {dst}) starts as a weakly typed float (a Python scalar) and takes"
+    else:
+        what = (
+            f"{len(leaves)} leaves (e.g. {where}: {src} -> {dst}) start as weakly typed floats (Python scalars) "
+            "and take"
+        )
+    return (
+        f"treeshape.{fn_name}: {what} the body's narrower dtype, as JAX's weak-type rule says; accumulating "
+        "in it loses precision fast (a thousand 1.001s sum to 256 in bfloat16). To accumulate in float32, "
+        f"start from `jnp.float32(0)` in `{init}`."
+    )
+
+
+def fori_bound_message(fn_name: str, name: str, bound: object, typed: str | None) -> str:
+    what = f"a {typed}" if typed is not None else f"a {type(bound).__name__}"
+    return (
+        f"treeshape.{fn_name}: `{name}` must be an integer scalar (a Python int, or an int array or tracer "
+        f"of shape ()), as for `lax.fori_loop`, got {what}. Pass the bound you will pass to `lax.fori_loop`."
+    )
+
+
+def fori_bounds_message(fn_name: str, lower: str, upper: str) -> str:
+    return (
+        f"treeshape.{fn_name}: `lower` ({lower}) and `upper` ({upper}) have different integer types, which "
+        "`lax.fori_loop` rejects too. Give both bounds one dtype (e.g. `upper.astype(lower.dtype)`)."
+    )
+
+
 def fix_for(m: "Mismatch") -> str:
     """The sentence that tells the user how to repair one mismatch."""
     if m.kind == "shape":
@@ -85,6 +143,8 @@ def fix_for(m: "Mismatch") -> str:
         if missing:
             return f'Apply `jax.lax.pcast(x, {tuple(missing)!r}, to="varying")` to it.'
         return "It varies over more manual axes than expected: reduce it (e.g. `jax.lax.psum`) or expect those axes."
+    if m.kind == "sharding":
+        return f"Reshard it with `jax.sharding.reshard(x, {m.expected})`."
     if m.actual is None:
         return "Add this entry."
     if m.expected is None:
@@ -96,21 +156,49 @@ def _is_key(dtype: object) -> bool:
     return str(dtype).startswith("key<")
 
 
+# -- reports: one sentence, or bullets; leaves that fail alike grouped ----------------
+Line = tuple[str, str, str]  # (where: root + path, what differs, the fix)
+_MAX_LINE: Final = 300  # characters: a message stays readable for trees of any size
+_MAX_WHERE: Final = 100
+_SHOWN: Final = 3  # paths named in a group
+
+
+def mismatch_line(m: "Mismatch") -> Line:
+    return (m.where, m.what, fix_for(m))
+
+
 def format_mismatches(header: str, mismatches: Sequence["Mismatch"]) -> str:
     """`header` plus one sentence (or one bullet per mismatch) with its fix."""
-    lines = [f"{m} {fix_for(m)}" for m in mismatches]
-    if len(lines) == 1:
-        return f"{header}: {lines[0]}"
-    count = f"{len(lines)} differences"
-    return f"{header}; {count}:\n\n" + "\n".join(f"  * {line}" for line in lines)
+    return format_report(header, [mismatch_line(m) for m in mismatches], "differences")
 
 
-# -- dtype policies (upcast and loop carries) ----------------------------------
-def format_lines(header: str, lines: Sequence[str], what: str) -> str:
-    """`header: line` for one line, else `header; N <what>s differ:` and bullets."""
+def format_report(header: str, lines: Sequence[Line], noun: str) -> str:
+    """`header: sentence` for one difference, else `header; N <noun>:` and one
+    bullet per way of failing: leaves that fail the same way (the same fix) are
+    one bullet naming the first few paths and the count."""
+    groups: dict[str, list[Line]] = {}
+    for line in lines:
+        groups.setdefault(line[2], []).append(line)
+    bullets = [_group_line(group) for group in groups.values()]
     if len(lines) == 1:
-        return f"{header}: {lines[0]}"
-    return f"{header}; {len(lines)} {what} differ:\n\n" + "\n".join(f"  * {line}" for line in lines)
+        return (
+            f"{header}: {bullets[0]}" if len(header) + 2 + len(bullets[0]) <= _MAX_LINE else f"{header}:\n{bullets[0]}"
+        )
+    return f"{header}; {len(lines)} {noun}:\n\n" + "\n".join(f"  * {b}" for b in bullets)
+
+
+def _group_line(group: Sequence[Line]) -> str:
+    where, what, fix = group[0]
+    if len(group) == 1:
+        return f"{_clip(where, _MAX_WHERE)}: {what} {fix}"
+    shown = ", ".join(_clip(w, _MAX_WHERE // 2) for w, _, _ in group[:_SHOWN])
+    more = f" and {len(group) - _SHOWN} more" if len(group) > _SHOWN else ""
+    first = f"{_clip(where, _MAX_WHERE // 2)}: {what}" if len(group) > 1 else ""
+    return f"{len(group)} leaves fail alike ({shown}{more}); e.g. {first} {fix}"
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def policy_fix(src: str, src_weak: bool, dst: str, policy: str, allowing: str | None) -> str:
@@ -129,18 +217,204 @@ def policy_fix(src: str, src_weak: bool, dst: str, policy: str, allowing: str | 
     return f'The dtypes differ and {why}, so policy="{policy}" may not change it; policy="{allowing}" would ({reason}).'
 
 
-def carry_shape_fix(shape: tuple[int, ...]) -> str:
-    return f"The shapes differ, and no policy changes a shape: make `body` return shape {shape} here."
+def carry_shape_fix(shape: tuple[int, ...], fn: str = "body") -> str:
+    return f"The shapes differ, and no policy changes a shape: make `{fn}` return shape {shape} here."
 
 
-def carry_vma_fix(in_axes: frozenset[str], out_axes: frozenset[str]) -> str:
+def carry_vma_fix(in_axes: frozenset[str], out_axes: frozenset[str], fn: str = "body") -> str:
     extra = tuple(sorted(in_axes - out_axes))
     return (
-        f"`body` returns a value that varies over fewer manual axes than the carry ({extra} missing), "
+        f"`{fn}` returns a value that varies over fewer manual axes than the carry ({extra} missing), "
         f'and no policy removes axes from a carry: apply `jax.lax.pcast(..., {extra!r}, to="varying")` '
-        "to that output inside `body`."
+        f"to that output inside `{fn}`."
     )
 
 
-def carry_structure_fix() -> str:
-    return "No policy changes the tree structure: make `body` return a carry with the same containers as `init`."
+def carry_structure_fix(fn: str = "body", init: str = "init", noun: str = "carry") -> str:
+    return f"No policy changes the tree structure: make `{fn}` return a {noun} with the same containers as `{init}`."
+
+
+# -- typed PRNG keys (upcast and loop carries) ---------------------------------
+def key_change_fix(
+    src: str, dst: str, src_impl: str, dst_impl: str, in_loop: bool, fn: str = "body", init: str = "init"
+) -> str:
+    """Why no policy changes a dtype from `src` to `dst` when a typed PRNG key is involved, and
+    what to do instead. `in_loop`: `src` is the input of the loop function `fn`, `dst` its output
+    (else `src` is the tree's dtype and `dst` the target's, as in `upcast`)."""
+    src_key, dst_key = _is_key(src), _is_key(dst)
+    if src_key and dst_key:
+        what = "converts between PRNG key implementations"
+        if in_loop:
+            todo = (
+                f'start from {dst} keys (`jax.random.key(seed, impl="{dst_impl}")`), or make `{fn}` return {src} keys.'
+            )
+        else:
+            todo = f'make these keys with `jax.random.key(seed, impl="{dst_impl}")`, or expect {src} keys here.'
+    elif src_key:
+        what = "turns a typed PRNG key into another dtype"
+        if in_loop:
+            todo = (
+                f"make `{fn}` return {src} keys here (rewrap raw key data inside `{fn}` with "
+                f'`jax.random.wrap_key_data(data, impl="{src_impl}")`), or carry the raw data '
+                f"throughout (`jax.random.key_data(key)` in `{init}`, rewrapped inside `{fn}`)."
+            )
+        else:
+            todo = (
+                "take the raw key data explicitly with `jax.random.key_data(...)` (a trailing axis more), "
+                f"or expect {src} keys here."
+            )
+    else:
+        what = "turns another dtype into a typed PRNG key"
+        if in_loop:
+            todo = (
+                f'start from {dst} keys (`jax.random.wrap_key_data(data, impl="{dst_impl}")` for raw key '
+                f"data), or make `{fn}` return raw key data with `jax.random.key_data(...)`."
+            )
+        else:
+            todo = (
+                f'wrap raw key data explicitly with `jax.random.wrap_key_data(data, impl="{dst_impl}")`, '
+                f'or make keys with `jax.random.key(seed, impl="{dst_impl}")`.'
+            )
+    return f'The dtypes differ, and no policy {what} (not even policy="cast"): {todo}'
+
+
+# -- scan lengths --------------------------------------------------------------
+def length_type_message(fn_name: str, length: object, traced: str | None) -> str:
+    """`length` is not an int (`traced`: its type when it is a tracer)."""
+    if traced is not None:
+        return (
+            f"treeshape.{fn_name}: `length` must be a concrete int >= 0, as for `lax.scan`, but it is a traced "
+            f"{traced} here. Pass a Python int (for an argument of a jitted function, mark it static with "
+            "`static_argnames`), or use `lax.while_loop` and `ts.while_carry` for a number of steps known "
+            "only at run time."
+        )
+    text = repr(length)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    return (
+        f"treeshape.{fn_name}: `length` must be an int >= 0 (the number of steps, as for `lax.scan`), "
+        f"got {type(length).__name__} {text}. Pass the number of steps as an int, e.g. `length=3`."
+    )
+
+
+def length_negative_message(fn_name: str, length: int) -> str:
+    return (
+        f"treeshape.{fn_name}: `length` must be an int >= 0 (the number of steps, as for `lax.scan`), "
+        f"got {length}. Pass 0 or more."
+    )
+
+
+# -- 64-bit dtypes with x64 off ------------------------------------------------
+_MAX_PATHS = 3
+
+
+def x64_message(fn_name: str, groups: dict[str, list[str]], example: str) -> str:
+    """Leaves of 64-bit dtypes (`groups`: short dtype -> paths) that JAX cannot hold with x64
+    off; `example` is the first such leaf in compact notation."""
+    count = sum(len(paths) for paths in groups.values())
+    fix = (
+        'Turn x64 on first: `jax.config.update("jax_enable_x64", True)`, or build the values inside '
+        "`with jax.enable_x64(True):`. Or rebuild the Structure with the dtypes JAX uses with x64 off: "
+        "`ts.structure_of(s.tree)`, called with x64 off, makes each 64-bit leaf 32-bit."
+    )
+    why = (
+        "but jax_enable_x64 is off, so JAX would silently make {them} 32-bit and the result would not match "
+        "this Structure (one made with x64 on, e.g. unpickled from such a process)."
+    )
+    if count == 1:
+        [[path]] = groups.values()
+        return f"treeshape.{fn_name}: {path} is {example}, a 64-bit dtype, {why.format(them='it')}\n\n{fix}"
+    lines = []
+    for dtype, paths in groups.items():
+        shown = ", ".join(paths[:_MAX_PATHS])
+        if len(paths) > _MAX_PATHS:
+            shown += f" and {len(paths) - _MAX_PATHS} more ({len(paths)} leaves)"
+        lines.append(f"  * {dtype}: {shown}")
+    listing = "\n".join(lines)
+    return f"treeshape.{fn_name}: {count} leaves have 64-bit dtypes, {why.format(them='them')}\n\n{listing}\n\n{fix}"
+
+
+# -- shardings (placement, with_shardings, loop carries) -------------------------------
+def unresolved_mesh_message(fn_name: str, paths: Sequence[str], example: str, mesh: str) -> str:
+    """Leaves sharded over an abstract mesh that no concrete mesh in sight matches."""
+    if len(paths) == 1:
+        what = f"{paths[0]} ({example}) is sharded over an abstract mesh ({mesh})"
+    else:
+        listed = ", ".join([f"{paths[0]} ({example})", *paths[1:_MAX_PATHS]])
+        if len(paths) > _MAX_PATHS:
+            listed += f" and {len(paths) - _MAX_PATHS} more"
+        what = f"{len(paths)} leaves are sharded over an abstract mesh ({mesh}): {listed}"
+    return (
+        f"treeshape.{fn_name}: {what}; no concrete mesh "
+        "with those axes is known here: none is set with `jax.set_mesh`, and this Structure does not come "
+        "from an `out_structure` call whose arguments live on such a mesh (e.g. it was unpickled or read "
+        "from JSON). treeshape does not drop a sharding silently. Either build the values inside "
+        "`with jax.set_mesh(mesh):`, or give the leaves concrete shardings first: "
+        "`s.with_shardings(NamedSharding(mesh, P(...)))` (a callable `(path, leaf) -> Sharding` picks one "
+        "per leaf; `s.with_shardings(None)` keeps JAX's default placement)."
+    )
+
+
+def shardings_prefix_message(path: str, expected: str, actual: str) -> str:
+    """`with_shardings` got a pytree that is not a prefix of the structure's tree."""
+    where = "the top" if path == "tree" else path
+    return (
+        f"treeshape.Structure.with_shardings: `shardings` is not a prefix of the structure's tree: at {where} "
+        f"it has {expected}, where the tree has {actual}. Give one `Sharding` (or `None`) per subtree, in "
+        "containers like the tree's (the same dict keys and lengths), or one `Sharding` for every leaf, or a "
+        "callable `(path, leaf) -> Sharding | None`."
+    )
+
+
+def shardings_type_message(wrong: Sequence[tuple[str, str, bool]]) -> str:
+    """`with_shardings` values that are not shardings: (where, what it is, is a PartitionSpec)."""
+    lines = [f"{where} is {what}" for where, what, _ in wrong]
+    fix = "Each value must be a `jax.sharding.Sharding` (e.g. `NamedSharding(mesh, P('data'))`) or `None`."
+    if any(is_spec for _, _, is_spec in wrong):
+        fix += " A PartitionSpec needs its mesh: wrap it as `NamedSharding(mesh, spec)`."
+    if len(lines) == 1:
+        return f"treeshape.Structure.with_shardings: {lines[0]}, not a sharding. {fix}"
+    listing = "\n".join(f"  * {line}" for line in lines)
+    return f"treeshape.Structure.with_shardings: {len(lines)} values are not shardings:\n\n{listing}\n\n{fix}"
+
+
+def shardings_unfit_message(lines: Sequence[str]) -> str:
+    """Shardings that do not fit their leaves (rank, divisibility): one line per leaf."""
+    fix = (
+        "Give such leaves a spec with at most one entry per dimension, over mesh axes whose sizes divide "
+        "that dimension (`None` replicates a dimension), or `None` (a callable `(path, leaf) -> Sharding | "
+        "None` can choose by `leaf.shape`)."
+    )
+    if len(lines) == 1:
+        return f"treeshape.Structure.with_shardings: the sharding does not fit {lines[0]}. {fix}"
+    listing = "\n".join(f"  * {line}" for line in lines)
+    return f"treeshape.Structure.with_shardings: {len(lines)} shardings do not fit their leaves:\n\n{listing}\n\n{fix}"
+
+
+def carry_sharding_fix(history: Sequence[str], fn: str = "body") -> str:
+    """A carry leaf whose sharding keeps changing from one evaluation of `fn` to the next."""
+    return (
+        f"`{fn}` changes this leaf's sharding on every pass ({' -> '.join(history)}), so no sharding is a "
+        f"fixed point (explicit mesh axes are part of a carry's type). Give it one sharding at the end of "
+        f"`{fn}`: `jax.sharding.reshard(x, P(...))`."
+    )
+
+
+def carry_reshard_message(fn_name: str, where: str, spec: str) -> str:
+    """`init` must move to an explicit-axes sharding but no concrete mesh is in sight."""
+    return (
+        f"treeshape.{fn_name}: {where} must be resharded to {spec} (the body returns it so, and explicit "
+        "mesh axes are part of a carry's type), but it is not placed on a mesh and no mesh is set. Call it "
+        "inside `with jax.set_mesh(mesh):`, or place the initial value on the mesh first "
+        "(`jax.device_put(x, NamedSharding(mesh, P()))`)."
+    )
+
+
+def astype_key_message(leaves: Sequence[str], dtype: str) -> str:
+    """`Structure.astype` would convert typed PRNG keys (or make them)."""
+    listed = ", ".join(leaves[:_MAX_PATHS]) + (
+        f" and {len(leaves) - _MAX_PATHS} more" if len(leaves) > _MAX_PATHS else ""
+    )
+    return (
+        f"treeshape.Structure.astype: no conversion to or from typed PRNG keys ({dtype}): {listed}. Leave key "
+        "leaves out with `where=`, or convert explicitly with `jax.random.key_data` / `jax.random.wrap_key_data`."
+    )

@@ -4,8 +4,8 @@ import collections
 import dataclasses
 import functools as ft
 import math
-from collections.abc import Iterator
-from typing import Any, NoReturn
+from collections.abc import Callable, Collection, Iterator
+from typing import Any, Final, NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -13,9 +13,9 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 
-from . import _compat
-from ._display import human_bytes, leaf_str, varying_axes
-from ._errors import StructureMismatchError, format_mismatches
+from . import _compat, _sharding
+from ._display import human_bytes, leaf_str, short_dtype, varying_axes
+from ._errors import StructureMismatchError, astype_key_message, format_mismatches, x64_message
 
 
 PyTree = Any
@@ -26,20 +26,28 @@ class Mismatch:
     """One difference between an expected structure and an actual tree.
 
     Attributes:
-        path: Where, as a root name plus a `jax.tree_util.keystr` path, e.g.
-            `tree['w']` or `carry[1]['opt_state'].mu['w']`.
+        path: Where: the `jax.tree_util.keystr` path of the leaf or node, as
+            in `Structure.paths` and `ts.weak_paths` (`"['w']"`, `""` for the
+            root itself).
         kind: One of `"structure"`, `"shape"`, `"dtype"`, `"weak_type"`,
-            `"vma"`.
+            `"vma"`, `"sharding"` (loop carries under explicit mesh axes).
         expected: The expected value: a shape tuple, a dtype, a weak flag, a
-            frozenset of manual axes, or (for `"structure"`) a description of
+            frozenset of manual axes, a `PartitionSpec` (for `"sharding"`,
+            one entry per dimension), or (for `"structure"`) a description of
             the expected node or leaf; `None` when the entry is extra.
         actual: The actual value, as `expected`; `None` when it is missing.
+        root: The name messages print before `path`: `tree` for a compared
+            tree, `carry` for a loop carry, `state` for a train state.
 
     Examples:
         >>> import jax.numpy as jnp
         >>> import treeshape as ts
         >>> s = ts.structure_of({"w": jnp.zeros((2, 3))})
         >>> [m] = s.diff({"w": jnp.zeros((3, 2))})
+        >>> m.path, m.kind, m.expected, m.actual
+        ("['w']", 'shape', (2, 3), (3, 2))
+        >>> m.path in s.paths
+        True
         >>> print(m)
         tree['w']: expected shape (2, 3), got (3, 2).
     """
@@ -48,22 +56,50 @@ class Mismatch:
     kind: str
     expected: Any
     actual: Any
+    root: str = dataclasses.field(default="tree", kw_only=True)
+
+    @property
+    def where(self) -> str:
+        """The root name and the path, as messages print them (`tree['w']`)."""
+        return self.root + self.path
 
     def __str__(self) -> str:
-        where, e, a = self.path, self.expected, self.actual
+        return f"{self.where}: {self.what}"
+
+    @property
+    def what(self) -> str:
+        """The difference, without the path (`expected shape (2, 3), got (3, 2).`)."""
+        e, a = self.expected, self.actual
         if self.kind == "shape":
-            return f"{where}: expected shape {e}, got {a}."
+            return f"expected shape {e}, got {a}."
         if self.kind == "dtype":
-            return f"{where}: expected dtype {e}, got {a}."
+            return f"expected dtype {e}, got {a}."
         if self.kind == "weak_type":
-            return f"{where}: expected a {_weakness(e)} typed leaf, got a {_weakness(a)} typed one."
+            return f"expected a {_weakness(e)} typed leaf, got a {_weakness(a)} typed one."
         if self.kind == "vma":
-            return f"{where}: expected a leaf varying over manual axes {_axes(e)}, got {_axes(a)}."
+            return f"expected a leaf varying over manual axes {_axes(e)}, got {_axes(a)}."
+        if self.kind == "sharding":
+            return f"expected sharding {e}, got {a}."
         if a is None:
-            return f"{where}: missing; expected {e}."
+            return f"missing; expected {e}."
         if e is None:
-            return f"{where}: unexpected extra entry {a}."
-        return f"{where}: expected {e}, got {a}."
+            return f"unexpected extra entry {a}."
+        return f"expected {e}, got {a}."
+
+
+IGNORABLE: Final = ("weak_type", "vma", "sharding", "dtype", "shape")
+
+
+def _ignored(ignore: Collection[str], fn_name: str) -> frozenset[str]:
+    kinds = frozenset((ignore,) if isinstance(ignore, str) else ignore)
+    unknown = kinds - set(IGNORABLE)
+    if unknown:
+        allowed = ", ".join(repr(k) for k in IGNORABLE)
+        raise ValueError(
+            f"treeshape.Structure.{fn_name}: `ignore` takes mismatch kinds among {allowed}; got "
+            f"{', '.join(repr(k) for k in sorted(unknown, key=repr))}. (Tree structure differences are never ignored.)"
+        )
+    return kinds
 
 
 def _weakness(weak: bool) -> str:
@@ -81,7 +117,16 @@ def _leaf_key(leaf: Any) -> tuple[Any, ...]:
         if mat is not None and (mat.varying or mat.unreduced or mat.reduced):
             axes = (frozenset(mat.varying), frozenset(mat.unreduced), frozenset(mat.reduced))
         return (True, leaf.shape, leaf.dtype, leaf.weak_type, axes)
-    return (False, type(leaf), leaf)
+    return (False, type(leaf), _static_value(leaf))
+
+
+def _static_value(leaf: Any) -> Any:
+    """What a static leaf is compared by: a NumPy array (of strings, objects) by
+    its dtype, shape and contents, anything else by itself."""
+    if isinstance(leaf, np.ndarray):
+        contents = tuple(leaf.ravel().tolist()) if leaf.dtype.hasobject else leaf.tobytes()
+        return (leaf.dtype.str, leaf.shape, contents)
+    return leaf
 
 
 @ft.cache
@@ -105,19 +150,6 @@ def _leaf_nbytes(leaf: jax.ShapeDtypeStruct) -> int:
 
 def _as_abstract_mesh(mesh: Any) -> Any:
     return mesh if isinstance(mesh, jax.sharding.AbstractMesh) else mesh.abstract_mesh
-
-
-def _top_level_sharding(sharding: Any) -> Any:
-    """The concrete sharding to place a top-level leaf with, or None (default placement)."""
-    if sharding is None:
-        return None
-    mesh = getattr(sharding, "mesh", None)
-    if isinstance(mesh, jax.sharding.AbstractMesh):
-        concrete = jax.sharding.get_mesh()
-        if concrete.empty or concrete.abstract_mesh != mesh:
-            return None
-        return jax.sharding.NamedSharding(concrete, sharding.spec)
-    return sharding
 
 
 def _spec_axes(spec: Any) -> set[str]:
@@ -154,9 +186,12 @@ def _traced_sharding(sharding: Any) -> Any:
     return jax.sharding.NamedSharding(mesh, sharding.spec)
 
 
-def _filled(leaf: jax.ShapeDtypeStruct, value: Any, top: bool) -> Any:
+def _filled(leaf: jax.ShapeDtypeStruct, value: Any, top: bool, placement: Any = None) -> Any:
+    """One leaf's value: at top level placed with `placement` (a concrete sharding that
+    `_sharding.place` resolved, or None for default placement), under a trace with the
+    sharding that is part of its type."""
     dtype = leaf.dtype
-    sharding = _top_level_sharding(leaf.sharding) if top else _traced_sharding(leaf.sharding)
+    sharding = placement if top else _traced_sharding(leaf.sharding)
     if _is_key_dtype(dtype):
         x = jnp.zeros(leaf.shape, dtype)  # keys from zero key data, whatever `value` is
         if sharding is not None:
@@ -175,6 +210,28 @@ def _is_fill_value(value: Any) -> bool:
     if isinstance(value, (bool, int, float, complex, np.number, np.bool_)):
         return True
     return isinstance(value, (jax.Array, np.ndarray)) and value.ndim == 0
+
+
+def _check_x64(s: "Structure", fn_name: str) -> None:
+    """Refuse to build values for 64-bit leaves that JAX would silently make 32-bit (x64 off)."""
+    if jax.enable_x64.value:
+        return
+    dtypes = {leaf.dtype for leaf in s._array_leaves()}
+    wide = {d for d in dtypes if not jnp.issubdtype(d, jax.dtypes.extended) and jax.dtypes.canonicalize_dtype(d) != d}
+    if not wide:
+        return
+    # "allow": JAX keeps explicitly requested 64-bit dtypes even with x64 off. A config
+    # option read by its public name (`jax.config` sets these attributes dynamically).
+    mode = jax.config.jax_explicit_x64_dtypes  # type: ignore[attr-defined]
+    if str(getattr(mode, "name", mode)).upper() == "ALLOW":
+        return
+    groups: dict[str, list[str]] = {}
+    example = ""
+    for path, leaf in zip(s.paths, s._leaves, strict=True):
+        if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.dtype in wide:
+            example = example or leaf_str(leaf)
+            groups.setdefault(("~" if leaf.weak_type else "") + short_dtype(leaf.dtype), []).append("tree" + path)
+    raise ValueError(x64_message(f"Structure.{fn_name}", groups, example))
 
 
 class _Text:
@@ -221,11 +278,15 @@ class Structure:
         (2, 3)
     """
 
-    __slots__ = ("_treedef", "_leaves", "_cache")
+    __slots__ = ("_treedef", "_leaves", "_cache", "_meshes")
 
     _treedef: jtu.PyTreeDef
     _leaves: tuple[Any, ...]
     _cache: dict[str, Any]
+    # Concrete meshes of the `out_structure` call that made this Structure, for
+    # placing leaves sharded over their abstract meshes. Set per call on a copy
+    # (never on a cached entry); not compared, hashed or pickled.
+    _meshes: tuple[Any, ...] | None
 
     def __init__(self, treedef: jtu.PyTreeDef, leaves: tuple[Any, ...]) -> None:
         if treedef.num_leaves != len(leaves):
@@ -233,6 +294,16 @@ class Structure:
         object.__setattr__(self, "_treedef", treedef)
         object.__setattr__(self, "_leaves", tuple(leaves))
         object.__setattr__(self, "_cache", {})
+        object.__setattr__(self, "_meshes", None)
+
+    def _on_meshes(self, meshes: tuple[Any, ...] | None) -> "Structure":
+        """A copy that places abstract-mesh shardings on `meshes` (same value, same memo)."""
+        copy = Structure.__new__(Structure)
+        object.__setattr__(copy, "_treedef", self._treedef)
+        object.__setattr__(copy, "_leaves", self._leaves)
+        object.__setattr__(copy, "_cache", dict(self._cache))
+        object.__setattr__(copy, "_meshes", meshes)
+        return copy
 
     def __setattr__(self, name: str, value: Any) -> NoReturn:
         raise dataclasses.FrozenInstanceError(f"treeshape.Structure is immutable; cannot assign {name!r}")
@@ -295,6 +366,35 @@ class Structure:
         nbytes: int = self._memo("nbytes", lambda: sum(_leaf_nbytes(leaf) for leaf in self._array_leaves()))
         return nbytes
 
+    @property
+    def nbytes_per_device(self) -> int:
+        """Bytes the array leaves put on the most loaded device, from their shardings.
+
+        Each leaf counts the bytes of its largest shard (`Sharding.shard_shape`;
+        typed PRNG keys by their key data); a leaf without a sharding counts
+        whole, as does a replicated one. This is the memory a sharded
+        optimizer state or model takes on each device: with every leaf on one
+        mesh it is exact (up to XLA's padding and layout), otherwise an upper
+        bound. `str(s)` shows it per leaf when some leaf is split.
+
+        Returns:
+            The bytes, as an `int` (equal to `nbytes` when nothing is split).
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
+            >>> import treeshape as ts
+            >>> mesh = AbstractMesh((4,), ("fsdp",))  # 4 devices (an abstract mesh: sizes only)
+            >>> s = ts.structure_of({"w": jnp.zeros((1024, 256)), "b": jnp.zeros(256)})
+            >>> s = s.with_shardings({"w": NamedSharding(mesh, P("fsdp")), "b": None})
+            >>> s.nbytes, s.nbytes_per_device
+            (1049600, 263168)
+        """
+        per_device: int = self._memo(
+            "nbytes_per_device", lambda: sum(_sharding.per_device_nbytes(leaf) for leaf in self._array_leaves())
+        )
+        return per_device
+
     # -- building values ---------------------------------------------------
     def full(self, value: Any) -> PyTree:
         """Build a pytree of arrays of exactly this structure, filled with `value`.
@@ -303,8 +403,11 @@ class Structure:
         `jax.shard_map`, its manual axes (`lax.pcast(..., to="varying")`).
         Typed PRNG-key leaves get keys made from zero key data; static leaves
         are returned as-is. At top level a leaf with a concrete sharding is
-        placed with it, and one whose sharding names an abstract mesh is placed
-        on the mesh set with `jax.set_mesh` (default placement otherwise).
+        placed with it, also when it spans several processes (each process
+        creates only its own shards). One whose sharding names an abstract
+        mesh is placed on the mesh set with `jax.set_mesh`, else, for a
+        Structure returned by [treeshape.out_structure][], on the mesh of that
+        call's arguments; a sharding is never dropped silently.
         Under `jit` the arrays are compile-time constants, exactly like
         hand-written `jnp.full`; a leaf sharded over `Explicit` mesh axes
         keeps that sharding, which is part of its type there (so the result
@@ -315,6 +418,17 @@ class Structure:
 
         Returns:
             A pytree with this structure's treedef.
+
+        Raises:
+            TypeError: `value` is not a number or bool scalar.
+            ValueError: a leaf has a 64-bit dtype but `jax_enable_x64` is off
+                (a Structure made with x64 on, e.g. unpickled from such a
+                process), so JAX would silently make it 32-bit; the message
+                names the leaves and the fix. Or, at top level, a leaf is
+                sharded over an abstract mesh that neither `jax.set_mesh` nor
+                the `out_structure` call provides (e.g. an unpickled
+                Structure): the message names the leaves and the fixes,
+                `jax.set_mesh` and [treeshape.Structure.with_shardings][].
 
         Examples:
             >>> import jax.numpy as jnp
@@ -328,9 +442,21 @@ class Structure:
                 f"treeshape.Structure.full: `value` must be a number or bool scalar (or a 0-d array), got "
                 f"{type(value).__name__} {value!r}. For other fills, use `jax.tree.map` over `structure.tree`."
             )
+        return self._build(value, "full")
+
+    def _build(self, value: Any, fn_name: str) -> PyTree:
+        _check_x64(self, fn_name)
         top = _compat.at_top_level()
-        leaves = [_filled(x, value, top) if isinstance(x, jax.ShapeDtypeStruct) else x for x in self._leaves]
+        if top and self._sharded():
+            leaves = _sharding.place(self, value, fn_name, _filled)
+        else:
+            leaves = [_filled(x, value, top) if isinstance(x, jax.ShapeDtypeStruct) else x for x in self._leaves]
         return jtu.tree_unflatten(self._treedef, leaves)
+
+    def _sharded(self) -> bool:
+        """Whether some array leaf has a sharding (so top-level values need placing)."""
+        sharded: bool = self._memo("sharded", lambda: any(leaf.sharding is not None for leaf in self._array_leaves()))
+        return sharded
 
     def zeros(self) -> PyTree:
         """Build a pytree of zeros of exactly this structure (see [treeshape.Structure.full][]).
@@ -341,7 +467,7 @@ class Structure:
             >>> ts.structure_of({"count": 0, "mu": jnp.ones(2)}).zeros()
             {'count': Array(0, dtype=int32, weak_type=True), 'mu': Array([0., 0.], dtype=float32)}
         """
-        return self.full(0)
+        return self._build(0, "zeros")
 
     def ones(self) -> PyTree:
         """Build a pytree of ones of exactly this structure (see [treeshape.Structure.full][]).
@@ -352,10 +478,208 @@ class Structure:
             >>> ts.structure_of([jnp.zeros(2, jnp.bfloat16)]).ones()
             [Array([1, 1], dtype=bfloat16)]
         """
-        return self.full(1)
+        return self._build(1, "ones")
+
+    def with_shardings(self, shardings: Any) -> "Structure":
+        """Return the same structure with new shardings on its array leaves.
+
+        For placing values (`s.with_shardings(...).zeros()`), for memory
+        planning ([treeshape.Structure.nbytes_per_device][]) and for
+        Structures whose shardings name an abstract mesh (unpickled, read
+        from JSON). Shapes, dtypes, weak types and static leaves are kept, so
+        the result equals `self` (equality ignores shardings).
+
+        Args:
+            shardings: One of:
+
+                - a `jax.sharding.Sharding`: for every array leaf;
+                - `None`: drop every sharding (JAX's default placement);
+                - a pytree prefix of `self.tree` whose leaves are `Sharding`s
+                  or `None`: each applies to every array leaf below it;
+                - a callable `(path, leaf) -> Sharding | None`, called once per
+                  array leaf with its `keystr` path (as in `self.paths`) and
+                  its `jax.ShapeDtypeStruct`.
+
+        Returns:
+            A new [treeshape.Structure][].
+
+        Raises:
+            ValueError: `shardings` is a pytree that is not a prefix of
+                `self.tree` (the message names the first place where they
+                differ), or a sharding does not fit its leaf: a spec with more
+                entries than the leaf has dimensions, or a dimension not
+                divisible by the mesh axes it is split over. Every such leaf
+                is named by its path.
+            TypeError: a value is neither a `Sharding` nor `None` (e.g. a bare
+                `PartitionSpec`, which needs a mesh: `NamedSharding(mesh, spec)`).
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
+            >>> import treeshape as ts
+            >>> mesh = AbstractMesh((4,), ("fsdp",))
+            >>> params = {"w": jnp.zeros((512, 128)), "b": jnp.zeros(128)}
+            >>> def fsdp(path, leaf):  # shard every matrix over 'fsdp', replicate the rest
+            ...     return NamedSharding(mesh, P("fsdp") if len(leaf.shape) == 2 else P())
+            >>> print(ts.structure_of(params).with_shardings(fsdp))
+            path   shape      dtype  extra                bytes  per device
+            -----  ---------  -----  ---------------  ---------  ----------
+            ['b']  [128]      f32    replicated           512 B       512 B
+            ['w']  [512,128]  f32    P('fsdp', None)  256.0 KiB    64.0 KiB
+            -----  ---------  -----  ---------------  ---------  ----------
+            total: 2 leaves, 65,664 elements          256.5 KiB    64.5 KiB
+            >>> ts.structure_of({"b": jnp.zeros(3)}).with_shardings(NamedSharding(mesh, P("fsdp")))
+            Traceback (most recent call last):
+            ...
+            ValueError: treeshape.Structure.with_shardings: the sharding does not fit tree['b'] (f32[3]): ...
+        """
+        leaves = _sharding.with_shardings(self, shardings)
+        return Structure(self._treedef, tuple(leaves))._on_meshes(self._meshes)
+
+    def astype(self, dtype: Any, *, where: Callable[[str, jax.ShapeDtypeStruct], bool] | None = None) -> "Structure":
+        """Return the same structure with `dtype` on its floating array leaves (or on those `where` picks).
+
+        For mixed precision: float32 accumulators for bfloat16 parameters are
+        `ts.structure_of(params).astype(jnp.float32).zeros()`. A converted
+        leaf keeps its shape, sharding and manual axes and becomes strongly
+        typed (as `x.astype(dtype)` does); other leaves are kept as they are.
+
+        Args:
+            dtype: The new dtype (e.g. `jnp.float32`, `jnp.bfloat16`).
+            where: Which array leaves to convert: a callable `(path, leaf) ->
+                bool`, called with each array leaf's `keystr` path (as in
+                `self.paths`) and its `jax.ShapeDtypeStruct`. By default,
+                every leaf of a floating dtype.
+
+        Returns:
+            A new [treeshape.Structure][].
+
+        Raises:
+            TypeError: `dtype` is not a dtype, or a typed PRNG key would be
+                converted (to or from a key dtype: use
+                `jax.random.key_data` / `jax.random.wrap_key_data`); the
+                message names the leaves by path.
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> import treeshape as ts
+            >>> params = {"w": jnp.zeros((2, 3), jnp.bfloat16), "step": jnp.int32(0)}
+            >>> ts.structure_of(params).astype(jnp.float32)
+            Structure({'step': i32[], 'w': f32[2,3]}, 2 leaves, 28 B)
+            >>> ts.structure_of(params).astype(jnp.int8, where=lambda path, leaf: path == "['step']")
+            Structure({'step': i8[], 'w': bf16[2,3]}, 2 leaves, 13 B)
+        """
+        try:
+            target = jnp.dtype(dtype)
+        except TypeError:
+            raise TypeError(
+                f"treeshape.Structure.astype: `dtype` must be a dtype (e.g. jnp.float32), got "
+                f"{type(dtype).__name__} {dtype!r}."
+            ) from None
+        pick = where if where is not None else lambda _, leaf: bool(jnp.issubdtype(leaf.dtype, jnp.floating))
+        paths = self.paths
+        leaves = list(self._leaves)
+        keys = []
+        for i, leaf in enumerate(leaves):
+            if not isinstance(leaf, jax.ShapeDtypeStruct) or leaf.dtype == target or not pick(paths[i], leaf):
+                continue
+            if _is_key_dtype(leaf.dtype) or _is_key_dtype(target):
+                keys.append(f"tree{paths[i]} ({leaf_str(leaf)})")
+                continue
+            leaves[i] = leaf.update(dtype=target, weak_type=False)
+        if keys:
+            raise TypeError(astype_key_message(keys, short_dtype(target)))
+        return Structure(self._treedef, tuple(leaves))._on_meshes(self._meshes)
+
+    # -- JSON ------------------------------------------------------------------
+    def to_json(self) -> str:
+        """Describe this structure as a stable JSON document (one node or leaf per line).
+
+        A JSON object with a top-level `"version"`, the tree's nodes in
+        pre-order (`"treedef"`: `"*"` for a leaf, `null` for `None`, and
+        dicts, lists, tuples and namedtuples by name), and one record per leaf
+        (`"leaves"`, what `treeshape inspect --json` prints): `path`, `shape`,
+        `dtype` and `weak_type`, plus the `sharding` (a `NamedSharding`'s spec
+        and abstract mesh) and `vma` (manual axes) where a leaf has them.
+        Static leaves of type `str`, `int`, `float`, `bool` and `None` are
+        stored as themselves, any other by its `repr` (and loaded back as a
+        marker with that repr, which compares unequal to the live value).
+
+        Returns:
+            The JSON text; [treeshape.Structure.from_json][] reads it back:
+            `Structure.from_json(s.to_json()) == s` for trees of dicts (str or
+            int keys), lists, tuples, `None` and namedtuples.
+
+        Raises:
+            TypeError: the tree holds something JSON cannot describe: a dict
+                key that is not a `str` or `int`, or a custom pytree node
+                whose node data is not plain data (numbers, strings, `None`
+                and tuples or lists of these).
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> import treeshape as ts
+            >>> s = ts.structure_of({"step": 0, "w": jnp.zeros((2, 3), jnp.bfloat16)})
+            >>> print(s.to_json())
+            {
+              "version": 1,
+              "treedef": [
+                {"type": "dict", "keys": ["step", "w"]},
+                "*",
+                "*"
+              ],
+              "leaves": [
+                {"path": "['step']", "shape": [], "dtype": "int32", "weak_type": true},
+                {"path": "['w']", "shape": [2, 3], "dtype": "bfloat16", "weak_type": false}
+              ]
+            }
+        """
+        from ._json import dumps
+
+        return dumps(self._treedef, self._leaves, self.paths)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Structure":
+        """Read a structure written by [treeshape.Structure.to_json][].
+
+        Safe for untrusted text: every field is checked, nothing is evaluated
+        and no module is imported. A namedtuple (or other node type) is looked
+        up by name among the modules already in `sys.modules`; a static leaf
+        stored by its `repr` comes back as a marker whose `repr` is that text.
+        A leaf's sharding comes back over an abstract mesh of the same axes.
+        (Unlike this, `pickle` runs code chosen by whoever wrote the data:
+        never unpickle untrusted input.)
+
+        Args:
+            text: The JSON document (`str`, or UTF-8 `bytes`).
+
+        Returns:
+            The Structure: `Structure.from_json(s.to_json()) == s`.
+
+        Raises:
+            ValueError: `text` is not valid JSON, has another `"version"`, or
+                any field is malformed (the message says which and why), or a
+                named type is not defined in an imported module.
+            TypeError: `text` is not a `str`, `bytes` or `bytearray`.
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> import treeshape as ts
+            >>> s = ts.structure_of({"b": jnp.zeros(3), "w": jnp.zeros((2, 3))})
+            >>> ts.Structure.from_json(s.to_json()) == s
+            True
+            >>> ts.Structure.from_json('{"version": 99}')
+            Traceback (most recent call last):
+            ...
+            ValueError: treeshape.Structure.from_json: version: this treeshape reads version 1, got 99 ...
+        """
+        from ._json import loads
+
+        treedef, leaves = loads(text)
+        return cls(treedef, leaves)
 
     # -- comparing -----------------------------------------------------------
-    def diff(self, tree: PyTree) -> list[Mismatch]:
+    def diff(self, tree: PyTree, *, ignore: Collection[str] = ()) -> list[Mismatch]:
         """List every difference between this structure and `tree`, in leaf order.
 
         Compares the tree structure (missing and extra dict keys, different
@@ -365,9 +689,16 @@ class Structure:
         Args:
             tree: A pytree of arrays, tracers, `jax.ShapeDtypeStruct`s, NumPy
                 or Python scalars and static values, or another Structure.
+            ignore: Mismatch kinds to leave out: any of `"weak_type"`,
+                `"vma"`, `"sharding"`, `"dtype"`, `"shape"` (e.g. a restored
+                checkpoint's step counter is strong where a fresh Python `0`
+                is weak: `ignore={"weak_type"}`).
 
         Returns:
             A list of [treeshape.Mismatch][], empty when `tree` matches.
+
+        Raises:
+            ValueError: `ignore` names another kind.
 
         Examples:
             >>> import jax.numpy as jnp
@@ -377,11 +708,15 @@ class Structure:
             ...     print(m)
             tree['b']: missing; expected f32[3].
             tree['w']: expected dtype float32, got int32.
+            >>> ts.structure_of({"step": 0}).diff({"step": jnp.int32(0)}, ignore={"weak_type"})
+            []
         """
-        return diff_structures(self, _as_structure(tree), "tree")
+        kinds = _ignored(ignore, "diff")
+        found = diff_structures(self, _as_structure(tree), "tree")
+        return [m for m in found if m.kind not in kinds] if kinds else found
 
-    def matches(self, tree: PyTree) -> bool:
-        """Return `True` iff `self.diff(tree)` is empty.
+    def matches(self, tree: PyTree, *, ignore: Collection[str] = ()) -> bool:
+        """Return `True` iff `self.diff(tree, ignore=ignore)` is empty.
 
         Examples:
             >>> import jax.numpy as jnp
@@ -389,17 +724,22 @@ class Structure:
             >>> ts.structure_of(jnp.zeros(3)).matches(jnp.ones(3))
             True
         """
-        return not self.diff(tree)
+        return not self.diff(tree, ignore=ignore)
 
-    def check(self, tree: PyTree) -> None:
+    def check(self, tree: PyTree, *, ignore: Collection[str] = ()) -> None:
         """Raise if `tree` does not match this structure.
 
         Args:
             tree: As for [treeshape.Structure.diff][].
+            ignore: Mismatch kinds to leave out, as for
+                [treeshape.Structure.diff][].
 
         Raises:
             StructureMismatchError: listing every mismatch, each with its
-                path, expected and actual value, and a fix.
+                path, expected and actual value, and a fix (leaves that fail
+                the same way are grouped; every mismatch is on
+                `err.mismatches`).
+            ValueError: `ignore` names another kind.
 
         Examples:
             >>> import jax.numpy as jnp
@@ -410,7 +750,7 @@ class Structure:
             treeshape._errors.StructureMismatchError: treeshape.Structure.check: the tree does not match:
             tree['w']: expected shape (3,), got (4,). Make this leaf shape (3,).
         """
-        mismatches = self.diff(tree)
+        mismatches = self.diff(tree, ignore=ignore)
         if mismatches:
             header = "treeshape.Structure.check: the tree does not match"
             raise StructureMismatchError(format_mismatches(header, mismatches), mismatches)
@@ -422,7 +762,15 @@ class Structure:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Structure):
             return NotImplemented
-        return self is other or self._key() == other._key()
+        if self is other:
+            return True
+        try:
+            return bool(self._key() == other._key())
+        except Exception:  # a static leaf whose `==` raises or is not a bool: compare leaf by leaf
+            return self._treedef == other._treedef and all(
+                _leaf_key(e) == _leaf_key(a) if isinstance(e, jax.ShapeDtypeStruct) else _static_equal(e, a)
+                for e, a in zip(self._leaves, other._leaves, strict=True)
+            )
 
     def __hash__(self) -> int:
         def compute() -> int:
@@ -472,7 +820,7 @@ class Structure:
 def _hashable(x: Any) -> bool:
     try:
         hash(x)
-    except TypeError:
+    except Exception:  # unhashable, or a `__hash__` that raises something else
         return False
     return True
 
@@ -499,16 +847,27 @@ def _as_structure(tree: PyTree) -> Structure:
 
 # -- diff ----------------------------------------------------------------------
 def diff_structures(expected: Structure, actual: Structure, root: str) -> list[Mismatch]:
-    """Every difference between two structures, with paths under `root`."""
+    """Every difference between two structures: `keystr` paths, printed under `root`."""
     if _equal(expected, actual):  # the common case, and cheap: keys are memoised per Structure
         return []
-    out: list[Mismatch] = []
+    out = _Found(root)
     if expected.treedef == actual.treedef:
         for path, e, a in zip(expected.paths, expected.leaves, actual.leaves, strict=True):
-            _diff_leaf(root + path, e, a, out)
+            _diff_leaf(path, e, a, out)
     else:
-        _diff_nodes(expected.treedef, expected.leaves, actual.treedef, actual.leaves, root, out)
-    return out
+        _diff_nodes(expected.treedef, expected.leaves, actual.treedef, actual.leaves, "", out)
+    return list(out)
+
+
+class _Found(list[Mismatch]):
+    """The mismatches found so far, all under one root name."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__()
+        self.root = root
+
+    def add(self, path: str, kind: str, expected: Any, actual: Any) -> None:
+        self.append(Mismatch(path, kind, expected, actual, root=self.root))
 
 
 def _equal(a: Structure, b: Structure) -> bool:
@@ -518,27 +877,27 @@ def _equal(a: Structure, b: Structure) -> bool:
         return False
 
 
-def _diff_leaf(path: str, e: Any, a: Any, out: list[Mismatch]) -> None:
+def _diff_leaf(path: str, e: Any, a: Any, out: _Found) -> None:
     e_array = isinstance(e, jax.ShapeDtypeStruct)
     a_array = isinstance(a, jax.ShapeDtypeStruct)
     if not (e_array and a_array):
         if e_array != a_array or not _static_equal(e, a):
-            out.append(Mismatch(path, "structure", _describe_leaf(e), _describe_leaf(a)))
+            out.add(path, "structure", _describe_leaf(e), _describe_leaf(a))
         return
     if e.shape != a.shape:
-        out.append(Mismatch(path, "shape", e.shape, a.shape))
+        out.add(path, "shape", e.shape, a.shape)
     if e.dtype != a.dtype:
-        out.append(Mismatch(path, "dtype", e.dtype, a.dtype))
+        out.add(path, "dtype", e.dtype, a.dtype)
     if e.weak_type != a.weak_type:
-        out.append(Mismatch(path, "weak_type", e.weak_type, a.weak_type))
+        out.add(path, "weak_type", e.weak_type, a.weak_type)
     if varying_axes(e) != varying_axes(a):
-        out.append(Mismatch(path, "vma", varying_axes(e), varying_axes(a)))
+        out.add(path, "vma", varying_axes(e), varying_axes(a))
 
 
 def _static_equal(e: Any, a: Any) -> bool:
     try:
-        return type(e) is type(a) and bool(e == a)
-    except Exception:
+        return type(e) is type(a) and bool(_static_value(e) == _static_value(a))
+    except Exception:  # an `==` that raises or does not give a bool
         return e is a
 
 
@@ -548,17 +907,67 @@ def _describe_leaf(leaf: Any) -> str:
     return f"the static value {leaf_str(leaf)}"
 
 
-def _describe_node(treedef: jtu.PyTreeDef, leaves: tuple[Any, ...], with_data: bool = False) -> str:
-    if jtu.treedef_is_leaf(treedef):
-        return _describe_leaf(leaves[0]) if leaves else "None"
-    node_type, aux = treedef.node_data()
+def _describe_node(treedef: jtu.PyTreeDef, leaves: tuple[Any, ...]) -> str:
+    data = treedef.node_data()
+    if data is None:  # a leaf
+        return _describe_leaf(leaves[0])
+    node_type, aux = data
+    if node_type is type(None):
+        return "None"
+    n = len(treedef.children())
+    if n == 0:  # told apart from None
+        return f"an empty {node_type.__name__}"
     keys = _mapping_keys(node_type, aux)
     if keys is not None:
-        return f"{_type_name(node_type)} with keys {list(keys)}"
-    if with_data:
-        return f"{_type_name(node_type)} with static data {aux!r}"
-    n = len(treedef.children())
+        return f"{_type_name(node_type)} with keys {_short(list(keys), 120)}"
     return f"{_type_name(node_type)} with {n} {'child' if n == 1 else 'children'}"
+
+
+_MAX_FIELDS: Final = 3
+_SHORT: Final = 60
+
+
+def _data_difference(expected: Any, actual: Any) -> tuple[str, str]:
+    """Two nodes' static data, told by the fields that differ (node data such as
+    flax.nnx's holds a whole graph description: its repr is no message)."""
+    e_text, a_text = _short(expected, 1000), _short(actual, 1000)
+    if len(e_text) <= _SHORT and len(a_text) <= _SHORT:
+        return f"static data {e_text}", f"static data {a_text}"
+    e_fields, a_fields = _fields(expected), _fields(actual)
+    if e_fields is not None and a_fields is not None and e_fields.keys() == a_fields.keys():
+        differ = [k for k in e_fields if not _static_equal(e_fields[k], a_fields[k])]
+        if differ:
+            shown = differ[:_MAX_FIELDS]
+            more = f" (and {len(differ) - _MAX_FIELDS} more fields)" if len(differ) > _MAX_FIELDS else ""
+
+            def side(fields: dict[str, Any]) -> str:
+                return ", ".join(f"{k}={_short(fields[k])}" for k in shown) + more
+
+            return f"static data {side(e_fields)}", f"static data {side(a_fields)}"
+    return f"static data {_short(expected)}", f"static data {_short(actual)}"
+
+
+def _fields(data: Any) -> dict[str, Any] | None:
+    """A node's static data as named fields, where it has them."""
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        return {f.name: getattr(data, f.name, None) for f in dataclasses.fields(data)}
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return dict(zip(data._fields, data, strict=True))
+    if isinstance(data, (tuple, list)):
+        return {f"[{i}]": item for i, item in enumerate(data)}
+    if isinstance(data, dict):
+        return {repr(k): v for k, v in data.items()}
+    attributes = getattr(data, "__dict__", None)
+    return dict(attributes) if isinstance(attributes, dict) else None
+
+
+def _short(value: Any, limit: int = _SHORT) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _mapping_keys(node_type: type, aux: Any) -> Any:
@@ -601,7 +1010,7 @@ def _diff_nodes(
     a_td: jtu.PyTreeDef,
     a_leaves: tuple[Any, ...],
     path: str,
-    out: list[Mismatch],
+    out: _Found,
 ) -> None:
     if e_td == a_td:
         sub = Structure(e_td, e_leaves)
@@ -615,7 +1024,7 @@ def _diff_nodes(
     e_node = None if e_leaf else e_td.node_data()
     a_node = None if a_leaf else a_td.node_data()
     if e_node is None or a_node is None or e_node[0] is not a_node[0]:
-        out.append(Mismatch(path, "structure", _describe_node(e_td, e_leaves), _describe_node(a_td, a_leaves)))
+        out.add(path, "structure", _describe_node(e_td, e_leaves), _describe_node(a_td, a_leaves))
         return
     node_type = e_node[0]
     e_keys, a_keys = _mapping_keys(node_type, e_node[1]), _mapping_keys(node_type, a_node[1])
@@ -634,15 +1043,12 @@ def _diff_nodes(
         return
     if e_node != a_node or len(e_td.children()) != len(a_td.children()):
         # The same custom node type with other static data (or arity).
-        with_data = len(e_td.children()) == len(a_td.children())
-        out.append(
-            Mismatch(
-                path,
-                "structure",
-                _describe_node(e_td, e_leaves, with_data),
-                _describe_node(a_td, a_leaves, with_data),
-            )
-        )
+        if len(e_td.children()) == len(a_td.children()):
+            expected, actual = _data_difference(e_node[1], a_node[1])
+            name = _type_name(e_node[0])
+            out.add(path, "structure", f"{name} with {expected}", f"{name} with {actual}")
+        else:
+            out.add(path, "structure", _describe_node(e_td, e_leaves), _describe_node(a_td, a_leaves))
         return
     keys = _child_keys(e_td, e_leaves)
     for key, (e_sub, e_sub_leaves), (a_sub, a_sub_leaves) in zip(
@@ -655,7 +1061,7 @@ _Children = dict[Any, tuple[jtu.PyTreeDef, tuple[Any, ...]]]
 
 
 def _diff_children(
-    expected: _Children, actual: _Children, make_key: Any, path: str, out: list[Mismatch], ordered: bool = False
+    expected: _Children, actual: _Children, make_key: Any, path: str, out: _Found, ordered: bool = False
 ) -> None:
     """Diff children matched by key, in leaf order: shared ones recursively,
     missing and extra ones as one structure mismatch each."""
@@ -668,8 +1074,8 @@ def _diff_children(
     for key in keys:
         sub_path = path + jtu.keystr((make_key(key),))
         if key not in actual:
-            out.append(Mismatch(sub_path, "structure", _describe_node(*expected[key]), None))
+            out.add(sub_path, "structure", _describe_node(*expected[key]), None)
         elif key not in expected:
-            out.append(Mismatch(sub_path, "structure", None, _describe_node(*actual[key])))
+            out.add(sub_path, "structure", None, _describe_node(*actual[key]))
         else:
             _diff_nodes(*expected[key], *actual[key], sub_path, out)

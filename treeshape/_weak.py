@@ -11,7 +11,10 @@ import numpy as np
 from jax import lax
 
 from . import _compat
-from ._structure import Mismatch, PyTree, Structure, diff_structures
+from ._display import short_dtype
+from ._errors import StructureMismatchError, format_report, key_change_fix, mismatch_line, policy_fix
+from ._infer import abstract_structure_of
+from ._structure import Mismatch, PyTree, Structure, _is_key_dtype, diff_structures
 
 
 POLICIES: Final = ("weak", "promote", "cast")
@@ -47,21 +50,32 @@ def is_weak(x: Any) -> bool:
     """Return whether `x` is weakly typed (a Python scalar or an array derived from one).
 
     Args:
-        x: An array, tracer, `jax.ShapeDtypeStruct` or Python scalar.
+        x: An array, tracer, `jax.ShapeDtypeStruct` or Python scalar, or a
+            [treeshape.Structure][] of one leaf (as for its leaf).
 
     Returns:
         `True` for Python `int`/`float`/`complex` and weak arrays; `False` for
         `bool`, NumPy values and strong arrays.
 
     Raises:
-        TypeError: `x` is none of the above.
+        TypeError: `x` is none of the above (for a Structure of several
+            leaves, use [treeshape.weak_paths][]).
 
     Examples:
         >>> import jax.numpy as jnp
         >>> import treeshape as ts
         >>> ts.is_weak(1.0), ts.is_weak(jnp.asarray(1.0)), ts.is_weak(jnp.float32(1.0))
         (True, True, False)
+        >>> ts.is_weak(ts.structure_of(0))
+        True
     """
+    if isinstance(x, Structure):
+        if len(x) != 1:
+            raise TypeError(
+                f"treeshape.is_weak: expected a single leaf, got a Structure of {len(x)} leaves. "
+                "Use ts.weak_paths(structure) for the paths of its weak leaves."
+            )
+        (x,) = x.leaves
     aval = _abstract(x)
     if aval is None:
         raise TypeError(
@@ -74,14 +88,19 @@ def is_weak(x: Any) -> bool:
 def weak_paths(tree: PyTree) -> list[str]:
     """List the `jax.tree_util.keystr` paths of the weakly typed leaves of `tree`.
 
-    Static leaves (strings, callables, ...) are never weak.
+    `tree` may also be a [treeshape.Structure][]. Static leaves (strings,
+    callables, ...) are never weak.
 
     Examples:
         >>> import jax.numpy as jnp
         >>> import treeshape as ts
         >>> ts.weak_paths({"lr": 0.1, "w": jnp.ones(2), "step": jnp.asarray(0)})
         ["['lr']", "['step']"]
+        >>> ts.weak_paths(ts.structure_of({"lr": 0.1, "w": jnp.ones(2)}))
+        ["['lr']"]
     """
+    if isinstance(tree, Structure):
+        return [p for p, leaf in zip(tree.paths, tree.leaves, strict=True) if _weak_leaf(leaf)]
     flat, _ = jtu.tree_flatten_with_path(tree)
     paths = []
     for path, x in flat:
@@ -89,6 +108,10 @@ def weak_paths(tree: PyTree) -> list[str]:
         if aval is not None and aval.weak_type:
             paths.append(jtu.keystr(path))
     return paths
+
+
+def _weak_leaf(leaf: Any) -> bool:
+    return isinstance(leaf, jax.ShapeDtypeStruct) and leaf.weak_type
 
 
 def _make_strong(x: Any) -> Any:
@@ -106,13 +129,19 @@ def strip_weak_type(tree: PyTree) -> PyTree:
     Python scalars become strong arrays of JAX's default dtype for them, weak
     arrays and tracers are converted (a no-op at run time), weak
     `jax.ShapeDtypeStruct`s get `weak_type=False`. Useful to give a jitted
-    function one stable signature whether its inputs come weak or strong.
+    function one stable signature whether its inputs come weak or strong. A
+    [treeshape.Structure][] gives a Structure whose leaves are all strong.
 
     Examples:
         >>> import treeshape as ts
         >>> ts.strip_weak_type({"lr": 0.1, "name": "adam"})
         {'lr': Array(0.1, dtype=float32), 'name': 'adam'}
+        >>> ts.strip_weak_type(ts.structure_of({"step": 0}))
+        Structure({'step': i32[]}, 1 leaf, 4 B)
     """
+    if isinstance(tree, Structure):
+        leaves = tuple(leaf.update(weak_type=False) if _weak_leaf(leaf) else leaf for leaf in tree.leaves)
+        return Structure(tree.treedef, leaves)
     return jtu.tree_map(_make_strong, tree)
 
 
@@ -142,8 +171,30 @@ def _promotes(src: Any, dst: Any) -> bool:
         return False
 
 
+def key_change(src: Any, dst: Any) -> bool:
+    """Whether a change from dtype `src` to `dst` touches a typed PRNG key: to or from a key
+    dtype, or between key implementations. No policy allows one."""
+    return bool(src != dst and (_is_key_dtype(src) or _is_key_dtype(dst)))
+
+
+@ft.cache
+def key_impl_name(dtype: Any) -> str:
+    """The `impl=` name of a typed PRNG key dtype, as `jax.random.key` takes it ("" for others)."""
+    if not _is_key_dtype(dtype):
+        return ""
+    names: list[str] = []
+
+    def read(key: Any) -> None:
+        names.append(str(jax.random.key_impl(key)))
+
+    jax.eval_shape(read, jax.ShapeDtypeStruct((), dtype))
+    return names[0]
+
+
 def dtype_change_allowed(src: Any, src_weak: bool, dst: Any, policy: str) -> bool:
     """Whether `policy` lets a leaf of dtype `src` take dtype `dst`."""
+    if key_change(src, dst):
+        return False
     if policy == "cast":
         return True
     if src_weak and weak_result(src, dst) == dst:
@@ -156,7 +207,7 @@ def allowing_policy(src: Any, src_weak: bool, dst: Any) -> str | None:
     for policy in POLICIES:
         if dtype_change_allowed(src, src_weak, dst, policy):
             return policy
-    return None  # pragma: no cover - "cast" allows everything
+    return None  # a change that touches a typed PRNG key (see `key_change`)
 
 
 def convert(x: Any, dtype: Any, weak_type: bool) -> Any:
@@ -176,7 +227,8 @@ def upcast(tree: PyTree, like: Structure | PyTree, *, policy: str = "weak") -> P
 
     Args:
         tree: A pytree of arrays, tracers or Python scalars (static leaves are
-            kept and must equal `like`'s).
+            kept and must equal `like`'s), or a [treeshape.Structure][] (then
+            the result is the converted Structure).
         like: A [treeshape.Structure][] or a pytree of arrays or
             `jax.ShapeDtypeStruct`s with the same structure and shapes.
         policy: Which leaves may change dtype:
@@ -192,7 +244,8 @@ def upcast(tree: PyTree, like: Structure | PyTree, *, policy: str = "weak") -> P
 
     Raises:
         StructureMismatchError: the structures or shapes differ, or `policy`
-            forbids a dtype change; the message lists every offending leaf.
+            forbids a dtype change; the message lists every offending leaf
+            (dtype problems together with structure and shape problems).
         ValueError: `policy` is not one of the three above.
 
     Examples:
@@ -201,29 +254,46 @@ def upcast(tree: PyTree, like: Structure | PyTree, *, policy: str = "weak") -> P
         >>> like = {"lr": jnp.zeros((), jnp.bfloat16), "w": jnp.zeros(2, jnp.float32)}
         >>> ts.upcast({"lr": 0.5, "w": jnp.ones(2, jnp.bfloat16)}, like, policy="promote")
         {'lr': Array(0.5, dtype=bfloat16), 'w': Array([1., 1.], dtype=float32)}
+        >>> ts.upcast(ts.structure_of({"lr": 0.5}), like={"lr": jnp.zeros((), jnp.bfloat16)})
+        Structure({'lr': bf16[]}, 1 leaf, 2 B)
     """
-    from ._display import short_dtype
-    from ._errors import StructureMismatchError, fix_for, format_lines, policy_fix
-    from ._infer import structure_of
-
     check_policy(policy, "upcast")
-    target = like if isinstance(like, Structure) else structure_of(like)
-    source = structure_of(tree)
-    mismatches = [m for m in diff_structures(target, source, "tree") if m.kind in ("structure", "shape")]
-    lines = [f"{m} {fix_for(m)}" for m in mismatches]
-    if not mismatches:
-        for path, want, have in zip(target.paths, target.leaves, source.leaves, strict=True):
-            if not isinstance(want, jax.ShapeDtypeStruct) or want.dtype == have.dtype:
+    target = like if isinstance(like, Structure) else abstract_structure_of(like)
+    source = tree if isinstance(tree, Structure) else abstract_structure_of(tree)
+    source_at = dict(zip(source.paths, source.leaves, strict=True))
+    mismatches: list[Mismatch] = []
+    lines = []
+    for m in diff_structures(target, source, "tree"):
+        if m.kind == "dtype":
+            have = source_at[m.path]
+            if dtype_change_allowed(have.dtype, have.weak_type, m.expected, policy):
                 continue
-            if not dtype_change_allowed(have.dtype, have.weak_type, want.dtype, policy):
-                m = Mismatch("tree" + path, "dtype", want.dtype, have.dtype)
-                src, dst = short_dtype(have.dtype), short_dtype(want.dtype)
-                allowing = allowing_policy(have.dtype, have.weak_type, want.dtype)
-                mismatches.append(m)
-                lines.append(f"{m} {policy_fix(src, have.weak_type, dst, policy, allowing)}")
+            src, dst = short_dtype(have.dtype), short_dtype(m.expected)
+            if key_change(have.dtype, m.expected):
+                fix = key_change_fix(src, dst, key_impl_name(have.dtype), key_impl_name(m.expected), False)
+            else:
+                fix = policy_fix(
+                    src, have.weak_type, dst, policy, allowing_policy(have.dtype, have.weak_type, m.expected)
+                )
+            lines.append((m.where, m.what, fix))
+        elif m.kind in ("structure", "shape"):
+            lines.append(mismatch_line(m))
+        else:  # a weak flag or manual axes: `upcast` sets the flag, and does not change axes
+            continue
+        mismatches.append(m)
     if mismatches:
         header = f'treeshape.upcast: the tree cannot be converted to the target under policy="{policy}"'
-        raise StructureMismatchError(format_lines(header, lines, "leaves"), mismatches)
+        raise StructureMismatchError(format_report(header, lines, "leaves differ"), mismatches)
+    if isinstance(tree, Structure):
+        return Structure(
+            source.treedef,
+            tuple(
+                have.update(dtype=want.dtype, weak_type=want.weak_type)
+                if isinstance(want, jax.ShapeDtypeStruct) and want.dtype != have.dtype
+                else have
+                for want, have in zip(target.leaves, source.leaves, strict=True)
+            ),
+        )
     leaves = jtu.tree_leaves(tree)
     out = [
         convert(x, want.dtype, want.weak_type)
