@@ -297,7 +297,7 @@ def _join(
             failures.append(("structure", leaf_str(c), f"the static value {leaf_str(o)}", fix))
         else:
             if c.shape != o.shape:
-                failures.append(("shape", c.shape, o.shape, carry_shape_fix(c.shape, roles.fn)))
+                failures.append(("shape", c.shape, o.shape, carry_shape_fix(c.shape, o.shape, roles.fn, roles.init)))
             if c.dtype != o.dtype:
                 if dtype_change_allowed(c.dtype, c.weak_type, o.dtype, policy):
                     new = new.update(dtype=o.dtype, weak_type=o.weak_type if roles.weak_from_output else False)

@@ -136,8 +136,8 @@ def fix_for(m: "Mismatch") -> str:
         return f"Convert it with `.astype({m.expected})`."
     if m.kind == "weak_type":
         if m.expected:
-            return "Build it from a Python scalar, or convert the expected side with `ts.strip_weak_type`."
-        return "Make it strong with `ts.strip_weak_type`, or pass a typed array instead of a Python scalar."
+            return "Build it from a Python scalar, or compare with `ignore={'weak_type'}`."
+        return "Make it strong with `ts.strip_weak_type`, or compare with `ignore={'weak_type'}`."
     if m.kind == "vma":
         missing = sorted(set(m.expected) - set(m.actual))
         if missing:
@@ -217,7 +217,12 @@ def policy_fix(src: str, src_weak: bool, dst: str, policy: str, allowing: str | 
     return f'The dtypes differ and {why}, so policy="{policy}" may not change it; policy="{allowing}" would ({reason}).'
 
 
-def carry_shape_fix(shape: tuple[int, ...], fn: str = "body") -> str:
+def carry_shape_fix(shape: tuple[int, ...], out_shape: tuple[int, ...], fn: str = "body", init: str = "init") -> str:
+    if not shape and out_shape:  # a scalar start (a Python `0.0` accumulator) meeting arrays
+        return (
+            f"The shapes differ, and no policy changes a shape: give `{init}` shape {out_shape} here "
+            f"(e.g. `jnp.zeros({out_shape})` instead of a scalar), or make `{fn}` return shape ()."
+        )
     return f"The shapes differ, and no policy changes a shape: make `{fn}` return shape {shape} here."
 
 

@@ -1,0 +1,75 @@
+"""The checkpoint workflow with orbax: read a checkpoint's structure from its
+metadata (no array is loaded), check it against the model's, and restore into
+a target built by treeshape, with or without shardings."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import treeshape as ts
+
+
+OPT = optax.adam(1e-3)
+
+
+def _init(key):
+    params = {"w": jax.random.normal(key, (4, 8)).astype(jnp.bfloat16), "b": jnp.zeros(8, jnp.bfloat16)}
+    return {"params": params, "opt": OPT.init(params), "step": 0}
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    state = _init(jax.random.key(0))
+    state = {**state, "params": jax.tree.map(lambda p: p + 1, state["params"])}
+    checkpointer = ocp.StandardCheckpointer()
+    path = tmp_path / "ckpt" / "1"
+    checkpointer.save(path, state)
+    checkpointer.wait_until_finished()
+    return checkpointer, path, state
+
+
+def test_structure_of_checkpoint_metadata(checkpoint):
+    checkpointer, path, state = checkpoint
+    metadata = checkpointer.metadata(path).item_metadata.tree  # orbax ArrayMetadata leaves
+    s = ts.structure_of(metadata)
+    assert "['opt'][0]['mu']['w']" in s.paths  # orbax keeps optax's state as plain containers
+    assert s.tree["params"]["w"] == jax.ShapeDtypeStruct((4, 8), jnp.bfloat16)
+    assert s.tree["step"].dtype == jnp.result_type(int) and not s.tree["step"].weak_type
+    expected = ts.out_structure(_init, jax.random.key(0))
+    # The Python-int step is weak in the model and strong in the checkpoint, and
+    # orbax stores optax's namedtuple state as a list: diff names exactly that.
+    assert [str(m) for m in expected.diff(s, ignore={"weak_type"})] == [
+        "tree['opt']: expected a tuple with 2 children, got a list with 2 children."
+    ]
+    ts.structure_of(expected.tree["params"]).check(s.tree["params"])
+
+
+def test_restore_into_a_treeshape_target(checkpoint):
+    checkpointer, path, state = checkpoint
+    expected = ts.out_structure(_init, jax.random.key(0))
+    restored = checkpointer.restore(path, target=expected.tree)
+    expected.check(restored, ignore={"weak_type"})
+    np.testing.assert_array_equal(np.asarray(restored["params"]["w"]), np.asarray(state["params"]["w"]))
+    assert type(restored["opt"][0]) is type(state["opt"][0])  # the namedtuples come back from the target
+
+
+def test_restore_with_shardings(checkpoint):
+    checkpointer, path, state = checkpoint
+    mesh = jax.make_mesh((8,), ("d",))
+    expected = ts.out_structure(_init, jax.random.key(0))
+
+    def fsdp(path, leaf):
+        return NamedSharding(mesh, P(None, "d") if len(leaf.shape) == 2 else P())
+
+    target = expected.with_shardings(fsdp)
+    assert target.nbytes_per_device < target.nbytes
+    restored = checkpointer.restore(path, target=target.tree)
+    assert restored["params"]["w"].sharding.spec == P(None, "d")
+    assert restored["opt"][0].mu["w"].sharding.spec == P(None, "d")
+    assert restored["params"]["b"].sharding.is_fully_replicated
+    expected.check(restored, ignore={"weak_type"})
+    np.testing.assert_array_equal(np.asarray(restored["params"]["w"]), np.asarray(state["params"]["w"]))
