@@ -250,7 +250,7 @@ def _warn_narrowed_accumulators(fn_name: str, paths: _Paths, start: list[Any], c
         and s.dtype != c.dtype
         and jnp.issubdtype(s.dtype, jnp.floating)
         and jnp.issubdtype(c.dtype, jnp.floating)
-        and jnp.finfo(c.dtype).bits < 32
+        and jnp.dtype(c.dtype).itemsize < 4
     ]
     if narrowed:
         warnings.warn(PrecisionWarning(narrowing_message(fn_name, narrowed, roles.init)), stacklevel=4)
