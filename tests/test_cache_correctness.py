@@ -365,8 +365,8 @@ def test_closures_in_frozen_configs_and_slotted_callables_are_not_kept_alive():
         act = lambda y, payload=payload: y * payload[0]  # noqa: B023 - a distinct closure each time
         cfg = _Cfg(act)
         refs += [weakref.ref(act), weakref.ref(cfg), weakref.ref(payload)]
-        s = ts.out_structure(lambda x, c: c.act(x) + c.width, jnp.ones(2), cfg)
-        assert s.tree == jax.ShapeDtypeStruct((2,), jnp.float32)
+        s = ts.out_structure(lambda x, c: c.act(x) + c.width, jnp.ones(2, jnp.float32), cfg)
+        assert s.tree.shape == (2,)
     for _ in range(500):
         fn = _SlottedCallable()
         refs.append(weakref.ref(fn.payload))
@@ -415,7 +415,7 @@ class _ArrayEq:
 def test_static_values_with_odd_hash_or_eq_are_passed_through(static):
     f = lambda x, s: x * 2
     for _ in range(2):
-        assert ts.out_structure(f, jnp.ones(2), static).tree == jax.ShapeDtypeStruct((2,), jnp.float32)
+        assert ts.out_structure(f, jnp.ones(2, jnp.float32), static).tree == jax.ShapeDtypeStruct((2,), jnp.float32)
     assert ts.out_structure(ft.partial(f, s=static), jnp.ones(2)).tree.shape == (2,)
     assert ts.out_structure(lambda x: {"y": x, "s": static}, jnp.ones(2)).tree["s"] is static
 
@@ -477,11 +477,16 @@ def test_array_numpy_shapedtypestruct_and_duck_inputs_share_an_entry():
         n += 1
         return w * x
 
-    inputs = [jnp.ones(3), np.ones(3, np.float32), jax.ShapeDtypeStruct((3,), jnp.float32), _Duck((3,), "float32")]
+    inputs = [
+        jnp.ones(3, jnp.float32),
+        np.ones(3, np.float32),
+        jax.ShapeDtypeStruct((3,), jnp.float32),
+        _Duck((3,), "float32"),
+    ]
     for x in inputs:
         assert ts.out_structure(f, x, x).tree == jax.ShapeDtypeStruct((3,), jnp.float32)
     for w in inputs:  # a fresh partial binding each kind of input
-        assert ts.out_structure(ft.partial(f, w), jnp.ones(3)).tree.shape == (3,)
+        assert ts.out_structure(ft.partial(f, w), jnp.ones(3, jnp.float32)).tree.shape == (3,)
     assert n == 2  # one entry for direct arguments, one for a bound argument
     assert ts.cache_info().size == 2
 

@@ -220,7 +220,7 @@ def test_jax_9046_needs_a_true_fixed_point():
         traces += 1
         return _jax_9046_body(c, x)
 
-    with pytest.warns(ts.PrecisionWarning, match=r"3 leaves \(e\.g\. carry\[0\]: ~f32\[\] -> f16\[\]\)"):
+    with pytest.warns(ts.PrecisionWarning, match=r"3 leaves \(e\.g\. carry\[0\]: ~f(32|64)\[\] -> f16\[\]\)"):
         s = ts.carry_structure(body, init, xs)
     assert traces == 4  # one per promotion step, plus the one that confirms
     assert [leaf.dtype for leaf in s.leaves] == [jnp.float16] * 3

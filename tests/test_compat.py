@@ -98,12 +98,12 @@ def test_abstractify_gives_one_aval_for_every_kind_of_array_input():
 
     avals = {
         _compat.abstractify(x)
-        for x in (jnp.ones(3), np.ones(3, np.float32), jax.ShapeDtypeStruct((3,), jnp.float32), Duck())
+        for x in (jnp.ones(3, jnp.float32), np.ones(3, np.float32), jax.ShapeDtypeStruct((3,), jnp.float32), Duck())
     }
-    assert avals == {jax.typeof(jnp.ones(3))}
+    assert avals == {jax.typeof(jnp.ones(3, jnp.float32))}
     weak = _compat.abstractify(jax.ShapeDtypeStruct((), jnp.float32, weak_type=True))
     assert weak == jax.typeof(jnp.asarray(1.0)).update(dtype=jnp.float32) and weak.weak_type
     mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
     sharded = jax.ShapeDtypeStruct((8,), jnp.float32, sharding=jax.NamedSharding(mesh, jax.P("d")))
-    placed = jax.device_put(jnp.ones(8), jax.NamedSharding(mesh, jax.P("d")))
-    assert _compat.abstractify(sharded) == jax.typeof(placed) != jax.typeof(jnp.ones(8))
+    placed = jax.device_put(jnp.ones(8, jnp.float32), jax.NamedSharding(mesh, jax.P("d")))
+    assert _compat.abstractify(sharded) == jax.typeof(placed) != jax.typeof(jnp.ones(8, jnp.float32))

@@ -298,7 +298,8 @@ def test_shard_map_carry_that_gains_a_shape(axis_type, jit, fn):
             assert str(info.value) == (
                 f'treeshape.{fn.__name__}: no carry type is a fixed point of `body` under policy="weak": '
                 f"carry['acc']: input {in_type}, output f32[2]{{V:i}}. The shapes differ, and no policy changes "
-                "a shape: make `body` return shape () here."
+                "a shape: give `init` shape (2,) here (e.g. `jnp.zeros((2,))` instead of a scalar), or make "
+                "`body` return shape ()."
             )
         # inside a jitted function within the shard_map too; and it is a TypeError, as JAX's own
         with pytest.raises(TypeError, match=re.escape("carry['acc']: input f32[], output f32[2]{V:i}")):

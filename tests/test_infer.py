@@ -567,8 +567,8 @@ def test_a_needed_python_scalar_gets_a_note_naming_the_argument(call, error, nam
 
 def test_the_suggested_binding_works():
     s = ts.out_structure(ft.partial(_init, n=8, m=32), jax.random.key(0))
-    assert s.tree == {"w": jax.ShapeDtypeStruct((8, 32), jnp.float32)}
-    s = ts.out_structure(jax.jit(_apply, static_argnames="train"), {}, jnp.ones(2), train=True)
+    assert s.tree == {"w": jax.ShapeDtypeStruct((8, 32), jnp.result_type(float))}
+    s = ts.out_structure(jax.jit(_apply, static_argnames="train"), {}, jnp.ones(2, jnp.float32), train=True)
     assert s.tree == jax.ShapeDtypeStruct((2,), jnp.float32)
 
 

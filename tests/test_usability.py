@@ -23,21 +23,25 @@ FLOAT = jnp.result_type(float)
 
 # -- paths that match -----------------------------------------------------------------
 def test_mismatch_paths_are_keystr_paths_like_structure_paths():
-    s = ts.structure_of({"w": jnp.zeros(3), "opt": [jnp.zeros(2), {"mu": jnp.zeros(2)}]})
-    mismatches = s.diff({"w": jnp.zeros(4), "opt": [jnp.zeros(2), {"mu": jnp.zeros(2, jnp.int32)}]})
+    s = ts.structure_of(
+        {"w": jnp.zeros(3, jnp.float32), "opt": [jnp.zeros(2, jnp.float32), {"mu": jnp.zeros(2, jnp.float32)}]}
+    )
+    mismatches = s.diff(
+        {"w": jnp.zeros(4, jnp.float32), "opt": [jnp.zeros(2, jnp.float32), {"mu": jnp.zeros(2, jnp.int32)}]}
+    )
     assert [m.path for m in mismatches] == ["['opt'][1]['mu']", "['w']"]
     assert all(m.path in s.paths for m in mismatches)
     assert [m.root for m in mismatches] == ["tree", "tree"]
     assert str(mismatches[1]) == "tree['w']: expected shape (3,), got (4,)."
-    weak = ts.structure_of({"lr": 0.1, "w": jnp.zeros(2)})
-    [m] = weak.diff({"lr": jnp.float32(0.1), "w": jnp.zeros(2)})
+    weak = ts.structure_of({"lr": 0.1, "w": jnp.zeros(2, jnp.float32)})
+    [m] = weak.diff({"lr": jnp.zeros((), FLOAT), "w": jnp.zeros(2, jnp.float32)})  # strong, same dtype
     assert m.path in ts.weak_paths(weak)
 
 
 def test_carry_mismatch_paths_are_keystr_paths_printed_under_carry():
     body = lambda c, x: ({"w": c["w"] + x}, None)
     with pytest.raises(ts.CarryMismatchError) as info:
-        ts.carry_structure(body, {"w": jnp.zeros(2, jnp.bfloat16)}, jnp.ones((3, 2)))
+        ts.carry_structure(body, {"w": jnp.zeros(2, jnp.bfloat16)}, jnp.ones((3, 2), jnp.float32))
     [m] = info.value.mismatches
     assert (m.path, m.root, m.where) == ("['w']", "carry", "carry['w']")
     assert "carry['w']: input bf16[2], output f32[2]" in str(info.value)
@@ -45,13 +49,13 @@ def test_carry_mismatch_paths_are_keystr_paths_printed_under_carry():
 
 # -- ignore= ------------------------------------------------------------------------
 def test_ignore_leaves_out_the_named_kinds():
-    s = ts.structure_of({"step": 0, "w": jnp.zeros((2, 3))})
-    restored = {"step": jnp.int32(0), "w": jnp.zeros((2, 3))}
+    s = ts.structure_of({"step": 0, "w": jnp.zeros((2, 3), jnp.float32)})
+    restored = {"step": jnp.zeros((), INT), "w": jnp.zeros((2, 3), jnp.float32)}  # strong, same dtype
     assert [m.kind for m in s.diff(restored)] == ["weak_type"]
     assert s.diff(restored, ignore={"weak_type"}) == []
     assert s.matches(restored, ignore=["weak_type"])
     s.check(restored, ignore="weak_type")  # one kind as a string
-    other = {"step": jnp.int32(0), "w": jnp.zeros((3, 2), jnp.bfloat16)}
+    other = {"step": jnp.zeros((), INT), "w": jnp.zeros((3, 2), jnp.bfloat16)}
     assert [m.kind for m in s.diff(other, ignore={"weak_type", "dtype"})] == ["shape"]
     assert s.diff(other, ignore={"weak_type", "dtype", "shape", "vma", "sharding"}) == []
     with pytest.raises(ts.StructureMismatchError) as info:
@@ -60,12 +64,15 @@ def test_ignore_leaves_out_the_named_kinds():
 
 
 def test_ignore_never_hides_a_structure_difference():
-    s = ts.structure_of({"a": jnp.zeros(2)})
-    assert [m.kind for m in s.diff({"b": jnp.zeros(2)}, ignore={"shape", "dtype"})] == ["structure", "structure"]
+    s = ts.structure_of({"a": jnp.zeros(2, jnp.float32)})
+    assert [m.kind for m in s.diff({"b": jnp.zeros(2, jnp.float32)}, ignore={"shape", "dtype"})] == [
+        "structure",
+        "structure",
+    ]
     with pytest.raises(ValueError, match=r"`ignore` takes mismatch kinds among .*'weak_type'.*got 'structure'"):
-        s.diff({"a": jnp.zeros(2)}, ignore={"structure"})
+        s.diff({"a": jnp.zeros(2, jnp.float32)}, ignore={"structure"})
     with pytest.raises(ValueError, match="got 'dtypes'"):
-        s.check({"a": jnp.zeros(2)}, ignore={"dtypes"})
+        s.check({"a": jnp.zeros(2, jnp.float32)}, ignore={"dtypes"})
 
 
 # -- messages for big trees ------------------------------------------------------------
@@ -73,7 +80,7 @@ def test_leaves_that_fail_alike_are_one_line():
     init = {f"layer{i}": {"w": jnp.zeros((3, 4), jnp.bfloat16), "b": jnp.zeros(4, jnp.bfloat16)} for i in range(19)}
     body = lambda c, x: (jax.tree.map(lambda v: v + x.sum(), c), None)  # bf16 + f32 -> f32, 38 leaves
     with pytest.raises(ts.CarryMismatchError) as info:
-        ts.carry_structure(body, init, jnp.ones((2, 3)))
+        ts.carry_structure(body, init, jnp.ones((2, 3), jnp.float32))
     err = info.value
     assert len(err.mismatches) == 38  # every mismatch stays on the exception
     message = str(err)
@@ -86,7 +93,7 @@ def test_leaves_that_fail_alike_are_one_line():
 
 
 def test_check_groups_and_keeps_lines_short():
-    s = ts.structure_of({f"p{i:03d}": jnp.zeros(2) for i in range(200)})
+    s = ts.structure_of({f"p{i:03d}": jnp.zeros(2, jnp.float32) for i in range(200)})
     with pytest.raises(ts.StructureMismatchError) as info:
         s.check({f"p{i:03d}": jnp.zeros(2, jnp.int32) for i in range(200)})
     message = str(info.value)
@@ -107,8 +114,8 @@ class _Linear:
 
 
 def test_node_data_is_summarised_by_the_fields_that_differ():
-    a = _Linear(jnp.zeros((3, 8)), 3, 8)
-    b = _Linear(jnp.zeros((3, 16)), 3, 16)
+    a = _Linear(jnp.zeros((3, 8), jnp.float32), 3, 8)
+    b = _Linear(jnp.zeros((3, 16), jnp.float32), 3, 16)
     [m] = ts.structure_of(a).diff(b)
     assert m.kind == "structure"
     assert "[1]=8" in m.expected and "[1]=16" in m.actual  # the differing field, not the whole data
@@ -128,9 +135,9 @@ def test_empty_containers_and_none_are_told_apart():
 
 
 def test_upcast_lists_dtype_problems_with_shape_problems():
-    like = {"a": jnp.zeros(3, jnp.bfloat16), "b": jnp.zeros(2)}
+    like = {"a": jnp.zeros(3, jnp.bfloat16), "b": jnp.zeros(2, jnp.float32)}
     with pytest.raises(ts.StructureMismatchError) as info:
-        ts.upcast({"a": jnp.zeros(3), "b": jnp.zeros(5)}, like)
+        ts.upcast({"a": jnp.zeros(3, jnp.float32), "b": jnp.zeros(5, jnp.float32)}, like)
     assert [(m.where, m.kind) for m in info.value.mismatches] == [("tree['a']", "dtype"), ("tree['b']", "shape")]
     assert 'policy="cast" would' in str(info.value) and "Make this leaf shape (2,)" in str(info.value)
 
@@ -138,19 +145,19 @@ def test_upcast_lists_dtype_problems_with_shape_problems():
 def test_a_scalar_accumulator_meeting_a_vector_is_told_to_change_init():
     body = lambda acc, x: (acc + x, None)
     with pytest.raises(ts.CarryMismatchError) as info:
-        ts.carry_structure(body, 0.0, jnp.ones((4, 16)))
+        ts.carry_structure(body, 0.0, jnp.ones((4, 16), jnp.float32))
     message = str(info.value)
-    assert "carry: input ~f32[], output f32[16]" in message.replace(FLOAT.name.replace("float", "f"), "f32")
+    assert f"carry: input ~f{FLOAT.itemsize * 8}[], output f32[16]" in message
     assert "give `init` shape (16,) here" in message
 
 
 # -- weak helpers and astype on Structures ----------------------------------------------
 def test_weak_helpers_take_structures():
-    s = ts.structure_of({"lr": 0.1, "step": 0, "w": jnp.zeros(2), "act": "relu"})
+    s = ts.structure_of({"lr": 0.1, "step": 0, "w": jnp.zeros(2, jnp.float32), "act": "relu"})
     assert ts.weak_paths(s) == ["['lr']", "['step']"]
     strong = ts.strip_weak_type(s)
     assert isinstance(strong, ts.Structure) and ts.weak_paths(strong) == []
-    tree = {"lr": 0.1, "step": 0, "w": jnp.zeros(2), "act": "relu"}
+    tree = {"lr": 0.1, "step": 0, "w": jnp.zeros(2, jnp.float32), "act": "relu"}
     assert strong == ts.structure_of(ts.strip_weak_type(tree))  # a Structure in: as for the values
     assert strong.tree["act"] == "relu" and strong.tree["step"].dtype == INT
     assert ts.is_weak(ts.structure_of(0.5)) and not ts.is_weak(ts.structure_of(jnp.float32(0.5)))
@@ -188,7 +195,7 @@ def test_astype_for_mixed_precision():
 
 
 def test_astype_refuses_keys_and_non_dtypes():
-    s = ts.structure_of({"k": jax.random.key(0), "w": jnp.zeros(2)})
+    s = ts.structure_of({"k": jax.random.key(0), "w": jnp.zeros(2, jnp.float32)})
     assert s.astype(jnp.float16).tree["k"].dtype == s.tree["k"].dtype  # keys are not floating: left alone
     with pytest.raises(TypeError, match=r"typed PRNG keys.*tree\['k'\]"):
         s.astype(jnp.float16, where=lambda path, leaf: True)
@@ -200,7 +207,8 @@ def test_astype_refuses_keys_and_non_dtypes():
 def test_a_python_float_accumulator_in_bfloat16_warns():
     xs = jnp.full(1000, 1.001, jnp.bfloat16)
     body = lambda total, x: (total + x, None)
-    with pytest.warns(ts.PrecisionWarning, match=re.escape("carry (~f32[] -> bf16[])")) as record:
+    weak = f"~f{FLOAT.itemsize * 8}[]"  # a Python float: f64 with x64 on
+    with pytest.warns(ts.PrecisionWarning, match=re.escape(f"carry ({weak} -> bf16[])")) as record:
         carry = ts.scan_carry(body, 0.0, xs)
     assert record[0].filename == __file__  # points at the user's call
     assert issubclass(ts.PrecisionWarning, UserWarning)
@@ -266,7 +274,7 @@ def test_fori_bounds_are_checked():
 # -- Python scalars a training loop needs ------------------------------------------------
 def test_restored_checkpoint_style_comparison():
     opt = optax.adam(1e-3)
-    params = {"w": jnp.zeros((2, 3))}
+    params = {"w": jnp.zeros((2, 3), jnp.float32)}
     state = {"params": params, "opt": opt.init(params), "step": 0}
     restored = jax.tree.map(lambda x: jnp.asarray(x, dtype=jnp.asarray(x).dtype), state)
     s = ts.structure_of(state)

@@ -13,7 +13,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 
-from . import _compat, _sharding
+from . import _compat, _json, _sharding
 from ._display import human_bytes, leaf_str, short_dtype, varying_axes
 from ._errors import StructureMismatchError, astype_key_message, format_mismatches, x64_message
 
@@ -634,9 +634,7 @@ class Structure:
               ]
             }
         """
-        from ._json import dumps
-
-        return dumps(self._treedef, self._leaves, self.paths)
+        return _json.dumps(self._treedef, self._leaves, self.paths)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "Structure":
@@ -673,9 +671,7 @@ class Structure:
             ...
             ValueError: treeshape.Structure.from_json: version: this treeshape reads version 1, got 99 ...
         """
-        from ._json import loads
-
-        treedef, leaves = loads(text)
+        treedef, leaves = _json.loads(text)
         return cls(treedef, leaves)
 
     # -- comparing -----------------------------------------------------------
