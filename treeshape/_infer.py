@@ -592,28 +592,24 @@ def structure_of(tree: PyTree) -> Structure:
     if not _compat.at_top_level():
         return structure
     placed = None
+    kinds = _kinds
     for i, x in enumerate(leaves):
-        kind = _kind_of(type(x))
-        if kind == _ARRAY or kind == _SDS:
-            sharding = _concrete_sharding(x, kind)
-            if sharding is not None:
-                placed = placed or list(structure.leaves)
-                placed[i] = placed[i].update(sharding=sharding)
+        kind = kinds.get(type(x))
+        if kind is None:
+            kind = _kind_of(type(x))
+        if kind == _ARRAY:
+            if isinstance(x, jax.core.Tracer) or not x.committed:
+                continue
+            sharding = x.sharding
+        elif kind == _SDS and isinstance(x.sharding, jax.sharding.Sharding):
+            sharding = x.sharding  # as given, also over an abstract or Auto mesh (jax.eval_shape drops its spec)
+        else:
+            continue
+        placed = placed or list(structure.leaves)
+        placed[i] = placed[i].update(sharding=sharding)
     return structure if placed is None else Structure(structure.treedef, tuple(placed))
 
 
 def abstract_structure_of(tree: PyTree) -> Structure:
     """`structure_of` without the concrete shardings (for comparisons, which ignore them)."""
     return _out_structure(_identity, (tree,), {})[0]
-
-
-def _concrete_sharding(x: Any, kind: int) -> Any:
-    """The sharding to keep for a leaf: a committed array's concrete one, or a
-    ShapeDtypeStruct's as the user gave it (also over an abstract or Auto mesh,
-    whose spec `jax.eval_shape` would drop), or None."""
-    if kind == _ARRAY:
-        if isinstance(x, jax.core.Tracer) or not x.committed:
-            return None
-        return x.sharding
-    sharding = x.sharding
-    return sharding if isinstance(sharding, jax.sharding.Sharding) else None
