@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import treeshape as ts
-from treeshape._display import html_table, table
+from treeshape._table import html_table, table
 
 
 # How a weak Python scalar shows: 64-bit under `jax_enable_x64`, 32-bit otherwise.

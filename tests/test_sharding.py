@@ -16,7 +16,7 @@ from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as
 
 import treeshape as ts
 from treeshape import _cache
-from treeshape._display import html_table
+from treeshape._table import html_table
 
 
 def _mesh(devices=None, kind=AxisType.Explicit):

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ._display import describe as describe
     from ._errors import (
         CarryMismatchError as CarryMismatchError,
+        Mismatch as Mismatch,
         PrecisionWarning as PrecisionWarning,
         StructureMismatchError as StructureMismatchError,
     )
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
         structure_of as structure_of,
     )
     from ._settle import settle as settle
-    from ._structure import Mismatch as Mismatch, Structure as Structure
+    from ._structure import Structure as Structure
     from ._weak import (
         is_weak as is_weak,
         strip_weak_type as strip_weak_type,
@@ -65,7 +66,7 @@ __version__ = importlib.metadata.version("treeshape")
 # Where each public name lives (the imports above, for the interpreter).
 _MODULES = {
     "CarryMismatchError": "._errors",
-    "Mismatch": "._structure",
+    "Mismatch": "._errors",
     "PrecisionWarning": "._errors",
     "Structure": "._structure",
     "StructureMismatchError": "._errors",

@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
-from ._display import leaf_str, short_dtype, varying_axes
 from ._errors import (
     CarryMismatchError,
     Line,
+    Mismatch,
     PrecisionWarning,
     carry_shape_fix,
     carry_sharding_fix,
@@ -30,8 +30,9 @@ from ._errors import (
     policy_fix,
 )
 from ._infer import out_structure
+from ._leaf import from_aval, leaf_str, short_dtype, varying_axes
 from ._sharding import carry_spec, reshard, spec_value
-from ._structure import Mismatch, PyTree, Structure, diff_structures
+from ._structure import PyTree, Structure, diff_structures
 from ._weak import (
     _PY_SCALAR_TYPES,
     allowing_policy,
@@ -97,16 +98,7 @@ def _abstract_leaf(x: Any, where: Callable[[], str], fn_name: str) -> jax.ShapeD
             "values must be arrays or Python scalars. Keep static values out of the carry "
             "(close over them in `body` instead)."
         ) from None
-    if aval.sharding.mesh.empty:
-        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
-    # A manual mesh's values carry their manual axes only together with their sharding.
-    return jax.ShapeDtypeStruct(
-        aval.shape,
-        aval.dtype,
-        weak_type=aval.weak_type,
-        sharding=aval.sharding,
-        manual_axis_type=aval.manual_axis_type,
-    )
+    return from_aval(aval)
 
 
 def _abstract_tree(tree: PyTree, root: str, fn_name: str) -> tuple[jtu.PyTreeDef, _Paths, list[Any]]:

@@ -159,7 +159,8 @@ _USER_ERRORS: Final = (Exception, SystemExit)
 
 def _printable(text: str) -> str:
     """`text` with control and other non-printable characters escaped (`\\n`, `\\x1b`), so that
-    nothing a user's code writes into a message can corrupt the terminal or add a line."""
+    nothing a user's code writes into a message can corrupt the terminal or add a line. (As the
+    table's `printable`, kept here so that the command line starts without importing JAX.)"""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

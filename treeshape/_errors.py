@@ -1,11 +1,82 @@
-"""treeshape's exceptions, and the only place mismatch data becomes prose."""
+"""Mismatches, treeshape's exceptions, and the only place mismatch data becomes prose."""
 
+import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Any, Final
 
 
-if TYPE_CHECKING:
-    from ._structure import Mismatch
+@dataclasses.dataclass(frozen=True)
+class Mismatch:
+    """One difference between an expected structure and an actual tree.
+
+    Attributes:
+        path: Where: the `jax.tree_util.keystr` path of the leaf or node, as
+            in `Structure.paths` and `ts.weak_paths` (`"['w']"`, `""` for the
+            root itself).
+        kind: One of `"structure"`, `"shape"`, `"dtype"`, `"weak_type"`,
+            `"vma"`, `"sharding"` (loop carries under explicit mesh axes).
+        expected: The expected value: a shape tuple, a dtype, a weak flag, a
+            frozenset of manual axes, a `PartitionSpec` (for `"sharding"`,
+            one entry per dimension), or (for `"structure"`) a description of
+            the expected node or leaf; `None` when the entry is extra.
+        actual: The actual value, as `expected`; `None` when it is missing.
+        root: The name messages print before `path`: `tree` for a compared
+            tree, `carry` for a loop carry, `state` for a train state.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> s = ts.structure_of({"w": jnp.zeros((2, 3))})
+        >>> [m] = s.diff({"w": jnp.zeros((3, 2))})
+        >>> m.path, m.kind, m.expected, m.actual
+        ("['w']", 'shape', (2, 3), (3, 2))
+        >>> m.path in s.paths
+        True
+        >>> print(m)
+        tree['w']: expected shape (2, 3), got (3, 2).
+    """
+
+    path: str
+    kind: str
+    expected: Any
+    actual: Any
+    root: str = dataclasses.field(default="tree", kw_only=True)
+
+    @property
+    def where(self) -> str:
+        """The root name and the path, as messages print them (`tree['w']`)."""
+        return self.root + self.path
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.what}"
+
+    @property
+    def what(self) -> str:
+        """The difference, without the path (`expected shape (2, 3), got (3, 2).`)."""
+        e, a = self.expected, self.actual
+        if self.kind == "shape":
+            return f"expected shape {e}, got {a}."
+        if self.kind == "dtype":
+            return f"expected dtype {e}, got {a}."
+        if self.kind == "weak_type":
+            return f"expected a {_weakness(e)} typed leaf, got a {_weakness(a)} typed one."
+        if self.kind == "vma":
+            return f"expected a leaf varying over manual axes {_axes(e)}, got {_axes(a)}."
+        if self.kind == "sharding":
+            return f"expected sharding {e}, got {a}."
+        if a is None:
+            return f"missing; expected {e}."
+        if e is None:
+            return f"unexpected extra entry {a}."
+        return f"expected {e}, got {a}."
+
+
+def _weakness(weak: bool) -> str:
+    return "weakly" if weak else "strongly"
+
+
+def _axes(axes: frozenset[str]) -> str:
+    return "{" + ", ".join(repr(a) for a in sorted(axes)) + "}" if axes else "{} (none)"
 
 
 class StructureMismatchError(TypeError):
@@ -35,7 +106,7 @@ class StructureMismatchError(TypeError):
         [("['b']", 'dtype'), ("['w']", 'shape')]
     """
 
-    def __init__(self, message: str, mismatches: Sequence["Mismatch"] = ()) -> None:
+    def __init__(self, message: str, mismatches: Sequence[Mismatch] = ()) -> None:
         super().__init__(message)
         self.mismatches: list[Mismatch] = list(mismatches)
 
@@ -124,7 +195,7 @@ def fori_bounds_message(fn_name: str, lower: str, upper: str) -> str:
     )
 
 
-def fix_for(m: "Mismatch") -> str:
+def fix_for(m: Mismatch) -> str:
     """The sentence that tells the user how to repair one mismatch."""
     if m.kind == "shape":
         return f"Make this leaf shape {m.expected}."
@@ -163,11 +234,11 @@ _MAX_WHERE: Final = 100
 _SHOWN: Final = 3  # paths named in a group
 
 
-def mismatch_line(m: "Mismatch") -> Line:
+def mismatch_line(m: Mismatch) -> Line:
     return (m.where, m.what, fix_for(m))
 
 
-def format_mismatches(header: str, mismatches: Sequence["Mismatch"]) -> str:
+def format_mismatches(header: str, mismatches: Sequence[Mismatch]) -> str:
     """`header` plus one sentence (or one bullet per mismatch) with its fix."""
     return format_report(header, [mismatch_line(m) for m in mismatches], "differences")
 

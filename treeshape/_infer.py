@@ -8,67 +8,23 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import jax.tree_util as jtu
-import numpy as np
 
 from . import _cache, _compat, _sharding
 from ._cache import CACHE, CacheInfo, Key, static_key
+from ._leaf import (
+    ARRAY,
+    KINDS,
+    NUMPY,
+    OTHER,
+    SCALAR,
+    SDS,
+    as_abstract,
+    is_duck_array,
+    jax_dtype,
+    kind_of,
+)
 from ._structure import PyTree, Structure
-
-
-# -- leaves --------------------------------------------------------------------
-# How a leaf is treated, decided once per Python type.
-_ARRAY = 0  # jax.Array or tracer: abstract, keyed by its aval
-_NUMPY = 1  # np.ndarray / NumPy scalar: abstract, strong
-_SDS = 2  # jax.ShapeDtypeStruct: abstract, keyed by itself
-_SCALAR = 3  # Python bool/int/float/complex: abstract (weak, except bool)
-_OTHER = 4  # static, unless the instance has .shape and .dtype (duck array)
-
-_SCALAR_TYPES = (bool, int, float, complex)
-_kinds: dict[type, int] = {}
-
-
-def _kind_of(cls: type) -> int:
-    kind = _kinds.get(cls)
-    if kind is None:
-        if issubclass(cls, (jax.Array, jax.core.Tracer)):
-            kind = _ARRAY
-        elif issubclass(cls, (np.ndarray, np.generic)):
-            kind = _NUMPY
-        elif issubclass(cls, jax.ShapeDtypeStruct):
-            kind = _SDS
-        elif cls in _SCALAR_TYPES:  # exactly: an IntEnum is an int but stays static
-            kind = _SCALAR
-        else:
-            kind = _OTHER
-        _kinds[cls] = kind
-    return kind
-
-
-_jax_dtypes: dict[Any, bool] = {}
-
-
-def _jax_dtype(dtype: Any) -> bool:
-    """Whether JAX can hold an array of `dtype` (numbers, bool, bfloat16, float8, PRNG keys, ...)."""
-    try:
-        return _jax_dtypes[dtype]
-    except (KeyError, TypeError):
-        pass
-    try:
-        ok = any(jnp.issubdtype(dtype, kind) for kind in (jnp.number, jnp.bool_, jax.dtypes.extended))
-    except TypeError:  # not a dtype at all
-        ok = False
-    try:
-        _jax_dtypes[dtype] = ok
-    except TypeError:
-        pass
-    return ok
-
-
-def _is_duck_array(x: Any) -> bool:
-    """An object JAX takes as an array: `.shape` and a `.dtype` JAX can hold."""
-    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type) and _jax_dtype(x.dtype)
 
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31
@@ -81,17 +37,6 @@ def _scalar_key(x: Any) -> Any:
     return cls
 
 
-def _as_abstract(x: Any) -> jax.ShapeDtypeStruct:
-    """A duck array as the `ShapeDtypeStruct` JAX would see (its `.sharding`
-    kept only if it is a JAX sharding)."""
-    sharding = getattr(x, "sharding", None)
-    if not isinstance(sharding, jax.sharding.Sharding):
-        sharding = None
-    return jax.ShapeDtypeStruct(
-        tuple(x.shape), x.dtype, weak_type=bool(getattr(x, "weak_type", False)), sharding=sharding
-    )
-
-
 def _call_key(leaves: list[Any], concrete_scalars: bool, refs: list[Any]) -> list[Any]:
     """Per-leaf key parts: the abstract value JAX traces for an array-like leaf
     (so an array, a NumPy array, a ShapeDtypeStruct and a duck array of one
@@ -99,28 +44,28 @@ def _call_key(leaves: list[Any], concrete_scalars: bool, refs: list[Any]) -> lis
     concrete), static values as `_cache.static_key` says."""
     out = []
     for x in leaves:
-        kind = _kind_of(type(x))
-        if kind == _ARRAY:
+        kind = kind_of(type(x))
+        if kind == ARRAY:
             out.append(x.aval)
-        elif kind == _SCALAR:
+        elif kind == SCALAR:
             out.append((type(x), x) if concrete_scalars else _scalar_key(x))
-        elif kind == _SDS or (kind == _NUMPY and _jax_dtype(x.dtype)):
+        elif kind == SDS or (kind == NUMPY and jax_dtype(x.dtype)):
             out.append(_compat.abstractify(x))
-        elif kind == _OTHER and _is_duck_array(x):
-            out.append(_compat.abstractify(_as_abstract(x)))
+        elif kind == OTHER and is_duck_array(x):
+            out.append(_compat.abstractify(as_abstract(x)))
         else:
             out.append(static_key(x, refs))
     return out
 
 
 def _is_abstract(x: Any, concrete_scalars: bool) -> bool:
-    kind = _kind_of(type(x))
-    if kind == _SCALAR:
+    kind = kind_of(type(x))
+    if kind == SCALAR:
         return not concrete_scalars
-    if kind == _NUMPY:  # a NumPy array of strings or objects is a static value
-        return _jax_dtype(x.dtype)
-    if kind == _OTHER:
-        return _is_duck_array(x)
+    if kind == NUMPY:  # a NumPy array of strings or objects is a static value
+        return jax_dtype(x.dtype)
+    if kind == OTHER:
+        return is_duck_array(x)
     return True
 
 
@@ -212,11 +157,11 @@ def _check_inputs(leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDe
 
 def _is_output_array(x: Any, kind: int) -> bool:
     """Whether an output leaf is an array for JAX (the rest are kept as static leaves)."""
-    if kind == _ARRAY or kind == _SCALAR:
+    if kind == ARRAY or kind == SCALAR:
         return True
-    if kind == _NUMPY:
-        return _jax_dtype(x.dtype)
-    return kind == _OTHER and _is_duck_array(x)
+    if kind == NUMPY:
+        return jax_dtype(x.dtype)
+    return kind == OTHER and is_duck_array(x)
 
 
 def _evaluate(
@@ -231,7 +176,7 @@ def _evaluate(
     Python scalars among the first `n_concrete` leaves are passed concrete.
     """
     leaves = [
-        _as_abstract(x) if _kind_of(type(x)) == _OTHER and _is_duck_array(x) else x for x in bound_leaves + call_leaves
+        as_abstract(x) if kind_of(type(x)) == OTHER and is_duck_array(x) else x for x in bound_leaves + call_leaves
     ]
     abstract = [_is_abstract(x, i < n_concrete) for i, x in enumerate(leaves)]
     _check_inputs(leaves, abstract, treedef)
@@ -253,7 +198,7 @@ def _evaluate(
         traced_out = []
         descriptions: list[Any] = []
         for x in out_leaves:
-            if _is_output_array(x, _kind_of(type(x))):
+            if _is_output_array(x, kind_of(type(x))):
                 descriptions.append(_TRACED)
                 traced_out.append(x)
             else:  # a ShapeDtypeStruct describes itself; other leaves are static
@@ -333,7 +278,7 @@ def _note_abstract_scalars(
     scalars that were passed abstractly and say how to keep them concrete."""
     if not (isinstance(error, _CONCRETIZATION_ERRORS) or _SHAPE_ERROR in str(error)):
         return
-    scalars = [i for i, (x, a) in enumerate(zip(leaves, abstract, strict=True)) if a and _kind_of(type(x)) == _SCALAR]
+    scalars = [i for i, (x, a) in enumerate(zip(leaves, abstract, strict=True)) if a and kind_of(type(x)) == SCALAR]
     if not scalars:
         return
     flat, _ = jtu.tree_flatten_with_path(jtu.tree_unflatten(call_treedef, leaves))
@@ -592,16 +537,16 @@ def structure_of(tree: PyTree) -> Structure:
     if not _compat.at_top_level():
         return structure
     placed = None
-    kinds = _kinds
+    kinds = KINDS
     for i, x in enumerate(leaves):
         kind = kinds.get(type(x))
         if kind is None:
-            kind = _kind_of(type(x))
-        if kind == _ARRAY:
+            kind = kind_of(type(x))
+        if kind == ARRAY:
             if isinstance(x, jax.core.Tracer) or not x.committed:
                 continue
             sharding = x.sharding
-        elif kind == _SDS and isinstance(x.sharding, jax.sharding.Sharding):
+        elif kind == SDS and isinstance(x.sharding, jax.sharding.Sharding):
             sharding = x.sharding  # as given, also over an abstract or Auto mesh (jax.eval_shape drops its spec)
         else:
             continue

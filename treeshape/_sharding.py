@@ -9,7 +9,7 @@ module only decides which sharding each leaf gets and asks JAX to honour it.
 import functools as ft
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import jax
 import jax.tree_util as jtu
@@ -22,10 +22,21 @@ from ._errors import (
     shardings_unfit_message,
     unresolved_mesh_message,
 )
+from ._leaf import leaf_nbytes, leaf_str
 
 
-if TYPE_CHECKING:
-    from ._structure import Structure
+class Leaves(Protocol):
+    """What this module reads of a Structure (which builds on it)."""
+
+    @property
+    def leaves(self) -> tuple[Any, ...]: ...
+
+    @property
+    def paths(self) -> tuple[str, ...]: ...
+
+    @property
+    def tree(self) -> Any: ...
+
 
 PyTree = Any
 _P = jax.sharding.PartitionSpec
@@ -118,12 +129,10 @@ def is_replicated(leaf: Any) -> bool:
 
 def per_device_nbytes(leaf: jax.ShapeDtypeStruct) -> int:
     """The bytes of `leaf`'s largest shard (its whole size when unsharded)."""
-    from ._structure import _leaf_nbytes
-
     shape = shard_shape(leaf)
     if shape == tuple(leaf.shape):
-        return _leaf_nbytes(leaf)
-    return _leaf_nbytes(jax.ShapeDtypeStruct(shape, leaf.dtype))
+        return leaf_nbytes(leaf)
+    return leaf_nbytes(jax.ShapeDtypeStruct(shape, leaf.dtype))
 
 
 # -- placing values at top level ------------------------------------------------------
@@ -132,7 +141,7 @@ def _abstract_mesh_of(sharding: Any) -> Any:
     return mesh if isinstance(mesh, jax.sharding.AbstractMesh) else None
 
 
-def has_abstract_mesh(structure: "Structure") -> bool:
+def has_abstract_mesh(structure: Leaves) -> bool:
     """Whether some array leaf's sharding names an abstract mesh (which needs a concrete one)."""
     return any(
         isinstance(leaf, jax.ShapeDtypeStruct) and _abstract_mesh_of(leaf.sharding) is not None
@@ -212,16 +221,15 @@ def _constructor(
     return jax.jit(build, out_shardings=list(shardings))
 
 
-def place(structure: "Structure", value: Any, fn_name: str, filled: Callable[..., Any]) -> list[Any]:
+def place(structure: Leaves, meshes: Sequence[Any], value: Any, fn_name: str, filled: Callable[..., Any]) -> list[Any]:
     """The leaves of `structure.zeros()` (etc.) at top level, each on its sharding.
 
     Shardings over an abstract mesh are resolved to the `jax.set_mesh` mesh, else to a
-    mesh of the `out_structure` call that made `structure`; if neither fits, `ValueError`.
+    mesh in `meshes` (those of the `out_structure` call that made it); if neither fits, `ValueError`.
     Leaves whose sharding spans devices of other processes are built by one jitted
     function with those `out_shardings`; the others directly, as `lax.full` does.
     """
     leaves = structure.leaves
-    meshes = structure._meshes or ()
     shardings: list[Any] = []
     unresolved: list[int] = []
     for i, leaf in enumerate(leaves):
@@ -232,8 +240,6 @@ def place(structure: "Structure", value: Any, fn_name: str, filled: Callable[...
                 unresolved.append(i)
         shardings.append(sharding)
     if unresolved:
-        from ._display import leaf_str
-
         paths = ["tree" + structure.paths[i] for i in unresolved]
         first = leaves[unresolved[0]]
         example = f"{leaf_str(first)} {spec_str(first.sharding, len(first.shape)) or 'P()'}"
@@ -335,7 +341,7 @@ def _fit_problem(leaf: jax.ShapeDtypeStruct, sharding: Any) -> str | None:
     return None
 
 
-def with_shardings(structure: "Structure", shardings: Any) -> list[Any]:
+def with_shardings(structure: Leaves, shardings: Any) -> list[Any]:
     """The leaves of `structure.with_shardings(shardings)` (see there)."""
     leaves = structure.leaves
     paths = structure.paths
@@ -378,8 +384,6 @@ def with_shardings(structure: "Structure", shardings: Any) -> list[Any]:
             continue
         problem = None if sharding is None else _fit_problem(leaf, sharding)
         if problem is not None:
-            from ._display import leaf_str
-
             unfit.append(f"tree{path} ({leaf_str(leaf)}): {problem}")
         elif sharding is not leaf.sharding:
             leaf = leaf.update(sharding=sharding)

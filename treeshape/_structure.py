@@ -2,7 +2,6 @@
 
 import collections
 import dataclasses
-import functools as ft
 import math
 from collections.abc import Callable, Collection, Iterator
 from typing import Any, Final, NoReturn
@@ -14,77 +13,12 @@ import numpy as np
 from jax import lax
 
 from . import _compat, _json, _sharding
-from ._display import human_bytes, leaf_str, short_dtype, varying_axes
-from ._errors import StructureMismatchError, astype_key_message, format_mismatches, x64_message
+from ._errors import Mismatch, StructureMismatchError, astype_key_message, format_mismatches, x64_message
+from ._leaf import human_bytes, is_key_dtype, leaf_nbytes, leaf_str, read_leaf, short_dtype, varying_axes
+from ._table import html_table, table
 
 
 PyTree = Any
-
-
-@dataclasses.dataclass(frozen=True)
-class Mismatch:
-    """One difference between an expected structure and an actual tree.
-
-    Attributes:
-        path: Where: the `jax.tree_util.keystr` path of the leaf or node, as
-            in `Structure.paths` and `ts.weak_paths` (`"['w']"`, `""` for the
-            root itself).
-        kind: One of `"structure"`, `"shape"`, `"dtype"`, `"weak_type"`,
-            `"vma"`, `"sharding"` (loop carries under explicit mesh axes).
-        expected: The expected value: a shape tuple, a dtype, a weak flag, a
-            frozenset of manual axes, a `PartitionSpec` (for `"sharding"`,
-            one entry per dimension), or (for `"structure"`) a description of
-            the expected node or leaf; `None` when the entry is extra.
-        actual: The actual value, as `expected`; `None` when it is missing.
-        root: The name messages print before `path`: `tree` for a compared
-            tree, `carry` for a loop carry, `state` for a train state.
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> import treeshape as ts
-        >>> s = ts.structure_of({"w": jnp.zeros((2, 3))})
-        >>> [m] = s.diff({"w": jnp.zeros((3, 2))})
-        >>> m.path, m.kind, m.expected, m.actual
-        ("['w']", 'shape', (2, 3), (3, 2))
-        >>> m.path in s.paths
-        True
-        >>> print(m)
-        tree['w']: expected shape (2, 3), got (3, 2).
-    """
-
-    path: str
-    kind: str
-    expected: Any
-    actual: Any
-    root: str = dataclasses.field(default="tree", kw_only=True)
-
-    @property
-    def where(self) -> str:
-        """The root name and the path, as messages print them (`tree['w']`)."""
-        return self.root + self.path
-
-    def __str__(self) -> str:
-        return f"{self.where}: {self.what}"
-
-    @property
-    def what(self) -> str:
-        """The difference, without the path (`expected shape (2, 3), got (3, 2).`)."""
-        e, a = self.expected, self.actual
-        if self.kind == "shape":
-            return f"expected shape {e}, got {a}."
-        if self.kind == "dtype":
-            return f"expected dtype {e}, got {a}."
-        if self.kind == "weak_type":
-            return f"expected a {_weakness(e)} typed leaf, got a {_weakness(a)} typed one."
-        if self.kind == "vma":
-            return f"expected a leaf varying over manual axes {_axes(e)}, got {_axes(a)}."
-        if self.kind == "sharding":
-            return f"expected sharding {e}, got {a}."
-        if a is None:
-            return f"missing; expected {e}."
-        if e is None:
-            return f"unexpected extra entry {a}."
-        return f"expected {e}, got {a}."
 
 
 IGNORABLE: Final = ("weak_type", "vma", "sharding", "dtype", "shape")
@@ -100,14 +34,6 @@ def _ignored(ignore: Collection[str], fn_name: str) -> frozenset[str]:
             f"{', '.join(repr(k) for k in sorted(unknown, key=repr))}. (Tree structure differences are never ignored.)"
         )
     return kinds
-
-
-def _weakness(weak: bool) -> str:
-    return "weakly" if weak else "strongly"
-
-
-def _axes(axes: frozenset[str]) -> str:
-    return "{" + ", ".join(repr(a) for a in sorted(axes)) + "}" if axes else "{} (none)"
 
 
 def _leaf_key(leaf: Any) -> tuple[Any, ...]:
@@ -127,25 +53,6 @@ def _static_value(leaf: Any) -> Any:
         contents = tuple(leaf.ravel().tolist()) if leaf.dtype.hasobject else leaf.tobytes()
         return (leaf.dtype.str, leaf.shape, contents)
     return leaf
-
-
-@ft.cache
-def _key_data_bytes(dtype: Any) -> int:
-    data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
-    return int(math.prod(data.shape) * np.dtype(data.dtype).itemsize)
-
-
-@ft.cache
-def _is_key_dtype(dtype: Any) -> bool:
-    return bool(jnp.issubdtype(dtype, jax.dtypes.prng_key))
-
-
-def _leaf_nbytes(leaf: jax.ShapeDtypeStruct) -> int:
-    size: int = math.prod(leaf.shape)
-    if _is_key_dtype(leaf.dtype):
-        return size * _key_data_bytes(leaf.dtype)
-    itemsize: int = np.dtype(leaf.dtype).itemsize
-    return size * itemsize
 
 
 def _as_abstract_mesh(mesh: Any) -> Any:
@@ -192,7 +99,7 @@ def _filled(leaf: jax.ShapeDtypeStruct, value: Any, top: bool, placement: Any = 
     sharding that is part of its type."""
     dtype = leaf.dtype
     sharding = placement if top else _traced_sharding(leaf.sharding)
-    if _is_key_dtype(dtype):
+    if is_key_dtype(dtype):
         x = jnp.zeros(leaf.shape, dtype)  # keys from zero key data, whatever `value` is
         if sharding is not None:
             x = jax.device_put(x, sharding) if top else jax.sharding.reshard(x, sharding)
@@ -363,7 +270,7 @@ class Structure:
     @property
     def nbytes(self) -> int:
         """Total bytes of the array leaves (PRNG keys: the bytes of their key data)."""
-        nbytes: int = self._memo("nbytes", lambda: sum(_leaf_nbytes(leaf) for leaf in self._array_leaves()))
+        nbytes: int = self._memo("nbytes", lambda: sum(leaf_nbytes(leaf) for leaf in self._array_leaves()))
         return nbytes
 
     @property
@@ -448,7 +355,7 @@ class Structure:
         _check_x64(self, fn_name)
         top = _compat.at_top_level()
         if top and self._sharded():
-            leaves = _sharding.place(self, value, fn_name, _filled)
+            leaves = _sharding.place(self, self._meshes or (), value, fn_name, _filled)
         else:
             leaves = [_filled(x, value, top) if isinstance(x, jax.ShapeDtypeStruct) else x for x in self._leaves]
         return jtu.tree_unflatten(self._treedef, leaves)
@@ -583,7 +490,7 @@ class Structure:
         for i, leaf in enumerate(leaves):
             if not isinstance(leaf, jax.ShapeDtypeStruct) or leaf.dtype == target or not pick(paths[i], leaf):
                 continue
-            if _is_key_dtype(leaf.dtype) or _is_key_dtype(target):
+            if is_key_dtype(leaf.dtype) or is_key_dtype(target):
                 keys.append(f"tree{paths[i]} ({leaf_str(leaf)})")
                 continue
             leaves[i] = leaf.update(dtype=target, weak_type=False)
@@ -784,13 +691,9 @@ class Structure:
         return (Structure, (self._treedef, tuple(_picklable_leaf(leaf) for leaf in self._leaves)))
 
     def __str__(self) -> str:
-        from ._display import table
-
         return table(self)
 
     def _repr_html_(self) -> str:
-        from ._display import html_table
-
         return html_table(self)
 
     def __treescope_repr__(self, path: str | None, subtree_renderer: Any) -> Any:
@@ -834,11 +737,12 @@ def _picklable_leaf(leaf: Any) -> Any:
 
 
 def _as_structure(tree: PyTree) -> Structure:
+    """`tree`'s structure for a comparison, read leaf by leaf (no trace: comparisons
+    ignore shardings, and each leaf's JAX type is all they need)."""
     if isinstance(tree, Structure):
         return tree
-    from ._infer import abstract_structure_of
-
-    return abstract_structure_of(tree)
+    leaves, treedef = jtu.tree_flatten(tree)
+    return Structure(treedef, tuple(read_leaf(x) for x in leaves))
 
 
 # -- diff ----------------------------------------------------------------------

@@ -11,10 +11,10 @@ import numpy as np
 from jax import lax
 
 from . import _compat
-from ._display import short_dtype
-from ._errors import StructureMismatchError, format_report, key_change_fix, mismatch_line, policy_fix
+from ._errors import Mismatch, StructureMismatchError, format_report, key_change_fix, mismatch_line, policy_fix
 from ._infer import abstract_structure_of
-from ._structure import Mismatch, PyTree, Structure, _is_key_dtype, diff_structures
+from ._leaf import is_key_dtype, short_dtype
+from ._structure import PyTree, Structure, diff_structures
 
 
 POLICIES: Final = ("weak", "promote", "cast")
@@ -174,13 +174,13 @@ def _promotes(src: Any, dst: Any) -> bool:
 def key_change(src: Any, dst: Any) -> bool:
     """Whether a change from dtype `src` to `dst` touches a typed PRNG key: to or from a key
     dtype, or between key implementations. No policy allows one."""
-    return bool(src != dst and (_is_key_dtype(src) or _is_key_dtype(dst)))
+    return bool(src != dst and (is_key_dtype(src) or is_key_dtype(dst)))
 
 
 @ft.cache
 def key_impl_name(dtype: Any) -> str:
     """The `impl=` name of a typed PRNG key dtype, as `jax.random.key` takes it ("" for others)."""
-    if not _is_key_dtype(dtype):
+    if not is_key_dtype(dtype):
         return ""
     names: list[str] = []
 

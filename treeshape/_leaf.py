@@ -1,0 +1,189 @@
+"""Leaves: how treeshape tells what a pytree leaf is, what it weighs, and how it is written.
+
+The bottom of the package: everything else builds on these facts about one
+leaf. A leaf is an array for JAX (a `jax.Array` or tracer, a NumPy array or
+scalar of a dtype JAX holds, a `jax.ShapeDtypeStruct`, a Python scalar, or a
+duck array with `.shape` and such a `.dtype`), or a static value. Leaves are
+written compactly: `f32[2,3]`, `~f32[]` (weak), `key<fry>[4]`, `f32[8]{V:i}`
+(varying over manual axis `i`).
+"""
+
+import functools as ft
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+# How a leaf is treated, decided once per Python type.
+ARRAY = 0  # jax.Array or tracer: abstract, keyed by its aval
+NUMPY = 1  # np.ndarray / NumPy scalar: abstract, strong
+SDS = 2  # jax.ShapeDtypeStruct: abstract, keyed by itself
+SCALAR = 3  # Python bool/int/float/complex: abstract (weak, except bool)
+OTHER = 4  # static, unless the instance has .shape and .dtype (duck array)
+
+SCALAR_TYPES = (bool, int, float, complex)
+KINDS: dict[type, int] = {}
+
+
+def kind_of(cls: type) -> int:
+    kind = KINDS.get(cls)
+    if kind is None:
+        if issubclass(cls, (jax.Array, jax.core.Tracer)):
+            kind = ARRAY
+        elif issubclass(cls, (np.ndarray, np.generic)):
+            kind = NUMPY
+        elif issubclass(cls, jax.ShapeDtypeStruct):
+            kind = SDS
+        elif cls in SCALAR_TYPES:  # exactly: an IntEnum is an int but stays static
+            kind = SCALAR
+        else:
+            kind = OTHER
+        KINDS[cls] = kind
+    return kind
+
+
+_jax_dtypes_seen: dict[Any, bool] = {}
+
+
+def jax_dtype(dtype: Any) -> bool:
+    """Whether JAX can hold an array of `dtype` (numbers, bool, bfloat16, float8, PRNG keys, ...)."""
+    try:
+        return _jax_dtypes_seen[dtype]
+    except (KeyError, TypeError):
+        pass
+    try:
+        ok = any(jnp.issubdtype(dtype, kind) for kind in (jnp.number, jnp.bool_, jax.dtypes.extended))
+    except TypeError:  # not a dtype at all
+        ok = False
+    try:
+        _jax_dtypes_seen[dtype] = ok
+    except TypeError:
+        pass
+    return ok
+
+
+def is_duck_array(x: Any) -> bool:
+    """An object JAX takes as an array: `.shape` and a `.dtype` JAX can hold."""
+    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type) and jax_dtype(x.dtype)
+
+
+def as_abstract(x: Any) -> jax.ShapeDtypeStruct:
+    """A duck array as the `ShapeDtypeStruct` JAX would see (its `.sharding`
+    kept only if it is a JAX sharding)."""
+    sharding = getattr(x, "sharding", None)
+    if not isinstance(sharding, jax.sharding.Sharding):
+        sharding = None
+    return jax.ShapeDtypeStruct(
+        tuple(x.shape), x.dtype, weak_type=bool(getattr(x, "weak_type", False)), sharding=sharding
+    )
+
+
+def from_aval(aval: Any) -> jax.ShapeDtypeStruct:
+    """A JAX type as a `ShapeDtypeStruct`: shape, dtype, weak flag, and (on a mesh)
+    the sharding with the manual axes, which a manual mesh's values carry only together."""
+    if aval.sharding.mesh.empty:
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+    return jax.ShapeDtypeStruct(
+        aval.shape,
+        aval.dtype,
+        weak_type=aval.weak_type,
+        sharding=aval.sharding,
+        manual_axis_type=aval.manual_axis_type,
+    )
+
+
+def read_leaf(x: Any) -> Any:
+    """A leaf's description, read without tracing: a `ShapeDtypeStruct` for an array
+    leaf (typed as JAX types it: Python `int`/`float`/`complex` weak), the leaf itself
+    for a static one."""
+    kind = kind_of(type(x))
+    if kind == SDS:
+        return x
+    if kind == OTHER:
+        return as_abstract(x) if is_duck_array(x) else x
+    if kind == NUMPY and not jax_dtype(x.dtype):
+        return x  # a NumPy array of strings or objects: static
+    return from_aval(jax.typeof(x))
+
+
+@ft.cache
+def key_data_bytes(dtype: Any) -> int:
+    data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
+    return int(math.prod(data.shape) * np.dtype(data.dtype).itemsize)
+
+
+@ft.cache
+def is_key_dtype(dtype: Any) -> bool:
+    return bool(jnp.issubdtype(dtype, jax.dtypes.prng_key))
+
+
+def leaf_nbytes(leaf: jax.ShapeDtypeStruct) -> int:
+    size: int = math.prod(leaf.shape)
+    if is_key_dtype(leaf.dtype):
+        return size * key_data_bytes(leaf.dtype)
+    itemsize: int = np.dtype(leaf.dtype).itemsize
+    return size * itemsize
+
+
+_PREFIXES = (
+    ("bfloat", "bf"),
+    ("float", "f"),
+    ("uint", "u"),
+    ("int", "i"),
+    ("complex", "c"),
+)
+
+
+@ft.cache
+def short_dtype(dtype: Any) -> str:
+    """`float32` -> `f32`, `bfloat16` -> `bf16`, `key<fry>` unchanged."""
+    if jnp.issubdtype(dtype, jax.dtypes.prng_key):
+        name = str(dtype)
+    else:
+        name = np.dtype(dtype).name
+    for long, short in _PREFIXES:
+        if name.startswith(long):
+            return short + name[len(long) :]
+    return name
+
+
+def short_shape(shape: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def varying_axes(leaf: jax.ShapeDtypeStruct) -> frozenset[str]:
+    """The manual mesh axes a leaf varies over (empty outside `shard_map`)."""
+    mat = leaf.manual_axis_type
+    return frozenset(mat.varying) if mat is not None else frozenset()
+
+
+def axes_str(axes: frozenset[str]) -> str:
+    return "{V:" + ",".join(sorted(axes)) + "}"
+
+
+def leaf_str(leaf: Any) -> str:
+    """One leaf in compact notation; static leaves as their `repr`."""
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        weak = "~" if leaf.weak_type else ""
+        text = f"{weak}{short_dtype(leaf.dtype)}{short_shape(leaf.shape)}"
+        axes = varying_axes(leaf)
+        if axes:
+            text += axes_str(axes)
+        return text
+    text = repr(leaf)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def human_bytes(n: int) -> str:
+    """`36 B`, `1.5 KiB`, `64.0 GiB`."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        value /= 1024
+        if value < 1024 or unit == "PiB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")

@@ -1,0 +1,217 @@
+"""One table renderer for `str(Structure)`, `ts.describe`, `_repr_html_` and the CLI.
+
+It renders anything shaped like a Structure (paths, leaves and totals), so the
+value type can use it without the renderer depending on it.
+"""
+
+import dataclasses
+import html
+from collections.abc import Sequence
+from typing import Any, Final, Protocol
+
+import jax
+
+from ._leaf import axes_str, human_bytes, leaf_nbytes, leaf_str, short_dtype, short_shape, varying_axes
+from ._sharding import is_partitioned, is_replicated, per_device_nbytes, spec_str
+
+
+class Described(Protocol):
+    """What the table shows of a Structure."""
+
+    @property
+    def paths(self) -> tuple[str, ...]: ...
+
+    @property
+    def leaves(self) -> tuple[Any, ...]: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def nbytes_per_device(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+
+# -- the table -----------------------------------------------------------------
+DEFAULT_MAX_ROWS: Final = 50
+_HEADERS: Final = ("path", "shape", "dtype", "extra", "bytes")
+_ROOT: Final = "(root)"  # keystr of the empty path is "": show something
+
+
+_PER_DEVICE: Final = "per device"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Table:
+    """The cells of a table, shared by the text and HTML renderers."""
+
+    rows: list[tuple[str, str, str, str, str, str]]  # path, shape, dtype, extra, bytes, per device
+    cut_at: int | None  # index in `rows` where "... N more leaves" goes
+    hidden: int  # how many leaves the cut hides
+    total: str  # "total: 2 leaves, 9 elements"
+    total_bytes: str
+    show_extra: bool
+    total_per_device: str | None  # set (and a "per device" column shown) when some leaf is split
+
+    @property
+    def columns(self) -> list[int]:
+        cols = [0, 1, 2, 3, 4] if self.show_extra else [0, 1, 2, 4]
+        return cols + [5] if self.total_per_device is not None else cols
+
+
+def _static_str(leaf: Any) -> str:
+    kind = type(leaf).__name__
+    name = getattr(leaf, "__qualname__", None) or getattr(leaf, "__name__", None)
+    if callable(leaf) and isinstance(name, str):
+        return f"static {kind} {name}"
+    text = repr(leaf)
+    if " at 0x" in text:  # a default repr: the address is noise
+        return f"static {kind}"
+    return f"static {kind} {leaf_str(leaf)}"
+
+
+def _row(path: str, leaf: Any, per_device: bool) -> tuple[str, str, str, str, str, str]:
+    """One leaf's cells; with `per_device`, its largest shard's bytes, and "replicated" for a
+    leaf copied whole onto several devices."""
+    path = path or _ROOT
+    if not isinstance(leaf, jax.ShapeDtypeStruct):
+        return (path, "", "", _static_str(leaf), "", "")
+    dtype = ("~" if leaf.weak_type else "") + short_dtype(leaf.dtype)
+    extra = [spec_str(leaf.sharding, len(leaf.shape))]
+    if per_device and not extra[0] and is_replicated(leaf):
+        extra[0] = "replicated"
+    axes = varying_axes(leaf)
+    if axes:
+        extra.append(axes_str(axes))
+    extra_str = " ".join(e for e in extra if e)
+    nbytes = human_bytes(leaf_nbytes(leaf))
+    device_bytes = human_bytes(per_device_nbytes(leaf)) if per_device else ""
+    return (path, short_shape(leaf.shape), dtype, extra_str, nbytes, device_bytes)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+
+
+def _build(structure: Described, max_rows: int | None) -> _Table:
+    if max_rows is not None and max_rows < 0:
+        raise ValueError(f"max_rows must be None or >= 0, got {max_rows}")
+    n = len(structure)
+    indices: Sequence[int] = range(n)
+    cut_at: int | None = None
+    hidden = 0
+    if max_rows is not None and n > max_rows:
+        head = (max_rows + 1) // 2
+        tail = max_rows - head
+        indices = [*range(head), *range(n - tail, n)]
+        cut_at, hidden = head, n - max_rows
+    paths, leaves = structure.paths, structure.leaves
+    per_device = any(is_partitioned(leaf) for leaf in leaves)
+    rows = [_row(paths[i], leaves[i], per_device) for i in indices]
+    leaf_word = "leaf" if n == 1 else "leaves"
+    total = f"total: {n:,} {leaf_word}, {_plural(structure.size, 'element')}"
+    return _Table(
+        rows=rows,
+        cut_at=cut_at,
+        hidden=hidden,
+        total=total,
+        total_bytes=human_bytes(structure.nbytes),
+        show_extra=any(row[3] for row in rows),
+        total_per_device=human_bytes(structure.nbytes_per_device) if per_device else None,
+    )
+
+
+def _more(hidden: int) -> str:
+    return f"... {hidden:,} more {'leaf' if hidden == 1 else 'leaves'}"
+
+
+def printable(text: str) -> str:
+    """A cell with control characters from user reprs escaped (`\\n`, `\\x1b`): one line, no
+    terminal codes."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def table(structure: Described, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
+    """Render `structure` as an aligned text table (what `str(structure)` shows).
+
+    Columns: path, shape, dtype (`~` marks weak), extra (sharding spec,
+    "replicated", manual axes `{V:i}`, static leaf type; omitted when empty for
+    every row), bytes and, when some leaf is split over devices, per device.
+    The last row is the exact total, whatever `max_rows` hides.
+    """
+    t = _build(structure, max_rows)
+    cols = t.columns
+    headers = [(*_HEADERS, _PER_DEVICE)[c] for c in cols]
+    rows = [[printable(row[c]) for c in cols] for row in t.rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    right = 1 if t.total_per_device is None else 2  # the right-aligned byte columns, at the end
+    widths[-right] = max(widths[-right], len(t.total_bytes))
+    if t.total_per_device is not None:
+        widths[-1] = max(widths[-1], len(t.total_per_device))
+    # The total row: its label, then the total bytes flush right under the
+    # bytes column, or two spaces after a label too long for that.
+    head = widths[: len(widths) - right + 1]
+    full = sum(head) + 2 * (len(head) - 1)
+    full = max(full, len(t.total) + 2 + len(t.total_bytes))
+
+    def line(cells: list[str]) -> str:
+        left = "  ".join(c.ljust(w) for c, w in zip(cells[:-right], widths, strict=False))
+        tail = "  ".join(c.rjust(w) for c, w in zip(cells[-right:], widths[-right:], strict=True))
+        return (left + "  " + tail).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    out = [line(headers), rule]
+    for i, row in enumerate(rows):
+        if i == t.cut_at:
+            out.append(_more(t.hidden))
+        out.append(line(row))
+    if t.cut_at is not None and t.cut_at == len(rows):
+        out.append(_more(t.hidden))
+    out.append(rule)
+    total = t.total + t.total_bytes.rjust(full - len(t.total))
+    if t.total_per_device is not None:
+        total += "  " + t.total_per_device.rjust(widths[-1])
+    out.append(total)
+    return "\n".join(out)
+
+
+_CSS: Final = "font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; border-collapse: collapse"
+_LEFT: Final = ' style="text-align: left"'
+_RIGHT: Final = ' style="text-align: right"'
+
+
+def html_table(structure: Described, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
+    """Render `structure` as an HTML table: the cells of [table][], escaped."""
+    t = _build(structure, max_rows)
+    cols = t.columns
+    right = 1 if t.total_per_device is None else 2  # the right-aligned byte columns, at the end
+    esc = html.escape
+
+    def cells(values: list[str], tag: str) -> str:
+        first_right = len(values) - right
+        parts = [f"<{tag}{_RIGHT if i >= first_right else _LEFT}>{esc(v)}</{tag}>" for i, v in enumerate(values)]
+        return "<tr>" + "".join(parts) + "</tr>"
+
+    more = f'<tr><td colspan="{len(cols)}"{_LEFT}>{esc(_more(t.hidden))}</td></tr>'
+    body = []
+    for i, row in enumerate(t.rows):
+        if i == t.cut_at:
+            body.append(more)
+        body.append(cells([row[c] for c in cols], "td"))
+    if t.cut_at is not None and t.cut_at == len(t.rows):
+        body.append(more)
+    per_device = "" if t.total_per_device is None else f"<th{_RIGHT}>{esc(t.total_per_device)}</th>"
+    total = (
+        f'<tr><th colspan="{len(cols) - right}"{_LEFT}>{esc(t.total)}</th><th{_RIGHT}>{esc(t.total_bytes)}</th>'
+        f"{per_device}</tr>"
+    )
+    return (
+        f'<table class="treeshape-structure" style="{_CSS}">'
+        f"<thead>{cells([(*_HEADERS, _PER_DEVICE)[c] for c in cols], 'th')}</thead>"
+        f"<tbody>{''.join(body)}</tbody>"
+        f"<tfoot>{total}</tfoot></table>"
+    )
