@@ -81,6 +81,7 @@ def as_abstract(x: Any) -> jax.ShapeDtypeStruct:
     )
 
 
+@ft.lru_cache(maxsize=4096)  # a tree has few distinct types: reading a big one stays cheap
 def from_aval(aval: Any) -> jax.ShapeDtypeStruct:
     """A JAX type as a `ShapeDtypeStruct`: shape, dtype, weak flag, and (on a mesh)
     the sharding with the manual axes, which a manual mesh's values carry only together."""
@@ -104,6 +105,8 @@ def read_leaf(x: Any) -> Any:
         return x
     if kind == OTHER:
         return as_abstract(x) if is_duck_array(x) else x
+    if kind == ARRAY:
+        return from_aval(x.aval)
     if kind == NUMPY and not jax_dtype(x.dtype):
         return x  # a NumPy array of strings or objects: static
     return from_aval(jax.typeof(x))
