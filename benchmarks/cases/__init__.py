@@ -1,0 +1,25 @@
+"""The benchmark cases, one module each; importing this package registers them, in this order.
+
+Each module's docstring says what its case measures and why its baseline is
+fair; `python benchmarks/run.py --only NAME` runs one case (the names are the
+`@case(...)` names, listed by `--help`).
+"""
+
+import importlib
+
+
+MODULES = (
+    "cached_call",  # 1  cached
+    "fresh_partial",  # 2  fresh_partial
+    "floor",  # 3  floor
+    "uncached_call",  # 4  uncached
+    "jit_trace",  # 5  jit_trace
+    "scaling",  # 6  scaling
+    "memory",  # 7  memory
+    "carry",  # 8  carry
+    "scan_carry",  # 9  scan_carry
+    "cache_memory",  # 10 cache_memory
+)
+
+for _name in MODULES:
+    importlib.import_module(f"{__name__}.{_name}")
