@@ -1,8 +1,8 @@
-"""Speed and memory benchmarks for treeshape (issues 2 speed, 3 loop carries, 5 cache memory).
+"""Speed and memory benchmarks for treeshape (issues 2 speed, 3 loop carries, 5 cache memory, 9 scale).
 
 Run `python benchmarks/run.py` for the full benchmark, `--quick` for the CI
 smoke run (few repetitions, smaller trees; goals are printed but never fail
-the run), `--only NAME` for some cases, `--json PATH`
+the run), `--only NAME` for some cases (or the group `scale`), `--json PATH`
 to save the results, `--check` to exit 1 when a goal is missed, `--profile`
 for the costliest functions under cProfile.
 

@@ -5,6 +5,11 @@
   f32[8,32] (101 leaves). Both sides of a row get exactly the same arguments.
 - **Leaf trees** (case 6): a list of dicts of f32[4], bf16[2], i32[],
   f32[4,4] `jax.Array`s.
+- **Model trees** (cases 11-13, issue 9 "Scale"): `{"layers": [layer, ...]}`,
+  10 leaves per layer in nested dicts and a list, as a model's parameters
+  are laid out (see `model_tree`); the leaves are `jax.Array`s or
+  `jax.ShapeDtypeStruct`s, made once per size and reused, and the containers
+  can be rebuilt around them to get a new tree object cheaply.
 - **Floors**: the least any implementation must do, e.g. flatten a tree and
   read each leaf's type.
 - **The Adam train step** (cases 8 and 9): a hand-written Adam update (no
@@ -12,13 +17,15 @@
 """
 
 import functools as ft
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+
+import treeshape as ts
 
 
 # -- the MLP (cases 1-5) ---------------------------------------------------------
@@ -66,6 +73,23 @@ def aval_floor(*trees: Any) -> list[Any]:
     return [x.aval for x in jtu.tree_leaves(trees)]
 
 
+def typeof_floor(tree: Any) -> tuple[Any, list[Any]]:
+    """Describing an existing tree of arrays by hand: `tree_flatten` + `jax.typeof` per leaf."""
+    leaves, treedef = jtu.tree_flatten(tree)
+    return treedef, [jax.typeof(x) for x in leaves]
+
+
+def fields_floor(tree: Any) -> tuple[Any, list[tuple[Any, Any, bool]]]:
+    """Describing a tree of `ShapeDtypeStruct`s by hand: `tree_flatten` + `.shape`, `.dtype`, `.weak_type`."""
+    leaves, treedef = jtu.tree_flatten(tree)
+    return treedef, [(x.shape, x.dtype, x.weak_type) for x in leaves]
+
+
+def paths_floor(a: Any, b: Any) -> tuple[Any, Any]:
+    """What any diff that reports paths must at least do: `tree_flatten_with_path` of both trees."""
+    return jtu.tree_flatten_with_path(a), jtu.tree_flatten_with_path(b)
+
+
 # -- leaf trees (case 6) ---------------------------------------------------------
 @ft.cache
 def leaf_tree(n_leaves: int) -> list[dict[str, jax.Array]]:
@@ -91,6 +115,82 @@ def committed_tree(n_leaves: int) -> list[dict[str, jax.Array]]:
 def fresh_identity() -> Callable[[Any], Any]:
     """A new identity function on every call: `jax.eval_shape` cannot cache it."""
     return lambda t: t
+
+
+# -- model trees (cases 11-13) ---------------------------------------------------
+F32, BF16, I32 = np.dtype("float32"), jnp.dtype("bfloat16"), np.dtype("int32")
+# The leaf types of one layer, in the order `_layer` places them.
+LAYER_TYPES: tuple[tuple[tuple[int, ...], Any], ...] = (
+    *[((4, 4), F32)] * 4,  # attn q, k, v, o
+    ((4, 8), BF16),  # mlp up
+    ((8, 4), BF16),  # mlp down
+    ((8,), F32),  # mlp bias[0]
+    ((4,), F32),  # mlp bias[1]
+    ((4,), F32),  # norm scale
+    ((), I32),  # norm count
+)
+LAYER_LEAVES = len(LAYER_TYPES)
+CHANGED_SHAPE = (4, 5)  # the shape `changed_tree` gives one attn "k" leaf (f32[4,4] elsewhere)
+
+
+def _layer(leaves: Sequence[Any], i: int) -> dict[str, Any]:
+    """One layer from `leaves[i : i + LAYER_LEAVES]`: nested dicts and a list, as a model lays them out."""
+    q, k, v, o, up, down, b0, b1, scale, count = leaves[i : i + LAYER_LEAVES]
+    return {
+        "attn": {"q": q, "k": k, "v": v, "o": o},
+        "mlp": {"up": up, "down": down, "bias": [b0, b1]},
+        "norm": {"scale": scale, "count": count},
+    }
+
+
+def model_tree(leaves: Sequence[Any]) -> dict[str, Any]:
+    """A new tree object (new dicts and lists) around `leaves`: `{"layers": [layer, ...]}`."""
+    return {"layers": [_layer(leaves, i) for i in range(0, len(leaves), LAYER_LEAVES)]}
+
+
+def sds_leaf(i: int) -> jax.ShapeDtypeStruct:
+    shape, dtype = LAYER_TYPES[i % LAYER_LEAVES]
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+@ft.cache
+def model_leaves(n_leaves: int, kind: str) -> tuple[Any, ...]:
+    """`n_leaves` (a multiple of 10) distinct leaves of `model_tree`'s layers: `jax.Array`s
+    (`kind="array"`, made with `jnp.zeros`) or `jax.ShapeDtypeStruct`s (`kind="sds"`)."""
+    if n_leaves % LAYER_LEAVES:
+        raise ValueError(f"a model tree has a multiple of {LAYER_LEAVES} leaves, not {n_leaves}")
+    if kind == "sds":
+        return tuple(sds_leaf(i) for i in range(n_leaves))
+    if kind == "array":
+        return tuple(jnp.zeros(*LAYER_TYPES[i % LAYER_LEAVES]) for i in range(n_leaves))
+    raise ValueError(f"kind must be 'sds' or 'array', not {kind!r}")
+
+
+def middle_layer(n_leaves: int) -> int:
+    return n_leaves // LAYER_LEAVES // 2
+
+
+def changed_tree(leaves: Sequence[Any]) -> tuple[dict[str, Any], str]:
+    """`model_tree(leaves)` with the middle layer's attn "k" leaf made f32[4,5]; the path of that leaf."""
+    mid = middle_layer(len(leaves))
+    tree = model_tree(leaves)
+    tree["layers"][mid]["attn"]["k"] = jax.ShapeDtypeStruct(CHANGED_SHAPE, F32)
+    return tree, f"['layers'][{mid}]['attn']['k']"
+
+
+def grown_tree(leaves: Sequence[Any]) -> tuple[dict[str, Any], str]:
+    """`model_tree(leaves)` with one more leaf in the middle layer's mlp "bias" list; the path of that leaf."""
+    mid = middle_layer(len(leaves))
+    tree = model_tree(leaves)
+    tree["layers"][mid]["mlp"]["bias"].append(sds_leaf(7))  # another f32[4], as bias[1]
+    return tree, f"['layers'][{mid}]['mlp']['bias'][2]"
+
+
+def check_one_mismatch(found: list[ts.Mismatch], path: str, kind: str) -> None:
+    """Raise unless `found` is exactly one mismatch of `kind` at `path` (a wrong but fast diff must not pass)."""
+    got = [(m.path, m.kind) for m in found]
+    if got != [(path, kind)]:
+        raise AssertionError(f"diff found {got[:5]}{' ...' if len(got) > 5 else ''}, expected [{(path, kind)}]")
 
 
 # -- the Adam train step (cases 8 and 9) ------------------------------------------

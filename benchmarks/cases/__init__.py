@@ -19,6 +19,9 @@ MODULES = (
     "carry",  # 8  carry
     "scan_carry",  # 9  scan_carry
     "cache_memory",  # 10 cache_memory
+    "scale_structure_of",  # 11 scale_structure_of (group: scale)
+    "scale_diff",  # 12 scale_diff (group: scale)
+    "scale_memory",  # 13 scale_memory (group: scale)
 )
 
 for _name in MODULES:
