@@ -346,7 +346,7 @@ def test_cache_holds_no_tracer_jax_24818():
     with jax.check_tracer_leaks(True):
         out = step(jnp.ones((2, 3)), jnp.ones((3, 2)))
     assert out.shape == (2, 2)
-    assert ts.cache_info().size >= 3
+    assert ts.cache_info().size >= 2  # s1, s2 (structure_of reads its tree and caches nothing)
     gc.collect()
     reachable = _reachable(_cache.CACHE)
     assert len(reachable) > 10  # the walk did look inside the entries

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax import lax
 
+from ._diff import diff_structures
 from ._errors import (
     CarryMismatchError,
     Line,
@@ -32,7 +33,7 @@ from ._errors import (
 from ._infer import out_structure
 from ._leaf import from_aval, leaf_str, short_dtype, varying_axes
 from ._sharding import carry_spec, reshard, spec_value
-from ._structure import PyTree, Structure, diff_structures
+from ._structure import PyTree, Structure
 from ._weak import (
     _PY_SCALAR_TYPES,
     allowing_policy,

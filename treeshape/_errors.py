@@ -494,3 +494,11 @@ def astype_key_message(leaves: Sequence[str], dtype: str) -> str:
         f"treeshape.Structure.astype: no conversion to or from typed PRNG keys ({dtype}): {listed}. Leave key "
         "leaves out with `where=`, or convert explicitly with `jax.random.key_data` / `jax.random.wrap_key_data`."
     )
+
+
+def int_too_big_message(fn_name: str, where: str, value: int, bits: int) -> str:
+    return (
+        f"treeshape.{fn_name}: {where} is the Python int {value}, which does not fit the int{bits} JAX gives "
+        f"Python ints. Pass it as a typed array (e.g. `np.int64({value})` with jax_enable_x64 on), or bind it "
+        "with `functools.partial` so it stays a concrete Python value."
+    )

@@ -1,4 +1,4 @@
-"""`out_structure`, `structure_of` and the cache behind them."""
+"""`out_structure` (one abstract evaluation, cached) and `structure_of` (read without tracing)."""
 
 import functools as ft
 import inspect
@@ -12,9 +12,9 @@ import jax.tree_util as jtu
 
 from . import _cache, _compat, _sharding
 from ._cache import CACHE, CacheInfo, Key, static_key
+from ._errors import int_too_big_message
 from ._leaf import (
     ARRAY,
-    KINDS,
     NUMPY,
     OTHER,
     SCALAR,
@@ -24,7 +24,7 @@ from ._leaf import (
     jax_dtype,
     kind_of,
 )
-from ._structure import PyTree, Structure
+from ._structure import PyTree, Structure, read_structure
 
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31
@@ -148,11 +148,7 @@ def _check_inputs(leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDe
         root = ("the bound " if keys[0] == jtu.SequenceKey(0) else "") + (
             "args" if keys[1] == jtu.SequenceKey(0) else "kwargs"
         )
-        raise OverflowError(
-            f"treeshape.out_structure: {root}{jtu.keystr(tuple(keys[2:]))} is the Python int {x}, which does "
-            f"not fit the int{bits} JAX gives Python ints. Pass it as a typed array (e.g. `np.int64({x})` with "
-            "jax_enable_x64 on), or bind it with `functools.partial` so it stays a concrete Python value."
-        )
+        raise OverflowError(int_too_big_message("out_structure", root + jtu.keystr(tuple(keys[2:])), x, bits))
 
 
 def _is_output_array(x: Any, kind: int) -> bool:
@@ -321,28 +317,30 @@ _EMPTY_BOUND = jtu.tree_structure(((), {}))
 _JITTED: type = type(jax.jit(lambda: None))
 
 
-def _tracer_escapes(out: Any, treedef: jtu.PyTreeDef, descriptions: list[Any]) -> list[str]:
-    """Where a static output leaf or node data holds a tracer (an attribute, a
-    closure cell, a generator frame...), which would escape the trace."""
+def _tracer_escapes(out: Any, treedef: jtu.PyTreeDef, descriptions: list[Any], root: str = "") -> list[str]:
+    """Where a static leaf or node data of `out` holds a tracer (an attribute, a
+    closure cell, a generator frame...), which would escape the trace. Paths are
+    printed under `root` (`""`: the output of `fn`)."""
     suspects = [
         i
         for i, d in enumerate(descriptions)
         if d is not _TRACED and not isinstance(d, jax.ShapeDtypeStruct) and not _cache.is_plain(d)
     ]
     found = [i for i in suspects if _cache.holds_tracer(descriptions[i])]
+    noun = "" if root else "output "
     where = []
     if found:
-        paths = [jtu.keystr(path) for path, _ in jtu.tree_flatten_with_path(out)[0]]
-        where += [f"the output leaf {paths[i] or '(the whole output)'}" for i in found]
+        paths = [root + jtu.keystr(path) for path, _ in jtu.tree_flatten_with_path(out)[0]]
+        where += [f"the {noun}leaf {paths[i] or '(the whole output)'}" for i in found]
     if not _cache.treedef_is_plain(treedef):
-        where += [f"the static data of the output node {node}" for node in _nodes_holding_tracers(out)]
+        where += [f"the static data of the {noun}node {node}" for node in _nodes_holding_tracers(out, root)]
     return where
 
 
-def _nodes_holding_tracers(out: Any) -> list[str]:
+def _nodes_holding_tracers(out: Any, root: str) -> list[str]:
     """`type at path` for each node of `out` whose static data holds a tracer."""
     found = []
-    stack: list[tuple[str, Any]] = [("", out)]
+    stack: list[tuple[str, Any]] = [(root, out)]
     while stack:
         path, node = stack.pop()
         try:
@@ -355,11 +353,18 @@ def _nodes_holding_tracers(out: Any) -> list[str]:
     return found
 
 
-def _raise_escapes(where: list[str]) -> None:
+_ESCAPE_FIXES = {
+    "out_structure": "Return arrays as pytree leaves instead (register the class as a pytree node), and results "
+    "rather than closures over traced values.",
+    "structure_of": "Keep arrays as pytree leaves instead (register the class as a pytree node, with the arrays as "
+    "its children), or pass only the array part of the tree.",
+}
+
+
+def _raise_escapes(where: list[str], fn_name: str = "out_structure") -> None:
     raise TypeError(
-        f"treeshape.out_structure: {', '.join(where)} holds a JAX tracer (in an attribute, a closure cell or a "
-        "generator), which would escape the trace; `jax.eval_shape` rejects it too. Return arrays as pytree "
-        "leaves instead (register the class as a pytree node), and results rather than closures over traced values."
+        f"treeshape.{fn_name}: {', '.join(where)} holds a JAX tracer (in an attribute, a closure cell or a "
+        "generator), which would escape the trace; `jax.eval_shape` rejects it too. " + _ESCAPE_FIXES[fn_name]
     )
 
 
@@ -506,14 +511,11 @@ def _with_call_meshes(structure: Structure, fn: Any, call_leaves: list[Any]) -> 
     return structure._on_meshes(meshes) if meshes else structure
 
 
-def _identity(tree: PyTree) -> PyTree:
-    return tree
-
-
 def structure_of(tree: PyTree) -> Structure:
-    """Describe an existing pytree: `out_structure(lambda t: t, tree)`.
+    """Describe an existing pytree, reading each leaf's type without tracing.
 
-    The result equals `out_structure(lambda t: t, tree)`. In addition, at top
+    The result equals `out_structure(lambda t: t, tree)`, at the cost of a
+    flatten (no trace, no cache: fit for trees of millions of leaves). At top
     level, a leaf that is a committed array keeps its concrete sharding, so
     `structure_of(params).zeros()` is placed where `params` lives (also across
     processes), and a `jax.ShapeDtypeStruct` keeps its sharding as given (its
@@ -533,28 +535,11 @@ def structure_of(tree: PyTree) -> Structure:
         >>> ts.structure_of({"step": 0, "w": jnp.zeros((2, 2), jnp.bfloat16), "act": "relu"})
         Structure({'act': 'relu', 'step': ~i32[], 'w': bf16[2,2]}, 3 leaves, 12 B)
     """
-    structure, leaves = _out_structure(_identity, (tree,), {})
+    structure = read_structure(tree, "structure_of")
     if not _compat.at_top_level():
-        return structure
-    placed = None
-    kinds = KINDS
-    for i, x in enumerate(leaves):
-        kind = kinds.get(type(x))
-        if kind is None:
-            kind = kind_of(type(x))
-        if kind == ARRAY:
-            if isinstance(x, jax.core.Tracer) or not x.committed:
-                continue
-            sharding = x.sharding
-        elif kind == SDS and isinstance(x.sharding, jax.sharding.Sharding):
-            sharding = x.sharding  # as given, also over an abstract or Auto mesh (jax.eval_shape drops its spec)
-        else:
-            continue
-        placed = placed or list(structure.leaves)
-        placed[i] = placed[i].update(sharding=sharding)
-    return structure if placed is None else Structure(structure.treedef, tuple(placed))
-
-
-def abstract_structure_of(tree: PyTree) -> Structure:
-    """`structure_of` without the concrete shardings (for comparisons, which ignore them)."""
-    return _out_structure(_identity, (tree,), {})[0]
+        # A static leaf or node that holds a tracer would leave the trace inside
+        # the Structure (as `out_structure` of the identity refuses it too).
+        where = _tracer_escapes(tree, structure.treedef, list(structure.leaves), "tree")
+        if where:
+            _raise_escapes(where, "structure_of")
+    return structure

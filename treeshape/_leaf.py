@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _compat
+
 
 # How a leaf is treated, decided once per Python type.
 ARRAY = 0  # jax.Array or tracer: abstract, keyed by its aval
@@ -96,20 +98,100 @@ def from_aval(aval: Any) -> jax.ShapeDtypeStruct:
     )
 
 
-def read_leaf(x: Any) -> Any:
-    """A leaf's description, read without tracing: a `ShapeDtypeStruct` for an array
-    leaf (typed as JAX types it: Python `int`/`float`/`complex` weak), the leaf itself
-    for a static one."""
-    kind = kind_of(type(x))
-    if kind == SDS:
-        return x
-    if kind == OTHER:
-        return as_abstract(x) if is_duck_array(x) else x
-    if kind == ARRAY:
-        return from_aval(x.aval)
-    if kind == NUMPY and not jax_dtype(x.dtype):
-        return x  # a NumPy array of strings or objects: static
-    return from_aval(jax.typeof(x))
+@ft.lru_cache(maxsize=4096)
+def _unsharded(aval: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
+class IntTooBig(OverflowError):
+    """A Python int leaf that no JAX integer of the default width holds."""
+
+    def __init__(self, index: int, value: int, bits: int) -> None:
+        super().__init__(index, value, bits)
+        self.index, self.value, self.bits = index, value, bits
+
+
+def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
+    """Each leaf's description, read without tracing: what `jax.eval_shape` of the
+    identity gives (a `ShapeDtypeStruct` typed as JAX types the leaf: canonical
+    dtype, Python `int`/`float`/`complex` weak), static leaves as themselves.
+
+    At top level (`top_level`: no trace is running) a committed array takes its
+    concrete sharding, and a `ShapeDtypeStruct` or duck array keeps its
+    sharding as given. Under a trace, a leaf takes the type JAX gives it there
+    (its sharding and manual axes included).
+
+    Raises:
+        IntTooBig: a Python int that does not fit the default integer width.
+    """
+    kinds = KINDS
+    out: list[Any] = []
+    append = out.append
+    canonical: dict[Any, Any] = {}  # dtype -> its canonical dtype
+    scalars: dict[type, jax.ShapeDtypeStruct] = {}
+    placed: dict[tuple[Any, Any], jax.ShapeDtypeStruct] = {}
+    int_range: tuple[int, int] | None = None
+    for i, x in enumerate(leaves):
+        cls = type(x)
+        kind = kinds.get(cls)
+        if kind is None:
+            kind = kind_of(cls)
+        if kind == ARRAY:
+            aval = x.aval
+            if not top_level:
+                append(from_aval(aval))
+            elif not isinstance(x, jax.core.Tracer) and x.committed:
+                sharding = x.sharding
+                key = (aval, sharding)
+                sds = placed.get(key)
+                if sds is None:
+                    sds = placed[key] = jax.ShapeDtypeStruct(
+                        aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=sharding
+                    )
+                append(sds)
+            else:
+                append(_unsharded(aval))
+        elif kind == SDS:
+            if not top_level:
+                append(from_aval(_compat.abstractify(x)))
+                continue
+            dtype = x.dtype
+            to = canonical.get(dtype)
+            if to is None:
+                to = canonical[dtype] = jax.dtypes.canonicalize_dtype(dtype, allow_extended_dtype=True)
+            append(x if to == dtype else x.update(dtype=to))
+        elif kind == SCALAR:
+            sds = scalars.get(cls)
+            if sds is None:
+                sds = scalars[cls] = from_aval(jax.typeof(cls()))
+            if cls is int:
+                if int_range is None:
+                    bits = 8 * np.dtype(sds.dtype).itemsize
+                    int_range = (-(2 ** (bits - 1)), 2 ** (bits - 1))
+                if not int_range[0] <= x < int_range[1]:
+                    raise IntTooBig(i, x, 8 * np.dtype(sds.dtype).itemsize)
+            append(sds)
+        elif kind == NUMPY:
+            append(from_aval(jax.typeof(x)) if jax_dtype(x.dtype) else x)  # strings, objects: static
+        elif is_duck_array(x):
+            abstract = as_abstract(x)
+            if not top_level:
+                append(from_aval(_compat.abstractify(abstract)))
+            else:
+                to = jax.dtypes.canonicalize_dtype(abstract.dtype, allow_extended_dtype=True)
+                append(abstract if to == abstract.dtype else abstract.update(dtype=to))
+        else:
+            append(x)
+    return out
+
+
+def static_value(leaf: Any) -> Any:
+    """What a static leaf is compared by: a NumPy array (of strings, objects) by
+    its dtype, shape and contents, anything else by itself."""
+    if isinstance(leaf, np.ndarray):
+        contents = tuple(leaf.ravel().tolist()) if leaf.dtype.hasobject else leaf.tobytes()
+        return (leaf.dtype.str, leaf.shape, contents)
+    return leaf
 
 
 @ft.cache

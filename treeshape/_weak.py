@@ -11,10 +11,10 @@ import numpy as np
 from jax import lax
 
 from . import _compat
+from ._diff import diff_structures
 from ._errors import Mismatch, StructureMismatchError, format_report, key_change_fix, mismatch_line, policy_fix
-from ._infer import abstract_structure_of
 from ._leaf import is_key_dtype, short_dtype
-from ._structure import PyTree, Structure, diff_structures
+from ._structure import PyTree, Structure, read_structure
 
 
 POLICIES: Final = ("weak", "promote", "cast")
@@ -258,8 +258,8 @@ def upcast(tree: PyTree, like: Structure | PyTree, *, policy: str = "weak") -> P
         Structure({'lr': bf16[]}, 1 leaf, 2 B)
     """
     check_policy(policy, "upcast")
-    target = like if isinstance(like, Structure) else abstract_structure_of(like)
-    source = tree if isinstance(tree, Structure) else abstract_structure_of(tree)
+    target = read_structure(like, "upcast", "like")
+    source = read_structure(tree, "upcast")
     source_at = dict(zip(source.paths, source.leaves, strict=True))
     mismatches: list[Mismatch] = []
     lines = []

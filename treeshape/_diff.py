@@ -1,0 +1,391 @@
+"""Every difference between two structures, found without recursion.
+
+Two structures with the same treedef are compared leaf by leaf. Otherwise the
+two treedefs are walked side by side with an explicit stack: dict-like nodes
+match their children by key, lists and tuples by index, other nodes by
+position; a subtree whose treedef is the same on both sides is compared leaf
+by leaf without walking it. Leaves are addressed by their offset in the
+whole structure's leaves (nothing is sliced or rebuilt per node), and a
+leaf's path is written only when the leaf differs. So nesting depth is
+limited only by JAX's own flatten, and diffing two trees that differ in one
+list's length costs about as much as flattening both.
+"""
+
+import bisect
+import collections
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Final, Protocol
+
+import jax
+import jax.tree_util as jtu
+
+from ._errors import Mismatch
+from ._leaf import leaf_str, static_value, varying_axes
+
+
+class Compared(Protocol):
+    """What a diff reads of a Structure (which builds on this module)."""
+
+    @property
+    def treedef(self) -> jtu.PyTreeDef: ...
+
+    @property
+    def leaves(self) -> tuple[Any, ...]: ...
+
+    @property
+    def paths(self) -> tuple[str, ...]: ...
+
+
+def diff_structures(expected: Compared, actual: Compared, root: str) -> list[Mismatch]:
+    """Every difference between two structures, in leaf order: `keystr` paths,
+    printed under `root`."""
+    out = _Found(root)
+    e_leaves, a_leaves = expected.leaves, actual.leaves
+    if expected.treedef == actual.treedef:
+        differ = _differing(e_leaves, 0, a_leaves, 0, len(e_leaves))
+        if differ:
+            paths = expected.paths
+            for i in differ:
+                _diff_leaf(paths[i], e_leaves[i], a_leaves[i], out)
+        return list(out)
+    _Walk(e_leaves, a_leaves, out).run(expected.treedef, actual.treedef)
+    return list(out)
+
+
+class _Found(list[Mismatch]):
+    """The mismatches found so far, all under one root name."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__()
+        self.root = root
+
+    def add(self, path: str, kind: str, expected: Any, actual: Any) -> None:
+        self.append(Mismatch(path, kind, expected, actual, root=self.root))
+
+
+# -- leaves --------------------------------------------------------------------
+def _differing(e_leaves: Sequence[Any], e0: int, a_leaves: Sequence[Any], a0: int, n: int) -> list[int]:
+    """The offsets `j < n` where leaf `e0 + j` and leaf `a0 + j` differ as `_diff_leaf` tells."""
+    sds = jax.ShapeDtypeStruct
+    found = []
+    for j in range(n):
+        e, a = e_leaves[e0 + j], a_leaves[a0 + j]
+        if e is a:
+            continue
+        if (
+            isinstance(e, sds)
+            and isinstance(a, sds)
+            and e.shape == a.shape
+            and e.dtype == a.dtype
+            and e.weak_type == a.weak_type
+            and (e.manual_axis_type is a.manual_axis_type or varying_axes(e) == varying_axes(a))
+        ):
+            continue
+        if not isinstance(e, sds) and not isinstance(a, sds) and static_equal(e, a):
+            continue
+        found.append(j)
+    return found
+
+
+def _diff_leaf(path: str, e: Any, a: Any, out: _Found) -> None:
+    e_array = isinstance(e, jax.ShapeDtypeStruct)
+    a_array = isinstance(a, jax.ShapeDtypeStruct)
+    if not (e_array and a_array):
+        if e_array != a_array or not static_equal(e, a):
+            out.add(path, "structure", _describe_leaf(e), _describe_leaf(a))
+        return
+    if e.shape != a.shape:
+        out.add(path, "shape", e.shape, a.shape)
+    if e.dtype != a.dtype:
+        out.add(path, "dtype", e.dtype, a.dtype)
+    if e.weak_type != a.weak_type:
+        out.add(path, "weak_type", e.weak_type, a.weak_type)
+    if varying_axes(e) != varying_axes(a):
+        out.add(path, "vma", varying_axes(e), varying_axes(a))
+
+
+def static_equal(e: Any, a: Any) -> bool:
+    if e is a:
+        return True
+    try:
+        return type(e) is type(a) and bool(static_value(e) == static_value(a))
+    except Exception:  # an `==` that raises or does not give a bool
+        return False
+
+
+def _subtree_paths(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> list[str]:
+    flat, _ = jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, leaves))
+    return [jtu.keystr(path) for path, _ in flat]
+
+
+# -- walking two treedefs --------------------------------------------------------
+@dataclasses.dataclass
+class _Pair:
+    """Two subtrees to compare: treedefs and the offsets of their first leaves."""
+
+    path: str
+    e_td: jtu.PyTreeDef
+    e0: int
+    a_td: jtu.PyTreeDef
+    a0: int
+
+
+@dataclasses.dataclass
+class _Run:
+    """Consecutive children with the same treedef on both sides (so their leaves
+    line up): compared leaf by leaf, paths written only for differing leaves."""
+
+    path: str
+    keys: list[str]  # each child's key, as `keystr` writes it
+    treedefs: list[jtu.PyTreeDef]
+    starts: list[int]  # each child's first leaf, relative to e0
+    e0: int
+    a0: int
+    n: int  # leaves in the run
+
+
+@dataclasses.dataclass
+class _Add:
+    path: str
+    expected: Any
+    actual: Any
+
+
+_Task = _Pair | _Run | _Add
+
+
+class _Walk:
+    def __init__(self, e_leaves: tuple[Any, ...], a_leaves: tuple[Any, ...], out: _Found) -> None:
+        self.e_leaves, self.a_leaves, self.out = e_leaves, a_leaves, out
+
+    def run(self, e_td: jtu.PyTreeDef, a_td: jtu.PyTreeDef) -> None:
+        stack: list[_Task] = [_Pair("", e_td, 0, a_td, 0)]
+        while stack:
+            task = stack.pop()
+            if isinstance(task, _Add):
+                self.out.add(task.path, "structure", task.expected, task.actual)
+            elif isinstance(task, _Run):
+                self._run_leaves(task)
+            else:
+                tasks = self._pair(task)
+                stack.extend(reversed(tasks))
+
+    def _run_leaves(self, run: _Run) -> None:
+        differ = _differing(self.e_leaves, run.e0, self.a_leaves, run.a0, run.n)
+        child, paths = -1, []
+        for j in differ:
+            i = bisect.bisect_right(run.starts, j) - 1
+            if i != child:
+                child, start = i, run.starts[i]
+                td = run.treedefs[i]
+                paths = _subtree_paths(td, self.e_leaves[run.e0 + start : run.e0 + start + td.num_leaves])
+            path = run.path + run.keys[i] + paths[j - run.starts[i]]
+            _diff_leaf(path, self.e_leaves[run.e0 + j], self.a_leaves[run.a0 + j], self.out)
+
+    def _describe(self, td: jtu.PyTreeDef, leaves: tuple[Any, ...], start: int) -> str:
+        return _describe_node(td, leaves[start] if td.num_leaves == 1 and td.num_nodes == 1 else None)
+
+    def _pair(self, p: _Pair) -> list[_Task]:
+        e_td, a_td = p.e_td, p.a_td
+        if e_td == a_td:
+            return [_Run(p.path, [""], [e_td], [0], p.e0, p.a0, e_td.num_leaves)]
+        e_leaf, a_leaf = e_td.num_nodes == 1, a_td.num_nodes == 1  # a leaf, None, or an empty container
+        if e_leaf and a_leaf and e_td.num_leaves and a_td.num_leaves:
+            _diff_leaf(p.path, self.e_leaves[p.e0], self.a_leaves[p.a0], self.out)
+            return []
+        e_node = None if e_leaf else e_td.node_data()
+        a_node = None if a_leaf else a_td.node_data()
+        if e_node is None or a_node is None or e_node[0] is not a_node[0]:
+            return [_Add(p.path, self._describe(e_td, self.e_leaves, p.e0), self._describe(a_td, self.a_leaves, p.a0))]
+        node_type = e_node[0]
+        e_children, a_children = e_td.children(), a_td.children()
+        e_keys, a_keys = _mapping_keys(node_type, e_node[1]), _mapping_keys(node_type, a_node[1])
+        if e_keys is not None and a_keys is not None:
+            # The same kind of mapping: children matched by key; missing and extra keys reported.
+            ordered = node_type is collections.OrderedDict  # JAX keeps its insertion order
+            return self._children(p, e_children, a_children, list(e_keys), list(a_keys), jtu.DictKey, ordered)
+        if node_type is list or node_type is tuple:
+            # The same sequence type, another length: children matched by index.
+            e_range, a_range = list(range(len(e_children))), list(range(len(a_children)))
+            return self._children(p, e_children, a_children, e_range, a_range, jtu.SequenceKey, True)
+        if e_node != a_node or len(e_children) != len(a_children):
+            # The same custom node type with other static data (or arity).
+            if len(e_children) == len(a_children):
+                expected, actual = _data_difference(e_node[1], a_node[1])
+                name = _type_name(node_type)
+                return [_Add(p.path, f"{name} with {expected}", f"{name} with {actual}")]
+            return [_Add(p.path, self._describe(e_td, self.e_leaves, p.e0), self._describe(a_td, self.a_leaves, p.a0))]
+        keys = [jtu.keystr((key,)) for key in _child_keys(e_td, self.e_leaves[p.e0 : p.e0 + e_td.num_leaves])]
+        which = list(range(len(keys)))
+        return self._line_up(p, keys, e_children, a_children, which, which)
+
+    def _children(
+        self,
+        p: _Pair,
+        e_children: Sequence[jtu.PyTreeDef],
+        a_children: Sequence[jtu.PyTreeDef],
+        e_keys: list[Any],
+        a_keys: list[Any],
+        make_key: Any,
+        ordered: bool,
+    ) -> list[_Task]:
+        """Children matched by key, in leaf order (sorted keys unless `ordered`)."""
+        e_index = {k: i for i, k in enumerate(e_keys)}
+        a_index = {k: i for i, k in enumerate(a_keys)}
+        keys = e_keys + [k for k in a_keys if k not in e_index]
+        if not ordered:
+            try:
+                keys = sorted(keys)
+            except TypeError:  # keys of mixed types: the expected order, then the extra ones
+                pass
+        if make_key is jtu.SequenceKey:
+            texts = [f"[{k}]" for k in keys]  # as `keystr` writes a `SequenceKey`, without making one per child
+        else:
+            texts = [jtu.keystr((make_key(k),)) for k in keys]
+        e_which = [e_index.get(k, -1) for k in keys]
+        a_which = [a_index.get(k, -1) for k in keys]
+        return self._line_up(p, texts, e_children, a_children, e_which, a_which)
+
+    def _line_up(
+        self,
+        p: _Pair,
+        keys: list[str],
+        e_children: Sequence[jtu.PyTreeDef],
+        a_children: Sequence[jtu.PyTreeDef],
+        e_which: list[int],
+        a_which: list[int],
+    ) -> list[_Task]:
+        """Tasks for matched children (`e_which[i]`, `a_which[i]`: child indices, -1 if
+        absent): consecutive equal children merge into one leaf-by-leaf run."""
+        e_starts = _starts(e_children, p.e0)
+        a_starts = _starts(a_children, p.a0)
+        tasks: list[_Task] = []
+        run: _Run | None = None
+        for key, ei, ai in zip(keys, e_which, a_which, strict=True):
+            if ai < 0:
+                tasks.append(_Add(p.path + key, self._describe(e_children[ei], self.e_leaves, e_starts[ei]), None))
+                run = None
+                continue
+            if ei < 0:
+                tasks.append(_Add(p.path + key, None, self._describe(a_children[ai], self.a_leaves, a_starts[ai])))
+                run = None
+                continue
+            e_child, a_child = e_children[ei], a_children[ai]
+            e0, a0 = e_starts[ei], a_starts[ai]
+            if e_child != a_child:
+                tasks.append(_Pair(p.path + key, e_child, e0, a_child, a0))
+                run = None
+            elif run is not None and run.e0 + run.n == e0 and run.a0 + run.n == a0:
+                run.keys.append(key)
+                run.treedefs.append(e_child)
+                run.starts.append(run.n)
+                run.n += e_child.num_leaves
+            else:
+                run = _Run(p.path, [key], [e_child], [0], e0, a0, e_child.num_leaves)
+                tasks.append(run)
+        return tasks
+
+
+def _starts(children: Sequence[jtu.PyTreeDef], first: int) -> list[int]:
+    starts = []
+    for child in children:
+        starts.append(first)
+        first += child.num_leaves
+    return starts
+
+
+# -- describing what differs -------------------------------------------------------
+def _describe_leaf(leaf: Any) -> str:
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return leaf_str(leaf)
+    return f"the static value {leaf_str(leaf)}"
+
+
+def _describe_node(treedef: jtu.PyTreeDef, leaf: Any) -> str:
+    """A subtree in words; `leaf` is its one leaf when the subtree is a leaf."""
+    data = treedef.node_data()
+    if data is None:  # a leaf
+        return _describe_leaf(leaf)
+    node_type, aux = data
+    if node_type is type(None):
+        return "None"
+    n = len(treedef.children())
+    if n == 0:  # told apart from None
+        return f"an empty {node_type.__name__}"
+    keys = _mapping_keys(node_type, aux)
+    if keys is not None:
+        return f"{_type_name(node_type)} with keys {_short(list(keys), 120)}"
+    return f"{_type_name(node_type)} with {n} {'child' if n == 1 else 'children'}"
+
+
+_MAX_FIELDS: Final = 3
+_SHORT: Final = 60
+
+
+def _data_difference(expected: Any, actual: Any) -> tuple[str, str]:
+    """Two nodes' static data, told by the fields that differ (node data such as
+    flax.nnx's holds a whole graph description: its repr is no message)."""
+    e_text, a_text = _short(expected, 1000), _short(actual, 1000)
+    if len(e_text) <= _SHORT and len(a_text) <= _SHORT:
+        return f"static data {e_text}", f"static data {a_text}"
+    e_fields, a_fields = _fields(expected), _fields(actual)
+    if e_fields is not None and a_fields is not None and e_fields.keys() == a_fields.keys():
+        differ = [k for k in e_fields if not static_equal(e_fields[k], a_fields[k])]
+        if differ:
+            shown = differ[:_MAX_FIELDS]
+            more = f" (and {len(differ) - _MAX_FIELDS} more fields)" if len(differ) > _MAX_FIELDS else ""
+
+            def side(fields: dict[str, Any]) -> str:
+                return ", ".join(f"{k}={_short(fields[k])}" for k in shown) + more
+
+            return f"static data {side(e_fields)}", f"static data {side(a_fields)}"
+    return f"static data {_short(expected)}", f"static data {_short(actual)}"
+
+
+def _fields(data: Any) -> dict[str, Any] | None:
+    """A node's static data as named fields, where it has them."""
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        return {f.name: getattr(data, f.name, None) for f in dataclasses.fields(data)}
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return dict(zip(data._fields, data, strict=True))
+    if isinstance(data, (tuple, list)):
+        return {f"[{i}]": item for i, item in enumerate(data)}
+    if isinstance(data, dict):
+        return {repr(k): v for k, v in data.items()}
+    attributes = getattr(data, "__dict__", None)
+    return dict(attributes) if isinstance(attributes, dict) else None
+
+
+def _short(value: Any, limit: int = _SHORT) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _mapping_keys(node_type: type, aux: Any) -> Any:
+    """The keys of a dict-like node (dict, OrderedDict, defaultdict), else None."""
+    if node_type is dict or node_type is collections.OrderedDict:
+        return aux
+    if node_type is collections.defaultdict:
+        return aux[1]
+    return None
+
+
+def _type_name(node_type: type) -> str:
+    name = node_type.__name__
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    return f"{article} {name}"
+
+
+def _child_keys(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> list[Any]:
+    node_type, _ = treedef.node_data()
+    if issubclass(node_type, tuple) and hasattr(node_type, "_fields"):
+        # flatten_one_level_with_keys names every namedtuple child after the
+        # first field in JAX 0.10.2; the fields are the keys.
+        return [jtu.GetAttrKey(name) for name in node_type._fields]
+    keyed, _ = jtu.flatten_one_level_with_keys(jtu.tree_unflatten(treedef, leaves))
+    return [key for key, _ in keyed]
