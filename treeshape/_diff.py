@@ -41,15 +41,13 @@ def diff_structures(expected: Compared, actual: Compared, root: str) -> list[Mis
     """Every difference between two structures, in leaf order: `keystr` paths,
     printed under `root`."""
     out = _Found(root)
-    e_leaves, a_leaves = expected.leaves, actual.leaves
+    walk = _Walk(expected.leaves, actual.leaves, out)
     if expected.treedef == actual.treedef:
-        differ = _differing(e_leaves, 0, a_leaves, 0, len(e_leaves))
+        differ = _differing(expected.leaves, 0, actual.leaves, 0, len(expected.leaves))
         if differ:
-            paths = expected.paths
-            for i in differ:
-                _diff_leaf(paths[i], e_leaves[i], a_leaves[i], out)
-        return list(out)
-    _Walk(e_leaves, a_leaves, out).run(expected.treedef, actual.treedef)
+            walk.run(_Run("", [""], [expected.treedef], [0], 0, 0, len(expected.leaves), differ))
+    else:
+        walk.run(_Pair("", expected.treedef, 0, actual.treedef, 0))
     return list(out)
 
 
@@ -143,6 +141,17 @@ class _Run:
     e0: int
     a0: int
     n: int  # leaves in the run
+    differ: list[int] | None = None  # the offsets of differing leaves, when already known
+
+
+@dataclasses.dataclass
+class _Leaves:
+    """Differing leaves, with their paths."""
+
+    found: list[tuple[str, int, int]]  # path, expected leaf, actual leaf
+
+
+_SMALL: Final = 64  # a subtree with more leaves is split by its children rather than flattened with paths
 
 
 @dataclasses.dataclass
@@ -152,36 +161,63 @@ class _Add:
     actual: Any
 
 
-_Task = _Pair | _Run | _Add
+_Task = _Pair | _Run | _Add | _Leaves
 
 
 class _Walk:
     def __init__(self, e_leaves: tuple[Any, ...], a_leaves: tuple[Any, ...], out: _Found) -> None:
         self.e_leaves, self.a_leaves, self.out = e_leaves, a_leaves, out
 
-    def run(self, e_td: jtu.PyTreeDef, a_td: jtu.PyTreeDef) -> None:
-        stack: list[_Task] = [_Pair("", e_td, 0, a_td, 0)]
+    def run(self, first: "_Pair | _Run") -> None:
+        stack: list[_Task] = [first]
         while stack:
             task = stack.pop()
             if isinstance(task, _Add):
                 self.out.add(task.path, "structure", task.expected, task.actual)
-            elif isinstance(task, _Run):
-                self._run_leaves(task)
+            elif isinstance(task, _Leaves):
+                for path, i, j in task.found:
+                    _diff_leaf(path, self.e_leaves[i], self.a_leaves[j], self.out)
             else:
-                tasks = self._pair(task)
-                stack.extend(reversed(tasks))
+                stack.extend(reversed(self._run(task) if isinstance(task, _Run) else self._pair(task)))
 
-    def _run_leaves(self, run: _Run) -> None:
-        differ = _differing(self.e_leaves, run.e0, self.a_leaves, run.a0, run.n)
-        child, paths = -1, []
-        for j in differ:
-            i = bisect.bisect_right(run.starts, j) - 1
-            if i != child:
-                child, start = i, run.starts[i]
-                td = run.treedefs[i]
-                paths = _subtree_paths(td, self.e_leaves[run.e0 + start : run.e0 + start + td.num_leaves])
-            path = run.path + run.keys[i] + paths[j - run.starts[i]]
-            _diff_leaf(path, self.e_leaves[run.e0 + j], self.a_leaves[run.a0 + j], self.out)
+    def _run(self, run: _Run) -> list[_Task]:
+        """The differing leaves of a run, child by child: a small child's paths
+        written from its own flatten, a big one split into its children."""
+        differ = run.differ
+        if differ is None:
+            differ = _differing(self.e_leaves, run.e0, self.a_leaves, run.a0, run.n)
+        tasks: list[_Task] = []
+        k = 0
+        while k < len(differ):
+            i = bisect.bisect_right(run.starts, differ[k]) - 1
+            start, td = run.starts[i], run.treedefs[i]
+            end = start + td.num_leaves
+            mine = []
+            while k < len(differ) and differ[k] < end:
+                mine.append(differ[k] - start)
+                k += 1
+            e0, a0 = run.e0 + start, run.a0 + start
+            path = run.path + run.keys[i]
+            if td.num_leaves > _SMALL and td.num_nodes > 1:
+                keys, children = self._keyed_children(td, e0)
+                starts = _starts(children, 0)
+                tasks.append(_Run(path, keys, list(children), starts, e0, a0, td.num_leaves, mine))
+            else:
+                paths = _subtree_paths(td, self.e_leaves[e0 : e0 + td.num_leaves])
+                tasks.append(_Leaves([(path + paths[j], e0 + j, a0 + j) for j in mine]))
+        return tasks
+
+    def _keyed_children(self, td: jtu.PyTreeDef, e0: int) -> tuple[list[str], list[jtu.PyTreeDef]]:
+        """A node's children, each with its key as `keystr` writes it."""
+        node_type, aux = td.node_data()
+        children = td.children()
+        keys = _mapping_keys(node_type, aux)
+        if keys is not None:
+            return [jtu.keystr((jtu.DictKey(k),)) for k in keys], children
+        if node_type is list or node_type is tuple:
+            return [f"[{i}]" for i in range(len(children))], children
+        leaves = self.e_leaves[e0 : e0 + td.num_leaves]
+        return [jtu.keystr((key,)) for key in _child_keys(td, leaves)], children
 
     def _describe(self, td: jtu.PyTreeDef, leaves: tuple[Any, ...], start: int) -> str:
         return _describe_node(td, leaves[start] if td.num_leaves == 1 and td.num_nodes == 1 else None)
