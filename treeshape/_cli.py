@@ -6,6 +6,10 @@ line (usage, a malformed spec, an unknown module or attribute), 1 for an error
 raised by the user's code (while importing the module, calling the function,
 or showing its output), `SystemExit` included. `--traceback` adds the Python
 traceback. `KeyboardInterrupt` is left alone.
+
+JAX, and the modules that import it, are imported inside the functions that
+need them: `treeshape --help` and usage errors answer without loading JAX,
+and the user's module can configure JAX before it is imported.
 """
 
 import argparse

@@ -61,7 +61,6 @@ _LEAF: Final = "*"
 _LEAF_TREEDEF: Final = jtu.tree_structure(0)
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*")
 _NUMERIC_NAME: Final = re.compile(r"[a-z]+[0-9]*")
-_JSON_SCALARS: Final = (str, int, float, bool, type(None))
 
 
 class StaticRepr:

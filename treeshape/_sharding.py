@@ -15,6 +15,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
+from . import _compat
 from ._errors import (
     carry_reshard_message,
     shardings_prefix_message,
@@ -418,8 +419,6 @@ def carry_spec(leaf: Any) -> tuple[Any, ...] | None:
 def reshard(x: Any, want: jax.ShapeDtypeStruct, fn_name: str, where: Callable[[], str]) -> Any:
     """`x` resharded to `want`'s sharding (over an abstract mesh), at top level or under a trace."""
     sharding = want.sharding
-    from . import _compat
-
     if _compat.at_top_level():
         have = getattr(x, "sharding", None)
         mesh = getattr(have, "mesh", None)
