@@ -57,7 +57,7 @@ class Roles(NamedTuple):
     fn: str = "body"  # the function's name in messages
     init: str = "init"  # the initial value's name in messages
     weak_from_output: bool = False  # a leaf whose only difference is its weak flag takes the output's
-    as_arrays: bool = False  # `_convert_init` makes every leaf a jax.Array (no Python or NumPy scalars)
+    as_arrays: bool = False  # `convert_init` makes every leaf a jax.Array (no Python or NumPy scalars)
 
 
 CARRY: Final = Roles()
@@ -174,7 +174,7 @@ def _x_slices(xs: PyTree, length: Any, fn_name: str) -> PyTree:
     return jtu.tree_unflatten(treedef, [_one_step(leaf) for leaf in leaves])
 
 
-def _sub_structure(s: Structure, index: int) -> Structure:
+def sub_structure(s: Structure, index: int) -> Structure:
     children = s.treedef.children()
     start = sum(child.num_leaves for child in children[:index])
     child = children[index]
@@ -190,12 +190,12 @@ def _scan_step(body: Callable[..., Any], x: PyTree, fn_name: str) -> Callable[[P
                 f"treeshape.{fn_name}: a scan body must return a pair `(carry, y)`, as for `lax.scan`, "
                 f"but `body` returned {out!r}. Return `new_carry, y` (use `None` for no `y`)."
             )
-        return _sub_structure(out, 0)
+        return sub_structure(out, 0)
 
     return step
 
 
-def _fixed_point(
+def fixed_point(
     fn_name: str,
     step: Callable[[PyTree], Structure],
     init: PyTree,
@@ -349,7 +349,7 @@ def _sharding_cycles(
     return mismatches, lines
 
 
-def _convert_init(init: PyTree, carry: Structure, fn_name: str, roles: Roles = CARRY) -> PyTree:
+def convert_init(init: PyTree, carry: Structure, fn_name: str, roles: Roles = CARRY) -> PyTree:
     """`init`'s values with `carry`'s dtypes and manual axes (and with `roles.as_arrays`, every
     leaf a `jax.Array` with `carry`'s weak flag: `jax.jit` keys Python and NumPy values apart
     from arrays, and weak arrays apart from strong ones)."""
@@ -429,7 +429,7 @@ def carry_structure(
         >>> ts.carry_structure(body, 0, xs)  # a Python int meets int8
         Structure(i8[], 1 leaf, 1 B)
     """
-    return _fixed_point(
+    return fixed_point(
         "carry_structure",
         _scan_step(body, _x_slices(xs, length, "carry_structure"), "carry_structure"),
         init,
@@ -482,7 +482,7 @@ def scan_carry(
     """
     fn_name = "scan_carry"
     step = _scan_step(body, _x_slices(xs, length, fn_name), fn_name)
-    return _convert_init(init, _fixed_point(fn_name, step, init, policy), fn_name)
+    return convert_init(init, fixed_point(fn_name, step, init, policy), fn_name)
 
 
 def while_carry(body: Callable[[PyTree], PyTree], init: PyTree, *, policy: str = "weak") -> PyTree:
@@ -516,7 +516,7 @@ def while_carry(body: Callable[[PyTree], PyTree], init: PyTree, *, policy: str =
     def step(carry: PyTree) -> Structure:
         return out_structure(body, carry)
 
-    return _convert_init(init, _fixed_point(fn_name, step, init, policy), fn_name)
+    return convert_init(init, fixed_point(fn_name, step, init, policy), fn_name)
 
 
 def fori_carry(
@@ -571,7 +571,7 @@ def fori_carry(
     def step(carry: PyTree) -> Structure:
         return out_structure(body, index, carry)
 
-    return _convert_init(init, _fixed_point(fn_name, step, init, policy), fn_name)
+    return convert_init(init, fixed_point(fn_name, step, init, policy), fn_name)
 
 
 def _fori_index(lower: Any, upper: Any, fn_name: str) -> jax.ShapeDtypeStruct:

@@ -7,7 +7,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._carry import Roles, _convert_init, _fixed_point, _sub_structure
+from ._carry import Roles, convert_init, fixed_point, sub_structure
 from ._infer import out_structure
 from ._structure import PyTree, Structure
 
@@ -28,7 +28,7 @@ def _new_state(out: Structure, treedef: jtu.PyTreeDef) -> Structure:
         return out
     node = None if jtu.treedef_is_leaf(out.treedef) else out.treedef.node_data()
     if node is not None and node[0] in (tuple, list) and out.treedef.children():
-        return _sub_structure(out, 0)
+        return sub_structure(out, 0)
     raise TypeError(
         f"treeshape.settle: `step` must return the new state (a pytree with the same structure as `state`), "
         f"or a tuple or list whose first element is the new state, such as `(state, loss)`; but it returned "
@@ -128,5 +128,5 @@ def settle(step: Callable[..., Any], state: PyTree, *args: Any, policy: str = "w
     def evaluate(current: PyTree) -> Structure:
         return _new_state(out_structure(step, current, *args, **kwargs), treedef)
 
-    settled = _fixed_point(_FN_NAME, evaluate, state, policy, _STATE)
-    return _convert_init(state, settled, _FN_NAME, _STATE)
+    settled = fixed_point(_FN_NAME, evaluate, state, policy, _STATE)
+    return convert_init(state, settled, _FN_NAME, _STATE)

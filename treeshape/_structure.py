@@ -1,4 +1,6 @@
-"""`Structure` and `Mismatch`: immutable descriptions of pytrees and their differences."""
+"""`Structure`: the immutable description of a pytree (its treedef and one
+description per leaf), and `read_structure`, which reads one from an existing
+tree without tracing."""
 
 import dataclasses
 import math
