@@ -74,6 +74,16 @@ CATALOGUE = {
         OverflowError,
         ["args[0]['n']", "Python int 1180591620717411303424", "does not fit"],
     ),
+    "python_int_too_large_in_structure_of": (
+        lambda: ts.structure_of({"n": [0, 2**70]}),
+        OverflowError,
+        ["treeshape.structure_of: tree['n'][1]", "Python int 1180591620717411303424", "keep it out of the tree"],
+    ),
+    "python_int_too_large_in_diff": (
+        lambda: ts.structure_of({"n": 0}).diff({"n": -(2**70)}),
+        OverflowError,
+        ["treeshape.Structure.diff: tree['n']", "does not fit"],
+    ),
     "fn_raises": (lambda: ts.out_structure(_explode, jnp.ones(2)), Boom, ["raised inside fn"]),
     "fn_raises_under_jit": (
         lambda: jax.jit(lambda x: ts.out_structure(_explode, x).leaves)(jnp.ones(2)),

@@ -497,8 +497,12 @@ def astype_key_message(leaves: Sequence[str], dtype: str) -> str:
 
 
 def int_too_big_message(fn_name: str, where: str, value: int, bits: int) -> str:
+    other = (
+        "bind it with `functools.partial` so it stays a concrete Python value"
+        if fn_name == "out_structure"
+        else "keep it out of the tree (a Python int leaf is an array to JAX)"
+    )
     return (
         f"treeshape.{fn_name}: {where} is the Python int {value}, which does not fit the int{bits} JAX gives "
-        f"Python ints. Pass it as a typed array (e.g. `np.int64({value})` with jax_enable_x64 on), or bind it "
-        "with `functools.partial` so it stays a concrete Python value."
+        f"Python ints. Pass it as a typed array (e.g. `np.int64({value})` with jax_enable_x64 on), or {other}."
     )
