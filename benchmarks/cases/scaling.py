@@ -4,7 +4,11 @@ Trees of 1,000 and 10,000 leaves (`workloads.leaf_tree`: a list of dicts of
 f32[4], bf16[2], i32[], f32[4,4] `jax.Array`s); the *baseline* column is the
 1k-leaf time and the *treeshape* column the 10k-leaf time, so the ratio is the
 10k/1k cost. Goal <=13x for the steady-state `structure_of` (the same call
-repeated), `zeros()` and `diff` of a matching tree. Under `--quick` the trees
+repeated), `zeros()` and `diff` of a matching tree, or, when the floor itself
+(the *reference* row below, measured first in the same run) scales worse than
+13/1.15 on the machine, at most 1.15x the floor's own 10k/1k: linear means
+"scales like a flatten", and a faster fixed cost per call only brings a row's
+ratio closer to the floor's. Under `--quick` the trees
 are 10x smaller (100 and 1,000 leaves; the 10k-leaf `zeros()` alone took ~15
 s with few repetitions).
 
@@ -45,6 +49,8 @@ from workloads import committed_tree, floor, fresh_identity, leaf_tree
 
 
 SMALL, LARGE = 1_000, 10_000
+LINEAR = 13  # the goal for 10k/1k, set in 0.1 when the floor itself scaled 12.8x here
+FLOOR_SLACK = 1.15  # ... or at most this much above the floor's own 10k/1k in the same run
 QUICK_SMALL, QUICK_LARGE = 100, 1_000  # --quick: 10x smaller trees (the 10k-leaf zeros() alone took ~15 s)
 
 
@@ -84,7 +90,7 @@ def _blocked_tree_map(s: ts.Structure) -> Any:
 @case("scaling", legend=_legend)
 def scaling(cfg: Config) -> list[Row]:
     """6. structure_of, zeros() and diff are linear in the number of leaves."""
-    linear = at_most(13, "linear")
+    linear = at_most(LINEAR, "linear")
 
     def floor_steady(tree: Any) -> Runner:
         return repeat(lambda: floor(tree))
@@ -116,8 +122,14 @@ def scaling(cfg: Config) -> list[Row]:
 
     n_small, n_large = leaf_counts(cfg)
     large, large_committed = leaf_tree(n_large), committed_tree(n_large)
+    reference = _scaling(cfg, "reference: floor (flatten + types)", floor_steady, 15, None)
+    if reference.ratio is not None and reference.ratio * FLOOR_SLACK > LINEAR:
+        # The machine's own 10k/1k cost (cache sizes) is above the fixed bound:
+        # a row that scales like the floor itself is linear.
+        bound = round(reference.ratio * FLOOR_SLACK, 1)
+        linear = at_most(bound, f"linear: {FLOOR_SLACK:g}x the floor's own {reference.ratio:.1f}x")
     rows = [
-        _scaling(cfg, "reference: floor (flatten + types)", floor_steady, 15, None),
+        reference,
         _scaling(cfg, "structure_of", structure_of_steady, 15, linear),
         _scaling(cfg, "structure_of (first call)", structure_of_first, 7, None),
         _scaling(cfg, "structure_of, committed arrays", structure_of_steady, 15, linear, committed_tree),
