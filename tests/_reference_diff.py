@@ -1,0 +1,315 @@
+"""The 0.1 recursive diff, frozen: a test oracle for `Structure.diff`/`check`/`matches`.
+
+This is treeshape 0.1's own algorithm (`treeshape/_structure.py` as of commit
+2c50710, from `diff_structures` to the end of that file, with the helpers
+`_leaf_key` and `_static_value` it needs), kept verbatim as the reference that
+the iterative rewrite must agree with exactly: same mismatches, in the same
+order, with the same paths, kinds, expected and actual values and root. It
+recurses once per tree level and rebuilds sub-structures per node, so it is
+only for the small trees of the property tests, never for deep or large ones.
+
+Two calls into the production `Structure` are inlined so that the oracle does
+not move with the code under test: `_equal` compares the value keys that
+`Structure.__eq__` compared in 0.1 (treedef, then per leaf shape, dtype, weak
+flag and manual axes, or a static leaf by type and value), and `_diff_nodes`
+computes a sub-tree's `keystr` paths itself instead of through
+`Structure(...).paths`.
+
+It may import only the public `treeshape.Mismatch` and `treeshape.Structure`
+and the stable bottom module `treeshape._leaf` (`leaf_str`, `varying_axes`).
+Do not "fix" it: if the expected behaviour changes on purpose, change the
+tests that use it.
+"""
+
+import collections
+import dataclasses
+from typing import Any, Final
+
+import jax
+import jax.tree_util as jtu
+import numpy as np
+
+from treeshape import Mismatch, Structure
+from treeshape._leaf import leaf_str, varying_axes
+
+
+__all__ = ["diff_structures"]
+
+
+def _leaf_key(leaf: Any) -> tuple[Any, ...]:
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        mat = leaf.manual_axis_type
+        axes = None
+        if mat is not None and (mat.varying or mat.unreduced or mat.reduced):
+            axes = (frozenset(mat.varying), frozenset(mat.unreduced), frozenset(mat.reduced))
+        return (True, leaf.shape, leaf.dtype, leaf.weak_type, axes)
+    return (False, type(leaf), _static_value(leaf))
+
+
+def _static_value(leaf: Any) -> Any:
+    """What a static leaf is compared by: a NumPy array (of strings, objects) by
+    its dtype, shape and contents, anything else by itself."""
+    if isinstance(leaf, np.ndarray):
+        contents = tuple(leaf.ravel().tolist()) if leaf.dtype.hasobject else leaf.tobytes()
+        return (leaf.dtype.str, leaf.shape, contents)
+    return leaf
+
+
+def _paths(treedef: jtu.PyTreeDef, leaves: tuple[Any, ...]) -> list[str]:
+    """The `keystr` path of each leaf (0.1: `Structure(treedef, leaves).paths`)."""
+    flat, _ = jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, leaves))
+    return [jtu.keystr(path) for path, _ in flat]
+
+
+# -- diff (0.1) ------------------------------------------------------------------
+def diff_structures(expected: Structure, actual: Structure, root: str) -> list[Mismatch]:
+    """Every difference between two structures: `keystr` paths, printed under `root`."""
+    if _equal(expected, actual):  # the common case, and cheap: keys are memoised per Structure
+        return []
+    out = _Found(root)
+    if expected.treedef == actual.treedef:
+        for path, e, a in zip(expected.paths, expected.leaves, actual.leaves, strict=True):
+            _diff_leaf(path, e, a, out)
+    else:
+        _diff_nodes(expected.treedef, expected.leaves, actual.treedef, actual.leaves, "", out)
+    return list(out)
+
+
+class _Found(list[Mismatch]):
+    """The mismatches found so far, all under one root name."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__()
+        self.root = root
+
+    def add(self, path: str, kind: str, expected: Any, actual: Any) -> None:
+        self.append(Mismatch(path, kind, expected, actual, root=self.root))
+
+
+def _equal(a: Structure, b: Structure) -> bool:
+    # 0.1 called `a == b` (Structure.__eq__) here; that comparison is inlined
+    # (`_structure_eq`), so that the oracle does not move with the production equality.
+    try:
+        return _structure_eq(a, b)
+    except Exception:  # static leaves (e.g. NumPy arrays) whose `==` is not a bool
+        return False
+
+
+def _structure_eq(a: Structure, b: Structure) -> bool:
+    """0.1's `Structure.__eq__`."""
+    if a is b:
+        return True
+    try:
+        return bool(_structure_key(a) == _structure_key(b))
+    except Exception:  # a static leaf whose `==` raises or is not a bool: compare leaf by leaf
+        return a.treedef == b.treedef and all(
+            _leaf_key(e) == _leaf_key(x) if isinstance(e, jax.ShapeDtypeStruct) else _static_equal(e, x)
+            for e, x in zip(a.leaves, b.leaves, strict=True)
+        )
+
+
+def _structure_key(s: Structure) -> tuple[Any, ...]:
+    return (s.treedef, tuple(_leaf_key(leaf) for leaf in s.leaves))
+
+
+def _diff_leaf(path: str, e: Any, a: Any, out: _Found) -> None:
+    e_array = isinstance(e, jax.ShapeDtypeStruct)
+    a_array = isinstance(a, jax.ShapeDtypeStruct)
+    if not (e_array and a_array):
+        if e_array != a_array or not _static_equal(e, a):
+            out.add(path, "structure", _describe_leaf(e), _describe_leaf(a))
+        return
+    if e.shape != a.shape:
+        out.add(path, "shape", e.shape, a.shape)
+    if e.dtype != a.dtype:
+        out.add(path, "dtype", e.dtype, a.dtype)
+    if e.weak_type != a.weak_type:
+        out.add(path, "weak_type", e.weak_type, a.weak_type)
+    if varying_axes(e) != varying_axes(a):
+        out.add(path, "vma", varying_axes(e), varying_axes(a))
+
+
+def _static_equal(e: Any, a: Any) -> bool:
+    try:
+        return type(e) is type(a) and bool(_static_value(e) == _static_value(a))
+    except Exception:  # an `==` that raises or does not give a bool
+        return e is a
+
+
+def _describe_leaf(leaf: Any) -> str:
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return leaf_str(leaf)
+    return f"the static value {leaf_str(leaf)}"
+
+
+def _describe_node(treedef: jtu.PyTreeDef, leaves: tuple[Any, ...]) -> str:
+    data = treedef.node_data()
+    if data is None:  # a leaf
+        return _describe_leaf(leaves[0])
+    node_type, aux = data
+    if node_type is type(None):
+        return "None"
+    n = len(treedef.children())
+    if n == 0:  # told apart from None
+        return f"an empty {node_type.__name__}"
+    keys = _mapping_keys(node_type, aux)
+    if keys is not None:
+        return f"{_type_name(node_type)} with keys {_short(list(keys), 120)}"
+    return f"{_type_name(node_type)} with {n} {'child' if n == 1 else 'children'}"
+
+
+_MAX_FIELDS: Final = 3
+_SHORT: Final = 60
+
+
+def _data_difference(expected: Any, actual: Any) -> tuple[str, str]:
+    """Two nodes' static data, told by the fields that differ (node data such as
+    flax.nnx's holds a whole graph description: its repr is no message)."""
+    e_text, a_text = _short(expected, 1000), _short(actual, 1000)
+    if len(e_text) <= _SHORT and len(a_text) <= _SHORT:
+        return f"static data {e_text}", f"static data {a_text}"
+    e_fields, a_fields = _fields(expected), _fields(actual)
+    if e_fields is not None and a_fields is not None and e_fields.keys() == a_fields.keys():
+        differ = [k for k in e_fields if not _static_equal(e_fields[k], a_fields[k])]
+        if differ:
+            shown = differ[:_MAX_FIELDS]
+            more = f" (and {len(differ) - _MAX_FIELDS} more fields)" if len(differ) > _MAX_FIELDS else ""
+
+            def side(fields: dict[str, Any]) -> str:
+                return ", ".join(f"{k}={_short(fields[k])}" for k in shown) + more
+
+            return f"static data {side(e_fields)}", f"static data {side(a_fields)}"
+    return f"static data {_short(expected)}", f"static data {_short(actual)}"
+
+
+def _fields(data: Any) -> dict[str, Any] | None:
+    """A node's static data as named fields, where it has them."""
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        return {f.name: getattr(data, f.name, None) for f in dataclasses.fields(data)}
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return dict(zip(data._fields, data, strict=True))
+    if isinstance(data, (tuple, list)):
+        return {f"[{i}]": item for i, item in enumerate(data)}
+    if isinstance(data, dict):
+        return {repr(k): v for k, v in data.items()}
+    attributes = getattr(data, "__dict__", None)
+    return dict(attributes) if isinstance(attributes, dict) else None
+
+
+def _short(value: Any, limit: int = _SHORT) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _mapping_keys(node_type: type, aux: Any) -> Any:
+    """The keys of a dict-like node (dict, OrderedDict, defaultdict), else None."""
+    if node_type is dict or node_type is collections.OrderedDict:
+        return aux
+    if node_type is collections.defaultdict:
+        return aux[1]
+    return None
+
+
+def _type_name(node_type: type) -> str:
+    name = node_type.__name__
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    return f"{article} {name}"
+
+
+def _child_keys(treedef: jtu.PyTreeDef, leaves: tuple[Any, ...]) -> list[Any]:
+    node_type, _ = treedef.node_data()
+    if issubclass(node_type, tuple) and hasattr(node_type, "_fields"):
+        # flatten_one_level_with_keys names every namedtuple child after the
+        # first field in JAX 0.10.2; the fields are the keys.
+        return [jtu.GetAttrKey(name) for name in node_type._fields]
+    keyed, _ = jtu.flatten_one_level_with_keys(jtu.tree_unflatten(treedef, leaves))
+    return [key for key, _ in keyed]
+
+
+def _split(treedef: jtu.PyTreeDef, leaves: tuple[Any, ...]) -> list[tuple[jtu.PyTreeDef, tuple[Any, ...]]]:
+    parts = []
+    start = 0
+    for child in treedef.children():
+        parts.append((child, leaves[start : start + child.num_leaves]))
+        start += child.num_leaves
+    return parts
+
+
+def _diff_nodes(
+    e_td: jtu.PyTreeDef,
+    e_leaves: tuple[Any, ...],
+    a_td: jtu.PyTreeDef,
+    a_leaves: tuple[Any, ...],
+    path: str,
+    out: _Found,
+) -> None:
+    if e_td == a_td:
+        for p, e, a in zip(_paths(e_td, e_leaves), e_leaves, a_leaves, strict=True):
+            _diff_leaf(path + p, e, a, out)
+        return
+    e_leaf, a_leaf = jtu.treedef_is_leaf(e_td), jtu.treedef_is_leaf(a_td)
+    if e_leaf and a_leaf and e_leaves and a_leaves:
+        _diff_leaf(path, e_leaves[0], a_leaves[0], out)
+        return
+    e_node = None if e_leaf else e_td.node_data()
+    a_node = None if a_leaf else a_td.node_data()
+    if e_node is None or a_node is None or e_node[0] is not a_node[0]:
+        out.add(path, "structure", _describe_node(e_td, e_leaves), _describe_node(a_td, a_leaves))
+        return
+    node_type = e_node[0]
+    e_keys, a_keys = _mapping_keys(node_type, e_node[1]), _mapping_keys(node_type, a_node[1])
+    if e_keys is not None and a_keys is not None:
+        # Same kind of mapping: match children by key, report missing and extra keys.
+        e_children = dict(zip(e_keys, _split(e_td, e_leaves), strict=True))
+        a_children = dict(zip(a_keys, _split(a_td, a_leaves), strict=True))
+        ordered = node_type is collections.OrderedDict  # JAX keeps its insertion order
+        _diff_children(e_children, a_children, jtu.DictKey, path, out, ordered)
+        return
+    if node_type is list or node_type is tuple:
+        # Same sequence type, different lengths: match children by index.
+        e_items = dict(enumerate(_split(e_td, e_leaves)))
+        a_items = dict(enumerate(_split(a_td, a_leaves)))
+        _diff_children(e_items, a_items, jtu.SequenceKey, path, out)
+        return
+    if e_node != a_node or len(e_td.children()) != len(a_td.children()):
+        # The same custom node type with other static data (or arity).
+        if len(e_td.children()) == len(a_td.children()):
+            expected, actual = _data_difference(e_node[1], a_node[1])
+            name = _type_name(e_node[0])
+            out.add(path, "structure", f"{name} with {expected}", f"{name} with {actual}")
+        else:
+            out.add(path, "structure", _describe_node(e_td, e_leaves), _describe_node(a_td, a_leaves))
+        return
+    keys = _child_keys(e_td, e_leaves)
+    for key, (e_sub, e_sub_leaves), (a_sub, a_sub_leaves) in zip(
+        keys, _split(e_td, e_leaves), _split(a_td, a_leaves), strict=True
+    ):
+        _diff_nodes(e_sub, e_sub_leaves, a_sub, a_sub_leaves, path + jtu.keystr((key,)), out)
+
+
+_Children = dict[Any, tuple[jtu.PyTreeDef, tuple[Any, ...]]]
+
+
+def _diff_children(
+    expected: _Children, actual: _Children, make_key: Any, path: str, out: _Found, ordered: bool = False
+) -> None:
+    """Diff children matched by key, in leaf order: shared ones recursively,
+    missing and extra ones as one structure mismatch each."""
+    keys = list(expected) + [k for k in actual if k not in expected]
+    if not ordered:
+        try:
+            keys = sorted(keys)
+        except TypeError:  # keys of mixed types: keep the expected order, then the extra ones
+            pass
+    for key in keys:
+        sub_path = path + jtu.keystr((make_key(key),))
+        if key not in actual:
+            out.add(sub_path, "structure", _describe_node(*expected[key]), None)
+        elif key not in expected:
+            out.add(sub_path, "structure", None, _describe_node(*actual[key]))
+        else:
+            _diff_nodes(*expected[key], *actual[key], sub_path, out)
