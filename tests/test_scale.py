@@ -975,3 +975,14 @@ def test_diff_of_independent_trees_agrees_with_the_reference_diff(pair, ignore):
     reference = _assert_as_reference(ts.structure_of(tree), other, set())
     _assert_as_reference(ts.structure_of(tree), other, ignore)
     event(f"mismatches: {min(len(reference), 5)}{'+' if len(reference) >= 5 else ''}")
+
+
+def test_structure_of_a_structure_is_that_structure():
+    # Idempotent, as weak_paths / strip_weak_type / upcast take a Structure as their tree.
+    s = ts.structure_of({"w": jnp.zeros((2, 3), jnp.bfloat16), "step": 0})
+    assert ts.structure_of(s) is s
+    assert ts.structure_of(s).diff({"w": jnp.zeros((2, 3), jnp.bfloat16), "step": 1}) == []
+    # Inside a tree, a Structure is a static leaf like any other object.
+    outer = ts.structure_of({"s": s})
+    assert outer.leaves == (s,)
+    assert outer == ts.out_structure(lambda t: t, {"s": s})

@@ -519,7 +519,8 @@ def structure_of(tree: PyTree) -> Structure:
     level, a leaf that is a committed array keeps its concrete sharding, so
     `structure_of(params).zeros()` is placed where `params` lives (also across
     processes), and a `jax.ShapeDtypeStruct` keeps its sharding as given (its
-    `PartitionSpec` too, over an Auto or abstract mesh).
+    `PartitionSpec` too, over an Auto or abstract mesh). A Structure passed
+    as `tree` is returned as it is.
 
     Args:
         tree: A pytree whose leaves are arrays, tracers,
