@@ -510,3 +510,33 @@ def test_mismatch_is_a_frozen_dataclass_with_a_sentence():
     )
     assert str(ts.Mismatch("", "structure", "f32[2]", None, root="t")) == "t: missing; expected f32[2]."
     assert str(ts.Mismatch("", "structure", None, "f32[2]", root="t")) == "t: unexpected extra entry f32[2]."
+
+
+class _ArrayMeta:
+    """A pytree node whose static data is a NumPy array (JAX refuses to compare it)."""
+
+    def __init__(self, x, meta):
+        self.x, self.meta = x, meta
+
+
+jax.tree_util.register_pytree_node(
+    _ArrayMeta, lambda n: ((n.x,), n.meta), lambda meta, children: _ArrayMeta(children[0], meta)
+)
+
+
+def test_node_data_that_jax_cannot_compare_is_diffed_by_contents():
+    s = ts.structure_of({"n": _ArrayMeta(jnp.zeros(2), np.array([1, 2]))})
+    other = {"n": _ArrayMeta(jnp.zeros(2), np.array([1, 3])), "extra": 1}
+    assert [(m.path, m.kind) for m in s.diff(other)] == [("['extra']", "structure"), ("['n']", "structure")]
+    assert s.diff(other)[1].expected == "a _ArrayMeta with static data array([1, 2])"
+    assert not s.matches(other)
+    with pytest.raises(ts.StructureMismatchError, match=re.escape("tree['n']")):
+        s.check(other)
+    same = {"n": _ArrayMeta(jnp.zeros(2), np.array([1, 2]))}
+    assert s.diff(same) == []
+    assert s == ts.structure_of(same)
+    changed_leaf = {"n": _ArrayMeta(jnp.zeros(3), np.array([1, 2]))}
+    # The node has no keys: JAX's own flattened-index key names the child, as in `s.paths`.
+    assert [(m.path, m.kind) for m in s.diff(changed_leaf)] == [(s.paths[0], "shape")]
+    assert s.paths == ("['n'][<flat index 0>]",)
+    assert s != ts.structure_of(changed_leaf)

@@ -42,7 +42,7 @@ def diff_structures(expected: Compared, actual: Compared, root: str) -> list[Mis
     printed under `root`."""
     out = _Found(root)
     walk = _Walk(expected.leaves, actual.leaves, out)
-    if expected.treedef == actual.treedef:
+    if _same_treedef(expected.treedef, actual.treedef):
         differ = _differing(expected.leaves, 0, actual.leaves, 0, len(expected.leaves))
         if differ:
             walk.run(_Run("", [""], [expected.treedef], [0], 0, 0, len(expected.leaves), differ))
@@ -118,6 +118,27 @@ def _subtree_paths(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> list[str]:
 
 
 # -- walking two treedefs --------------------------------------------------------
+_SMALL: Final = 64  # a subtree with more leaves is split by its children rather than flattened with paths
+
+
+def _same_treedef(e: jtu.PyTreeDef, a: jtu.PyTreeDef) -> bool:
+    try:
+        return bool(e == a)
+    except Exception:  # node data whose `==` raises (JAX refuses arrays as node data): walk it
+        return False
+
+
+def _same_data(e: Any, a: Any) -> bool:
+    """Two nodes' static data are equal (field by field when their own `==` raises)."""
+    try:
+        return bool(e == a)
+    except Exception:
+        e_fields, a_fields = _fields(e), _fields(a)
+        if e_fields is None or a_fields is None or e_fields.keys() != a_fields.keys():
+            return static_equal(e, a)
+        return all(static_equal(e_fields[k], a_fields[k]) for k in e_fields)
+
+
 @dataclasses.dataclass
 class _Pair:
     """Two subtrees to compare: treedefs and the offsets of their first leaves."""
@@ -149,9 +170,6 @@ class _Leaves:
     """Differing leaves, with their paths."""
 
     found: list[tuple[str, int, int]]  # path, expected leaf, actual leaf
-
-
-_SMALL: Final = 64  # a subtree with more leaves is split by its children rather than flattened with paths
 
 
 @dataclasses.dataclass
@@ -224,7 +242,7 @@ class _Walk:
 
     def _pair(self, p: _Pair) -> list[_Task]:
         e_td, a_td = p.e_td, p.a_td
-        if e_td == a_td:
+        if _same_treedef(e_td, a_td):
             return [_Run(p.path, [""], [e_td], [0], p.e0, p.a0, e_td.num_leaves)]
         e_leaf, a_leaf = e_td.num_nodes == 1, a_td.num_nodes == 1  # a leaf, None, or an empty container
         if e_leaf and a_leaf and e_td.num_leaves and a_td.num_leaves:
@@ -245,7 +263,7 @@ class _Walk:
             # The same sequence type, another length: children matched by index.
             e_range, a_range = list(range(len(e_children))), list(range(len(a_children)))
             return self._children(p, e_children, a_children, e_range, a_range, jtu.SequenceKey, True)
-        if e_node != a_node or len(e_children) != len(a_children):
+        if not _same_data(e_node[1], a_node[1]) or len(e_children) != len(a_children):
             # The same custom node type with other static data (or arity).
             if len(e_children) == len(a_children):
                 expected, actual = _data_difference(e_node[1], a_node[1])
@@ -309,7 +327,7 @@ class _Walk:
                 continue
             e_child, a_child = e_children[ei], a_children[ai]
             e0, a0 = e_starts[ei], a_starts[ai]
-            if e_child != a_child:
+            if not _same_treedef(e_child, a_child):
                 tasks.append(_Pair(p.path + key, e_child, e0, a_child, a0))
                 run = None
             elif run is not None and run.e0 + run.n == e0 and run.a0 + run.n == a0:

@@ -679,11 +679,16 @@ class Structure:
             return True
         try:
             return bool(self._key() == other._key())
-        except Exception:  # a static leaf whose `==` raises or is not a bool: compare leaf by leaf
-            return self._treedef == other._treedef and all(
-                _leaf_key(e) == _leaf_key(a) if isinstance(e, jax.ShapeDtypeStruct) else static_equal(e, a)
-                for e, a in zip(self._leaves, other._leaves, strict=True)
-            )
+        except Exception:  # a static leaf or node data whose `==` raises or is not a bool
+            pass
+        try:
+            same_treedef = bool(self._treedef == other._treedef)
+        except Exception:  # node data JAX cannot compare (e.g. an array): as `diff` compares it
+            return not diff_structures(self, other, "tree")
+        return same_treedef and all(
+            _leaf_key(e) == _leaf_key(a) if isinstance(e, jax.ShapeDtypeStruct) else static_equal(e, a)
+            for e, a in zip(self._leaves, other._leaves, strict=True)
+        )
 
     def __hash__(self) -> int:
         def compute() -> int:
