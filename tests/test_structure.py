@@ -534,7 +534,7 @@ def test_node_data_that_jax_cannot_compare_is_diffed_by_contents():
         s.check(other)
     same = {"n": _ArrayMeta(jnp.zeros(2), np.array([1, 2]))}
     assert s.diff(same) == []
-    assert s == ts.structure_of(same)
+    assert s == ts.structure_of(same) and hash(s) == hash(ts.structure_of(same))
     changed_leaf = {"n": _ArrayMeta(jnp.zeros(3), np.array([1, 2]))}
     # The node has no keys: JAX's own flattened-index key names the child, as in `s.paths`.
     assert [(m.path, m.kind) for m in s.diff(changed_leaf)] == [(s.paths[0], "shape")]

@@ -55,14 +55,38 @@ def _ignored(ignore: Collection[str], fn_name: str) -> frozenset[str]:
     return kinds
 
 
-def _leaf_key(leaf: Any) -> tuple[Any, ...]:
+def _axes(leaf: jax.ShapeDtypeStruct) -> tuple[frozenset[str], ...] | None:
+    """The manual axes a leaf varies over, is unreduced or reduced over (None: none)."""
+    mat = leaf.manual_axis_type
+    if mat is None or not (mat.varying or mat.unreduced or mat.reduced):
+        return None
+    return (frozenset(mat.varying), frozenset(mat.unreduced), frozenset(mat.reduced))
+
+
+def _same_leaf(e: Any, a: Any) -> bool:
+    """Leaf equality for `==`: array leaves by shape, dtype, weak type and manual
+    axes (not sharding), static leaves as `diff` compares them."""
+    if e is a:
+        return True
+    sds = jax.ShapeDtypeStruct
+    if isinstance(e, sds):
+        return (
+            isinstance(a, sds)
+            and e.shape == a.shape
+            and e.dtype == a.dtype
+            and e.weak_type == a.weak_type
+            and (e.manual_axis_type is a.manual_axis_type or _axes(e) == _axes(a))
+        )
+    return not isinstance(a, sds) and static_equal(e, a)
+
+
+def _leaf_hash(leaf: Any) -> int:
     if isinstance(leaf, jax.ShapeDtypeStruct):
-        mat = leaf.manual_axis_type
-        axes = None
-        if mat is not None and (mat.varying or mat.unreduced or mat.reduced):
-            axes = (frozenset(mat.varying), frozenset(mat.unreduced), frozenset(mat.reduced))
-        return (True, leaf.shape, leaf.dtype, leaf.weak_type, axes)
-    return (False, type(leaf), static_value(leaf))
+        return hash((leaf.shape, leaf.dtype, leaf.weak_type, _axes(leaf)))
+    try:
+        return hash((type(leaf), static_value(leaf)))
+    except Exception:  # unhashable (compared by `==` only), or a `__hash__` that raises: by its type
+        return hash(type(leaf))
 
 
 def _as_abstract_mesh(mesh: Any) -> Any:
@@ -669,32 +693,29 @@ class Structure:
             raise StructureMismatchError(format_mismatches(header, mismatches), mismatches)
 
     # -- value semantics -----------------------------------------------------
-    def _key(self) -> tuple[Any, ...]:
-        return self._memo("key", lambda: (self._treedef, tuple(_leaf_key(leaf) for leaf in self._leaves)))  # type: ignore[no-any-return]
-
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Structure):
             return NotImplemented
         if self is other:
             return True
-        try:
-            return bool(self._key() == other._key())
-        except Exception:  # a static leaf or node data whose `==` raises or is not a bool
-            pass
+        if len(self._leaves) != len(other._leaves):
+            return False
+        hashes = self._cache.get("hash"), other._cache.get("hash")
+        if hashes[0] is not None and hashes[1] is not None and hashes[0] != hashes[1]:
+            return False
         try:
             same_treedef = bool(self._treedef == other._treedef)
         except Exception:  # node data JAX cannot compare (e.g. an array): as `diff` compares it
             return not diff_structures(self, other, "tree")
-        return same_treedef and all(
-            _leaf_key(e) == _leaf_key(a) if isinstance(e, jax.ShapeDtypeStruct) else static_equal(e, a)
-            for e, a in zip(self._leaves, other._leaves, strict=True)
-        )
+        return same_treedef and all(map(_same_leaf, self._leaves, other._leaves))
 
     def __hash__(self) -> int:
         def compute() -> int:
-            treedef, keys = self._key()
-            # An unhashable static leaf (compared by `==` only) hashes by its type.
-            return hash((treedef, tuple(k if _hashable(k) else (False, k[1]) for k in keys)))
+            try:
+                treedef_hash = hash(self._treedef)
+            except Exception:  # node data that cannot be hashed: the shape of the tree
+                treedef_hash = hash((self._treedef.num_nodes, self._treedef.num_leaves))
+            return hash((treedef_hash, tuple(map(_leaf_hash, self._leaves))))
 
         value: int = self._memo("hash", compute)
         return value
@@ -729,14 +750,6 @@ class Structure:
             body = body[: _MAX_REPR - 3] + "..."
         n = len(self)
         return f"Structure({body}, {n} {'leaf' if n == 1 else 'leaves'}, {human_bytes(self.nbytes)})"
-
-
-def _hashable(x: Any) -> bool:
-    try:
-        hash(x)
-    except Exception:  # unhashable, or a `__hash__` that raises something else
-        return False
-    return True
 
 
 def _picklable_leaf(leaf: Any) -> Any:
