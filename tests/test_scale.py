@@ -986,3 +986,72 @@ def test_structure_of_a_structure_is_that_structure():
     outer = ts.structure_of({"s": s})
     assert outer.leaves == (s,)
     assert outer == ts.out_structure(lambda t: t, {"s": s})
+
+
+def _mixed_tree(x: Any) -> Any:
+    """Traced values of several kinds next to static and concrete ones."""
+    return {
+        "x": x,
+        "weak": x * 2.0 if jnp.issubdtype(x.dtype, jnp.floating) else x,
+        "bf16": x.astype(jnp.bfloat16),
+        "n": 3,
+        "lr": 0.1,
+        "np": np.float64(1.0),
+        "sds": SDS((2,), np.float64, weak_type=True),
+        "act": "relu",
+        "key": jax.random.key(0),
+        "none": None,
+    }
+
+
+def _agree_here(x: Any, seen: list[bool]) -> None:
+    tree = _mixed_tree(x)
+    mine, truth = ts.structure_of(tree), ts.out_structure(lambda t: t, tree)
+    assert mine == truth
+    for m, t in zip(mine.leaves, truth.leaves, strict=True):
+        if isinstance(t, SDS):
+            assert (m.shape, m.dtype, m.weak_type, _varying(m)) == (t.shape, t.dtype, t.weak_type, _varying(t))
+        else:
+            assert m is t
+    seen.append(True)
+
+
+@pytest.mark.parametrize(
+    "transform",
+    ["grad", "jvp", "vjp", "scan", "while_loop", "fori_loop", "cond", "checkpoint", "custom_vjp", "hessian"],
+)
+def test_structure_of_equals_identity_out_structure_under_other_transformations(transform):
+    seen: list[bool] = []
+    x = jnp.ones(3, jnp.float32)
+
+    def probe(v):
+        _agree_here(v, seen)
+        return jnp.sum(v * v)
+
+    if transform == "grad":
+        jax.grad(probe)(x)
+    elif transform == "jvp":
+        jax.jvp(probe, (x,), (x,))
+    elif transform == "vjp":
+        jax.vjp(probe, x)
+    elif transform == "hessian":
+        jax.hessian(probe)(x)
+    elif transform == "scan":
+        lax.scan(lambda c, xi: (c + probe(xi), None), 0.0, jnp.ones((4, 3), jnp.float32))
+    elif transform == "while_loop":
+        lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] + probe(c[2]), c[2]), (0, 0.0, x))
+    elif transform == "fori_loop":
+        lax.fori_loop(0, 2, lambda i, c: c + probe(x * i), 0.0)
+    elif transform == "cond":
+        lax.cond(x[0] > 0, probe, lambda v: jnp.sum(v), x)
+    elif transform == "checkpoint":
+        jax.grad(jax.checkpoint(probe))(x)
+    else:
+
+        @jax.custom_vjp
+        def f(v):
+            return probe(v)
+
+        f.defvjp(lambda v: (probe(v), v), lambda v, g: (g * v,))
+        jax.grad(f)(x)
+    assert seen  # the probe ran under the transformation
