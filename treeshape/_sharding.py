@@ -394,19 +394,42 @@ def with_shardings(structure: Leaves, shardings: Any) -> list[Any]:
     return out
 
 
-# -- loop carries ------------------------------------------------------------------------
+# -- shardings that are part of a type (explicit mesh axes) ------------------------------
+def _explicit_axes(mesh: Any) -> set[str]:
+    return {
+        name
+        for name, kind in zip(mesh.axis_names, mesh.axis_types, strict=True)
+        if kind == jax.sharding.AxisType.Explicit
+    }
+
+
+def traced_sharding(sharding: Any) -> Any:
+    """Under a trace, the sharding that is part of a leaf's type, or None.
+
+    With `Explicit` mesh axes the sharding is part of an array's type (a scan
+    carry must keep it), so a leaf sharded over explicit axes is built with
+    it, unless another mesh is in context. Auto and manual axes are not part
+    of the type.
+    """
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return None
+    mesh = sharding.mesh if isinstance(sharding.mesh, jax.sharding.AbstractMesh) else sharding.mesh.abstract_mesh
+    current = jax.sharding.get_abstract_mesh()
+    if not current.empty and current != mesh:
+        return None
+    explicit = _explicit_axes(mesh)
+    if not any(name in explicit for entry in sharding.spec for name in _entry_names(entry)):
+        return None
+    return jax.sharding.NamedSharding(mesh, sharding.spec)
+
+
 def carry_spec(leaf: Any) -> tuple[Any, ...] | None:
     """The part of a leaf's sharding that is part of its type (explicit mesh axes), one entry
     per dimension; None when it names no explicit axis."""
     sharding = getattr(leaf, "sharding", None)
     if not isinstance(sharding, jax.sharding.NamedSharding):
         return None
-    mesh = sharding.mesh
-    explicit = {
-        name
-        for name, kind in zip(mesh.axis_names, mesh.axis_types, strict=True)
-        if kind == jax.sharding.AxisType.Explicit
-    }
+    explicit = _explicit_axes(sharding.mesh)
     if not explicit:
         return None
     entries = []

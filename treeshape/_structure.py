@@ -89,50 +89,12 @@ def _leaf_hash(leaf: Any) -> int:
         return hash(type(leaf))
 
 
-def _as_abstract_mesh(mesh: Any) -> Any:
-    return mesh if isinstance(mesh, jax.sharding.AbstractMesh) else mesh.abstract_mesh
-
-
-def _spec_axes(spec: Any) -> set[str]:
-    axes: set[str] = set()
-    for entry in spec:
-        if isinstance(entry, str):
-            axes.add(entry)
-        elif isinstance(entry, tuple):
-            axes.update(a for a in entry if isinstance(a, str))
-    return axes
-
-
-def _traced_sharding(sharding: Any) -> Any:
-    """Under a trace, the sharding that is part of the leaf's type, or None.
-
-    With `Explicit` mesh axes the sharding is part of an array's type (a scan
-    carry must keep it), so a leaf sharded over explicit axes is built with
-    it, unless another mesh is in context. Auto and manual axes are not part
-    of the type.
-    """
-    if not isinstance(sharding, jax.sharding.NamedSharding):
-        return None
-    mesh = _as_abstract_mesh(sharding.mesh)
-    current = jax.sharding.get_abstract_mesh()
-    if not current.empty and current != mesh:
-        return None
-    explicit = {
-        name
-        for name, kind in zip(mesh.axis_names, mesh.axis_types, strict=True)
-        if kind == jax.sharding.AxisType.Explicit
-    }
-    if not _spec_axes(sharding.spec) & explicit:
-        return None
-    return jax.sharding.NamedSharding(mesh, sharding.spec)
-
-
 def _filled(leaf: jax.ShapeDtypeStruct, value: Any, top: bool, placement: Any = None) -> Any:
     """One leaf's value: at top level placed with `placement` (a concrete sharding that
     `_sharding.place` resolved, or None for default placement), under a trace with the
     sharding that is part of its type."""
     dtype = leaf.dtype
-    sharding = placement if top else _traced_sharding(leaf.sharding)
+    sharding = placement if top else _sharding.traced_sharding(leaf.sharding)
     if is_key_dtype(dtype):
         x = jnp.zeros(leaf.shape, dtype)  # keys from zero key data, whatever `value` is
         if sharding is not None:
