@@ -536,6 +536,8 @@ def structure_of(tree: PyTree) -> Structure:
         >>> ts.structure_of({"step": 0, "w": jnp.zeros((2, 2), jnp.bfloat16), "act": "relu"})
         Structure({'act': 'relu', 'step': ~i32[], 'w': bf16[2,2]}, 3 leaves, 12 B)
     """
+    if isinstance(tree, Structure):
+        return tree
     structure = read_structure(tree, "structure_of")
     if not _compat.at_top_level():
         # A static leaf or node that holds a tracer would leave the trace inside
