@@ -120,7 +120,15 @@ def test_demo_runs_offline_and_the_loss_goes_down():
     out = result.stdout
     for heading in ("1. The parameters", "2. The optimizer state", "3. The scan carry"):
         assert heading in out
-    assert "the initial carry matches it: True" in out
+    # Step 3 shows a carry mismatch reported (the bfloat16 moments come back as
+    # float32) and then fixed with the policy the message names.
+    mismatch, fixed = out.split("3. The scan carry", 1)[1].split("The fix it names:", 1)
+    mismatch = " ".join(mismatch.split())  # the message is wrapped for the terminal
+    assert "CarryMismatchError: treeshape.scan_carry: no carry type is a fixed point" in mismatch
+    assert "carry[1]['mu']['hidden']['b']: input bf16[32], output f32[32]" in mismatch
+    assert 'policy="promote" would (bf16 promotes to f32)' in mismatch
+    assert fixed.lstrip().startswith('ts.scan_carry(train_step, init, xs, policy="promote")')
+    assert "the initial carry matches it: True" in fixed
     losses = [float(x) for x in re.findall(r"mean loss (\d+\.\d+)", out)]
     assert len(losses) >= 3
     assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] / 2

@@ -304,6 +304,8 @@ def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
 # -- demo --------------------------------------------------------------------------
 def _demo(stdout: TextIO) -> int:
     """A 2-layer MLP regression, trained with a hand-written Adam inside `lax.scan`."""
+    import textwrap
+
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -375,12 +377,25 @@ def _demo(stdout: TextIO) -> int:
     say(str(opt_structure))
     say()
 
-    # The scan carry: the parameters plus a zero optimizer state, converted to
-    # the type `train_step` needs (a true fixed point of its carry types).
-    init = (params, opt_structure.zeros())
-    carry = ts.scan_carry(train_step, init, xs=(x[0], y[0]))
-    carry_structure = ts.carry_structure(train_step, init, xs=(x[0], y[0]))
-    say("3. The scan carry (params, opt_state): ts.scan_carry(train_step, init, xs)")
+    # The scan carry: the parameters plus a zero optimizer state whose moments
+    # are stored in bfloat16. `train_step` returns them as float32, so this
+    # initial carry is not a type `lax.scan` accepts: `scan_carry` says which
+    # leaves differ and names the policy that allows the change, and with it
+    # converts `init` to the carry type `train_step` maps to itself.
+    init = (params, opt_structure.astype(jnp.bfloat16).zeros())
+    say("3. The scan carry (params, opt_state), with the moments stored in bfloat16:")
+    say("   init = (params, opt_structure.astype(jnp.bfloat16).zeros())")
+    say("   ts.scan_carry(train_step, init, xs) raises:")
+    try:
+        ts.scan_carry(train_step, init, xs=(x[0], y[0]))
+    except ts.CarryMismatchError as err:
+        for line in f"{type(err).__name__}: {err}".splitlines():
+            bullet = " " * (len(line) - len(line.lstrip(" *")))
+            say(textwrap.fill(line, 96, initial_indent="   ", subsequent_indent="   " + bullet) if line else "")
+    say()
+    say('   The fix it names: ts.scan_carry(train_step, init, xs, policy="promote")')
+    carry = ts.scan_carry(train_step, init, xs=(x[0], y[0]), policy="promote")
+    carry_structure = ts.carry_structure(train_step, init, xs=(x[0], y[0]), policy="promote")
     say(str(carry_structure))
     say(f"   the initial carry matches it: {carry_structure.matches(carry)}")
     say()
