@@ -418,3 +418,43 @@ def test_equal_specs_print_alike():
     )
     rows = [line.split()[3:5] for line in text.splitlines()[2:6]]
     assert rows == [["P('data',", "None)"]] * 3 + [["P(None,", "'model')"]]
+
+
+# -- abstract meshes that know no device kind (from JSON, or planned by hand) ----------
+@pytest.mark.parametrize("kind", [AxisType.Auto, AxisType.Explicit])
+@pytest.mark.parametrize("source", ["json", "abstract_mesh"])
+def test_a_structure_over_a_device_free_abstract_mesh_is_placed_on_the_set_mesh(kind, source):
+    mesh = _mesh(kind=kind)
+    if source == "json":
+        s = ts.Structure.from_json(ts.structure_of(_params(mesh)).to_json())
+    else:
+        planned = AbstractMesh((2, 4), ("data", "model"), axis_types=(kind, kind))
+        s = ts.structure_of(
+            {
+                "b": jax.ShapeDtypeStruct((8,), jnp.float32, sharding=NamedSharding(planned, P())),
+                "w": jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=NamedSharding(planned, P(None, "data"))),
+            }
+        )
+    assert s.leaves[1].sharding.mesh.abstract_device is None  # no device kind: never equal to a concrete one's
+    with jax.set_mesh(mesh):
+        top = s.zeros()
+        jitted = jax.jit(s.ones)()
+    for tree, fill in [(top, 0.0), (jitted, 1.0)]:
+        assert tree["w"].sharding.mesh is mesh or tree["w"].sharding.mesh == mesh
+        assert np.array_equal(np.asarray(tree["w"]), np.full((16, 8), fill, np.float32))
+    assert top["w"].sharding.is_equivalent_to(NamedSharding(mesh, P(None, "data")), 2)
+    assert top["b"].sharding.is_equivalent_to(NamedSharding(mesh, P()), 1)
+    if kind == AxisType.Explicit:  # the sharding is part of the traced type too
+        assert jitted["w"].sharding.is_equivalent_to(NamedSharding(mesh, P(None, "data")), 2)
+    assert s.matches(top)
+
+
+@pytest.mark.parametrize("kind", [AxisType.Auto, AxisType.Explicit])
+def test_a_device_free_abstract_mesh_with_other_axes_is_still_refused(kind):
+    s = ts.Structure.from_json(ts.structure_of(_params(_mesh(kind=kind))).to_json())
+    other = jax.make_mesh((4, 2), ("data", "model"), axis_types=(kind, kind))  # same names, other sizes
+    with jax.set_mesh(other), pytest.raises(ValueError, match=r"tree\['w'\].*jax.set_mesh"):
+        s.zeros()
+    flipped = AxisType.Auto if kind == AxisType.Explicit else AxisType.Explicit  # same sizes, other types
+    with jax.set_mesh(_mesh(kind=flipped)), pytest.raises(ValueError, match=r"tree\['w'\]"):
+        s.zeros()

@@ -137,6 +137,16 @@ def per_device_nbytes(leaf: jax.ShapeDtypeStruct) -> int:
 
 
 # -- placing values at top level ------------------------------------------------------
+def same_axes(a: Any, b: Any) -> bool:
+    """Whether two meshes (abstract or concrete) have the same axis names, sizes and types.
+
+    An abstract mesh read from JSON or planned by hand with `AbstractMesh` knows no
+    device kind, so it never equals a concrete mesh's `abstract_mesh`; placing values
+    needs only the axes to agree.
+    """
+    return (a.axis_names, a.axis_sizes, tuple(a.axis_types)) == (b.axis_names, b.axis_sizes, tuple(b.axis_types))
+
+
 def _abstract_mesh_of(sharding: Any) -> Any:
     mesh = getattr(sharding, "mesh", None)
     return mesh if isinstance(mesh, jax.sharding.AbstractMesh) else None
@@ -177,7 +187,7 @@ def _resolve(sharding: Any, meshes: Sequence[Any]) -> Any:
     current = jax.sharding.get_mesh()
     choices = ([] if current.empty else [current]) + list(meshes)
     for mesh in choices:
-        if mesh.abstract_mesh == abstract:
+        if same_axes(mesh, abstract):
             return jax.sharding.NamedSharding(mesh, sharding.spec, memory_kind=sharding.memory_kind)
     return _UNRESOLVED
 
@@ -415,8 +425,10 @@ def traced_sharding(sharding: Any) -> Any:
         return None
     mesh = sharding.mesh if isinstance(sharding.mesh, jax.sharding.AbstractMesh) else sharding.mesh.abstract_mesh
     current = jax.sharding.get_abstract_mesh()
-    if not current.empty and current != mesh:
-        return None
+    if not current.empty:
+        if not same_axes(current, mesh):
+            return None
+        mesh = current
     explicit = _explicit_axes(mesh)
     if not any(name in explicit for entry in sharding.spec for name in _entry_names(entry)):
         return None
