@@ -484,3 +484,37 @@ def test_structure_pickled_in_an_x64_process():
             assert "  * ~i64: tree['step']\n  * f64: tree['w']\n" in message
     with jax.enable_x64(True):
         assert s.matches(s.zeros()) and s.matches(jax.jit(s.ones)())
+
+
+@pytest.mark.parametrize("policy", ["promote", "cast"])
+def test_upcast_towards_64_bit_leaves_with_x64_off_is_refused(where, policy):
+    s = _wide_structure()
+    with jax.enable_x64(False):
+        tree = {
+            "f32": jnp.ones(2),
+            "name": "adam",
+            "step": jnp.zeros((), jnp.int32),
+            "w": jnp.ones(3, jnp.float32),
+            "z": jnp.ones(2, jnp.complex64),
+        }
+
+        def run():
+            with pytest.raises(ValueError) as info:
+                ts.upcast(tree, s, policy=policy)  # what zeros() says: no helper makes a 64-bit array here
+            assert str(info.value) == (
+                "treeshape.upcast: 3 leaves have 64-bit dtypes, but jax_enable_x64 is off, so JAX "
+                "would silently make them 32-bit and the result would not match this Structure (one made with "
+                "x64 on, e.g. unpickled from such a process).\n\n"
+                "  * ~i64: tree['step']\n"
+                "  * f64: tree['w']\n"
+                "  * c128: tree['z']\n\n" + X64_FIX
+            )
+            # only the leaves that would be converted count: f32 stays f32
+            narrow = ts.upcast(tree, ts.structure_of(s.tree), policy=policy)
+            assert narrow["w"].dtype == jnp.float32 and narrow["step"].dtype == jnp.int32
+            return jnp.zeros(())
+
+        where(run)
+    with jax.enable_x64(True):
+        wide = ts.upcast(jax.tree.map(lambda x: x, tree), s, policy=policy)
+        assert wide["w"].dtype == jnp.float64 and s.matches(wide)

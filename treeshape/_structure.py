@@ -4,7 +4,7 @@ tree without tracing."""
 
 import dataclasses
 import math
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, Final, NoReturn
 
 import jax
@@ -115,11 +115,14 @@ def _is_fill_value(value: Any) -> bool:
     return isinstance(value, (jax.Array, np.ndarray)) and value.ndim == 0
 
 
-def _check_x64(s: "Structure", fn_name: str) -> None:
-    """Refuse to build values for 64-bit leaves that JAX would silently make 32-bit (x64 off)."""
+def check_x64(paths: Sequence[str], leaves: Sequence[Any], who: str) -> None:
+    """Refuse to build values for 64-bit leaves that JAX would silently make 32-bit (x64 off).
+
+    `who` is the caller as the message names it (`Structure.zeros`, `upcast`).
+    """
     if jax.enable_x64.value:
         return
-    dtypes = {leaf.dtype for leaf in s._array_leaves()}
+    dtypes = {leaf.dtype for leaf in leaves if isinstance(leaf, jax.ShapeDtypeStruct)}
     wide = {d for d in dtypes if not jnp.issubdtype(d, jax.dtypes.extended) and jax.dtypes.canonicalize_dtype(d) != d}
     if not wide:
         return
@@ -130,11 +133,11 @@ def _check_x64(s: "Structure", fn_name: str) -> None:
         return
     groups: dict[str, list[str]] = {}
     example = ""
-    for path, leaf in zip(s.paths, s._leaves, strict=True):
+    for path, leaf in zip(paths, leaves, strict=True):
         if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.dtype in wide:
             example = example or leaf_str(leaf)
             groups.setdefault(("~" if leaf.weak_type else "") + short_dtype(leaf.dtype), []).append("tree" + path)
-    raise ValueError(x64_message(f"Structure.{fn_name}", groups, example))
+    raise ValueError(x64_message(who, groups, example))
 
 
 class _Text:
@@ -348,7 +351,7 @@ class Structure:
         return self._build(value, "full")
 
     def _build(self, value: Any, fn_name: str) -> PyTree:
-        _check_x64(self, fn_name)
+        check_x64(self.paths, self._leaves, f"Structure.{fn_name}")
         top = _compat.at_top_level()
         if top and self._sharded():
             leaves = _sharding.place(self, self._meshes or (), value, fn_name, _filled)

@@ -14,7 +14,7 @@ from . import _compat
 from ._diff import diff_structures
 from ._errors import Mismatch, StructureMismatchError, format_report, key_change_fix, mismatch_line, policy_fix
 from ._leaf import is_key_dtype, short_dtype
-from ._structure import PyTree, Structure, read_structure
+from ._structure import PyTree, Structure, check_x64, read_structure
 
 
 POLICIES: Final = ("weak", "promote", "cast")
@@ -295,10 +295,17 @@ def upcast(tree: PyTree, like: Structure | PyTree, *, policy: str = "weak") -> P
             ),
         )
     leaves = jtu.tree_leaves(tree)
-    out = [
-        convert(x, want.dtype, want.weak_type)
-        if isinstance(want, jax.ShapeDtypeStruct) and (want.dtype != have.dtype or type(x) in _PY_SCALAR_TYPES)
-        else x
+    converted = [
+        isinstance(want, jax.ShapeDtypeStruct) and (want.dtype != have.dtype or type(x) in _PY_SCALAR_TYPES)
         for x, want, have in zip(leaves, target.leaves, source.leaves, strict=True)
+    ]
+    check_x64(
+        [p for p, c in zip(target.paths, converted, strict=True) if c],
+        [want for want, c in zip(target.leaves, converted, strict=True) if c],
+        "upcast",
+    )
+    out = [
+        convert(x, want.dtype, want.weak_type) if c else x
+        for x, want, c in zip(leaves, target.leaves, converted, strict=True)
     ]
     return jtu.tree_unflatten(source.treedef, out)
