@@ -194,24 +194,49 @@ class _Config:
         return isinstance(other, _Config) and other.width == self.width
 
 
-def test_unhashable_static_values_bypass_the_cache():
+def test_mutable_static_values_are_keyed_by_their_current_state():
     f, traces = _counted()
 
     def g(x, cfg):
         f(x, x)
         return jnp.zeros((cfg.width,) + x.shape)
 
-    for width in [2, 2, 3]:
+    for width in [2, 2, 3]:  # unhashable, compared by their attributes: the second 2 is a hit
         assert ts.out_structure(g, jnp.ones(4), _Config(width)).tree.shape == (width, 4)
-    assert ts.out_structure(ft.partial(g, cfg=_Config(5)), jnp.ones(4)).tree.shape == (5, 4)
-    bound_set = ft.partial(lambda s, x: x * len(s), {1, 2})  # a set is an unhashable leaf
-    assert ts.out_structure(bound_set, jnp.ones(2)).tree.shape == (2,)
-    ts.out_structure(bound_set, jnp.ones(2))  # the same set object: keyed by identity, a hit
+    assert traces() == 2
+    cfg = _Config(5)
+    assert ts.out_structure(ft.partial(g, cfg=cfg), jnp.ones(4)).tree.shape == (5, 4)
+    cfg.width = 6  # mutated in place: the next call answers for its state now
+    assert ts.out_structure(ft.partial(g, cfg=cfg), jnp.ones(4)).tree.shape == (6, 4)
     assert traces() == 4
+    items = {1, 2}
+    bound_set = ft.partial(lambda s, x: x * len(s), items)  # a set is an unhashable leaf
+    assert ts.out_structure(bound_set, jnp.ones(2)).tree.shape == (2,)
+    ts.out_structure(bound_set, jnp.ones(2))  # the same contents: a hit
     info = ts.cache_info()
-    assert (info.hits, info.misses, info.size) == (1, 5, 1)
+    assert (info.hits, info.misses, info.size) == (2, 5, 5)
     del bound_set
     gc.collect()
+    assert ts.cache_info().size == 4  # the lambda died, and its entry with it
+    del g
+    gc.collect()
+    assert ts.cache_info().size == 0
+
+
+def test_mutable_static_values_whose_state_is_not_plain_bypass_the_cache():
+    f, traces = _counted()
+
+    def g(x, cfg):
+        f(x, x)
+        return jnp.zeros((cfg.width,) + x.shape)
+
+    cfg = _Config(2)
+    cfg.act = lambda v: v  # a local function attribute: the state cannot be keyed by value
+    for _ in range(2):
+        assert ts.out_structure(g, jnp.ones(4), cfg).tree.shape == (2, 4)
+    cfg.width = 3
+    assert ts.out_structure(g, jnp.ones(4), cfg).tree.shape == (3, 4)
+    assert traces() == 3
     assert ts.cache_info().size == 0
 
 
@@ -241,7 +266,7 @@ def test_function_passed_as_static_argument_is_collected():
     def act(x):
         return jnp.tanh(x)
 
-    class Net:  # compared by identity: kept by weak reference only
+    class Net:  # a local class: its objects are keyed by their state, the class by weak reference
         def apply(self, x):
             return x * 2
 
@@ -254,7 +279,11 @@ def test_function_passed_as_static_argument_is_collected():
     assert ts.cache_info() == (2, 2, 2, 4096)
     del act, jitted, net
     assert all(_collected(r) for r in refs)
-    assert ts.cache_info().size == 0  # both entries are gone
+    assert ts.cache_info().size == 1  # the entry of `apply` is gone; `net.apply`'s lives with the class
+    net_class = weakref.ref(Net)
+    del Net
+    assert _collected(net_class)
+    assert ts.cache_info().size == 0
 
 
 def test_static_function_in_the_output_is_not_kept_alive():
@@ -414,3 +443,36 @@ def test_threads_get_correct_results():
     assert info.hits + info.misses == 8 * 40
     assert info.size == 8  # 8 shapes; an array and a ShapeDtypeStruct bound leaf are one input
     assert 8 <= traces() <= info.misses
+
+
+@dataclasses.dataclass
+class _MutableConfig:  # a plain, not frozen, dataclass: what users pass as a config
+    width: int = 2
+    act: str = "relu"
+
+
+@pytest.mark.parametrize("how", ["argument", "partial", "tree_util.Partial"])
+def test_a_mutated_config_gives_the_answer_for_its_state_now(how):
+    def f(cfg, x):
+        return {"h": jnp.zeros(cfg.width) + x, "act": cfg.act}
+
+    def infer(cfg, x):
+        if how == "argument":
+            return ts.out_structure(f, cfg, x)
+        wrap = ft.partial if how == "partial" else jtu.Partial
+        return ts.out_structure(wrap(f, cfg), x)
+
+    cfg = _MutableConfig()
+
+    def step(x):  # and under jit, where the partial is rebuilt on every trace
+        return infer(cfg, x).zeros()["h"]
+
+    for width in [2, 9, 9, 3]:
+        cfg.width = width
+        oracle = jax.eval_shape(lambda x: f(cfg, x)["h"], 1.0)
+        assert infer(cfg, 1.0).tree["h"] == oracle
+        assert infer(cfg, 1.0).tree["h"].shape == (width,)
+        fresh = lambda x: step(x)  # noqa: B023 (jax.jit's own cache is keyed by the function)
+        assert jax.jit(fresh).trace(jnp.float32(1.0)).out_info.shape == (width,)
+    cfg.act = "gelu"
+    assert infer(cfg, 1.0).tree["act"] == "gelu"

@@ -34,6 +34,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat
+from ._leaf import static_value
 from ._structure import Structure
 
 
@@ -77,6 +78,7 @@ class _WeakId:
 
 # -- plain values ---------------------------------------------------------------
 _BY_VALUE: Final = frozenset({int, bool, str, bytes, type(None)})
+_MAX_ARRAY_KEY_BYTES: Final = 1 << 16  # a larger NumPy array in a static value is not copied into a key
 _MAX_DEPTH: Final = 32
 
 
@@ -92,12 +94,19 @@ def _importable(fn: Any) -> bool:
     return obj is fn
 
 
-def plain_key(x: Any, depth: int = 0) -> Hashable | None:
+def plain_key(x: Any, depth: int = 0, refs: list[Any] | None = None) -> Hashable | None:
     """A key for `x` by type and value if `x` is plain data, else None.
 
     Keys differ wherever the values could behave differently: `1`, `True` and
     `1.0` are three keys, and so are `0.0` and `-0.0`. No user `__hash__` or
     `__eq__` is called.
+
+    With `refs` (a list, as `static_key` takes it), a mutable object (a
+    dataclass that is not frozen, an object with attributes, a set, a NumPy
+    array of strings or objects) is keyed by its type and its current
+    contents, when those are plain: a key for the call being made now, which
+    never holds the object itself (nor its class, unless that is importable:
+    a local class is appended to `refs` and weakly keyed).
     """
     cls = type(x)
     if cls in _BY_VALUE:
@@ -111,24 +120,70 @@ def plain_key(x: Any, depth: int = 0) -> Hashable | None:
     if cls is tuple or cls is frozenset or (issubclass(cls, tuple) and hasattr(cls, "_fields")):
         parts = []
         for item in x:
-            key = plain_key(item, depth + 1)
+            key = plain_key(item, depth + 1, refs)
             if key is None:
                 return None
             parts.append(key)
         return (_Strong(cls), frozenset(parts) if cls is frozenset else tuple(parts))
-    if isinstance(x, (type, enum.Enum)):
+    if isinstance(x, (type, enum.Enum, types.ModuleType)):
         return _Strong(x)
+    if isinstance(x, _JAX_VALUES):  # immutable, compared by value by JAX itself
+        return (_Strong(cls), x)
     params = getattr(cls, "__dataclass_params__", None)
-    if params is not None and params.frozen and params.eq and not isinstance(x, type):
+    if params is not None and params.frozen and params.eq:
         try:
             values = tuple(getattr(x, f.name) for f in dataclasses.fields(x))
         except AttributeError:  # a field left unset
             return None
-        key = plain_key(values, depth + 1)
+        key = plain_key(values, depth + 1, refs)
         return None if key is None else (_Strong(cls), key)
-    if callable(x) and _importable(x):
-        return _Strong(x)
+    if callable(x):
+        return _Strong(x) if _importable(x) else None
+    if refs is not None:
+        return _state_key(x, depth, refs)
     return None
+
+
+# JAX's own immutable value types, safe to hold and to compare with their own `==`.
+_JAX_VALUES: Final = (
+    jax.sharding.Mesh,
+    jax.sharding.AbstractMesh,
+    jax.sharding.Sharding,
+    jax.sharding.PartitionSpec,
+    np.dtype,
+)
+
+
+def _state_key(x: Any, depth: int, refs: list[Any]) -> Hashable | None:
+    """A mutable object's key: its type and its attributes' current values (None if not plain)."""
+    if type(x) is set:
+        key = plain_key(frozenset(x), depth + 1, refs)
+        return None if key is None else ("set", key)
+    if isinstance(x, np.ndarray):
+        if x.nbytes > _MAX_ARRAY_KEY_BYTES:
+            return None
+        contents = static_value(x)
+        key = plain_key(contents, depth + 1)
+        return None if key is None else ("ndarray", key)
+    items: dict[str, Any] = {}
+    attributes = getattr(x, "__dict__", None)
+    if isinstance(attributes, dict):
+        items.update(attributes)
+    for klass in type(x).__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(x, name):
+                items[name] = getattr(x, name)
+    if attributes is None and not items:
+        return None  # no state Python can see (a C object): keyed by identity
+    key = plain_key(tuple(sorted(items.items(), key=lambda item: str(item[0]))), depth + 1, refs)
+    if key is None:
+        return None
+    cls = type(x)
+    if _importable(cls):
+        return (_Strong(cls), "state", key)
+    refs.append(cls)
+    return (_WeakId(weakref.ref(cls), id(cls)), "state", key)
 
 
 def is_plain(x: Any) -> bool:
@@ -138,19 +193,24 @@ def is_plain(x: Any) -> bool:
 def static_key(x: Any, refs: list[Any]) -> Hashable:
     """The key part of a static value or callable.
 
-    Plain data is keyed by value; callables and other objects by weak identity
+    Plain data is keyed by value, and so is a mutable object whose contents
+    are plain (by its state now: mutating it makes the next call another
+    entry); callables and objects with no visible state by weak identity
     (appended to `refs`, so the entry dies with them).
 
     Raises:
-        Uncacheable: `x` is neither plain nor weakly referenceable.
+        Uncacheable: `x` is a mutable object whose state is not plain data, or
+            neither plain nor weakly referenceable.
     """
     if type(x) is types.MethodType:  # made afresh on each attribute access: key its parts
         return (types.MethodType, static_key(x.__func__, refs), static_key(x.__self__, refs))
     callable_ = callable(x)
     if not callable_:
-        key = plain_key(x)
+        key = plain_key(x, refs=refs)
         if key is not None:
             return key
+        if _has_state(x):  # its answer may change with its state, which cannot be keyed
+            raise Uncacheable
     try:
         ref = weakref.ref(x)
     except TypeError:
@@ -160,6 +220,13 @@ def static_key(x: Any, refs: list[Any]) -> Hashable:
         return key
     refs.append(x)
     return _WeakId(ref, id(x))
+
+
+def _has_state(x: Any) -> bool:
+    """Whether `x` has contents Python can see and change (attributes, slots, array items)."""
+    if isinstance(x, (set, np.ndarray)) or isinstance(getattr(x, "__dict__", None), dict):
+        return True
+    return any(klass.__dict__.get("__slots__") for klass in type(x).__mro__)
 
 
 _PLAIN_NODES: Final = frozenset({tuple, list, dict, collections.OrderedDict})  # node data: keys
@@ -237,6 +304,11 @@ def context_key() -> tuple[Any, ...]:
     return (_compat.tracing_context(), jax.sharding.get_abstract_mesh())
 
 
+# An entry saying that the call's `fn` needs its bound arrays as values: the answer
+# is then keyed by those values too (see `_infer`).
+NEEDS_CONCRETE: Final = Structure(jtu.tree_structure(None), ())
+
+
 class Cache:
     """A thread-safe LRU map that forgets entries whose objects die."""
 
@@ -261,7 +333,8 @@ class Cache:
                 self.misses += 1
                 return None
             self._entries.move_to_end(entry[2])  # found by identity: no second key comparison
-            self.hits += 1
+            if entry[0] is not NEEDS_CONCRETE:  # a lookup on, whose hit or miss is counted next
+                self.hits += 1
             return entry[0]
 
     def put(self, key: Key, value: Structure, objects: list[Any]) -> None:

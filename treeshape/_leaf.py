@@ -43,7 +43,8 @@ def kind_of(cls: type) -> int:
             kind = SCALAR
         else:
             kind = OTHER
-        KINDS[cls] = kind
+        if kind != OTHER or cls.__module__ == "builtins":  # a user's class is not kept alive
+            KINDS[cls] = kind
     return kind
 
 
