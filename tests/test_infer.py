@@ -586,3 +586,73 @@ def test_other_errors_get_no_note():
     with pytest.raises(TypeError) as info:
         ts.out_structure(needs_concrete, jnp.ones(2))
     assert not [n for n in getattr(info.value, "__notes__", []) if n.startswith("treeshape:")]
+
+
+# -- arrays bound in a partial that fn needs as values -----------------------------------
+def _sized(x, n):
+    return jnp.zeros(n) + x  # `n` is a size: it must be concrete
+
+
+def _read_int(x, idx):
+    return jnp.zeros(int(idx)) + x
+
+
+def _sliced(w, x, *, n):
+    return w[:n] + x
+
+
+_NEEDS_VALUES = {
+    "numpy scalar as a size": (_sized, (), {"n": np.int32(3)}),
+    "jax array read with int()": (_read_int, (), {"idx": jnp.array(4)}),
+    "numpy 0-d array in a slice": (_sliced, (jnp.ones(6),), {"n": np.array(2)}),
+    "positional numpy scalar": (lambda n, x: jnp.ones((n, 2)) * x, (np.int64(5),), {}),
+}
+
+
+@pytest.mark.parametrize("case", list(_NEEDS_VALUES))
+@pytest.mark.parametrize("wrap", [ft.partial, jtu.Partial])
+def test_bound_arrays_that_fn_needs_as_values_are_passed_concrete(case, wrap):
+    fn, args, kwargs = _NEEDS_VALUES[case]
+    oracle = jax.eval_shape(wrap(fn, *args, **kwargs), 1.0)
+    for _ in range(2):  # the second call is answered from the cache, by the bound values
+        assert ts.out_structure(wrap(fn, *args, **kwargs), 1.0).tree == oracle
+    info = ts.cache_info()
+    assert (info.hits, info.misses) == (1, 1)
+
+    @jax.jit
+    def step(x):
+        s = ts.out_structure(wrap(fn, *args, **kwargs), x)
+        assert s.tree == oracle
+        return s.zeros()
+
+    assert step(jnp.float32(2.0)).shape == oracle.shape
+
+
+def test_bound_values_key_the_answer():
+    for n in [2, 3, 2]:
+        assert ts.out_structure(ft.partial(_sized, n=np.int32(n)), 1.0).tree.shape == (n,)
+    info = ts.cache_info()
+    assert (info.hits, info.misses, info.size) == (1, 2, 3)  # the marker, and one entry per value
+    big = np.full(100_000, 3, np.int32)  # too large to copy into a key: answered, uncached
+    for _ in range(2):
+        assert ts.out_structure(ft.partial(lambda x, a: jnp.zeros(int(a[0])) + x, a=big), 1.0).tree.shape == (3,)
+    assert ts.cache_info().misses == 4
+
+
+def test_a_bound_value_that_is_needed_is_named_as_the_user_wrote_it():
+    sds = jax.ShapeDtypeStruct((), jnp.int32)  # a description: it has no value to pass
+    with pytest.raises(TypeError, match=r"depends on the value of the argument n\.") as info:
+        ts.out_structure(ft.partial(_sized, n=sds), 1.0)
+    assert "bound" not in str(info.value)
+    with pytest.raises(TypeError, match=r"the argument n\.") as info:
+        ts.out_structure(ft.partial(_sized, 1.0, sds))  # positional: the parameter's name
+    assert "bound" not in str(info.value)
+
+    @jax.jit
+    def step(x, m):  # a tracer of the enclosing jit: named as the user's own argument there
+        with pytest.raises(TypeError, match=r"the argument m\.") as info:
+            ts.out_structure(ft.partial(_sized, n=m), x)
+        assert "bound" not in str(info.value)
+        return x
+
+    step(1.0, 3)

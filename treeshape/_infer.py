@@ -5,13 +5,14 @@ import inspect
 import itertools
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import jax
 import jax.tree_util as jtu
+import numpy as np
 
 from . import _cache, _compat, _sharding
-from ._cache import CACHE, CacheInfo, Key, static_key
+from ._cache import CACHE, NEEDS_CONCRETE, CacheInfo, Key, static_key
 from ._errors import int_too_big_message
 from ._leaf import (
     ARRAY,
@@ -166,15 +167,22 @@ def _evaluate(
     bound_leaves: list[Any],
     call_leaves: list[Any],
     treedef: jtu.PyTreeDef,
+    close_bound: bool = False,
 ) -> Structure:
     """Abstractly evaluate `core` on the given leaves (one `jax.eval_shape` trace).
 
-    Python scalars among the first `n_concrete` leaves are passed concrete.
+    Python scalars among the first `n_concrete` leaves are passed concrete, and
+    with `close_bound` so are the bound arrays and tracers (closed over, as
+    `jax.eval_shape` of the partial itself passes them).
     """
     leaves = [
         as_abstract(x) if kind_of(type(x)) == OTHER and is_duck_array(x) else x for x in bound_leaves + call_leaves
     ]
-    abstract = [_is_abstract(x, i < n_concrete) for i, x in enumerate(leaves)]
+    n_bound = len(bound_leaves)
+    abstract = [
+        _is_abstract(x, i < n_concrete) and not (close_bound and i < n_bound and _has_value(x))
+        for i, x in enumerate(leaves)
+    ]
     _check_inputs(leaves, abstract, treedef)
     if type(core) is _JITTED and not bound_leaves and treedef.children()[0] == _EMPTY_BOUND:
         # A jitted function on its own: exactly `jax.eval_shape`, which asks the
@@ -185,8 +193,11 @@ def _evaluate(
         return Structure(out_treedef, tuple(out_leaves))
     out_info: list[Any] = []
 
-    def traced(args: Any, kwargs: Any, bound: Any) -> list[Any]:
-        it = iter(jtu.tree_leaves((bound, args, kwargs)))
+    args, kwargs, bound_named = _dynamic_arguments(core, leaves, abstract, treedef)
+    order = list(bound_named)
+
+    def traced(args: Any, kwargs: Any, **bound_named: Any) -> list[Any]:
+        it = iter(jtu.tree_leaves(([bound_named[name] for name in order], args, kwargs)))
         full = [next(it) if a else x for x, a in zip(leaves, abstract, strict=True)]
         (bound, bound_kw), (args, kwargs) = jtu.tree_unflatten(treedef, full)
         out = core(*bound, *args, **{**bound_kw, **kwargs})
@@ -208,9 +219,11 @@ def _evaluate(
     # JAX's own messages then name the user's function and the arguments as
     # they were passed (`args[1]`, `kwargs['train']`), not this wrapper.
     traced.__wrapped__ = core  # type: ignore[attr-defined]
-    traced.__signature__ = _TRACED_SIGNATURE  # type: ignore[attr-defined]
+    traced.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        _CALL_PARAMETERS + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in order]
+    )
     try:
-        shapes = iter(jax.eval_shape(traced, *_dynamic_arguments(leaves, abstract, treedef, len(bound_leaves))))
+        shapes = iter(jax.eval_shape(traced, args, kwargs, **bound_named))
     except TypeError as e:  # JAX's concretization errors are TypeErrors
         n = len(bound_leaves)
         _note_abstract_scalars(
@@ -229,26 +242,33 @@ def _evaluate(
 
 
 _TRACED = object()
-_TRACED_SIGNATURE = inspect.Signature(
-    [inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY) for name in ("args", "kwargs", "bound")]
-)
+_CALL_PARAMETERS: Final = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY) for name in ("args", "kwargs")]
 
 
 def _dynamic_arguments(
-    leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef, n_bound: int
-) -> tuple[Any, Any, Any]:
+    core: Callable[..., Any], leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef
+) -> tuple[Any, Any, dict[str, Any]]:
     """The abstract leaves grouped as the call was written: a tuple over the
     positional arguments and a dict over the keyword arguments (each the leaf
-    itself, or a list of an argument's abstract leaves), and a list of the
-    bound ones. Flattened, they give the abstract leaves in order."""
-    bound = [x for x, a in zip(leaves[:n_bound], abstract[:n_bound], strict=True) if a]
-    args_td, kwargs_td = treedef.children()[1].children()
-    it = iter(zip(leaves[n_bound:], abstract[n_bound:], strict=True))
+    itself, or a list of an argument's abstract leaves), and the bound ones by
+    the name of the parameter they are bound to (`n` for `partial(f, n=...)`,
+    `f`'s parameter name for a positional one), so that JAX's messages name
+    them as the user wrote them. Flattened in that order (bound first), they
+    give the abstract leaves in order."""
+    it = iter(zip(leaves, abstract, strict=True))
 
     def group(td: jtu.PyTreeDef) -> Any:
         part = [x for x, a in itertools.islice(it, td.num_leaves) if a]
         return part[0] if jtu.treedef_is_leaf(td) and part else part
 
+    (bound_td, bound_kw_td), (args_td, kwargs_td) = (td.children() for td in treedef.children())
+    params = _parameter_names(core) if bound_td.num_leaves else []
+    names = [params[i] if i < len(params) else f"bound_{i}" for i in range(len(bound_td.children()))]
+    names += list(bound_kw_td.node_data()[1])
+    tds = bound_td.children() + bound_kw_td.children()
+    if len(set(names)) < len(names) or not all(n.isidentifier() and n not in ("args", "kwargs") for n in names):
+        names = [f"bound_{i}" for i in range(len(tds))]  # only if the user's names cannot be parameters
+    bound = {name: group(td) for name, td in zip(names, tds, strict=True)}
     args = tuple(group(td) for td in args_td.children())
     kwargs = {key: group(td) for key, td in zip(kwargs_td.node_data()[1], kwargs_td.children(), strict=True)}
     return args, kwargs, bound
@@ -262,6 +282,18 @@ _CONCRETIZATION_ERRORS = (
 )
 
 
+def _needed_concrete(error: BaseException) -> bool:
+    """Whether `fn` failed because it needed a concrete value and got a tracer."""
+    return isinstance(error, _CONCRETIZATION_ERRORS) or _SHAPE_ERROR in str(error)
+
+
+def _has_value(x: Any) -> bool:
+    """An array with a value (or a tracer of an enclosing trace), as opposed to a
+    `ShapeDtypeStruct` or a duck array, which only describe one."""
+    kind = kind_of(type(x))
+    return kind == ARRAY or (kind == NUMPY and jax_dtype(x.dtype))
+
+
 def _note_abstract_scalars(
     error: BaseException,
     core: Callable[..., Any],
@@ -272,7 +304,7 @@ def _note_abstract_scalars(
 ) -> None:
     """When `fn` needed a concrete value and got a tracer, name the Python
     scalars that were passed abstractly and say how to keep them concrete."""
-    if not (isinstance(error, _CONCRETIZATION_ERRORS) or _SHAPE_ERROR in str(error)):
+    if not _needed_concrete(error):
         return
     scalars = [i for i, (x, a) in enumerate(zip(leaves, abstract, strict=True)) if a and kind_of(type(x)) == SCALAR]
     if not scalars:
@@ -404,16 +436,76 @@ def _out_structure(
     except Exception:  # Uncacheable, or a user object's __hash__/__eq__ (in node data) failing
         key = None
         CACHE.miss()
-    if hit is not None:
-        return hit, call_leaves
     n_concrete = len(bound_leaves)
     if jitted:
         n_concrete += len(call_leaves)
     treedef = jtu.treedef_tuple((bound_treedef, call_treedef))
-    structure = _evaluate(core, n_concrete, bound_leaves, call_leaves, treedef)
+    if hit is NEEDS_CONCRETE:
+        return _with_bound_values(core, n_concrete, bound_leaves, call_leaves, treedef, key, refs, True), call_leaves
+    if hit is not None:
+        return hit, call_leaves
+    try:
+        structure = _evaluate(core, n_concrete, bound_leaves, call_leaves, treedef)
+    except (TypeError, IndexError):  # what JAX raises where a value is needed (a size, an `int()`, a slice)
+        if not any(_has_value(x) for x in bound_leaves):
+            raise
+        retry = True
+    else:
+        retry = False
+    if retry:  # outside the handler: an error now is the user's, not a consequence of the first
+        structure = _with_bound_values(core, n_concrete, bound_leaves, call_leaves, treedef, key, refs, False)
+        if key is not None:
+            CACHE.put(key, NEEDS_CONCRETE, refs)
+        return structure, call_leaves
     if key is not None and _may_hold(bound_treedef, call_treedef, structure):
         CACHE.put(key, structure, refs)
     return structure, call_leaves
+
+
+_MAX_VALUE_KEY_BYTES: Final = 1 << 16
+
+
+def _with_bound_values(
+    core: Callable[..., Any],
+    n_concrete: int,
+    bound_leaves: list[Any],
+    call_leaves: list[Any],
+    treedef: jtu.PyTreeDef,
+    key: Key | None,
+    refs: list[Any],
+    look_up: bool,
+) -> Structure:
+    """The answer when `fn` needs the arrays bound in a partial as values (a size, an
+    `int()`): they are passed concrete, as `jax.eval_shape` passes them, and the
+    answer is cached by those values (small arrays only) on top of the abstract key,
+    looked up first with `look_up` (not on the first call, whose miss is counted)."""
+    value_key: Key | None = None
+    if key is not None:
+        try:
+            value_key = Key((NEEDS_CONCRETE, key, *(_value_key(x) for x in bound_leaves)))
+        except Exception:  # too large, not addressable here, deleted: answered uncached
+            value_key = None
+    if look_up:  # else this call's miss is counted already (and the entry cannot be there yet)
+        hit = CACHE.get(value_key) if value_key is not None else None
+        if hit is not None:
+            return hit
+        if value_key is None:
+            CACHE.miss()
+    structure = _evaluate(core, n_concrete, bound_leaves, call_leaves, treedef, close_bound=True)
+    bound_treedef, call_treedef = treedef.children()
+    if value_key is not None and _may_hold(bound_treedef, call_treedef, structure):
+        CACHE.put(value_key, structure, refs)
+    return structure
+
+
+def _value_key(x: Any) -> Any:
+    """A bound leaf's key part when bound arrays are passed concrete: their value."""
+    if not _has_value(x) or isinstance(x, jax.core.Tracer):
+        return None  # keyed by its abstract value in the key below
+    if x.nbytes > _MAX_VALUE_KEY_BYTES:
+        raise _cache.Uncacheable
+    value = np.asarray(x)
+    return (_compat.abstractify(x), value.tobytes())
 
 
 def _may_hold(bound_treedef: jtu.PyTreeDef, call_treedef: jtu.PyTreeDef, structure: Structure) -> bool:
