@@ -1,9 +1,14 @@
 """The docs cover the public API: every name in `treeshape.__all__` has a
 `::: treeshape.NAME` line in docs/api/*.md (optax's coverage check), and every
-page in mkdocs.yml's nav exists. `mkdocs build --strict` checks the rest."""
+page in mkdocs.yml's nav exists, and the examples of the caching guide and of the
+sharding guide's first section run and print what their comments say. `mkdocs
+build --strict` checks the rest."""
 
 import pathlib
 import re
+
+import jax
+import pytest
 
 import treeshape as ts
 
@@ -24,3 +29,55 @@ def test_every_nav_page_exists():
     for page in pages:
         where = ROOT / ("" if page.startswith("notebooks/") else "docs") / page
         assert where.exists(), page
+
+
+# -- the guides' examples run, and print what their comments say -------------------
+_BLOCK = re.compile(r"^( *)```python\n(.*?)^\1```", flags=re.DOTALL | re.MULTILINE)
+# `print(X)  # EXPECTED`, where EXPECTED is a whole value (a shape, a CacheInfo, a
+# sharding with `...` for the parts left out), ended by the line or by ": why".
+_SHOWN = re.compile(
+    r"^(?P<indent> *)print\((?P<expr>.*)\)  # (?P<shown>(?:CacheInfo|\w*Sharding)\(.*\)|\([\d, ]*\))(?::.*)?$"
+)
+
+
+def _examples(page, before=None):
+    """The code of `page`'s python blocks (up to the heading `before`; not the
+    sketches, which elide code with a `...` line), each `print(X)  # EXPECTED`
+    line made into a check that it prints EXPECTED."""
+    text = (ROOT / "docs" / page).read_text()
+    if before is not None:
+        text = text.split(before, 1)[0]
+    code = []
+    for indent, block in _BLOCK.findall(text):
+        lines = [line[len(indent) :] for line in block.splitlines()]
+        if any(line.strip() == "..." for line in lines):
+            continue
+        check = lambda m: f"{m['indent']}_shows({m['expr']}, {m['shown']!r})"
+        code.append("\n".join(_SHOWN.sub(check, line) for line in lines))
+    return code
+
+
+def _shows(value, shown):
+    pattern = ".*".join(re.escape(part) for part in shown.split("..."))
+    assert re.fullmatch(pattern, str(value)), (str(value), shown)
+
+
+def _run(code):
+    namespace = {"_shows": _shows}
+    for block in code:
+        exec(compile(block, "<docs example>", "exec"), namespace)
+
+
+@pytest.mark.skipif(jax.config.jax_enable_x64, reason="the guide's outputs are those of JAX's default, x64 off")
+def test_the_caching_guide_runs_and_prints_what_it_says():
+    code = _examples("guide/caching.md")
+    assert sum(block.count("_shows(") for block in code) >= 8
+    _run(code)
+    ts.clear_cache()
+
+
+@pytest.mark.skipif(jax.config.jax_enable_x64, reason="the guide's outputs are those of JAX's default, x64 off")
+def test_the_sharding_guides_optimizer_state_examples_run_and_print_what_they_say():
+    code = _examples("guide/sharding.md", before="### Which mesh a leaf lands on")
+    assert sum(block.count("_shows(") for block in code) >= 3  # the Auto-axes check and its fix
+    _run(code)
