@@ -5,6 +5,7 @@ import copy
 import dataclasses
 import enum
 import json
+import re
 import sys
 
 import chex
@@ -234,6 +235,68 @@ def test_cli_json_is_the_leaves_array(capsys):
     a, b = jax.ShapeDtypeStruct((8, 4), jnp.bfloat16), jax.ShapeDtypeStruct((4, 2), jnp.bfloat16)
     assert printed == json.loads(ts.out_structure(jnp.matmul, a, b).to_json())["leaves"]
     assert set(printed[0]) == {"path", "shape", "dtype", "weak_type"}
+
+
+# -- big trees: repeated subtrees and shared leaf types ----------------------------------
+def _block(i):
+    """A subtree that a big tree repeats (a model's layer), holding every JSON node type."""
+    return {
+        "m": Moments(mu=_sds((2,), jnp.float32), nu=(_sds((), jnp.int32, True), None)),
+        "p": Point("relu", [_sds((1,), jnp.bfloat16)]),
+        "o": collections.OrderedDict([("z", _sds((i,), jnp.float32)), ("a", ChexNode(a=_sds((3,), jnp.int8), b=[]))]),
+        "d": collections.defaultdict(list, {"k": _sds((2, 2), jnp.float32)}),
+    }
+
+
+def test_repeated_subtrees_are_written_in_full_under_each_path():
+    s = _structure({"blocks": [_block(1), _block(1), _block(2)], "head": (_block(1),), "tail": _block(1)})
+    doc = json.loads(s.to_json())
+    assert [r["path"] for r in doc["leaves"]] == list(s.paths)
+    assert doc["leaves"][7]["path"] == "['blocks'][1]['d']['k']" and doc["leaves"][7]["shape"] == [2, 2]
+    assert doc["leaves"][-1]["path"] == "['tail']['p'].y[0]"
+    # Each copy of the block has the same node entries; the block with another leaf count differs.
+    entries = doc["treedef"]
+    starts = [i for i, entry in enumerate(entries) if entry == {"type": "dict", "keys": ["d", "m", "o", "p"]}]
+    assert len(starts) == 5
+    size = starts[1] - starts[0]
+    blocks = [entries[i : i + size] for i in starts]
+    assert blocks[0] == blocks[1] == blocks[3] == blocks[4] and blocks[2] == blocks[0]
+    loaded = roundtrip(s)
+    assert loaded.paths == s.paths and loaded.leaves == s.leaves
+
+
+def test_repeated_subtrees_keep_the_exact_text():
+    s = _structure([Point(_sds((2,), jnp.float32), "relu"), Point(_sds((2,), jnp.float32), "relu")])
+    assert s.to_json() == (
+        "{\n"
+        '  "version": 1,\n'
+        '  "treedef": [\n'
+        '    {"type": "list", "n": 2},\n'
+        '    {"type": "namedtuple", "name": "test_json:Point", "n": 2},\n'
+        '    "*",\n'
+        '    "*",\n'
+        '    {"type": "namedtuple", "name": "test_json:Point", "n": 2},\n'
+        '    "*",\n'
+        '    "*"\n'
+        "  ],\n"
+        '  "leaves": [\n'
+        '    {"path": "[0].x", "shape": [2], "dtype": "float32", "weak_type": false},\n'
+        '    {"path": "[0].y", "shape": null, "dtype": null, "weak_type": null, "static": "\'relu\'", '
+        '"type": "builtins:str", "value": "relu"},\n'
+        '    {"path": "[1].x", "shape": [2], "dtype": "float32", "weak_type": false},\n'
+        '    {"path": "[1].y", "shape": null, "dtype": null, "weak_type": null, "static": "\'relu\'", '
+        '"type": "builtins:str", "value": "relu"}\n'
+        "  ]\n"
+        "}\n"
+    )
+
+
+def test_leaves_of_one_type_load_as_equal_descriptions_and_other_types_stay_apart():
+    leaves = [_sds((2,), jnp.float32), _sds((2,), jnp.float32, True), _sds((2,), jnp.bfloat16), _sds((3,), jnp.float32)]
+    s = _structure(leaves * 3)
+    loaded = roundtrip(s)
+    assert list(loaded.leaves) == leaves * 3
+    assert [leaf.weak_type for leaf in loaded.leaves[:4]] == [False, True, False, False]
 
 
 # -- shardings and manual axes --------------------------------------------------------
@@ -607,6 +670,21 @@ def test_malformed_documents_are_value_errors(name):
     assert str(info.value).startswith("treeshape.Structure.from_json: ")
     assert len(str(info.value)) < 400
     assert set(sys.modules) == modules  # nothing was imported (antigravity would open a browser)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("shape", [2.0], "leaves[2].shape[0]: expected an integer"),  # 2.0 == 2, as the record before
+        ("shape", [True], "leaves[2].shape[0]: expected an integer"),  # True == 1, as the first record
+        ("weak_type", 0, "leaves[2].weak_type: expected true or false"),  # 0 == False
+        ("dtype", "float33", "leaves[2].dtype: unknown dtype 'float33'"),
+    ],
+)
+def test_a_leaf_type_seen_before_does_not_let_a_malformed_record_through(field, value, message):
+    records = [_leaf("[0]", [1]), _leaf("[1]", [2]), {**_leaf("[2]", [1]), field: value}]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ts.Structure.from_json(_doc([{"type": "list", "n": 3}, "*", "*", "*"], records))
 
 
 def test_the_document_is_not_evaluated():

@@ -39,12 +39,11 @@ treedef and a tuple of leaves.
 
 import collections
 import dataclasses
-import functools as ft
 import json
 import math
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NoReturn
 
 import jax
@@ -107,6 +106,10 @@ class StaticRepr:
 
 
 # -- encoding ------------------------------------------------------------------
+# `json.dumps(value, allow_nan=False)`, without making a new encoder on every call.
+_encode: Final[Callable[[Any], str]] = json.JSONEncoder(allow_nan=False).encode
+
+
 def _type_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
@@ -115,11 +118,7 @@ def _is_namedtuple(cls: type) -> bool:
     return isinstance(cls, type) and issubclass(cls, tuple) and isinstance(getattr(cls, "_fields", None), tuple)
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, allow_nan=False)
-
-
-def _plain_data(x: Any, where: Callable[[], str]) -> Any:
+def _plain_data(x: Any, where: str) -> Any:
     """A dataclass node's data as JSON: plain values, and tuples/lists of them (tagged)."""
     if type(x) in (str, bool, type(None)) or (type(x) is int and abs(x) < _MAX_INT_VALUE):
         return x
@@ -128,97 +127,125 @@ def _plain_data(x: Any, where: Callable[[], str]) -> Any:
     if type(x) in (tuple, list):
         return {type(x).__name__: [_plain_data(item, where) for item in x]}
     raise TypeError(
-        f"treeshape.Structure.to_json: the pytree node at {where()} has node data of type "
+        f"treeshape.Structure.to_json: the pytree node at {where} has node data of type "
         f"{type(x).__name__} ({_short_repr(x)}), which JSON cannot describe: only str, int, float, "
         "bool, None and tuples or lists of these are supported. Keep such nodes out of the tree, "
         "or pickle the Structure instead (trusted data only)."
     )
 
 
-def _dict_keys(keys: Sequence[Any], where: Callable[[], str]) -> list[Any]:
+def _dict_keys(keys: Sequence[Any], where: str) -> list[Any]:
     for key in keys:
         if type(key) not in (str, int):
             raise TypeError(
-                f"treeshape.Structure.to_json: the dict at {where()} has a key {_short_repr(key)} of type "
+                f"treeshape.Structure.to_json: the dict at {where} has a key {_short_repr(key)} of type "
                 f"{type(key).__name__}; JSON can describe str and int keys only."
             )
     return list(keys)
 
 
-def _callable_name(factory: Any, where: Callable[[], str]) -> str:
+def _callable_name(factory: Any, where: str) -> str:
     module, qualname = getattr(factory, "__module__", None), getattr(factory, "__qualname__", None)
     if isinstance(module, str) and isinstance(qualname, str) and _NAME.fullmatch(f"{module}:{qualname}"):
         return f"{module}:{qualname}"
     raise TypeError(
-        f"treeshape.Structure.to_json: the defaultdict at {where()} has the default factory "
+        f"treeshape.Structure.to_json: the defaultdict at {where} has the default factory "
         f"{_short_repr(factory)}, which has no module-level name; JSON can describe a named factory only."
     )
 
 
-def _encode_node(treedef: jtu.PyTreeDef, where: Callable[[], str]) -> Any:
-    if treedef.num_nodes == 1 and treedef.num_leaves == 1:
-        return _LEAF
-    node_type, aux = treedef.node_data()
-    if node_type is type(None):
-        return None
-    n = len(treedef.children())
+def _encode_node(node_type: type, aux: Any, n: int, path: str) -> str:
+    """The JSON text of one container node (`n` children, at `path`) of the `treedef` list."""
+    where = "tree" + path
     if node_type is list or node_type is tuple:
-        return {"type": node_type.__name__, "n": n}
+        return f'{{"type": "{node_type.__name__}", "n": {n}}}'
     if node_type is dict:
-        return {"type": "dict", "keys": _dict_keys(aux, where)}
+        return '{"type": "dict", "keys": ' + _encode(_dict_keys(aux, where)) + "}"
+    entry: dict[str, Any]
     if node_type is collections.OrderedDict:
-        return {"type": "OrderedDict", "keys": _dict_keys(aux, where)}
-    if node_type is collections.defaultdict:
+        entry = {"type": "OrderedDict", "keys": _dict_keys(aux, where)}
+    elif node_type is collections.defaultdict:
         factory, keys = aux
         name = None if factory is None else _callable_name(factory, where)
-        return {"type": "defaultdict", "factory": name, "keys": _dict_keys(keys, where)}
-    if _is_namedtuple(node_type):
-        return {"type": "namedtuple", "name": _type_name(node_type), "n": n}
-    if isinstance(node_type, type) and dataclasses.is_dataclass(node_type):
-        return {"type": "dataclass", "name": _type_name(node_type), "n": n, "aux": _plain_data(aux, where)}
-    raise TypeError(
-        f"treeshape.Structure.to_json: the pytree node at {where()} is a {node_type.__qualname__}, which JSON "
-        "cannot describe: only dicts (also OrderedDict and defaultdict), lists, tuples, None, namedtuples "
-        "and dataclasses registered as pytree nodes are supported. Pickle the Structure instead (trusted "
-        "data only)."
-    )
+        entry = {"type": "defaultdict", "factory": name, "keys": _dict_keys(keys, where)}
+    elif _is_namedtuple(node_type):
+        entry = {"type": "namedtuple", "name": _type_name(node_type), "n": n}
+    elif isinstance(node_type, type) and dataclasses.is_dataclass(node_type):
+        entry = {"type": "dataclass", "name": _type_name(node_type), "n": n, "aux": _plain_data(aux, where)}
+    else:
+        raise TypeError(
+            f"treeshape.Structure.to_json: the pytree node at {where} is a {node_type.__qualname__}, which JSON "
+            "cannot describe: only dicts (also OrderedDict and defaultdict), lists, tuples, None, namedtuples "
+            "and dataclasses registered as pytree nodes are supported. Pickle the Structure instead (trusted "
+            "data only)."
+        )
+    return _encode(entry)
 
 
-def _encode_treedef(treedef: jtu.PyTreeDef) -> list[Any]:
-    """The nodes of `treedef` in pre-order, iteratively (no recursion limit)."""
-    nodes: list[Any] = []
-    stack: list[tuple[jtu.PyTreeDef, tuple[int, ...]]] = [(treedef, ())]
-    while stack:
-        node, indices = stack.pop()
-        nodes.append(_encode_node(node, ft.partial(_where, treedef, indices)))
-        if node.num_nodes > 1:
-            children = node.children()
-            for i in reversed(range(len(children))):
-                stack.append((children[i], (*indices, i)))
-    return nodes
-
-
-def _child_key(node_type: type, aux: Any, i: int) -> Any:
-    if node_type is dict or node_type is collections.OrderedDict:
-        return jtu.DictKey(aux[i])
-    if node_type is collections.defaultdict:
-        return jtu.DictKey(aux[1][i])
+def _child_keys(node: jtu.PyTreeDef, node_type: type, aux: Any, n: int, leaves: Sequence[Any], first: int) -> list[str]:
+    """How `jax.tree_util.keystr` writes the key of each of the `n` children of `node` (node data
+    `(node_type, aux)`, its leaves from `leaves[first]` on) in a path."""
     if node_type is list or node_type is tuple:
-        return jtu.SequenceKey(i)
+        return [f"[{i}]" for i in range(n)]
+    if node_type is dict or node_type is collections.OrderedDict:
+        return [f"[{key!r}]" for key in aux]
+    if node_type is collections.defaultdict:
+        return [f"[{key!r}]" for key in aux[1]]
     if _is_namedtuple(node_type):
-        return jtu.GetAttrKey(node_type._fields[i])  # type: ignore[attr-defined]
-    return jtu.FlattenedIndexKey(i)
+        return [f".{name}" for name in node_type._fields]  # type: ignore[attr-defined]
+    # Any other node (a registered dataclass) names its children as its registration says.
+    keyed, _ = jtu.flatten_one_level_with_keys(node.unflatten(leaves[first : first + node.num_leaves]))
+    return [jtu.keystr((key,)) for key, _ in keyed]
 
 
-def _where(treedef: jtu.PyTreeDef, indices: tuple[int, ...]) -> str:
-    """`tree` + the keystr path of the node reached by child `indices` from the root (for messages)."""
-    keys = []
-    node = treedef
-    for i in indices:
-        node_type, aux = node.node_data()
-        keys.append(_child_key(node_type, aux, i))
-        node = node.children()[i]
-    return "tree" + jtu.keystr(tuple(keys))
+def _walk(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[list[str], list[str]]:
+    """The nodes of `treedef` in pre-order, each as its JSON text, and every leaf's `keystr` path.
+
+    Iterative (no recursion limit): `frames` holds, for each node being
+    written, an iterator over its children still to write and their paths,
+    and where the node's own text and paths start. A big tree repeats its
+    subtrees (a model's layers): a subtree equal to one written before is
+    copied from it, its node texts as they are and its paths under the new
+    prefix (a node's text and its children's keys depend only on its type
+    and node data, which the treedef's equality compares).
+    """
+    nodes: list[str] = []
+    paths: list[str] = []
+    written: dict[jtu.PyTreeDef, tuple[int, int, int, int, int]] = {}  # subtree -> its first copy's slices
+    frames: list[tuple[Iterator[tuple[jtu.PyTreeDef, str]], Any, str, int, int]] = [
+        (iter([(treedef, "")]), None, "", 0, 0)
+    ]
+    while frames:
+        for node, path in frames[-1][0]:
+            data = node.node_data()
+            if data is None:  # a leaf
+                nodes.append(f'"{_LEAF}"')
+                paths.append(path)
+                continue
+            node_type, aux = data
+            if node_type is type(None):
+                nodes.append("null")
+                continue
+            try:
+                copy = written.get(node)
+            except Exception:  # node data whose `==` raises: write the subtree out (and report it)
+                copy = None
+            if copy is not None:
+                n0, n1, p0, p1, cut = copy
+                nodes.extend(nodes[n0:n1])
+                paths.extend([path + p[cut:] for p in paths[p0:p1]])
+                continue
+            n0, p0 = len(nodes), len(paths)
+            children = node.children()
+            nodes.append(_encode_node(node_type, aux, len(children), path))
+            keys = _child_keys(node, node_type, aux, len(children), leaves, p0)
+            frames.append((zip(children, [path + key for key in keys], strict=True), node, path, n0, p0))
+            break  # write its children first, then go on with its siblings
+        else:
+            _, node, path, n0, p0 = frames.pop()
+            if node is not None:
+                written[node] = (n0, len(nodes), p0, len(paths), len(path))
+    return nodes, paths
 
 
 def _short_repr(x: Any) -> str:
@@ -271,6 +298,22 @@ def _vma_record(leaf: jax.ShapeDtypeStruct) -> dict[str, list[str]] | None:
     return {"varying": sorted(mat.varying), "unreduced": sorted(mat.unreduced), "reduced": sorted(mat.reduced)}
 
 
+def _array_record(leaf: jax.ShapeDtypeStruct) -> dict[str, Any]:
+    """An array leaf's record after its path: `shape`, `dtype`, `weak_type`, and `sharding` and `vma` if it has them."""
+    record: dict[str, Any] = {
+        "shape": [int(d) for d in leaf.shape],
+        "dtype": _dtype_name(leaf.dtype),
+        "weak_type": bool(leaf.weak_type),
+    }
+    sharding = _sharding_record(leaf.sharding)
+    if sharding is not None:
+        record["sharding"] = sharding
+    vma = _vma_record(leaf)
+    if vma is not None:
+        record["vma"] = vma
+    return record
+
+
 def _static_record(path: str, leaf: Any) -> dict[str, Any]:
     record: dict[str, Any] = {"path": path, "shape": None, "dtype": None, "weak_type": None}
     if type(leaf) is StaticRepr:
@@ -305,38 +348,51 @@ def leaf_records(paths: Sequence[str], leaves: Sequence[Any]) -> list[dict[str, 
         {'path': "['w']", 'shape': None, 'dtype': None, 'weak_type': None, 'static': "'relu'", 'type': 'builtins:str',
          'value': 'relu'}
     """
-    out: list[dict[str, Any]] = []
+    return [
+        {"path": path, **_array_record(leaf)} if isinstance(leaf, jax.ShapeDtypeStruct) else _static_record(path, leaf)
+        for path, leaf in zip(paths, leaves, strict=True)
+    ]
+
+
+def _leaf_lines(paths: Sequence[str], leaves: Sequence[Any]) -> list[str]:
+    """The JSON text of each leaf's record (`leaf_records`, one `json.dumps` each).
+
+    A leaf with no `NamedSharding` and no manual axes is written by its shape,
+    dtype and weak flag only, so the text after its path is made once per
+    such leaf type (a big tree has few) and reused.
+    """
+    tails: dict[tuple[Any, Any, Any], str] = {}  # (shape, dtype, weak_type) -> the record's text after its path
+    lines: list[str] = []
     for path, leaf in zip(paths, leaves, strict=True):
         if not isinstance(leaf, jax.ShapeDtypeStruct):
-            out.append(_static_record(path, leaf))
+            lines.append(_encode(_static_record(path, leaf)))
             continue
-        record: dict[str, Any] = {
-            "path": path,
-            "shape": [int(d) for d in leaf.shape],
-            "dtype": _dtype_name(leaf.dtype),
-            "weak_type": bool(leaf.weak_type),
-        }
-        sharding = _sharding_record(leaf.sharding)
-        if sharding is not None:
-            record["sharding"] = sharding
-        vma = _vma_record(leaf)
-        if vma is not None:
-            record["vma"] = vma
-        out.append(record)
-    return out
+        if leaf.manual_axis_type is None and not isinstance(leaf.sharding, jax.sharding.NamedSharding):
+            key = (leaf.shape, leaf.dtype, leaf.weak_type)
+            tail = tails.get(key)
+            if tail is None:
+                tail = tails[key] = _encode(_array_record(leaf))[1:]
+        else:
+            tail = _encode(_array_record(leaf))[1:]
+        lines.append('{"path": ' + _encode(path) + ", " + tail)
+    return lines
 
 
-def dumps(treedef: jtu.PyTreeDef, leaves: Sequence[Any], paths: Sequence[str]) -> str:
-    """The JSON document for a treedef and its leaf descriptions (one node or leaf per line)."""
-    nodes = _encode_treedef(treedef)
-    records = leaf_records(paths, leaves)
-    node_lines = ",\n    ".join(_dumps(node) for node in nodes)
-    leaf_lines = ",\n    ".join(_dumps(record) for record in records)
+def dumps(treedef: jtu.PyTreeDef, leaves: Sequence[Any], paths: Sequence[str] | None = None) -> str:
+    """The JSON document for a treedef and its leaf descriptions (one node or leaf per line).
+
+    `paths` are the leaves' `keystr` paths when the caller knows them; else
+    they are found while the treedef is written, which costs no more.
+    """
+    nodes, walked = _walk(treedef, leaves)
+    leaf_lines = _leaf_lines(walked if paths is None else paths, leaves)
+    node_text = ",\n    ".join(nodes)
+    leaf_text = ",\n    ".join(leaf_lines)
     return (
         "{\n"
         f'  "version": {VERSION},\n'
-        f'  "treedef": [\n    {node_lines}\n  ],\n'
-        f'  "leaves": [{f"{chr(10)}    {leaf_lines}{chr(10)}  " if records else ""}]\n'
+        f'  "treedef": [\n    {node_text}\n  ],\n'
+        f'  "leaves": [{f"{chr(10)}    {leaf_text}{chr(10)}  " if leaf_lines else ""}]\n'
         "}\n"
     )
 
@@ -437,64 +493,71 @@ def _keys(x: Any, where: str, sort_as_jax: bool) -> list[Any]:
         _fail(where, "dict keys must be unique")
     if sort_as_jax:
         try:
-            sorted_def: jtu.PyTreeDef = jtu.tree_structure(dict.fromkeys(keys, 0))
-            order = sorted_def.node_data()[1]
-        except ValueError:  # keys JAX cannot sort (strings mixed with integers)
+            order = sorted(keys)  # JAX orders a dict's keys with Python's own sort
+        except TypeError:  # keys JAX cannot sort (strings mixed with integers)
             _fail(where, "JAX cannot order these dict keys (strings mixed with integers)")
-        if list(order) != keys:
-            _fail(where, f"dict keys must be in JAX's sorted order, {_short_repr(list(order))}")
+        if order != keys:
+            _fail(where, f"dict keys must be in JAX's sorted order, {_short_repr(order)}")
     return keys
 
 
-def _node(entry: Any, where: str) -> tuple[Any, int]:
-    """`(node_data, number of children)` of one `treedef` entry; node_data None is a leaf."""
+def _dict_child_keys(keys: Sequence[Any]) -> list[str]:
+    return [f"[{key!r}]" for key in keys]
+
+
+def _node(entry: Any, where: str) -> tuple[Any, int, list[str] | None]:
+    """`(node_data, number of children, each child's key as a path writes it)` of one `treedef`
+    entry; node_data and keys None is a leaf."""
     if entry == _LEAF and type(entry) is str:
-        return None, 0
+        return None, 0, None
     if entry is None:
-        return (type(None), None), 0
+        return (type(None), None), 0, []
     if type(entry) is not dict:
         return _fail(where, f"expected '*', null or a node object, got {_short_repr(entry)}")
     kind = _get(entry, "type", where)
     if kind in ("list", "tuple"):
-        return ((list if kind == "list" else tuple), None), _int(_get(entry, "n", where), f"{where}.n")
+        n = _int(_get(entry, "n", where), f"{where}.n")
+        return ((list if kind == "list" else tuple), None), n, [f"[{i}]" for i in range(n)]
     if kind == "dict":
         keys = _keys(_get(entry, "keys", where), f"{where}.keys", sort_as_jax=True)
-        return (dict, keys), len(keys)
+        return (dict, keys), len(keys), _dict_child_keys(keys)
     if kind == "OrderedDict":
         keys = _keys(_get(entry, "keys", where), f"{where}.keys", sort_as_jax=False)
-        return (collections.OrderedDict, tuple(keys)), len(keys)
+        return (collections.OrderedDict, tuple(keys)), len(keys), _dict_child_keys(keys)
     if kind == "defaultdict":
         keys = _keys(_get(entry, "keys", where), f"{where}.keys", sort_as_jax=True)
         factory_name = _get(entry, "factory", where)
         factory = None if factory_name is None else _lookup(factory_name, f"{where}.factory")
         if factory is not None and not callable(factory):
             _fail(f"{where}.factory", f"{factory_name} is not callable")
-        return (collections.defaultdict, (factory, tuple(keys))), len(keys)
+        return (collections.defaultdict, (factory, tuple(keys))), len(keys), _dict_child_keys(keys)
     if kind == "namedtuple":
         cls = _lookup_type(_get(entry, "name", where), f"{where}.name")
         if not _is_namedtuple(cls):
             _fail(f"{where}.name", f"{_type_name(cls)} is not a namedtuple class")
         n = _int(_get(entry, "n", where), f"{where}.n")
-        if n != len(cls._fields):  # type: ignore[attr-defined]
-            _fail(f"{where}.n", f"{_type_name(cls)} has {len(cls._fields)} fields, not {n}")  # type: ignore[attr-defined]
-        return (cls, None), n
+        fields = cls._fields  # type: ignore[attr-defined]
+        if n != len(fields):
+            _fail(f"{where}.n", f"{_type_name(cls)} has {len(fields)} fields, not {n}")
+        return (cls, None), n, [f".{name}" for name in fields]
     if kind == "dataclass":
         cls = _lookup_type(_get(entry, "name", where), f"{where}.name")
         if not dataclasses.is_dataclass(cls):
             _fail(f"{where}.name", f"{_type_name(cls)} is not a dataclass")
         aux = _data(_get(entry, "aux", where), f"{where}.aux")
         n = _int(_get(entry, "n", where), f"{where}.n")
-        _check_dataclass_node(cls, aux, n, where)
-        return (cls, aux), n
+        return (cls, aux), n, _check_dataclass_node(cls, aux, n, where)
     return _fail(f"{where}.type", f"unknown node type {_short_repr(kind)}")
 
 
-def _check_dataclass_node(cls: type, aux: Any, n: int, where: str) -> None:
-    """Check a dataclass node's arity and node data against the registration, before JAX sees them.
+def _check_dataclass_node(cls: type, aux: Any, n: int, where: str) -> list[str]:
+    """Check a dataclass node's arity and node data against the registration, before JAX sees them;
+    its children's keys, as a path writes them.
 
     JAX's own unflatten of a dataclass node trusts both (and may crash on a
     wrong count), so they are compared with the node JAX makes for a probe
     instance: built without calling `__init__`, every field set to `None`.
+    The probe's children are named as the registration names them.
     """
     try:
         probe: Any = object.__new__(cls)
@@ -514,10 +577,13 @@ def _check_dataclass_node(cls: type, aux: Any, n: int, where: str) -> None:
     same_kind = type(aux) is type(probe_aux)
     if not same_kind or (isinstance(aux, (tuple, list)) and len(aux) != len(probe_aux)):
         _fail(f"{where}.aux", f"{_type_name(cls)} has node data like {_short_repr(probe_aux)}, not {_short_repr(aux)}")
+    keyed, _ = jtu.flatten_one_level_with_keys(probe)
+    return [jtu.keystr((key,)) for key, _ in keyed]
 
 
-def _decode_treedef(entries: Any) -> jtu.PyTreeDef:
-    """Rebuild a treedef from its pre-order node list, bottom-up with an explicit stack."""
+def _decode_treedef(entries: Any) -> tuple[jtu.PyTreeDef, list[str]]:
+    """Rebuild a treedef from its pre-order node list, bottom-up with an explicit stack; and the
+    `keystr` path of each of its leaves, in leaf order."""
     nodes = _list(entries, "treedef")
     if not nodes:
         _fail("treedef", "expected at least one node")
@@ -528,7 +594,7 @@ def _decode_treedef(entries: Any) -> jtu.PyTreeDef:
     max_depth = sys.getrecursionlimit()
     built: list[tuple[jtu.PyTreeDef, int]] = []  # finished subtrees and their depths, the next on top
     for i in range(len(parsed) - 1, -1, -1):
-        node_data, n = parsed[i]
+        node_data, n, _ = parsed[i]
         if node_data is None:
             built.append((_LEAF_TREEDEF, 1))
             continue
@@ -547,7 +613,16 @@ def _decode_treedef(entries: Any) -> jtu.PyTreeDef:
         built.append((node, depth))
     if len(built) != 1:
         _fail("treedef", f"the nodes form {len(built)} trees, not one (a count `n` or a key list is wrong)")
-    return built[0][0]
+    # The paths, top-down in pre-order: the paths of the nodes still to come, the next on top.
+    paths: list[str] = []
+    pending = [""]
+    for _, _, keys in parsed:
+        path = pending.pop()
+        if keys is None:
+            paths.append(path)
+        else:
+            pending.extend([path + key for key in reversed(keys)])
+    return built[0][0], paths
 
 
 _KEY_IMPLS: Final = ("threefry2x32", "rbg", "unsafe_rbg")
@@ -679,18 +754,48 @@ def _leaf(record: Any, where: str) -> Any:
     return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak, sharding=sharding, manual_axis_type=vma)
 
 
-def _check_paths(treedef: jtu.PyTreeDef, records: list[Any]) -> None:
-    """Each record's `path` is where the treedef puts that leaf (a hand-edited file may disagree)."""
+def _plain_type(record: Any) -> tuple[tuple[int, ...], str, bool] | None:
+    """`(shape, dtype name, weak_type)` of the record of an array leaf with no sharding and no manual
+    axes whose fields have the right JSON types; else None. Their values are checked by `_leaf`."""
+    if type(record) is not dict or "static" in record or type(record.get("path")) is not str:
+        return None
+    if record.get("sharding") is not None or record.get("vma") is not None:
+        return None
+    shape, dtype, weak = record.get("shape"), record.get("dtype"), record.get("weak_type")
+    if type(shape) is not list or type(dtype) is not str or type(weak) is not bool:
+        return None
+    for d in shape:
+        if type(d) is not int:
+            return None
+    return tuple(shape), dtype, weak
+
+
+def _leaves(records: list[Any]) -> tuple[Any, ...]:
+    """The leaf descriptions of `records`. Plain array leaves of one type share one (immutable)
+    `ShapeDtypeStruct`, checked once: a big tree has few leaf types."""
+    made: dict[tuple[tuple[int, ...], str, bool], Any] = {}
+    out: list[Any] = []
+    for i, record in enumerate(records):
+        key = _plain_type(record)
+        if key is None:
+            out.append(_leaf(record, f"leaves[{i}]"))
+            continue
+        leaf = made.get(key)
+        if leaf is None:
+            leaf = made[key] = _leaf(record, f"leaves[{i}]")
+        out.append(leaf)
+    return tuple(out)
+
+
+def _check_rebuilds(treedef: jtu.PyTreeDef) -> None:
+    """The tree can be rebuilt from its treedef: JAX's unflatten calls the constructors of its
+    namedtuple and dataclass nodes, which may reject placeholder leaves."""
     try:
-        flat, _ = jtu.tree_flatten_with_path(treedef.unflatten(range(treedef.num_leaves)))
-        paths = [jtu.keystr(path) for path, _ in flat]
+        treedef.unflatten(range(treedef.num_leaves))
     except (RecursionError, SystemError):  # JAX's own depth limit (raised from its C++ code)
         _fail("treedef", "the tree is nested more deeply than JAX can flatten")
     except Exception as err:  # a dataclass whose __init__ rejects placeholder leaves
         _fail("treedef", f"the tree cannot be rebuilt: {type(err).__name__}: {err}")
-    for i, (path, record) in enumerate(zip(paths, records, strict=True)):
-        if record["path"] != path:
-            _fail(f"leaves[{i}].path", f"the treedef puts leaf {i} at {path!r}, not {_short_repr(record['path'])}")
 
 
 def _decode(text: str | bytes | bytearray) -> tuple[jtu.PyTreeDef, tuple[Any, ...]]:
@@ -709,12 +814,16 @@ def _decode(text: str | bytes | bytearray) -> tuple[jtu.PyTreeDef, tuple[Any, ..
             f"this treeshape reads version {VERSION}, got {_short_repr(version)} (written by another "
             "treeshape release? regenerate the file with this one)",
         )
-    treedef = _decode_treedef(_get(doc, "treedef", "the document"))
+    treedef, paths = _decode_treedef(_get(doc, "treedef", "the document"))
     records = _list(_get(doc, "leaves", "the document"), "leaves")
     if len(records) != treedef.num_leaves:
         _fail("leaves", f"the treedef has {treedef.num_leaves} leaves, but there are {len(records)} records")
-    leaves = tuple(_leaf(record, f"leaves[{i}]") for i, record in enumerate(records))
-    _check_paths(treedef, records)
+    leaves = _leaves(records)
+    _check_rebuilds(treedef)
+    # Each record's `path` is where the treedef puts that leaf (a hand-edited file may disagree).
+    for i, (path, record) in enumerate(zip(paths, records, strict=True)):
+        if record["path"] != path:
+            _fail(f"leaves[{i}].path", f"the treedef puts leaf {i} at {path!r}, not {_short_repr(record['path'])}")
     return treedef, leaves
 
 
