@@ -476,3 +476,38 @@ def test_a_mutated_config_gives_the_answer_for_its_state_now(how):
         assert jax.jit(fresh).trace(jnp.float32(1.0)).out_info.shape == (width,)
     cfg.act = "gelu"
     assert infer(cfg, 1.0).tree["act"] == "gelu"
+
+
+class _Scaler:
+    def __init__(self, w):
+        self.w = w
+
+
+def test_objects_holding_arrays_bypass_the_cache():
+    use = lambda x, s: x @ s.w  # noqa: E731
+    assert ts.out_structure(use, jnp.ones(2), _Scaler(jnp.ones((2, 3)))).tree.shape == (3,)
+    assert ts.out_structure(use, jnp.ones(2), _Scaler(jnp.ones((2, 5)))).tree.shape == (5,)
+    scaler = _Scaler(np.ones((2, 4), np.float32))  # a small NumPy array: keyed by its contents
+    assert ts.out_structure(use, jnp.ones(2), scaler).tree.shape == (4,)
+    scaler.w = np.ones((2, 6), np.float32)
+    assert ts.out_structure(ft.partial(use, s=scaler), jnp.ones(2)).tree.shape == (6,)
+    assert ts.out_structure(use, jnp.ones(2), scaler).tree.shape == (6,)
+
+
+class _Layer:
+    def __init__(self, n):
+        self.n = n
+
+    def __call__(self, x):
+        return jnp.zeros(self.n) + x
+
+
+def test_a_callable_object_is_keyed_by_its_state():
+    layer = _Layer(2)
+    apply = lambda x, f: f(x)  # noqa: E731
+    for n in [2, 5, 5]:
+        layer.n = n
+        assert ts.out_structure(apply, 1.0, layer).tree.shape == (n,)  # as a static argument
+        assert ts.out_structure(layer, 1.0).tree.shape == (n,)  # as fn itself
+    assert ts.cache_info().hits == 2
+    assert ts.out_structure(ft.partial(apply, f=_Layer(7)), 1.0).tree.shape == (7,)

@@ -34,7 +34,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat
-from ._leaf import static_value
+from ._leaf import is_duck_array, static_value
 from ._structure import Structure
 
 
@@ -137,7 +137,7 @@ def plain_key(x: Any, depth: int = 0, refs: list[Any] | None = None) -> Hashable
             return None
         key = plain_key(values, depth + 1, refs)
         return None if key is None else (_Strong(cls), key)
-    if callable(x):
+    if callable(x) and not _calls_python(x):
         return _Strong(x) if _importable(x) else None
     if refs is not None:
         return _state_key(x, depth, refs)
@@ -156,6 +156,10 @@ _JAX_VALUES: Final = (
 
 def _state_key(x: Any, depth: int, refs: list[Any]) -> Hashable | None:
     """A mutable object's key: its type and its attributes' current values (None if not plain)."""
+    if isinstance(x, (jax.Array, jax.core.Tracer)) or is_duck_array(x):
+        return None  # its value is not in Python attributes: never keyed by them
+    if isinstance(x, np.generic):
+        return ("numpy", x.dtype.str, x.tobytes())
     if type(x) is set:
         key = plain_key(frozenset(x), depth + 1, refs)
         return None if key is None else ("set", key)
@@ -204,7 +208,7 @@ def static_key(x: Any, refs: list[Any]) -> Hashable:
     """
     if type(x) is types.MethodType:  # made afresh on each attribute access: key its parts
         return (types.MethodType, static_key(x.__func__, refs), static_key(x.__self__, refs))
-    callable_ = callable(x)
+    callable_ = callable(x) and not _calls_python(x)  # an object with a `__call__` method is keyed by its state
     if not callable_:
         key = plain_key(x, refs=refs)
         if key is not None:
@@ -220,6 +224,12 @@ def static_key(x: Any, refs: list[Any]) -> Hashable:
         return key
     refs.append(x)
     return _WeakId(ref, id(x))
+
+
+def _calls_python(x: Any) -> bool:
+    """Whether `x` is an instance of a class with a `__call__` method written in Python
+    (whose answers may depend on the instance's attributes), as opposed to a function."""
+    return callable(x) and not isinstance(x, type) and isinstance(type(x).__call__, types.FunctionType)
 
 
 def _has_state(x: Any) -> bool:
