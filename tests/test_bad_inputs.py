@@ -304,3 +304,107 @@ def test_static_output_leaves_are_kept():
     s = ts.out_structure(lambda x: {"y": x, "names": np.array(["a"]), "act": jax.nn.relu}, jnp.ones(2, F32))
     assert s.tree["act"] is jax.nn.relu and s.tree["names"][0] == "a"
     assert isinstance(s.tree["y"], jax.ShapeDtypeStruct)
+
+
+# -- shapes JAX cannot take ---------------------------------------------------------
+class _DuckArray:
+    def __init__(self, shape, dtype=np.float32):
+        self.shape, self.dtype = shape, np.dtype(dtype)
+
+
+_BAD_SHAPES = {
+    "nan": ((float("nan"),), TypeError, "dimension 0 is nan, a float"),
+    "negative": ((2, -3), ValueError, "dimension 1 is -3, and sizes must be >= 0"),
+    "fractional": ((2.5,), TypeError, "dimension 0 is 2.5, a float"),
+    "string": ("ab", TypeError, "it is the string 'ab', not a sequence of sizes"),
+    "None": (None, TypeError, "it is None, not a sequence of sizes"),
+    "None inside": ((None, 3), TypeError, "dimension 0 is None, a NoneType"),
+}
+
+
+@pytest.mark.parametrize("case", list(_BAD_SHAPES))
+@pytest.mark.parametrize("leaf", ["duck", "ShapeDtypeStruct"])
+@pytest.mark.parametrize("where", ["top", "jit"])
+def test_a_shape_jax_cannot_take_is_named_by_path(case, leaf, where):
+    shape, error, problem = _BAD_SHAPES[case]
+    if leaf == "duck":
+        bad = _DuckArray(shape)
+    elif shape is None:  # JAX itself refuses to build this one
+        with pytest.raises(TypeError):
+            jax.ShapeDtypeStruct(shape, jnp.float32)
+        return
+    else:
+        bad = jax.ShapeDtypeStruct(shape, jnp.float32)
+        if isinstance(shape, str):  # the ShapeDtypeStruct made it a tuple of characters
+            problem = "dimension 0 is 'a', a str"
+    shape = bad.shape
+    tree = {"params": [jnp.ones(2), bad]}
+
+    def run():
+        with pytest.raises(error) as info:
+            ts.structure_of(tree)
+        assert str(info.value).startswith(f"treeshape.structure_of: tree['params'][1] has shape {shape!r}")
+        assert problem in str(info.value)
+        with pytest.raises(error) as info:
+            ts.out_structure(lambda x, t: t, 1.0, tree)
+        assert str(info.value).startswith(f"treeshape.out_structure: args[1]['params'][1] has shape {shape!r}")
+        assert problem in str(info.value) and "traced" not in str(info.value)
+        with pytest.raises(error, match=r"kwargs\['t'\]\['params'\]\[1\]"):
+            ts.out_structure(lambda t: t, t=tree)
+        with pytest.raises(error, match=r"the bound args\[0\]\['params'\]\[1\]"):
+            ts.out_structure(ft.partial(lambda t, x: t, tree), 1.0)
+        return jnp.zeros(())
+
+    run() if where == "top" else jax.jit(run)()
+
+
+def test_bool_and_integer_like_dimensions_read_as_jax_reads_them():
+    for shape, want in [((True, 2), (1, 2)), ((False,), (0,)), ((np.int64(3), jnp.int32(2)), (3, 2))]:
+        tree = {"x": _DuckArray(shape)}
+        assert ts.structure_of(tree).tree["x"].shape == want
+        assert ts.out_structure(lambda t: t, tree).tree["x"].shape == want
+        assert ts.out_structure(lambda t: t, tree).tree["x"] == jax.eval_shape(lambda t: t, tree)["x"]
+        assert ts.structure_of(tree).matches({"x": jnp.zeros(want)})
+
+
+# -- tracers leaked from an earlier trace ---------------------------------------------
+def _leaked_tracers():
+    """One tracer leaked from each kind of trace (a side effect keeping an intermediate)."""
+    kept = []
+
+    def keep(x):
+        kept.append(x)
+        return x
+
+    jax.jit(keep)(jnp.ones(3))
+    jax.vmap(keep)(jnp.ones((2, 3)))
+    jax.grad(lambda x: keep(x).sum())(jnp.ones(3))
+    jax.jvp(keep, (jnp.ones(3),), (jnp.ones(3),))
+    return kept
+
+
+_TAKES_A_TREE = {
+    "scan_carry": lambda t: ts.scan_carry(lambda c, x: (c, None), {"a": t}, length=2),
+    "scan_carry xs": lambda t: ts.scan_carry(lambda c, x: (c, None), 0.0, {"x": jnp.stack([t, t])}),
+    "carry_structure": lambda t: ts.carry_structure(lambda c, x: (c, None), {"a": t}, length=2),
+    "while_carry": lambda t: ts.while_carry(lambda c: c, {"a": t}),
+    "fori_carry": lambda t: ts.fori_carry(lambda i, c: c, {"a": t}),
+    "settle": lambda t: ts.settle(lambda s: s, {"a": t}),
+    "upcast": lambda t: ts.upcast({"a": t}, {"a": jnp.zeros(3)}),
+    "upcast like": lambda t: ts.upcast({"a": jnp.zeros(3)}, {"a": t}),
+    "strip_weak_type": lambda t: ts.strip_weak_type({"a": t}),
+    "weak_paths": lambda t: ts.weak_paths({"a": t}),
+    "is_weak": lambda t: ts.is_weak(t),
+}
+
+
+@pytest.mark.parametrize("call", list(_TAKES_A_TREE))
+def test_a_leaked_tracer_passed_at_top_level_raises_jaxs_error(call):
+    with jax.check_tracer_leaks(False):  # the leaks are made on purpose here
+        tracers = _leaked_tracers()
+    assert len(tracers) == 4
+    for t in tracers:
+        with pytest.raises(jax.errors.UnexpectedTracerError):
+            _TAKES_A_TREE[call](t)
+    with pytest.raises(jax.errors.UnexpectedTracerError):  # as lax.scan itself does
+        lax.scan(lambda c, x: (c, None), {"a": tracers[0]}, length=2)

@@ -73,3 +73,23 @@ def test_restore_with_shardings(checkpoint):
     assert restored["params"]["b"].sharding.is_fully_replicated
     expected.check(restored, ignore={"weak_type"})
     np.testing.assert_array_equal(np.asarray(restored["params"]["w"]), np.asarray(state["params"]["w"]))
+
+
+def test_checkpoint_metadata_itself_points_to_its_tree(checkpoint):
+    checkpointer, path, state = checkpoint
+    metadata = checkpointer.metadata(path).item_metadata  # a TreeMetadata around the tree
+    fix = "pass its `.tree` instead, e.g. `ts.structure_of(checkpointer.metadata(path).item_metadata.tree)`."
+    with pytest.raises(TypeError) as info:
+        ts.structure_of(metadata)
+    assert str(info.value) == (
+        "treeshape.structure_of: tree is an orbax checkpoint's metadata (a TreeMetadata), which wraps the tree "
+        "it describes: " + fix
+    )
+    expected = ts.out_structure(_init, jax.random.key(0))
+    with pytest.raises(TypeError, match=r"tree is an orbax checkpoint's metadata.*`\.tree`"):
+        expected.diff(metadata)
+    # the fix: the tree it wraps, which zeros() can rebuild
+    s = ts.structure_of(metadata.tree)
+    zeros = s.zeros()
+    assert s.matches(zeros) and zeros["params"]["w"].dtype == jnp.bfloat16
+    assert "_TreeMetadataImpl" not in str(info.value)

@@ -281,3 +281,106 @@ def test_restored_checkpoint_style_comparison():
     assert not s.matches(restored)
     assert s.matches(restored, ignore={"weak_type"})
     np.testing.assert_array_equal(s.zeros()["params"]["w"], np.zeros((2, 3)))
+
+
+# -- a Structure where values are needed ---------------------------------------------
+def _step(carry, x):
+    return {"w": carry["w"] + x}, None
+
+
+@pytest.mark.parametrize(
+    "call, fix",
+    [
+        (lambda s: ts.scan_carry(_step, s, jnp.ones((3, 2))), "Pass `s.zeros()` (arrays of that structure) instead."),
+        (lambda s: ts.while_carry(lambda c: c, {"inner": s}), "Pass `s.zeros()`"),
+        (lambda s: ts.fori_carry(lambda i, c: c, s), "Pass `s.zeros()`"),
+        (lambda s: ts.settle(lambda st: st, s), "Pass `s.zeros()`"),
+        (
+            lambda s: ts.carry_structure(_step, s, jnp.ones((3, 2))),
+            "Pass `s.zeros()` (arrays of that structure) or `s.tree`",
+        ),
+    ],
+)
+def test_a_structure_passed_as_a_carry_says_to_pass_zeros_or_tree(call, fix):
+    s = ts.structure_of({"w": jnp.zeros(2)})
+    with pytest.raises(TypeError) as info:
+        call(s)
+    message = str(info.value)
+    assert "is a treeshape.Structure" in message and fix in message
+    assert "close over" not in message
+    assert re.match(r"treeshape\.\w+: (carry|state)(\['inner'\])? is a treeshape\.Structure", message)
+
+
+def test_a_structure_passed_to_fn_gets_a_note_naming_the_argument():
+    opt = optax.adam(1e-3)
+    s = ts.structure_of({"w": jnp.zeros((3, 2))})
+    with pytest.raises(TypeError) as info:
+        ts.out_structure(opt.init, s)  # optax's own error, with a note from treeshape
+    assert "zeros_like requires ndarray or scalar arguments" in str(info.value)
+    [note] = [n for n in info.value.__notes__ if n.startswith("treeshape")]
+    assert note.startswith("treeshape: args[0] is a treeshape.Structure, passed to the function unchanged")
+    assert "`s.tree`" in note and "`s.zeros()`" in note
+    # the fix works, at top level and under jit
+    assert ts.out_structure(opt.init, s.tree) == ts.out_structure(opt.init, s.zeros())
+    jax.jit(lambda: ts.out_structure(opt.init, s.tree).zeros())()
+
+
+# -- values as the user wrote them, and callbacks' signatures ------------------------
+@pytest.mark.parametrize(
+    "lower, upper, shown",
+    [
+        (0.5, 3, "`lower` must be an integer scalar (.*), got 0.5 \\(~f32\\[\\]\\)"),
+        (0, "3", "`upper` .*, got '3' \\(a str\\)"),
+    ],
+)
+def test_fori_bounds_are_shown_as_written(lower, upper, shown):
+    with pytest.raises(TypeError, match=shown) as info:
+        ts.fori_carry(lambda i, c: c, 0.0, lower=lower, upper=upper)
+    assert "ShapedArray" not in str(info.value)
+
+
+def test_full_with_a_complex_value_names_the_leaves_that_cannot_hold_it(where_run):
+    s = ts.structure_of({"n": jnp.zeros(3, jnp.int32), "f": jnp.zeros(2), "z": jnp.zeros(2, jnp.complex64)})
+
+    def run():
+        with pytest.raises(TypeError) as info:
+            s.full(1 + 2j)
+        assert str(info.value).startswith(
+            "treeshape.Structure.full: `value` (1+2j) is complex, but tree['f'], tree['n'] (2 of 3 leaves) are not "
+            "of a complex dtype"
+        )
+        complex_only = ts.structure_of({"z": jnp.zeros(2, jnp.complex64)})
+        return complex_only.full(1 + 2j)["z"]
+
+    out = run() if where_run == "top" else jax.jit(run)()
+    np.testing.assert_array_equal(np.asarray(out), np.full(2, 1 + 2j, np.complex64))
+
+
+@pytest.fixture(params=["top", "jit"])
+def where_run(request):
+    return request.param
+
+
+@pytest.mark.parametrize("callback", [lambda path: None, lambda: None, lambda a, b, c: None])
+def test_a_callback_of_the_wrong_arity_is_told_its_signature(callback):
+    s = ts.structure_of({"w": jnp.zeros(2)})
+    for call, name in [
+        (lambda: s.with_shardings(callback), "with_shardings"),
+        (lambda: s.astype(jnp.bfloat16, where=callback), "astype"),
+    ]:
+        with pytest.raises(TypeError) as info:
+            call()
+        message = str(info.value)
+        assert message.startswith(f"treeshape.Structure.{name}: the callable <lambda>(")
+        assert "is called as `fn(path, leaf)`" in message and "`lambda path, leaf: ...`" in message
+
+
+def test_a_type_error_inside_a_callback_is_the_users_own():
+    s = ts.structure_of({"w": jnp.zeros(2)})
+
+    def pick(path, leaf):
+        return leaf.shape + 1  # a bug: TypeError: can only concatenate tuple
+
+    with pytest.raises(TypeError, match="can only concatenate tuple") as info:
+        s.astype(jnp.bfloat16, where=pick)
+    assert "treeshape" not in str(info.value)

@@ -29,9 +29,10 @@ from ._errors import (
     length_type_message,
     narrowing_message,
     policy_fix,
+    structure_as_values_message,
 )
 from ._infer import out_structure
-from ._leaf import from_aval, leaf_str, short_dtype, varying_axes
+from ._leaf import from_aval, leaf_str, refuse_leaked_tracers, short_dtype, varying_axes
 from ._sharding import carry_spec, reshard, spec_value
 from ._structure import PyTree, Structure
 from ._weak import (
@@ -91,6 +92,9 @@ def _abstract_leaf(x: Any, where: Callable[[], str], fn_name: str) -> jax.ShapeD
     """A leaf's abstract value (shape, dtype, weak flag, sharding, manual axes), without tracing."""
     if isinstance(x, jax.ShapeDtypeStruct):
         return x
+    if isinstance(x, Structure):
+        needs = "abstract" if fn_name == "carry_structure" else "values"
+        raise TypeError(structure_as_values_message(fn_name, where(), needs))
     try:
         aval = jax.typeof(x)
     except TypeError:
@@ -104,6 +108,7 @@ def _abstract_leaf(x: Any, where: Callable[[], str], fn_name: str) -> jax.ShapeD
 
 def _abstract_tree(tree: PyTree, root: str, fn_name: str) -> tuple[jtu.PyTreeDef, _Paths, list[Any]]:
     leaves, treedef = jtu.tree_flatten(tree)
+    refuse_leaked_tracers(leaves, fn_name)
     paths = _Paths(tree, root)
     return treedef, paths, [_abstract_leaf(x, ft.partial(paths.where, i), fn_name) for i, x in enumerate(leaves)]
 
@@ -583,7 +588,9 @@ def _fori_index(lower: Any, upper: Any, fn_name: str) -> jax.ShapeDtypeStruct:
         except TypeError:
             aval = None
         if aval is None or aval.shape != () or not jnp.issubdtype(aval.dtype, jnp.integer):
-            raise TypeError(fori_bound_message(fn_name, name, bound, None if aval is None else leaf_str(aval)))
+            raise TypeError(
+                fori_bound_message(fn_name, name, bound, None if aval is None else leaf_str(from_aval(aval)))
+            )
         bounds.append(aval)
     lo, hi = bounds
     if not isinstance(lower, jax.core.Tracer) and not isinstance(upper, jax.core.Tracer):

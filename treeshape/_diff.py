@@ -21,7 +21,7 @@ import jax
 import jax.tree_util as jtu
 
 from ._errors import Mismatch
-from ._leaf import leaf_str, static_value, varying_axes
+from ._leaf import leaf_str, node_type_name, static_value, varying_axes
 
 
 class Compared(Protocol):
@@ -430,7 +430,7 @@ def _mapping_keys(node_type: type, aux: Any) -> Any:
 
 
 def _type_name(node_type: type) -> str:
-    name = node_type.__name__
+    name = node_type_name(node_type)
     article = "an" if name[:1].lower() in "aeiou" else "a"
     return f"{article} {name}"
 

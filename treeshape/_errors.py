@@ -1,8 +1,13 @@
 """Mismatches, treeshape's exceptions, and the only place mismatch data becomes prose."""
 
 import dataclasses
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Sequence
 from typing import Any, Final
+
+import jax
+
+from ._leaf import node_type_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +186,7 @@ def narrowing_message(fn_name: str, leaves: Sequence[tuple[str, str, str]], init
 
 
 def fori_bound_message(fn_name: str, name: str, bound: object, typed: str | None) -> str:
-    what = f"a {typed}" if typed is not None else f"a {type(bound).__name__}"
+    what = user_value(bound, typed or f"a {type(bound).__name__}")
     return (
         f"treeshape.{fn_name}: `{name}` must be an integer scalar (a Python int, or an int array or tracer "
         f"of shape ()), as for `lax.fori_loop`, got {what}. Pass the bound you will pass to `lax.fori_loop`."
@@ -505,4 +510,87 @@ def int_too_big_message(fn_name: str, where: str, value: int, bits: int) -> str:
     return (
         f"treeshape.{fn_name}: {where} is the Python int {value}, which does not fit the int{bits} JAX gives "
         f"Python ints. Pass it as a typed array (e.g. `np.int64({value})` with jax_enable_x64 on), or {other}."
+    )
+
+
+def bad_shape_message(fn_name: str, where: str, shape: Any, problem: str) -> str:
+    """A leaf with `.shape` and `.dtype` whose shape JAX cannot take."""
+    return (
+        f"treeshape.{fn_name}: {where} has shape {shape!r}, which is not a sequence of integer sizes >= 0: "
+        f"{problem}. Give it integer sizes (a `jax.ShapeDtypeStruct((8, 3), jnp.float32)`, or an object whose "
+        "`.shape` is a tuple of ints), or keep it out of the tree if it is not an array."
+    )
+
+
+def structure_as_values_message(fn_name: str, where: str, needs: str) -> str:
+    """A `Structure` passed where a tree of values (or of abstract values) is needed.
+
+    `needs` is what the callee takes there: "values" (arrays, e.g. a carry to convert)
+    or "abstract" (arrays or `ShapeDtypeStruct`s)."""
+    fix = "`s.zeros()` (arrays of that structure)" + (
+        " or `s.tree` (its `ShapeDtypeStruct`s)" if needs == "abstract" else ""
+    )
+    return (
+        f"treeshape.{fn_name}: {where} is a treeshape.Structure, a description of a tree rather than a tree of "
+        f"{'arrays' if needs == 'values' else 'arrays or abstract values'}. Pass {fix} instead."
+    )
+
+
+def structure_argument_note(wheres: list[str]) -> str:
+    """The note added to an error from `fn` when a `Structure` was among its arguments."""
+    what = "is a treeshape.Structure" if len(wheres) == 1 else "are treeshape.Structures"
+    return (
+        f"treeshape: {', '.join(wheres)} {what}, passed to the function unchanged (as a static value, since "
+        "it is not a pytree). To pass the tree it describes, pass `s.tree` (its `ShapeDtypeStruct`s, abstract "
+        "like arrays) or `s.zeros()`."
+    )
+
+
+def check_path_leaf_callback(fn: Callable[..., Any], who: str, returns: str) -> None:
+    """Refuse, before calling it, a user callback that cannot be called as `fn(path, leaf)`
+    (a TypeError from inside a callback that can be is the user's own, and propagates)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable: it tells for itself
+        return
+    try:
+        signature.bind("['w']", None)
+    except TypeError:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise TypeError(
+            f"treeshape.{who}: the callable {name}{signature} is called as `fn(path, leaf)`, with `path` the "
+            f"leaf's keystr path (`\"['w']\"`, as in `s.paths`) and `leaf` its `jax.ShapeDtypeStruct`, and returns "
+            f"{returns}; it cannot take those two arguments. Write it as `lambda path, leaf: ...`."
+        ) from None
+
+
+def user_value(x: Any, typed: str | None = None) -> str:
+    """A user's value as they wrote it (`0.5`, `'a'`), with how JAX types it where that helps;
+    a tracer by its type alone."""
+    if isinstance(x, jax.core.Tracer):
+        return f"a traced {typed}" if typed else "a tracer"
+    text = repr(x)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({typed})" if typed else text
+
+
+def complex_fill_message(value: Any, paths: list[str], n_leaves: int) -> str:
+    """`Structure.full` with a complex value for leaves that cannot hold one."""
+    named = ", ".join(paths[:_MAX_PATHS]) + (f" and {len(paths) - _MAX_PATHS} more" if len(paths) > _MAX_PATHS else "")
+    return (
+        f"treeshape.Structure.full: `value` {user_value(value)} is complex, but {named} "
+        f"({len(paths)} of {n_leaves} leaves) {'is' if len(paths) == 1 else 'are'} not of a complex dtype, and JAX "
+        "would drop the imaginary part or refuse. Fill with a real value, or make those leaves complex first: "
+        "`s.astype(jnp.complex64, where=...)`."
+    )
+
+
+def unflatten_message(fn_name: str, node_types: list[type], error: BaseException) -> str:
+    """A Structure whose tree could not be rebuilt with new leaves."""
+    names = ", ".join(node_type_name(t) for t in node_types[:_MAX_PATHS]) or "its nodes"
+    return (
+        f"treeshape.{fn_name}: the tree cannot be rebuilt with new leaves: unflattening its nodes ({names}) "
+        f"failed with {type(error).__name__}: {error}. Describe a tree whose node types rebuild from any leaves "
+        "(their registered unflatten), or build the values from `s.tree` with `jax.tree.map`."
     )

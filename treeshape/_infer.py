@@ -13,14 +13,16 @@ import numpy as np
 
 from . import _cache, _compat, _sharding
 from ._cache import CACHE, NEEDS_CONCRETE, CacheInfo, Key, static_key
-from ._errors import int_too_big_message
+from ._errors import bad_shape_message, int_too_big_message, structure_argument_note
 from ._leaf import (
     ARRAY,
     NUMPY,
     OTHER,
     SCALAR,
     SDS,
+    BadShape,
     as_abstract,
+    checked_sds,
     is_duck_array,
     jax_dtype,
     kind_of,
@@ -136,6 +138,34 @@ def set_cache_maxsize(maxsize: int) -> int:
 
 
 # -- inference -----------------------------------------------------------------
+def _input_path(leaves: list[Any], treedef: jtu.PyTreeDef, i: int) -> str:
+    """Leaf `i` of the call as the user wrote it: `args[0]['w']`, `kwargs['n']`, or
+    `the bound args[1]` for a value bound in a partial."""
+    keys = jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, leaves))[0][i][0]
+    # keys: (bound or call, args or kwargs, ...)
+    root = ("the bound " if keys[0] == jtu.SequenceKey(0) else "") + (
+        "args" if keys[1] == jtu.SequenceKey(0) else "kwargs"
+    )
+    return root + jtu.keystr(tuple(keys[2:]))
+
+
+def _abstract_inputs(leaves: list[Any], treedef: jtu.PyTreeDef) -> list[Any]:
+    """The leaves with duck arrays as `ShapeDtypeStruct`s, every described shape checked
+    (named by path: JAX's own error would name a treeshape wrapper, or none at all)."""
+    out = list(leaves)
+    for i, x in enumerate(leaves):
+        kind = kind_of(type(x))
+        try:
+            if kind == OTHER and is_duck_array(x):
+                out[i] = as_abstract(x)
+            elif kind == SDS:
+                out[i] = checked_sds(x)
+        except BadShape as e:
+            where = _input_path(leaves, treedef, i)
+            raise e.error(bad_shape_message("out_structure", where, e.shape, e.problem)) from None
+    return out
+
+
 def _check_inputs(leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef) -> None:
     """Name the path of a Python int JAX cannot type (instead of JAX's bare OverflowError):
     it is an abstract input by contract, and no JAX integer holds it."""
@@ -144,12 +174,7 @@ def _check_inputs(leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDe
     for i, (x, a) in enumerate(zip(leaves, abstract, strict=True)):
         if not (a and type(x) is int) or low <= x < high:
             continue
-        keys = jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, leaves))[0][i][0]
-        # keys: (bound or call, args or kwargs, ...)
-        root = ("the bound " if keys[0] == jtu.SequenceKey(0) else "") + (
-            "args" if keys[1] == jtu.SequenceKey(0) else "kwargs"
-        )
-        raise OverflowError(int_too_big_message("out_structure", root + jtu.keystr(tuple(keys[2:])), x, bits))
+        raise OverflowError(int_too_big_message("out_structure", _input_path(leaves, treedef, i), x, bits))
 
 
 def _is_output_array(x: Any, kind: int) -> bool:
@@ -175,9 +200,7 @@ def _evaluate(
     with `close_bound` so are the bound arrays and tracers (closed over, as
     `jax.eval_shape` of the partial itself passes them).
     """
-    leaves = [
-        as_abstract(x) if kind_of(type(x)) == OTHER and is_duck_array(x) else x for x in bound_leaves + call_leaves
-    ]
+    leaves = _abstract_inputs(bound_leaves + call_leaves, treedef)
     n_bound = len(bound_leaves)
     abstract = [
         _is_abstract(x, i < n_concrete) and not (close_bound and i < n_bound and _has_value(x))
@@ -224,7 +247,10 @@ def _evaluate(
     )
     try:
         shapes = iter(jax.eval_shape(traced, args, kwargs, **bound_named))
-    except TypeError as e:  # JAX's concretization errors are TypeErrors
+    except Exception as e:
+        _note_structure_arguments(e, leaves, treedef)
+        if not isinstance(e, TypeError):  # JAX's concretization errors are TypeErrors
+            raise
         n = len(bound_leaves)
         _note_abstract_scalars(
             e,
@@ -292,6 +318,14 @@ def _has_value(x: Any) -> bool:
     `ShapeDtypeStruct` or a duck array, which only describe one."""
     kind = kind_of(type(x))
     return kind == ARRAY or (kind == NUMPY and jax_dtype(x.dtype))
+
+
+def _note_structure_arguments(error: BaseException, leaves: list[Any], treedef: jtu.PyTreeDef) -> None:
+    """When `fn` failed and a `Structure` was among its arguments (passed unchanged, as a
+    static value), say how to pass the tree it describes."""
+    wheres = [_input_path(leaves, treedef, i) for i, x in enumerate(leaves) if isinstance(x, Structure)]
+    if wheres:
+        error.add_note(structure_argument_note(wheres))
 
 
 def _note_abstract_scalars(

@@ -10,7 +10,9 @@ written compactly: `f32[2,3]`, `~f32[]` (weak), `key<fry>[4]`, `f32[8]{V:i}`
 
 import functools as ft
 import math
-from typing import Any
+import operator
+from collections.abc import Sequence
+from typing import Any, Final
 
 import jax
 import jax.numpy as jnp
@@ -73,15 +75,72 @@ def is_duck_array(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type) and jax_dtype(x.dtype)
 
 
+class BadShape(Exception):
+    """A leaf's `.shape` that JAX cannot take; `error` is the exception type to raise
+    (`ValueError` for a negative size, `TypeError` for anything that is no size)."""
+
+    def __init__(self, shape: Any, problem: str, error: type[Exception]) -> None:
+        super().__init__(shape, problem)
+        self.shape, self.problem, self.error = shape, problem, error
+        self.index = -1  # the leaf's position, set by whoever knows it
+
+
+def _dimension(d: Any, axis: int, shape: Any) -> Any:
+    if jax.export.is_symbolic_dim(d):
+        return d
+    if isinstance(d, (float, complex, str, bytes)) or d is None:
+        raise BadShape(shape, f"dimension {axis} is {d!r}, a {type(d).__name__}", TypeError)
+    try:
+        size = operator.index(d)  # int, bool (0 or 1, as JAX reads it), NumPy and JAX integers
+    except Exception:
+        raise BadShape(shape, f"dimension {axis} is {d!r}, a {type(d).__name__}, not an integer", TypeError) from None
+    if size < 0:
+        raise BadShape(shape, f"dimension {axis} is {size}, and sizes must be >= 0", ValueError)
+    return size
+
+
+def sizes(shape: Any) -> bool:
+    """Whether `shape` is already what JAX reads: a tuple of ints >= 0 (the fast path)."""
+    if type(shape) is not tuple:
+        return False
+    for d in shape:
+        if type(d) is not int or d < 0:
+            return False
+    return True
+
+
+def checked_shape(shape: Any) -> tuple[Any, ...]:
+    """`shape` as JAX reads it: a tuple of integers >= 0 (or symbolic dimensions).
+
+    Raises:
+        BadShape: `shape` is not a sequence, or a dimension is not such an integer.
+    """
+    if sizes(shape):
+        return tuple(shape)
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        what = f"the string {shape!r}" if isinstance(shape, (str, bytes)) else repr(shape)
+        raise BadShape(shape, f"it is {what}, not a sequence of sizes", TypeError)
+    return tuple(_dimension(d, axis, shape) for axis, d in enumerate(shape))
+
+
 def as_abstract(x: Any) -> jax.ShapeDtypeStruct:
     """A duck array as the `ShapeDtypeStruct` JAX would see (its `.sharding`
-    kept only if it is a JAX sharding)."""
+    kept only if it is a JAX sharding).
+
+    Raises:
+        BadShape: its `.shape` is not a sequence of integers >= 0.
+    """
     sharding = getattr(x, "sharding", None)
     if not isinstance(sharding, jax.sharding.Sharding):
         sharding = None
     return jax.ShapeDtypeStruct(
-        tuple(x.shape), x.dtype, weak_type=bool(getattr(x, "weak_type", False)), sharding=sharding
+        checked_shape(x.shape), x.dtype, weak_type=bool(getattr(x, "weak_type", False)), sharding=sharding
     )
+
+
+def checked_sds(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+    """A `ShapeDtypeStruct` whose shape JAX can take, with its sizes as ints (raises `BadShape`)."""
+    return x if sizes(x.shape) else x.update(shape=checked_shape(x.shape))
 
 
 @ft.lru_cache(maxsize=4096)  # a tree has few distinct types: reading a big one stays cheap
@@ -124,6 +183,8 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
 
     Raises:
         IntTooBig: a Python int that does not fit the default integer width.
+        BadShape: a `ShapeDtypeStruct` or duck array whose shape JAX cannot take
+            (with its `index`).
     """
     kinds = KINDS
     out: list[Any] = []
@@ -153,6 +214,12 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
             else:
                 append(_unsharded(aval))
         elif kind == SDS:
+            if not sizes(x.shape):
+                try:
+                    x = x.update(shape=checked_shape(x.shape))
+                except BadShape as e:
+                    e.index = i
+                    raise
             if not top_level:
                 append(from_aval(_compat.abstractify(x)))
                 continue
@@ -175,7 +242,11 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
         elif kind == NUMPY:
             append(from_aval(jax.typeof(x)) if jax_dtype(x.dtype) else x)  # strings, objects: static
         elif is_duck_array(x):
-            abstract = as_abstract(x)
+            try:
+                abstract = as_abstract(x)
+            except BadShape as e:
+                e.index = i
+                raise
             if not top_level:
                 append(from_aval(_compat.abstractify(abstract)))
             else:
@@ -184,6 +255,46 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
         else:
             append(x)
     return out
+
+
+def refuse_leaked_tracers(leaves: Sequence[Any], fn_name: str) -> None:
+    """At top level (no trace running), any tracer among `leaves` leaked from an
+    earlier trace: raise JAX's `UnexpectedTracerError` for it, as `lax.scan` would,
+    rather than hand it back inside a result."""
+    if not any(isinstance(x, jax.core.Tracer) for x in leaves) or not _compat.at_top_level():
+        return
+    for x in leaves:
+        if isinstance(x, jax.core.Tracer):
+            jax.lax.stop_gradient(x)  # JAX's own error, which says where the tracer was made
+            raise jax.errors.UnexpectedTracerError(
+                f"treeshape.{fn_name}: a {type(x).__name__} of type {x.aval} was passed at top level, where no "
+                "JAX transformation is running: it escaped an earlier trace (a side effect kept a reference to "
+                "an intermediate value). Return it from the transformed function instead."
+            )
+
+
+# -- nodes ---------------------------------------------------------------------------
+_TYPING_BASES: Final = frozenset({"Protocol", "Generic", "object"})
+
+
+def node_type_name(cls: type) -> str:
+    """A node type as users know it: its first public class (orbax's private
+    `_TreeMetadataImpl` is a `TreeMetadata`)."""
+    for klass in cls.__mro__:
+        if not klass.__name__.startswith("_") and klass.__name__ not in _TYPING_BASES:
+            return klass.__name__
+    return cls.__name__
+
+
+def wrapper_hint(cls: type) -> str | None:
+    """What to pass instead of a node that wraps the tree a user means (a checkpoint's
+    metadata object around its tree of array metadata), or None."""
+    if cls.__module__.startswith("orbax.") and node_type_name(cls) == "TreeMetadata":
+        return (
+            "an orbax checkpoint's metadata (a TreeMetadata), which wraps the tree it describes: pass its "
+            "`.tree` instead, e.g. `ts.structure_of(checkpointer.metadata(path).item_metadata.tree)`"
+        )
+    return None
 
 
 def static_value(leaf: Any) -> Any:

@@ -8,6 +8,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._carry import Roles, convert_init, fixed_point, sub_structure
+from ._errors import structure_as_values_message
 from ._infer import out_structure
 from ._structure import PyTree, Structure
 
@@ -46,6 +47,8 @@ def _check_leaves(state: PyTree) -> None:
         except TypeError:
             flat, _ = jtu.tree_flatten_with_path(state)
             path = next(jtu.keystr(p) for p, leaf in flat if leaf is x)
+            if isinstance(x, Structure):
+                raise TypeError(structure_as_values_message("settle", "state" + path, "values")) from None
             raise TypeError(
                 f"treeshape.settle: state{path} is a {type(x).__name__}, but a jitted step's state must "
                 "hold arrays or Python scalars only (jax.jit rejects other values). Keep static values "

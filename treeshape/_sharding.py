@@ -18,6 +18,7 @@ import numpy as np
 from . import _compat
 from ._errors import (
     carry_reshard_message,
+    check_path_leaf_callback,
     shardings_prefix_message,
     shardings_type_message,
     shardings_unfit_message,
@@ -360,6 +361,7 @@ def with_shardings(structure: Leaves, shardings: Any) -> list[Any]:
         per_leaf: list[Any] = [shardings] * len(leaves)
         where = ["`shardings`"] * len(leaves)
     elif callable(shardings) and jtu.treedef_is_leaf(jtu.tree_structure(shardings)):
+        check_path_leaf_callback(shardings, "Structure.with_shardings", "a `Sharding` or None")
         per_leaf, where = [], []
         for path, leaf in zip(paths, leaves, strict=True):
             per_leaf.append(shardings(path, leaf) if isinstance(leaf, jax.ShapeDtypeStruct) else None)

@@ -19,11 +19,16 @@ from ._errors import (
     Mismatch,
     StructureMismatchError,
     astype_key_message,
+    bad_shape_message,
+    check_path_leaf_callback,
+    complex_fill_message,
     format_mismatches,
     int_too_big_message,
+    unflatten_message,
     x64_message,
 )
 from ._leaf import (
+    BadShape,
     IntTooBig,
     human_bytes,
     is_key_dtype,
@@ -33,6 +38,7 @@ from ._leaf import (
     short_dtype,
     static_value,
     varying_axes,
+    wrapper_hint,
 )
 from ._table import html_table, table
 
@@ -115,10 +121,11 @@ def _is_fill_value(value: Any) -> bool:
     return isinstance(value, (jax.Array, np.ndarray)) and value.ndim == 0
 
 
-def check_x64(paths: Sequence[str], leaves: Sequence[Any], who: str) -> None:
+def check_x64(paths: Callable[[], Sequence[str]], leaves: Sequence[Any], who: str) -> None:
     """Refuse to build values for 64-bit leaves that JAX would silently make 32-bit (x64 off).
 
-    `who` is the caller as the message names it (`Structure.zeros`, `upcast`).
+    `paths()` gives the leaves' paths (only needed for the message); `who` is the
+    caller as the message names it (`Structure.zeros`, `upcast`).
     """
     if jax.enable_x64.value:
         return
@@ -133,7 +140,7 @@ def check_x64(paths: Sequence[str], leaves: Sequence[Any], who: str) -> None:
         return
     groups: dict[str, list[str]] = {}
     example = ""
-    for path, leaf in zip(paths, leaves, strict=True):
+    for path, leaf in zip(paths(), leaves, strict=True):
         if isinstance(leaf, jax.ShapeDtypeStruct) and leaf.dtype in wide:
             example = example or leaf_str(leaf)
             groups.setdefault(("~" if leaf.weak_type else "") + short_dtype(leaf.dtype), []).append("tree" + path)
@@ -348,16 +355,29 @@ class Structure:
                 f"treeshape.Structure.full: `value` must be a number or bool scalar (or a 0-d array), got "
                 f"{type(value).__name__} {value!r}. For other fills, use `jax.tree.map` over `structure.tree`."
             )
+        if jnp.iscomplexobj(value):
+            real = [
+                "tree" + path
+                for path, leaf in zip(self.paths, self._leaves, strict=True)
+                if isinstance(leaf, jax.ShapeDtypeStruct)
+                and not is_key_dtype(leaf.dtype)
+                and not jnp.issubdtype(leaf.dtype, jnp.complexfloating)
+            ]
+            if real:
+                raise TypeError(complex_fill_message(value, real, len(self)))
         return self._build(value, "full")
 
     def _build(self, value: Any, fn_name: str) -> PyTree:
-        check_x64(self.paths, self._leaves, f"Structure.{fn_name}")
+        check_x64(lambda: self.paths, self._leaves, f"Structure.{fn_name}")
         top = _compat.at_top_level()
         if top and self._sharded():
             leaves = _sharding.place(self, self._meshes or (), value, fn_name, _filled)
         else:
             leaves = [_filled(x, value, top) if isinstance(x, jax.ShapeDtypeStruct) else x for x in self._leaves]
-        return jtu.tree_unflatten(self._treedef, leaves)
+        try:
+            return jtu.tree_unflatten(self._treedef, leaves)
+        except Exception as e:  # a node type whose unflatten cannot rebuild it from new leaves
+            raise TypeError(unflatten_message(f"Structure.{fn_name}", _node_types(self._treedef), e)) from e
 
     def _sharded(self) -> bool:
         """Whether some array leaf has a sharding (so top-level values need placing)."""
@@ -482,6 +502,8 @@ class Structure:
                 f"treeshape.Structure.astype: `dtype` must be a dtype (e.g. jnp.float32), got "
                 f"{type(dtype).__name__} {dtype!r}."
             ) from None
+        if where is not None:
+            check_path_leaf_callback(where, "Structure.astype", "whether to convert the leaf")
         pick = where if where is not None else lambda _, leaf: bool(jnp.issubdtype(leaf.dtype, jnp.floating))
         paths = self.paths
         leaves = list(self._leaves)
@@ -717,6 +739,21 @@ class Structure:
         return f"Structure({body}, {n} {'leaf' if n == 1 else 'leaves'}, {human_bytes(self.nbytes)})"
 
 
+def _node_types(treedef: jtu.PyTreeDef) -> list[type]:
+    """The custom node types of `treedef`, first seen first (containers and None left out)."""
+    found: dict[type, None] = {}
+    stack = [treedef]
+    while stack:
+        td = stack.pop()
+        data = td.node_data()
+        if data is None:
+            continue
+        if data[0] not in (tuple, list, dict, type(None)):
+            found.setdefault(data[0])
+        stack.extend(reversed(td.children()))
+    return list(found)
+
+
 def _picklable_leaf(leaf: Any) -> Any:
     if not isinstance(leaf, jax.ShapeDtypeStruct) or leaf.sharding is None:
         return leaf
@@ -734,10 +771,16 @@ def read_structure(tree: PyTree, fn_name: str, root: str = "tree") -> Structure:
     a Structure is returned as it is."""
     if isinstance(tree, Structure):
         return tree
+    hint = wrapper_hint(type(tree))
+    if hint is not None:  # its nodes describe the tree but cannot rebuild it: no Structure would work
+        raise TypeError(f"treeshape.{fn_name}: {root} is {hint}.")
     leaves, treedef = jtu.tree_flatten(tree)
     try:
         described = read_leaves(leaves, _compat.at_top_level())
     except IntTooBig as e:
         path = jtu.keystr(jtu.tree_flatten_with_path(tree)[0][e.index][0])
         raise OverflowError(int_too_big_message(fn_name, root + path, e.value, e.bits)) from None
+    except BadShape as e:
+        path = jtu.keystr(jtu.tree_flatten_with_path(tree)[0][e.index][0])
+        raise e.error(bad_shape_message(fn_name, root + path, e.shape, e.problem)) from None
     return Structure(treedef, tuple(described))

@@ -13,7 +13,7 @@ from jax import lax
 from . import _compat
 from ._diff import diff_structures
 from ._errors import Mismatch, StructureMismatchError, format_report, key_change_fix, mismatch_line, policy_fix
-from ._leaf import is_key_dtype, short_dtype
+from ._leaf import is_key_dtype, refuse_leaked_tracers, short_dtype
 from ._structure import PyTree, Structure, check_x64, read_structure
 
 
@@ -76,6 +76,7 @@ def is_weak(x: Any) -> bool:
                 "Use ts.weak_paths(structure) for the paths of its weak leaves."
             )
         (x,) = x.leaves
+    refuse_leaked_tracers([x], "is_weak")
     aval = _abstract(x)
     if aval is None:
         raise TypeError(
@@ -102,6 +103,7 @@ def weak_paths(tree: PyTree) -> list[str]:
     if isinstance(tree, Structure):
         return [p for p, leaf in zip(tree.paths, tree.leaves, strict=True) if _weak_leaf(leaf)]
     flat, _ = jtu.tree_flatten_with_path(tree)
+    refuse_leaked_tracers([x for _, x in flat], "weak_paths")
     paths = []
     for path, x in flat:
         aval = _abstract(x)
@@ -142,7 +144,9 @@ def strip_weak_type(tree: PyTree) -> PyTree:
     if isinstance(tree, Structure):
         leaves = tuple(leaf.update(weak_type=False) if _weak_leaf(leaf) else leaf for leaf in tree.leaves)
         return Structure(tree.treedef, leaves)
-    return jtu.tree_map(_make_strong, tree)
+    flat, treedef = jtu.tree_flatten(tree)
+    refuse_leaked_tracers(flat, "strip_weak_type")
+    return jtu.tree_unflatten(treedef, [_make_strong(x) for x in flat])
 
 
 # -- dtype changes -------------------------------------------------------------
@@ -258,6 +262,9 @@ def upcast(tree: PyTree, like: Structure | PyTree, *, policy: str = "weak") -> P
         Structure({'lr': bf16[]}, 1 leaf, 2 B)
     """
     check_policy(policy, "upcast")
+    for part in (tree, like):
+        if not isinstance(part, Structure):
+            refuse_leaked_tracers(jtu.tree_leaves(part), "upcast")
     target = read_structure(like, "upcast", "like")
     source = read_structure(tree, "upcast")
     source_at = dict(zip(source.paths, source.leaves, strict=True))
@@ -300,7 +307,7 @@ def upcast(tree: PyTree, like: Structure | PyTree, *, policy: str = "weak") -> P
         for x, want, have in zip(leaves, target.leaves, source.leaves, strict=True)
     ]
     check_x64(
-        [p for p, c in zip(target.paths, converted, strict=True) if c],
+        lambda: [p for p, c in zip(target.paths, converted, strict=True) if c],
         [want for want, c in zip(target.leaves, converted, strict=True) if c],
         "upcast",
     )
