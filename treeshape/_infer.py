@@ -580,12 +580,17 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
     axis names and sizes, `shard_map` manual axes). A `functools.partial` or
     `jax.tree_util.Partial` rebuilt on every call hits the cache when its
     function, its bound Python values (passed to `fn` concrete) and the
-    abstract values of its bound arrays match. The cache keeps nothing alive:
-    functions and objects that are not plain data are keyed by weak
-    reference, and a call whose inputs or outputs cannot be keyed or held
-    that way simply traces. Answers are cached by inputs: a function that
-    reads mutable state needs [treeshape.clear_cache][] after the state
-    changes.
+    abstract values of its bound arrays match; where `fn` needs those arrays
+    as values (a size, an `int()`), they are passed concrete, as
+    `jax.eval_shape` passes them, and the answer is keyed by their values.
+    A mutable static value (a dataclass that is not frozen, an object with
+    attributes, a set) gives the answer for its state at the time of the
+    call: it is keyed by that state where it is plain data, otherwise the
+    call simply traces. The cache keeps nothing alive: functions are keyed
+    by weak reference, and a call whose inputs or outputs cannot be keyed or
+    held that way simply traces. Answers are cached by inputs: a function
+    that reads mutable global state needs [treeshape.clear_cache][] after
+    the state changes.
 
     A `jax.jit`-wrapped `fn` receives Python scalars concrete, so its
     `static_argnums`/`static_argnames` work; `jit` abstracts the others
