@@ -1,5 +1,8 @@
 """Tables: `str(Structure)`, `ts.describe`, `_repr_html_` (golden strings)."""
 
+import collections
+import dataclasses
+import enum
 import html
 
 import jax
@@ -24,6 +27,10 @@ def relu(x):
 
 class Opaque:
     pass
+
+
+class Activation(enum.Enum):
+    RELU = 1
 
 
 def test_weak_bf16_and_numpy_leaves():
@@ -139,6 +146,52 @@ def test_max_rows_counts(max_rows, shown):
     assert (f"... {hidden} more leaves" in text) == (hidden > 1)
     assert ("... 1 more leaf\n" in text) == (hidden == 1)
     assert text.endswith("total: 10 leaves, 20 elements  80 B")
+
+
+Pair = collections.namedtuple("Pair", "first second")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Block:
+    w: object
+    meta: str = dataclasses.field(default="dense", metadata={"static": True})
+
+
+def _odd_tree():
+    """Every kind of node in a big tree: the paths of a cut table's rows must be the leaves' own."""
+    sds = jax.ShapeDtypeStruct((2,), jnp.float32)
+    return {
+        "it's": Pair(Block(sds), [None, sds, ()]),
+        "ints": {10: None, 1: collections.OrderedDict([("z", sds), ("a", (sds, {}))])},
+        "layers": [{"x": sds, "y": [sds, sds]} for _ in range(300)],
+        "\u00e9 tail": collections.defaultdict(list, {"k": Pair(sds, "relu")}),
+    }
+
+
+@pytest.mark.parametrize("max_rows", [2, 5, 50])
+def test_cut_table_rows_show_the_paths_of_their_leaves(max_rows):
+    s = ts.structure_of(_odd_tree())
+    n = len(s)
+    head = (max_rows + 1) // 2
+    shown = [*range(head), *range(n - (max_rows - head), n)]
+    rows = [line for line in ts.describe(s, max_rows=max_rows).splitlines()[2:-2] if not line.startswith("...")]
+    assert [row.split("  ")[0] for row in rows] == [s.paths[i] for i in shown]
+    assert rows[0].startswith("['ints'][1]['z']") and rows[-1].startswith("['\u00e9 tail']['k'].second")
+
+
+def test_cut_table_totals_count_every_leaf():
+    tree = {"keys": jax.random.split(jax.random.key(0), 3), "act": "relu", "w": [jnp.zeros((2, 3), jnp.bfloat16)] * 40}
+    s = ts.structure_of(tree)
+    last = ts.describe(s, max_rows=4).splitlines()[-1]
+    assert (len(s), s.size, s.nbytes) == (42, 243, 24 + 480)
+    assert last.startswith("total: 42 leaves, 243 elements") and last.endswith(" 504 B")
+
+
+def test_a_static_leaf_loaded_from_json_shows_its_type_and_that_only_its_repr_is_known():
+    s = ts.Structure.from_json(ts.structure_of({"act": Activation.RELU, "x": jnp.zeros(2, jnp.float32)}).to_json())
+    row = ts.describe(s).splitlines()[2]
+    assert row == "['act']                static Activation <Activation.RELU: 1> (repr from JSON)"
 
 
 def test_default_cut_applies_to_str_and_describe():

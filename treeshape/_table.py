@@ -6,11 +6,15 @@ value type can use it without the renderer depending on it.
 
 import dataclasses
 import html
-from collections.abc import Sequence
+import itertools
+import math
+from collections.abc import Iterator, Sequence
 from typing import Any, Final, Protocol
 
 import jax
+import jax.tree_util as jtu
 
+from ._json import StaticRepr
 from ._leaf import axes_str, human_bytes, leaf_nbytes, leaf_str, short_dtype, short_shape, varying_axes
 from ._sharding import is_partitioned, is_replicated, per_device_nbytes, spec_str
 
@@ -19,16 +23,13 @@ class Described(Protocol):
     """What the table shows of a Structure."""
 
     @property
+    def treedef(self) -> jtu.PyTreeDef: ...
+
+    @property
     def paths(self) -> tuple[str, ...]: ...
 
     @property
     def leaves(self) -> tuple[Any, ...]: ...
-
-    @property
-    def size(self) -> int: ...
-
-    @property
-    def nbytes(self) -> int: ...
 
     @property
     def nbytes_per_device(self) -> int: ...
@@ -64,6 +65,9 @@ class _Table:
 
 
 def _static_str(leaf: Any) -> str:
+    if isinstance(leaf, StaticRepr):  # loaded from JSON: its type by name, its value by repr only
+        type_name = leaf.type_name.split(":")[-1].split(".")[-1]  # "module:Outer.Color" -> "Color"
+        return f"static {type_name} {leaf_str(leaf)} (repr from JSON)"
     kind = type(leaf).__name__
     name = getattr(leaf, "__qualname__", None) or getattr(leaf, "__name__", None)
     if callable(leaf) and isinstance(name, str):
@@ -97,10 +101,85 @@ def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
 
 
+def _totals(leaves: Sequence[Any]) -> tuple[int, int, bool]:
+    """The elements and bytes of the array leaves (as `Structure.size` and `nbytes` count them),
+    and whether some leaf is split over devices: one pass over the leaves."""
+    size = nbytes = 0
+    split = False
+    per_element: dict[Any, int] = {}  # dtype -> bytes of one element
+    for leaf in leaves:
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            n = math.prod(leaf.shape)
+            size += n
+            dtype = leaf.dtype
+            itemsize = per_element.get(dtype)
+            if itemsize is None:
+                itemsize = per_element[dtype] = leaf_nbytes(jax.ShapeDtypeStruct((), dtype))
+            nbytes += n * itemsize
+            if not split and leaf.sharding is not None:
+                split = is_partitioned(leaf)
+    return size, nbytes, split
+
+
+_NO_LEAF: Final = object()
+
+
+def _children(path: str, x: Any, backwards: bool) -> Iterator[tuple[str, Any]]:
+    """The children of node `x` of a rebuilt tree, with their paths, in JAX's order or backwards
+    (lazily for dicts, lists and tuples, however long they are)."""
+    kind = type(x)
+    if kind is dict:
+        keys = reversed(x) if backwards else iter(x)  # a rebuilt dict has its keys in JAX's order
+        return ((path + str(jtu.DictKey(key)), x[key]) for key in keys)
+    if kind is list or kind is tuple:
+        indices = range(len(x) - 1, -1, -1) if backwards else range(len(x))
+        return ((f"{path}[{i}]", x[i]) for i in indices)
+    keyed, _ = jtu.flatten_one_level_with_keys(x)
+    if isinstance(x, tuple) and hasattr(kind, "_fields"):
+        # JAX 0.10.2 names every namedtuple child after the first field; the fields are the keys.
+        keyed = [(jtu.GetAttrKey(name), child) for name, (_, child) in zip(kind._fields, keyed, strict=True)]
+    items = [(path + jtu.keystr((key,)), child) for key, child in keyed]
+    return reversed(items) if backwards else iter(items)
+
+
+def _leaf_paths(tree: Any, leaves: Sequence[Any], backwards: bool) -> Iterator[str]:
+    """The `keystr` path of each leaf of `tree` (the treedef rebuilt with `leaves`, as
+    `Structure.paths` reads it), from the first leaf on or from the last one back, found as the
+    caller reads them: the rest of the tree is never visited."""
+    order = reversed(leaves) if backwards else iter(leaves)
+    expected = next(order, _NO_LEAF)  # the leaf the walk meets next
+    frames = [iter([("", tree)])]  # for each node being walked, its children still to visit
+    while frames:
+        for path, x in frames[-1]:
+            if x is expected:
+                yield path
+                expected = next(order, _NO_LEAF)
+                continue
+            try:
+                children = _children(path, x, backwards)
+            except ValueError:  # not a node after all: a leaf that the tree's nodes rebuilt as another object
+                yield path
+                continue
+            frames.append(children)
+            break  # visit its children first, then go on with its siblings
+        else:
+            frames.pop()
+
+
+def _shown_paths(structure: Described, head: int, tail: int) -> list[str]:
+    """The paths of the first `head` and the last `tail` leaves, without the paths of the others."""
+    leaves = structure.leaves
+    tree = jtu.tree_unflatten(structure.treedef, leaves)
+    first = list(itertools.islice(_leaf_paths(tree, leaves, backwards=False), head))
+    last = list(itertools.islice(_leaf_paths(tree, leaves, backwards=True), tail))
+    return first + last[::-1]
+
+
 def _build(structure: Described, max_rows: int | None) -> _Table:
     if max_rows is not None and max_rows < 0:
         raise ValueError(f"max_rows must be None or >= 0, got {max_rows}")
     n = len(structure)
+    leaves = structure.leaves
     indices: Sequence[int] = range(n)
     cut_at: int | None = None
     hidden = 0
@@ -109,17 +188,19 @@ def _build(structure: Described, max_rows: int | None) -> _Table:
         tail = max_rows - head
         indices = [*range(head), *range(n - tail, n)]
         cut_at, hidden = head, n - max_rows
-    paths, leaves = structure.paths, structure.leaves
-    per_device = any(is_partitioned(leaf) for leaf in leaves)
-    rows = [_row(paths[i], leaves[i], per_device) for i in indices]
+        paths: Sequence[str] = _shown_paths(structure, head, tail)
+    else:
+        paths = structure.paths
+    size, nbytes, per_device = _totals(leaves)
+    rows = [_row(path, leaves[i], per_device) for path, i in zip(paths, indices, strict=True)]
     leaf_word = "leaf" if n == 1 else "leaves"
-    total = f"total: {n:,} {leaf_word}, {_plural(structure.size, 'element')}"
+    total = f"total: {n:,} {leaf_word}, {_plural(size, 'element')}"
     return _Table(
         rows=rows,
         cut_at=cut_at,
         hidden=hidden,
         total=total,
-        total_bytes=human_bytes(structure.nbytes),
+        total_bytes=human_bytes(nbytes),
         show_extra=any(row[3] for row in rows),
         total_per_device=human_bytes(structure.nbytes_per_device) if per_device else None,
     )
