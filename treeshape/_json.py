@@ -198,25 +198,41 @@ def _child_keys(node: jtu.PyTreeDef, node_type: type, aux: Any, n: int, leaves: 
     return [jtu.keystr((key,)) for key, _ in keyed]
 
 
+class _Frame:
+    """A node being written by `_walk`: its children still to write, where its own text and paths
+    start, and its last child written whole (to copy it from when the next child is equal)."""
+
+    __slots__ = ("children", "node", "path", "first_node", "first_path", "last")
+
+    def __init__(self, children: Iterator[tuple[jtu.PyTreeDef, str]], node: Any, path: str, nodes: int, paths: int):
+        self.children, self.node, self.path = children, node, path
+        self.first_node, self.first_path = nodes, paths
+        self.last: tuple[jtu.PyTreeDef, int, int, int, int, int] | None = None
+
+
+def _same(a: jtu.PyTreeDef, b: jtu.PyTreeDef) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # node data whose `==` raises: write the subtree out (and report it there)
+        return False
+
+
 def _walk(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[list[str], list[str]]:
     """The nodes of `treedef` in pre-order, each as its JSON text, and every leaf's `keystr` path.
 
-    Iterative (no recursion limit): `frames` holds, for each node being
-    written, an iterator over its children still to write and their paths,
-    and where the node's own text and paths start. A big tree repeats its
-    subtrees (a model's layers): a subtree equal to one written before is
-    copied from it, its node texts as they are and its paths under the new
-    prefix (a node's text and its children's keys depend only on its type
-    and node data, which the treedef's equality compares).
+    Iterative (no recursion limit), with a stack of `_Frame`s. A big tree
+    repeats its subtrees side by side (a model's layers): a subtree equal to
+    the sibling written just before it is copied from that one, its node texts
+    as they are and its paths under the new prefix (a node's text and its
+    children's keys depend only on its type and node data, which the
+    treedef's equality compares).
     """
     nodes: list[str] = []
     paths: list[str] = []
-    written: dict[jtu.PyTreeDef, tuple[int, int, int, int, int]] = {}  # subtree -> its first copy's slices
-    frames: list[tuple[Iterator[tuple[jtu.PyTreeDef, str]], Any, str, int, int]] = [
-        (iter([(treedef, "")]), None, "", 0, 0)
-    ]
+    frames = [_Frame(iter([(treedef, "")]), None, "", 0, 0)]
     while frames:
-        for node, path in frames[-1][0]:
+        frame = frames[-1]
+        for node, path in frame.children:
             data = node.node_data()
             if data is None:  # a leaf
                 nodes.append(f'"{_LEAF}"')
@@ -226,25 +242,24 @@ def _walk(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[list[str], lis
             if node_type is type(None):
                 nodes.append("null")
                 continue
-            try:
-                copy = written.get(node)
-            except Exception:  # node data whose `==` raises: write the subtree out (and report it)
-                copy = None
-            if copy is not None:
-                n0, n1, p0, p1, cut = copy
+            last = frame.last
+            if last is not None and _same(last[0], node):
+                _, n0, n1, p0, p1, cut = last
                 nodes.extend(nodes[n0:n1])
                 paths.extend([path + p[cut:] for p in paths[p0:p1]])
                 continue
-            n0, p0 = len(nodes), len(paths)
             children = node.children()
-            nodes.append(_encode_node(node_type, aux, len(children), path))
-            keys = _child_keys(node, node_type, aux, len(children), leaves, p0)
-            frames.append((zip(children, [path + key for key in keys], strict=True), node, path, n0, p0))
+            text = _encode_node(node_type, aux, len(children), path)  # raises for a node JSON cannot describe
+            keys = _child_keys(node, node_type, aux, len(children), leaves, len(paths))
+            child_paths = zip(children, [path + key for key in keys], strict=True)
+            frames.append(_Frame(child_paths, node, path, len(nodes), len(paths)))
+            nodes.append(text)
             break  # write its children first, then go on with its siblings
         else:
-            _, node, path, n0, p0 = frames.pop()
-            if node is not None:
-                written[node] = (n0, len(nodes), p0, len(paths), len(path))
+            frames.pop()
+            if frames:  # `frame` is written: its parent's next child may be a copy of it
+                end = (len(nodes), len(paths))
+                frames[-1].last = (frame.node, frame.first_node, end[0], frame.first_path, end[1], len(frame.path))
     return nodes, paths
 
 
@@ -355,26 +370,26 @@ def leaf_records(paths: Sequence[str], leaves: Sequence[Any]) -> list[dict[str, 
 
 
 def _leaf_lines(paths: Sequence[str], leaves: Sequence[Any]) -> list[str]:
-    """The JSON text of each leaf's record (`leaf_records`, one `json.dumps` each).
+    """The JSON text of each leaf's record, as `json.dumps` writes the records of `leaf_records`.
 
-    A leaf with no `NamedSharding` and no manual axes is written by its shape,
-    dtype and weak flag only, so the text after its path is made once per
-    such leaf type (a big tree has few) and reused.
+    The common leaf, an array with no `NamedSharding` and no manual axes, is
+    written straight from its shape, dtype and weak flag.
     """
-    tails: dict[tuple[Any, Any, Any], str] = {}  # (shape, dtype, weak_type) -> the record's text after its path
+    dtype_names: dict[Any, str] = {}  # dtype -> its name as a JSON string
     lines: list[str] = []
     for path, leaf in zip(paths, leaves, strict=True):
         if not isinstance(leaf, jax.ShapeDtypeStruct):
             lines.append(_encode(_static_record(path, leaf)))
-            continue
-        if leaf.manual_axis_type is None and not isinstance(leaf.sharding, jax.sharding.NamedSharding):
-            key = (leaf.shape, leaf.dtype, leaf.weak_type)
-            tail = tails.get(key)
-            if tail is None:
-                tail = tails[key] = _encode(_array_record(leaf))[1:]
+        elif leaf.manual_axis_type is None and not isinstance(leaf.sharding, jax.sharding.NamedSharding):
+            dtype = leaf.dtype
+            name = dtype_names.get(dtype)
+            if name is None:
+                name = dtype_names[dtype] = _encode(_dtype_name(dtype))
+            shape = ", ".join([str(int(d)) for d in leaf.shape])
+            weak = "true" if leaf.weak_type else "false"
+            lines.append(f'{{"path": {_encode(path)}, "shape": [{shape}], "dtype": {name}, "weak_type": {weak}}}')
         else:
-            tail = _encode(_array_record(leaf))[1:]
-        lines.append('{"path": ' + _encode(path) + ", " + tail)
+            lines.append(_encode({"path": path, **_array_record(leaf)}))
     return lines
 
 
