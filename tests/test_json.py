@@ -265,6 +265,30 @@ def test_repeated_subtrees_are_written_in_full_under_each_path():
     assert loaded.paths == s.paths and loaded.leaves == s.leaves
 
 
+@jtu.register_dataclass
+@dataclasses.dataclass
+class Tagged:
+    x: object
+    tag: int = dataclasses.field(default=0, metadata={"static": True})
+
+
+def test_sibling_subtrees_that_differ_only_in_keys_or_node_data_are_each_written_as_they_are():
+    x = _sds((2,), jnp.float32)
+    s = _structure([{"a": x}, {"b": x}, {"b": x}, Tagged(x, 1), Tagged(x, 2), Tagged(x, 2), [x], (x,)])
+    doc = json.loads(s.to_json())
+    a, b = {"type": "dict", "keys": ["a"]}, {"type": "dict", "keys": ["b"]}
+    assert doc["treedef"][1:7] == [a, "*", b, "*", b, "*"]
+    assert [entry.get("aux") for entry in doc["treedef"] if type(entry) is dict and entry["type"] == "dataclass"] == [
+        {"tuple": [1]},
+        {"tuple": [2]},
+        {"tuple": [2]},
+    ]
+    paths = ["[0]['a']", "[1]['b']", "[2]['b']", "[3].x", "[4].x", "[5].x", "[6][0]", "[7][0]"]
+    assert [r["path"] for r in doc["leaves"]] == list(s.paths) == paths
+    assert doc["treedef"][-4:] == [{"type": "list", "n": 1}, "*", {"type": "tuple", "n": 1}, "*"]
+    roundtrip(s)
+
+
 def test_repeated_subtrees_keep_the_exact_text():
     s = _structure([Point(_sds((2,), jnp.float32), "relu"), Point(_sds((2,), jnp.float32), "relu")])
     assert s.to_json() == (
