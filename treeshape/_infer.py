@@ -470,14 +470,14 @@ def _out_structure(
     except Exception:  # Uncacheable, or a user object's __hash__/__eq__ (in node data) failing
         key = None
         CACHE.miss()
+    if hit is not None and hit is not NEEDS_CONCRETE:
+        return hit, call_leaves
     n_concrete = len(bound_leaves)
     if jitted:
         n_concrete += len(call_leaves)
     treedef = jtu.treedef_tuple((bound_treedef, call_treedef))
     if hit is NEEDS_CONCRETE:
         return _with_bound_values(core, n_concrete, bound_leaves, call_leaves, treedef, key, refs, True), call_leaves
-    if hit is not None:
-        return hit, call_leaves
     try:
         structure = _evaluate(core, n_concrete, bound_leaves, call_leaves, treedef)
     except (TypeError, IndexError):  # what JAX raises where a value is needed (a size, an `int()`, a slice)
