@@ -106,16 +106,17 @@ def _totals(leaves: Sequence[Any]) -> tuple[int, int, bool]:
     and whether some leaf is split over devices: one pass over the leaves."""
     size = nbytes = 0
     split = False
-    per_element: dict[Any, int] = {}  # dtype -> bytes of one element
+    itemsize: dict[Any, int] = {}  # dtype -> the bytes of one element
+    prod = math.prod
     for leaf in leaves:
         if isinstance(leaf, jax.ShapeDtypeStruct):
-            n = math.prod(leaf.shape)
+            n = prod(leaf.shape)
             size += n
-            dtype = leaf.dtype
-            itemsize = per_element.get(dtype)
-            if itemsize is None:
-                itemsize = per_element[dtype] = leaf_nbytes(jax.ShapeDtypeStruct((), dtype))
-            nbytes += n * itemsize
+            try:
+                nbytes += n * itemsize[leaf.dtype]
+            except KeyError:
+                itemsize[leaf.dtype] = leaf_nbytes(jax.ShapeDtypeStruct((), leaf.dtype))
+                nbytes += n * itemsize[leaf.dtype]
             if not split and leaf.sharding is not None:
                 split = is_partitioned(leaf)
     return size, nbytes, split

@@ -22,6 +22,7 @@ MODULES = (
     "scale_structure_of",  # 11 scale_structure_of (group: scale)
     "scale_diff",  # 12 scale_diff (group: scale)
     "scale_memory",  # 13 scale_memory (group: scale)
+    "scale_json",  # 14 scale_json (group: scale)
 )
 
 for _name in MODULES:
