@@ -213,6 +213,32 @@ def test_other_static_values_are_kept_by_repr_and_differ_from_the_live_value():
     assert "its repr raised" in json.loads(s.to_json())["leaves"][0]["static"]
 
 
+class Mode(enum.Enum):
+    TRAIN = 1
+    EVAL = 2
+
+
+def test_a_static_leaf_known_by_its_repr_only_is_told_as_such_when_it_differs():
+    tree = {"mode": Mode.TRAIN, "x": jnp.zeros(2)}
+    loaded = ts.Structure.from_json(ts.structure_of(tree).to_json())
+    for found in (loaded.diff(tree), ts.structure_of(tree).diff(loaded)):
+        [m] = found
+        assert (m.path, m.kind) == ("['mode']", "structure")
+        assert str(m) == (
+            "tree['mode']: expected the static value <Mode.TRAIN: 1>, got one that prints the same but is not "
+            "equal (a value loaded from JSON is known by its repr only)."
+        )
+    with pytest.raises(ts.StructureMismatchError) as info:
+        loaded.check(tree)
+    assert str(info.value).endswith(
+        "(a value loaded from JSON is known by its repr only). JSON brings back only str, int, float, bool and "
+        "None static leaves as themselves."
+    )
+    # Values that print differently are told as before.
+    [m] = loaded.diff({"mode": Mode.EVAL, "x": jnp.zeros(2)})
+    assert m.what == "expected the static value <Mode.TRAIN: 1>, got the static value <Mode.EVAL: 2>."
+
+
 def test_json_document_layout():
     s = ts.structure_of({"opt": Point(jnp.zeros(2), None), "w": [jnp.zeros((), jnp.bfloat16)]})
     doc = json.loads(s.to_json())

@@ -73,7 +73,19 @@ class Mismatch:
             return f"missing; expected {e}."
         if e is None:
             return f"unexpected extra entry {a}."
+        if _print_alike(self):
+            return (
+                f"expected {e}, got one that prints the same but is not equal (a value loaded from JSON is known "
+                "by its repr only)."
+            )
         return f"expected {e}, got {a}."
+
+
+def _print_alike(m: Mismatch) -> bool:
+    """Two static leaves that differ but are written alike: typically one was loaded from JSON,
+    which keeps such a value (an enum, an object) by its repr only."""
+    e = m.expected
+    return m.kind == "structure" and e == m.actual and isinstance(e, str) and e.startswith("the static value ")
 
 
 def _weakness(weak: bool) -> str:
@@ -225,6 +237,8 @@ def fix_for(m: Mismatch) -> str:
         return "Add this entry."
     if m.expected is None:
         return "Remove this entry."
+    if _print_alike(m):
+        return "JSON brings back only str, int, float, bool and None static leaves as themselves."
     return "Make both trees use the same containers (same node types, keys and lengths)."
 
 
