@@ -257,3 +257,16 @@ def test_treescope_renders_a_foldable_tree_of_compact_leaves():
     assert text.startswith("Structure(\n  tree={'act': 'relu', ")
     assert "'w': f32[2,3]}" in text and f"'k': ({weak}, [bf16[2]])" in text
     assert "leaves=4," in text and "object at 0x" not in text
+
+
+@pytest.mark.parametrize("max_rows", [2, 5, 50])
+def test_a_cut_table_is_the_same_read_from_a_tree_rebuilt_or_with_every_path_known(max_rows):
+    sds = jax.ShapeDtypeStruct((2,), jnp.float32)
+    tree = {**_odd_tree(), "b": {"z": [sds] * 60, "a": sds}}  # a user's dict, its keys not in JAX's order
+    read = ts.structure_of(tree)  # notes the paths at both ends while it has the tree
+    rebuilt = ts.Structure(read.treedef, read.leaves)  # knows none: rebuilds the tree once
+    known = ts.structure_of(tree)
+    assert len(known.paths) == len(read)  # every path memoised
+    assert table(read, max_rows) == table(rebuilt, max_rows) == table(known, max_rows)
+    assert html_table(read, max_rows) == html_table(rebuilt, max_rows)
+    assert table(read, max_rows).splitlines()[2].startswith("['b']['a']")

@@ -40,7 +40,7 @@ from ._leaf import (
     varying_axes,
     wrapper_hint,
 )
-from ._table import html_table, table
+from ._table import DEFAULT_MAX_ROWS, edge_paths, html_table, table
 
 
 PyTree = Any
@@ -230,6 +230,19 @@ class Structure:
         except KeyError:
             value = self._cache[name] = compute()
             return value
+
+    def _known_paths(self, head: int, tail: int) -> list[str] | None:
+        """The paths of the first `head` and last `tail` leaves, if known without rebuilding
+        the tree (all paths memoised, or the ends noted when it was read from a tree)."""
+        paths = self._cache.get("paths")
+        if paths is not None:
+            return [*paths[:head], *paths[len(paths) - tail :]]
+        edges = self._cache.get("edges")
+        if edges is None or head > len(edges[0]) or tail > len(edges[1]):
+            return None
+        first: list[str] = edges[0][:head]
+        last: list[str] = edges[1][:tail]
+        return first + last[::-1]
 
     # -- the description ---------------------------------------------------
     @property
@@ -562,7 +575,8 @@ class Structure:
               ]
             }
         """
-        return _json.dumps(self._treedef, self._leaves, self.paths)
+        known = self._cache.get("paths")  # the walk that writes the nodes finds the paths anyway
+        return _json.dumps(self._treedef, self._leaves, known)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "Structure":
@@ -783,4 +797,7 @@ def read_structure(tree: PyTree, fn_name: str, root: str = "tree") -> Structure:
     except BadShape as e:
         path = jtu.keystr(jtu.tree_flatten_with_path(tree)[0][e.index][0])
         raise e.error(bad_shape_message(fn_name, root + path, e.shape, e.problem)) from None
-    return Structure(treedef, tuple(described))
+    structure = Structure(treedef, tuple(described))
+    if len(leaves) > DEFAULT_MAX_ROWS:  # its table will be cut: note the paths it shows, from the tree at hand
+        structure._cache["edges"] = edge_paths(tree, leaves)
+    return structure

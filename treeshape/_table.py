@@ -36,6 +36,8 @@ class Described(Protocol):
 
     def __len__(self) -> int: ...
 
+    def _known_paths(self, head: int, tail: int) -> list[str] | None: ...
+
 
 # -- the table -----------------------------------------------------------------
 DEFAULT_MAX_ROWS: Final = 50
@@ -126,11 +128,12 @@ _NO_LEAF: Final = object()
 
 
 def _children(path: str, x: Any, backwards: bool) -> Iterator[tuple[str, Any]]:
-    """The children of node `x` of a rebuilt tree, with their paths, in JAX's order or backwards
-    (lazily for dicts, lists and tuples, however long they are)."""
+    """The children of node `x`, with their paths, in JAX's order or backwards
+    (lazily for lists and tuples, however long they are)."""
     kind = type(x)
     if kind is dict:
-        keys = reversed(x) if backwards else iter(x)  # a rebuilt dict has its keys in JAX's order
+        ordered = sorted(x)  # JAX's order (a user's dict need not be in it; a rebuilt one is)
+        keys = reversed(ordered) if backwards else iter(ordered)
         return ((path + str(jtu.DictKey(key)), x[key]) for key in keys)
     if kind is list or kind is tuple:
         indices = range(len(x) - 1, -1, -1) if backwards else range(len(x))
@@ -167,13 +170,27 @@ def _leaf_paths(tree: Any, leaves: Sequence[Any], backwards: bool) -> Iterator[s
             frames.pop()
 
 
+EDGE: Final = DEFAULT_MAX_ROWS  # how many paths at each end a table that is cut can show
+
+
+def edge_paths(tree: Any, leaves: Sequence[Any], n: int = EDGE) -> tuple[list[str], list[str]]:
+    """The paths of the first `n` leaves of `tree` and of the last `n` (last first), found
+    from each end of the tree without visiting the rest: what a cut table shows. `leaves`
+    are `tree`'s own leaves, in order (the tree a Structure was read from, or one rebuilt)."""
+    first = list(itertools.islice(_leaf_paths(tree, leaves, backwards=False), n))
+    last = list(itertools.islice(_leaf_paths(tree, leaves, backwards=True), n))
+    return first, last
+
+
 def _shown_paths(structure: Described, head: int, tail: int) -> list[str]:
-    """The paths of the first `head` and the last `tail` leaves, without the paths of the others."""
+    """The paths of the first `head` and the last `tail` leaves, without the paths of the others:
+    known to a Structure read from a tree, else found in the tree rebuilt once."""
+    known = structure._known_paths(head, tail)
+    if known is not None:
+        return known
     leaves = structure.leaves
-    tree = jtu.tree_unflatten(structure.treedef, leaves)
-    first = list(itertools.islice(_leaf_paths(tree, leaves, backwards=False), head))
-    last = list(itertools.islice(_leaf_paths(tree, leaves, backwards=True), tail))
-    return first + last[::-1]
+    first, last = edge_paths(jtu.tree_unflatten(structure.treedef, leaves), leaves, max(head, tail))
+    return first[:head] + last[:tail][::-1]
 
 
 def _build(structure: Described, max_rows: int | None) -> _Table:

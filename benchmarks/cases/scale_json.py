@@ -15,8 +15,10 @@ against its floor side by side in the same run:
   `json.loads(text)` plus one `jax.ShapeDtypeStruct` per leaf record (its
   dtype looked up by name in a dict, the cheapest way). Goal <=3x.
 - *`str(s)`, 1,000,000 leaves* (the table shows 50 rows; its total row
-  counts every leaf), vs one pass over the leaves summing their bytes
-  (`math.prod(x.shape) * x.dtype.itemsize` for each array leaf). Goal <=2x.
+  counts every leaf), `s` as `ts.structure_of(tree)` returns it (a new one
+  for every call, made in the untimed setup), vs one pass over the leaves
+  summing their bytes (`math.prod(x.shape) * x.dtype.itemsize` for each
+  array leaf). Goal <=2x.
 
 Rows for information (no goal), at 200,000 leaves unless said: `to_json`
 again on the same Structure (its paths memoised by the first call, as after
@@ -24,9 +26,13 @@ a `str(s)` or a `diff`); `to_json` and `from_json` of a tree in which no two
 layers are alike (each layer has its own keys and leaf shapes, so only the
 small subtrees inside a layer repeat, and most leaves have a type of their
 own: what treeshape's per-subtree and per-leaf-type work costs when it is
-not shared); and `str(s)` at 1,000,000 leaves vs `s.nbytes` of a new
+not shared); `str(s)` at 1,000,000 leaves vs `s.nbytes` of a new
 Structure (treeshape's own pass over the leaves, which also counts typed
-PRNG keys by their key data).
+PRNG keys by their key data); and `str(s)` of a Structure rebuilt from its
+treedef and leaves (`ts.Structure(s.treedef, s.leaves)`, as pickle or a
+hand-built one gives: `structure_of` notes the paths of the leaves at both
+ends while it has the tree, and this one must rebuild the tree once to find
+them).
 
 Why the baselines are fair: `to_json` must write at least every leaf's
 record, and `json.dumps` of those records is the cheapest way to write them;
@@ -39,9 +45,9 @@ table's total row needs every leaf's bytes, so a table can cost no less
 than one pass summing them; the floor's pass is as tight as Python allows.
 
 No memo flatters the treeshape side: `to_json` (but for the "again" row)
-and `str` run on a *new* `ts.Structure` (same treedef and leaves, built in
-the untimed setup of every call), so nothing it memoises (paths, sizes,
-bytes) survives from one call to the next. What each side allocates is
+and `str` run on a *new* `ts.Structure` (same treedef and leaves, or fresh
+from `structure_of`, built in the untimed setup of every call), so nothing
+it memoises (paths, sizes, bytes) survives from one call to the next. What each side allocates is
 freed inside its timing (as in every `per_call` row). Each row first checks
 its result (untimed): `to_json`'s leaf records equal the floor's,
 `from_json` gives a Structure equal to `s`, and the table's total row counts
@@ -156,18 +162,23 @@ def _again_row(cfg: Config, s: ts.Structure, n: int) -> Row:
     return timed_row(f"14 to_json again, {k(n)} leaves (paths known) vs json.dumps of the leaf records", t, None)
 
 
-def _table_rows(cfg: Config, s: ts.Structure, reps: int) -> list[Row]:
+def _table_rows(cfg: Config, tree: Any, reps: int) -> list[Row]:
+    s = _structure(tree)
     n = len(s)
     last = str(s).splitlines()[-1]
     total = bytes_floor(s.leaves)
     if not (last.startswith(f"total: {n:,} leaves") and last.endswith(f" {human_bytes(total)}")):
         raise AssertionError(f"the table's total row is not {n:,} leaves and {human_bytes(total)}: {last}")
-    table = per_call(lambda: _fresh(s), str)
+    if str(_fresh(s)) != str(s):
+        raise AssertionError("a rebuilt Structure's table differs from the one read from the tree")
+    table = per_call(lambda: ts.structure_of(tree), str)
     floor = compare(per_call(lambda: s.leaves, bytes_floor), table, cfg, reps)
-    own = compare(per_call(lambda: _fresh(s), lambda x: x.nbytes), table, cfg, reps)
+    own = compare(per_call(lambda: _fresh(s), lambda x: x.nbytes), per_call(lambda: _fresh(s), str), cfg, reps)
+    rebuilt = compare(per_call(lambda: s.leaves, bytes_floor), per_call(lambda: _fresh(s), str), cfg, reps)
     return [
         timed_row(f"14 str(s), {k(n)} leaves (50 rows) vs one pass summing the bytes", floor, at_most(2)),
         timed_row(f"14 str(s), {k(n)} leaves (50 rows) vs s.nbytes of a new Structure", own, None),
+        timed_row(f"14 str(s) rebuilt from treedef and leaves, {k(n)} leaves vs summing the bytes", rebuilt, None),
     ]
 
 
@@ -179,7 +190,7 @@ def scale_json(cfg: Config) -> list[Row]:
     rows = _json_rows(cfg, s_small, f"{k(small)} leaves", 7, goal=True)
     rows.append(_again_row(cfg, s_small, small))
     rows += _json_rows(cfg, _structure(distinct_tree(small)), f"{k(small)} leaves, no two layers alike", 7, goal=False)
-    s_large = _structure(model_tree(model_leaves(large, "sds")))
-    rows += _json_rows(cfg, s_large, f"{k(large)} leaves", 5, goal=True)
-    rows += _table_rows(cfg, s_large, 5)
+    large_tree = model_tree(model_leaves(large, "sds"))
+    rows += _json_rows(cfg, _structure(large_tree), f"{k(large)} leaves", 5, goal=True)
+    rows += _table_rows(cfg, large_tree, 5)
     return rows
