@@ -116,7 +116,7 @@ def cache_info() -> CacheInfo:
 
 
 def clear_cache() -> None:
-    """Empty the `out_structure` cache and reset its counts.
+    """Empty the `out_structure` cache (and `cost`'s) and reset its counts.
 
     Examples:
         >>> import treeshape as ts
@@ -125,15 +125,17 @@ def clear_cache() -> None:
         0
     """
     CACHE.clear()
+    _cache.COST_CACHE.clear()
 
 
 def set_cache_maxsize(maxsize: int) -> int:
-    """Bound the cache to `maxsize` entries (evicting the oldest); return the old bound.
+    """Bound the cache (and `cost`'s) to `maxsize` entries (evicting the oldest); return the old bound.
 
     Private (tests and benchmarks): the public default stays 4096.
     """
     if not isinstance(maxsize, int) or maxsize < 0:
         raise ValueError(f"treeshape: the cache maxsize must be an int >= 0, got {maxsize!r}")
+    _cache.COST_CACHE.resize(maxsize)
     return CACHE.resize(maxsize)
 
 
@@ -205,7 +207,7 @@ def _evaluate(
     leaves = abstract_inputs(bound_leaves + call_leaves, treedef)
     n_bound = len(bound_leaves)
     abstract = [
-        is_abstract(x, i < n_concrete) and not (close_bound and i < n_bound and _has_value(x))
+        is_abstract(x, i < n_concrete) and not (close_bound and i < n_bound and has_value(x))
         for i, x in enumerate(leaves)
     ]
     check_inputs(leaves, abstract, treedef)
@@ -254,7 +256,7 @@ def _evaluate(
         if not isinstance(e, TypeError):  # JAX's concretization errors are TypeErrors
             raise
         n = len(bound_leaves)
-        _note_abstract_scalars(
+        note_abstract_scalars(
             e,
             core,
             len(treedef.children()[0].children()[0].children()),
@@ -315,7 +317,7 @@ def _needed_concrete(error: BaseException) -> bool:
     return isinstance(error, _CONCRETIZATION_ERRORS) or _SHAPE_ERROR in str(error)
 
 
-def _has_value(x: Any) -> bool:
+def has_value(x: Any) -> bool:
     """An array with a value (or a tracer of an enclosing trace), as opposed to a
     `ShapeDtypeStruct` or a duck array, which only describe one."""
     kind = kind_of(type(x))
@@ -330,7 +332,7 @@ def _note_structure_arguments(error: BaseException, leaves: list[Any], treedef: 
         error.add_note(structure_argument_note(wheres))
 
 
-def _note_abstract_scalars(
+def note_abstract_scalars(
     error: BaseException,
     core: Callable[..., Any],
     n_bound: int,
@@ -517,7 +519,7 @@ def _out_structure(
     try:
         structure = _evaluate(core, n_concrete, bound_leaves, call_leaves, treedef)
     except (TypeError, IndexError):  # what JAX raises where a value is needed (a size, an `int()`, a slice)
-        if not any(_has_value(x) for x in bound_leaves):
+        if not any(has_value(x) for x in bound_leaves):
             raise
         retry = True
     else:
@@ -570,7 +572,7 @@ def _with_bound_values(
 
 def _value_key(x: Any) -> Any:
     """A bound leaf's key part when bound arrays are passed concrete: their value."""
-    if not _has_value(x) or isinstance(x, jax.core.Tracer):
+    if not has_value(x) or isinstance(x, jax.core.Tracer):
         return None  # keyed by its abstract value in the key below
     if x.nbytes > _MAX_VALUE_KEY_BYTES:
         raise _cache.Uncacheable
