@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         scan_carry as scan_carry,
         while_carry as while_carry,
     )
+    from ._cost import Cost as Cost, cost as cost
     from ._display import describe as describe
     from ._errors import (
         CarryMismatchError as CarryMismatchError,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CarryMismatchError",
+    "Cost",
     "Mismatch",
     "PrecisionWarning",
     "Structure",
@@ -49,6 +51,7 @@ __all__ = [
     "cache_info",
     "carry_structure",
     "clear_cache",
+    "cost",
     "describe",
     "fori_carry",
     "is_weak",
@@ -66,6 +69,7 @@ __version__ = importlib.metadata.version("treeshape")
 # Where each public name lives (the imports above, for the interpreter).
 _MODULES = {
     "CarryMismatchError": "._errors",
+    "Cost": "._cost",
     "Mismatch": "._errors",
     "PrecisionWarning": "._errors",
     "Structure": "._structure",
@@ -73,6 +77,7 @@ _MODULES = {
     "cache_info": "._infer",
     "carry_structure": "._carry",
     "clear_cache": "._infer",
+    "cost": "._cost",
     "describe": "._display",
     "fori_carry": "._carry",
     "is_weak": "._weak",

@@ -27,7 +27,7 @@ import threading
 import types
 import weakref
 from collections.abc import Hashable
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, Generic, NamedTuple, TypeVar
 
 import jax
 import jax.tree_util as jtu
@@ -319,13 +319,16 @@ def context_key() -> tuple[Any, ...]:
 NEEDS_CONCRETE: Final = Structure(jtu.tree_structure(None), ())
 
 
-class Cache:
+_Value = TypeVar("_Value")
+
+
+class Cache(Generic[_Value]):
     """A thread-safe LRU map that forgets entries whose objects die."""
 
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
-        # key -> (structure, weakref guards, the stored key: moved by identity on a hit)
-        self._entries: collections.OrderedDict[Key, tuple[Structure, list[Any], Key]] = collections.OrderedDict()
+        # key -> (value, weakref guards, the stored key: moved by identity on a hit)
+        self._entries: collections.OrderedDict[Key, tuple[_Value, list[Any], Key]] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._dead: list[Any] = []  # filled by weakref callbacks, purged under the lock
         self.hits = 0
@@ -335,7 +338,7 @@ class Cache:
         while self._dead:
             self._entries.pop(self._dead.pop(), None)
 
-    def get(self, key: Key) -> Structure | None:
+    def get(self, key: Key) -> _Value | None:
         with self._lock:
             self._purge()
             entry = self._entries.get(key)
@@ -347,7 +350,7 @@ class Cache:
                 self.hits += 1
             return entry[0]
 
-    def put(self, key: Key, value: Structure, objects: list[Any]) -> None:
+    def put(self, key: Key, value: _Value, objects: list[Any]) -> None:
         dead = self._dead
 
         def forget(_: Any) -> None:
@@ -384,4 +387,6 @@ class Cache:
             self.hits = self.misses = 0
 
 
-CACHE = Cache(maxsize=4096)
+CACHE: Cache[Structure] = Cache(maxsize=4096)
+# `ts.cost`'s answers (small figures, never a compiled program), keyed as `CACHE` is.
+COST_CACHE: Cache[Any] = Cache(maxsize=4096)

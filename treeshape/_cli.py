@@ -1,4 +1,4 @@
-"""The `treeshape` command: `treeshape demo` and `treeshape inspect`.
+"""The `treeshape` command: `treeshape demo`, `treeshape inspect` and `treeshape cost`.
 
 Every failure is one line on stderr (`treeshape: error: ...`, control
 characters escaped) and a non-zero exit status: 2 for bad input on the command
@@ -31,6 +31,7 @@ Pytree shape inference for JAX, from the command line.
 
   treeshape demo                    the built-in example (offline, seconds)
   treeshape inspect MODULE:ATTR ... the output structure of a function
+  treeshape cost MODULE:ATTR ...    what its compiled program needs (FLOPs, bytes)
 """
 
 _SPECS: Final = """\
@@ -63,9 +64,12 @@ examples:
   treeshape inspect mypkg.model:init_state 'bf16[1024,1024]' step=0
   treeshape inspect jax.nn:softmax 'f32[4,10]' axis=0
   treeshape inspect jax.numpy:matmul 'f32[8,784]' 'f32[784,10]' --json
+  treeshape cost jax.numpy:matmul 'f32[8,784]' 'f32[784,10]'
 
 output: a table (the first and last 25 rows of a tree of more than 50
-leaves, and an exact total), or with --json every leaf as JSON.
+leaves, and an exact total), or with --json every leaf as JSON; for cost,
+the table of ts.Cost (FLOPs, bytes accessed, and per device the bytes of
+arguments, outputs, temporaries, aliased buffers and the peak).
 
 exit status: 0 on success, 2 for bad command-line input (usage, specs,
 unknown module or attribute), 1 when the module or the function raises
@@ -115,7 +119,7 @@ def _parser() -> _Parser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--traceback", action="store_true", help=traceback_help)
-    sub = parser.add_subparsers(dest="command", metavar="{demo,inspect}", required=True, parser_class=_SubParser)
+    sub = parser.add_subparsers(dest="command", metavar="{demo,inspect,cost}", required=True, parser_class=_SubParser)
     demo = sub.add_parser(
         "demo",
         help="run the built-in example: a small model's structures, carry and training",
@@ -140,7 +144,19 @@ def _parser() -> _Parser:
         action="store_true",
         help="print a JSON list of {path, shape, dtype, weak_type} instead of a table",
     )
-    for subparser in (demo, inspect):
+    cost = sub.add_parser(
+        "cost",
+        help="print what the compiled program of MODULE:ATTR needs on abstract arguments",
+        description="Import MODULE, take ATTR (dotted attributes allowed), compile it\n"
+        "for the given abstract arguments (nothing runs, no input memory is\n"
+        "allocated) and print XLA's figures: FLOPs, bytes accessed, and per\n"
+        "device the bytes of arguments, outputs, temporaries and the peak.",
+        epilog=_SPECS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cost.add_argument("target", nargs="?", metavar="MODULE:ATTR", help="e.g. mypkg.model:train_step")
+    cost.add_argument("specs", nargs="*", metavar="SPEC | NAME=SPEC", help="the function's arguments")
+    for subparser in (demo, inspect, cost):
         # Accepted after the subcommand too; SUPPRESS keeps the main parser's value.
         subparser.add_argument(
             "--traceback",
@@ -301,6 +317,21 @@ def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
     return 0
 
 
+def _cost(args: argparse.Namespace, stdout: TextIO) -> int:
+    import treeshape as ts
+
+    if args.target is None:
+        raise _Fail("the following arguments are required: MODULE:ATTR", 2)
+    positional, keywords = _arguments(args.specs)
+    fn, positional, keywords = _bind(_resolve(args.target), positional, keywords)
+    try:
+        figures = ts.cost(fn, *positional, **keywords)
+    except _USER_ERRORS as err:
+        raise _Fail(f"calling {args.target} failed: {_one_line(err)}", 1) from err
+    print(str(figures), file=stdout)
+    return 0
+
+
 # -- demo --------------------------------------------------------------------------
 def _demo(stdout: TextIO) -> int:
     """A 2-layer MLP regression, trained with a hand-written Adam inside `lax.scan`."""
@@ -455,6 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             if args.command == "demo":
                 return _demo(sys.stdout)
+            if args.command == "cost":
+                return _cost(args, sys.stdout)
             return _inspect(args, sys.stdout)
         except _Fail:
             raise

@@ -5,7 +5,7 @@ pins the behaviour treeshape relies on, so a JAX upgrade that changes it fails
 loudly there instead of silently elsewhere.
 """
 
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from jax._src import config as _config, core as _core
@@ -63,3 +63,48 @@ def abstractify(x: Any) -> Any:
     keying the cache on exactly what tracing sees makes those inputs one entry.
     """
     return _core.shaped_abstractify(x)
+
+
+# -- what a compiled program needs (`ts.cost`) ----------------------------------------
+# `jax.stages.Compiled.cost_analysis()` and `.memory_analysis()` are public, but JAX
+# documents neither as a stable API: what they return has changed between releases.
+# These two functions read them into one shape for every supported release.
+
+_MEMORY_FIELDS: Final = {
+    "argument": "argument_size_in_bytes",
+    "output": "output_size_in_bytes",
+    "temp": "temp_size_in_bytes",
+    "alias": "alias_size_in_bytes",
+}
+
+
+def cost_analysis(compiled: Any) -> dict[str, Any]:
+    """XLA's cost analysis of a compiled program as one dict (`{}` when the backend gives none).
+
+    Older releases returned a list with one dict per program (one program for everything
+    `jit` compiles), jax 0.10.2 the dict itself; a backend without the analysis returns
+    `None` or raises.
+    """
+    try:
+        analysis = compiled.cost_analysis()
+    except Exception:  # e.g. "cost analysis not implemented" on some plugin backends
+        return {}
+    if isinstance(analysis, (list, tuple)):
+        analysis = analysis[0] if analysis else None
+    return dict(analysis) if isinstance(analysis, dict) else {}
+
+
+def memory_analysis(compiled: Any) -> dict[str, Any]:
+    """The per-device bytes of a compiled program (`argument`, `output`, `temp`, `alias`), each
+    as the backend reports it (possibly negative, a sentinel) or `None` when it does not.
+
+    `memory_analysis()` returns a `CompiledMemoryStats` whose `*_size_in_bytes` fields name
+    these figures on every supported release (`None` from a backend without the analysis).
+    """
+    try:
+        stats = compiled.memory_analysis()
+    except Exception:
+        stats = None
+    if isinstance(stats, (list, tuple)):  # one entry per program, as cost_analysis once was
+        stats = stats[0] if stats else None
+    return {name: getattr(stats, field, None) for name, field in _MEMORY_FIELDS.items()}

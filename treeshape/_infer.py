@@ -5,7 +5,7 @@ import inspect
 import itertools
 import types
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import jax
 import jax.tree_util as jtu
@@ -61,7 +61,7 @@ def _call_key(leaves: list[Any], concrete_scalars: bool, refs: list[Any]) -> lis
     return out
 
 
-def _is_abstract(x: Any, concrete_scalars: bool) -> bool:
+def is_abstract(x: Any, concrete_scalars: bool) -> bool:
     kind = kind_of(type(x))
     if kind == SCALAR:
         return not concrete_scalars
@@ -116,7 +116,7 @@ def cache_info() -> CacheInfo:
 
 
 def clear_cache() -> None:
-    """Empty the `out_structure` cache and reset its counts.
+    """Empty the `out_structure` cache (and `cost`'s) and reset its counts.
 
     Examples:
         >>> import treeshape as ts
@@ -125,20 +125,22 @@ def clear_cache() -> None:
         0
     """
     CACHE.clear()
+    _cache.COST_CACHE.clear()
 
 
 def set_cache_maxsize(maxsize: int) -> int:
-    """Bound the cache to `maxsize` entries (evicting the oldest); return the old bound.
+    """Bound the cache (and `cost`'s) to `maxsize` entries (evicting the oldest); return the old bound.
 
     Private (tests and benchmarks): the public default stays 4096.
     """
     if not isinstance(maxsize, int) or maxsize < 0:
         raise ValueError(f"treeshape: the cache maxsize must be an int >= 0, got {maxsize!r}")
+    _cache.COST_CACHE.resize(maxsize)
     return CACHE.resize(maxsize)
 
 
 # -- inference -----------------------------------------------------------------
-def _input_path(leaves: list[Any], treedef: jtu.PyTreeDef, i: int) -> str:
+def input_path(leaves: list[Any], treedef: jtu.PyTreeDef, i: int) -> str:
     """Leaf `i` of the call as the user wrote it: `args[0]['w']`, `kwargs['n']`, or
     `the bound args[1]` for a value bound in a partial."""
     keys = jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, leaves))[0][i][0]
@@ -149,7 +151,7 @@ def _input_path(leaves: list[Any], treedef: jtu.PyTreeDef, i: int) -> str:
     return root + jtu.keystr(tuple(keys[2:]))
 
 
-def _abstract_inputs(leaves: list[Any], treedef: jtu.PyTreeDef) -> list[Any]:
+def abstract_inputs(leaves: list[Any], treedef: jtu.PyTreeDef, fn_name: str = "out_structure") -> list[Any]:
     """The leaves with duck arrays as `ShapeDtypeStruct`s, every described shape checked
     (named by path: JAX's own error would name a treeshape wrapper, or none at all)."""
     out = list(leaves)
@@ -161,12 +163,14 @@ def _abstract_inputs(leaves: list[Any], treedef: jtu.PyTreeDef) -> list[Any]:
             elif kind == SDS:
                 out[i] = checked_sds(x)
         except BadShape as e:
-            where = _input_path(leaves, treedef, i)
-            raise e.error(bad_shape_message("out_structure", where, e.shape, e.problem)) from None
+            where = input_path(leaves, treedef, i)
+            raise e.error(bad_shape_message(fn_name, where, e.shape, e.problem)) from None
     return out
 
 
-def _check_inputs(leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef) -> None:
+def check_inputs(
+    leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef, fn_name: str = "out_structure"
+) -> None:
     """Name the path of a Python int JAX cannot type (instead of JAX's bare OverflowError):
     it is an abstract input by contract, and no JAX integer holds it."""
     bits = 64 if jax.enable_x64.value else 32
@@ -174,10 +178,10 @@ def _check_inputs(leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDe
     for i, (x, a) in enumerate(zip(leaves, abstract, strict=True)):
         if not (a and type(x) is int) or low <= x < high:
             continue
-        raise OverflowError(int_too_big_message("out_structure", _input_path(leaves, treedef, i), x, bits))
+        raise OverflowError(int_too_big_message(fn_name, input_path(leaves, treedef, i), x, bits))
 
 
-def _is_output_array(x: Any, kind: int) -> bool:
+def is_output_array(x: Any, kind: int) -> bool:
     """Whether an output leaf is an array for JAX (the rest are kept as static leaves)."""
     if kind == ARRAY or kind == SCALAR:
         return True
@@ -200,13 +204,13 @@ def _evaluate(
     with `close_bound` so are the bound arrays and tracers (closed over, as
     `jax.eval_shape` of the partial itself passes them).
     """
-    leaves = _abstract_inputs(bound_leaves + call_leaves, treedef)
+    leaves = abstract_inputs(bound_leaves + call_leaves, treedef)
     n_bound = len(bound_leaves)
     abstract = [
-        _is_abstract(x, i < n_concrete) and not (close_bound and i < n_bound and _has_value(x))
+        is_abstract(x, i < n_concrete) and not (close_bound and i < n_bound and has_value(x))
         for i, x in enumerate(leaves)
     ]
-    _check_inputs(leaves, abstract, treedef)
+    check_inputs(leaves, abstract, treedef)
     if type(core) is _JITTED and not bound_leaves and treedef.children()[0] == _EMPTY_BOUND:
         # A jitted function on its own: exactly `jax.eval_shape`, which asks the
         # jitted function for its output info (so its `out_shardings` show).
@@ -228,7 +232,7 @@ def _evaluate(
         traced_out = []
         descriptions: list[Any] = []
         for x in out_leaves:
-            if _is_output_array(x, kind_of(type(x))):
+            if is_output_array(x, kind_of(type(x))):
                 descriptions.append(_TRACED)
                 traced_out.append(x)
             else:  # a ShapeDtypeStruct describes itself; other leaves are static
@@ -252,7 +256,7 @@ def _evaluate(
         if not isinstance(e, TypeError):  # JAX's concretization errors are TypeErrors
             raise
         n = len(bound_leaves)
-        _note_abstract_scalars(
+        note_abstract_scalars(
             e,
             core,
             len(treedef.children()[0].children()[0].children()),
@@ -313,7 +317,7 @@ def _needed_concrete(error: BaseException) -> bool:
     return isinstance(error, _CONCRETIZATION_ERRORS) or _SHAPE_ERROR in str(error)
 
 
-def _has_value(x: Any) -> bool:
+def has_value(x: Any) -> bool:
     """An array with a value (or a tracer of an enclosing trace), as opposed to a
     `ShapeDtypeStruct` or a duck array, which only describe one."""
     kind = kind_of(type(x))
@@ -323,12 +327,12 @@ def _has_value(x: Any) -> bool:
 def _note_structure_arguments(error: BaseException, leaves: list[Any], treedef: jtu.PyTreeDef) -> None:
     """When `fn` failed and a `Structure` was among its arguments (passed unchanged, as a
     static value), say how to pass the tree it describes."""
-    wheres = [_input_path(leaves, treedef, i) for i, x in enumerate(leaves) if isinstance(x, Structure)]
+    wheres = [input_path(leaves, treedef, i) for i, x in enumerate(leaves) if isinstance(x, Structure)]
     if wheres:
         error.add_note(structure_argument_note(wheres))
 
 
-def _note_abstract_scalars(
+def note_abstract_scalars(
     error: BaseException,
     core: Callable[..., Any],
     n_bound: int,
@@ -434,54 +438,88 @@ def _raise_escapes(where: list[str], fn_name: str = "out_structure") -> None:
     )
 
 
-def _out_structure(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Structure, list[Any]]:
-    """The structure of `fn(*args, **kwargs)`, and the flattened `(args, kwargs)`."""
+def check_callable(fn: Any, fn_name: str) -> None:
     if not callable(fn):
         raise TypeError(
-            f"treeshape.out_structure: `fn` must be callable, got {type(fn).__name__} {fn!r}. "
-            "Pass the function first and its arguments after it: `ts.out_structure(f, x)`."
+            f"treeshape.{fn_name}: `fn` must be callable, got {type(fn).__name__} {fn!r}. "
+            f"Pass the function first and its arguments after it: `ts.{fn_name}(f, x)`."
         )
+
+
+class Call(NamedTuple):
+    """A call `fn(*args, **kwargs)` split as `core(*bound, *args, **{**bound_kw, **kwargs})`, flattened."""
+
+    core: Callable[..., Any]
+    bound_leaves: list[Any]
+    bound_treedef: jtu.PyTreeDef
+    call_leaves: list[Any]
+    call_treedef: jtu.PyTreeDef
+
+    @property
+    def jitted(self) -> bool:
+        """A jitted core abstracts its own non-static arguments: Python scalars are
+        passed to it concrete (and keyed by value), so its static arguments work."""
+        return type(self.core) is _JITTED
+
+    @property
+    def treedef(self) -> jtu.PyTreeDef:
+        return jtu.treedef_tuple((self.bound_treedef, self.call_treedef))
+
+    @property
+    def n_concrete(self) -> int:
+        """How many leaves, from the first, pass Python scalars concrete."""
+        return len(self.bound_leaves) + (len(self.call_leaves) if self.jitted else 0)
+
+
+def split_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
     core, bound, bound_kw = _split_callable(fn)
     if bound or bound_kw:
         bound_leaves, bound_treedef = jtu.tree_flatten((bound, bound_kw))
     else:
         bound_leaves, bound_treedef = [], _EMPTY_BOUND
     call_leaves, call_treedef = jtu.tree_flatten((args, kwargs))
-    # A jitted core abstracts its own non-static arguments: Python scalars are
-    # passed to it concrete (and keyed by value), so its static arguments work.
-    jitted = type(core) is _JITTED
+    return Call(core, bound_leaves, bound_treedef, call_leaves, call_treedef)
+
+
+def call_key(call: Call, refs: list[Any]) -> tuple[Any, ...]:
+    """The cache key parts of a call: the core function, the treedefs, each leaf's part
+    (`_call_key`) and the tracing context. Raises what `static_key` raises."""
+    return (
+        static_key(call.core, refs),
+        call.bound_treedef,
+        call.call_treedef,
+        *_call_key(call.bound_leaves, True, refs),
+        *_call_key(call.call_leaves, call.jitted, refs),
+        _cache.context_key(),
+    )
+
+
+def _out_structure(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Structure, list[Any]]:
+    """The structure of `fn(*args, **kwargs)`, and the flattened `(args, kwargs)`."""
+    check_callable(fn, "out_structure")
+    call = split_call(fn, args, kwargs)
+    core, bound_leaves, bound_treedef, call_leaves, call_treedef = call
     refs: list[Any] = []
     key: Key | None = None
     hit = None
     try:
-        key = Key(
-            (
-                static_key(core, refs),
-                bound_treedef,
-                call_treedef,
-                *_call_key(bound_leaves, True, refs),
-                *_call_key(call_leaves, jitted, refs),
-                _cache.context_key(),
-            )
-        )
+        key = Key(call_key(call, refs))
         hit = CACHE.get(key)
     except Exception:  # Uncacheable, or a user object's __hash__/__eq__ (in node data) failing
         key = None
         CACHE.miss()
     if hit is not None and hit is not NEEDS_CONCRETE:
         return hit, call_leaves
-    n_concrete = len(bound_leaves)
-    if jitted:
-        n_concrete += len(call_leaves)
-    treedef = jtu.treedef_tuple((bound_treedef, call_treedef))
+    n_concrete = call.n_concrete
+    treedef = call.treedef
     if hit is NEEDS_CONCRETE:
         return _with_bound_values(core, n_concrete, bound_leaves, call_leaves, treedef, key, refs, True), call_leaves
     try:
         structure = _evaluate(core, n_concrete, bound_leaves, call_leaves, treedef)
     except (TypeError, IndexError):  # what JAX raises where a value is needed (a size, an `int()`, a slice)
-        if not any(_has_value(x) for x in bound_leaves):
+        if not any(has_value(x) for x in bound_leaves):
             raise
         retry = True
     else:
@@ -534,7 +572,7 @@ def _with_bound_values(
 
 def _value_key(x: Any) -> Any:
     """A bound leaf's key part when bound arrays are passed concrete: their value."""
-    if not _has_value(x) or isinstance(x, jax.core.Tracer):
+    if not has_value(x) or isinstance(x, jax.core.Tracer):
         return None  # keyed by its abstract value in the key below
     if x.nbytes > _MAX_VALUE_KEY_BYTES:
         raise _cache.Uncacheable

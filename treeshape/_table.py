@@ -314,3 +314,37 @@ def html_table(structure: Described, max_rows: int | None = DEFAULT_MAX_ROWS) ->
         f"<tbody>{''.join(body)}</tbody>"
         f"<tfoot>{total}</tfoot></table>"
     )
+
+
+# -- small tables of figures (`ts.Cost`) -----------------------------------------
+def grid(headers: Sequence[str], rows: Sequence[Sequence[str]], right: int = 1) -> str:
+    """An aligned text table of `rows` under `headers`, the last `right` columns flush right,
+    with the rules and cell escaping of [table][]."""
+    cells = [[printable(c) for c in row] for row in [headers, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    first_right = len(headers) - right
+
+    def line(row: list[str]) -> str:
+        parts = [
+            c.rjust(w) if i >= first_right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        return "  ".join(parts).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(cells[0]), rule, *(line(row) for row in cells[1:]), rule])
+
+
+def html_grid(headers: Sequence[str], rows: Sequence[Sequence[str]], right: int = 1, css_class: str = "") -> str:
+    """The cells of [grid][] as an HTML table, escaped, in the style of [html_table][]."""
+    esc = html.escape
+    first_right = len(headers) - right
+
+    def cells(values: Sequence[str], tag: str) -> str:
+        parts = [f"<{tag}{_RIGHT if i >= first_right else _LEFT}>{esc(v)}</{tag}>" for i, v in enumerate(values)]
+        return "<tr>" + "".join(parts) + "</tr>"
+
+    body = "".join(cells(row, "td") for row in rows)
+    return (
+        f'<table class="{esc(css_class)}" style="{_CSS}">'
+        f"<thead>{cells(headers, 'th')}</thead><tbody>{body}</tbody></table>"
+    )

@@ -23,6 +23,7 @@ MODULES = (
     "scale_diff",  # 12 scale_diff (group: scale)
     "scale_memory",  # 13 scale_memory (group: scale)
     "scale_json",  # 14 scale_json (group: scale)
+    "cost",  # 15 cost
 )
 
 for _name in MODULES:
