@@ -173,7 +173,7 @@ def _data_difference(expected: Any, actual: Any) -> tuple[str, str]:
         differ = [k for k in e_fields if not _static_equal(e_fields[k], a_fields[k])]
         if differ:
             shown = differ[:_MAX_FIELDS]
-            more = f" (and {len(differ) - _MAX_FIELDS} more fields)" if len(differ) > _MAX_FIELDS else ""
+            more = f" and {len(differ) - _MAX_FIELDS} more fields" if len(differ) > _MAX_FIELDS else ""
 
             def side(fields: dict[str, Any]) -> str:
                 return ", ".join(f"{k}={_short(fields[k])}" for k in shown) + more

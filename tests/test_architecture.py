@@ -57,7 +57,7 @@ def test_the_graph_is_what_the_architecture_page_says():
     assert graph["_leaf"] == {"_compat"}
     assert graph["_compat"] == set()
     assert "_infer" not in graph["_structure"] and "_cache" not in graph["_structure"]
-    assert graph["_diff"] <= {"_errors", "_leaf"}
+    assert graph["_diff"] <= {"_compat", "_errors", "_leaf"}
     assert "_infer" not in graph["_weak"]
 
 

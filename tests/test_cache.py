@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import treeshape as ts
-from treeshape import _cache, _infer
+from treeshape import _cache, _compat, _infer
 
 
 # The dtypes JAX gives Python scalars: 64-bit under `jax_enable_x64`, 32-bit otherwise.
@@ -167,7 +167,7 @@ def test_context_settings_are_part_of_the_key():
 
     mixed = (jnp.ones(2, jnp.bfloat16), jnp.ones(2, jnp.float16))
     assert ts.out_structure(f, *mixed).tree.dtype == jnp.float32
-    with jax.numpy_dtype_promotion("strict"), pytest.raises(jax.dtypes.TypePromotionError, match="strict"):
+    with jax.numpy_dtype_promotion("strict"), pytest.raises(_compat.TypePromotionError, match="strict"):
         ts.out_structure(f, *mixed)  # not the cached standard-mode answer
 
     mesh = jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Explicit,))

@@ -107,3 +107,112 @@ def test_abstractify_gives_one_aval_for_every_kind_of_array_input():
     sharded = jax.ShapeDtypeStruct((8,), jnp.float32, sharding=jax.NamedSharding(mesh, jax.P("d")))
     placed = jax.device_put(jnp.ones(8, jnp.float32), jax.NamedSharding(mesh, jax.P("d")))
     assert _compat.abstractify(sharded) == jax.typeof(placed) != jax.typeof(jnp.ones(8, jnp.float32))
+
+
+# -- what differs between releases ------------------------------------------------------
+def _mesh(name):
+    return jax.make_mesh((8,), (name,), axis_types=(jax.sharding.AxisType.Explicit,))
+
+
+def test_manual_axes_are_read_and_made_alike_on_every_release():
+    mesh = _mesh("i")
+    seen = {}
+
+    def body(x):
+        seen["invariant"] = _compat.axis_sets(jax.typeof(jnp.zeros(())))
+        y = _compat.pcast_varying(jnp.zeros(()), ("i",))
+        seen["aval"] = jax.typeof(y)
+        seen["sds"] = jax.eval_shape(lambda: y)
+        return x
+
+    x = jax.device_put(jnp.ones(8), jax.NamedSharding(mesh, jax.P("i")))
+    jax.shard_map(body, mesh=mesh, in_specs=jax.P("i"), out_specs=jax.P("i"))(x)
+    varying = frozenset({"i"})
+    assert _compat.varying_axes(seen["aval"]) == varying
+    assert _compat.axis_sets(seen["aval"]) == (varying, frozenset(), frozenset())
+    assert seen["invariant"] is None
+    assert _compat.varying_axes(jax.ShapeDtypeStruct((2,), jnp.float32)) == frozenset()
+    assert _compat.manual_axes(jax.ShapeDtypeStruct((2,), jnp.float32)) is None
+    native = _compat.make_manual_axes({"i"})
+    sds = _compat.shape_dtype_struct((2,), jnp.float32, manual_axes=native)
+    assert _compat.axis_sets(sds) == (varying, frozenset(), frozenset())
+    assert _compat.varying_axes(_compat.with_manual_axes(sds, _compat.make_manual_axes({"j"}))) == {"j"}
+    assert getattr(sds, _compat.MANUAL_AXES_FIELD) is not None
+
+
+def test_unreduced_manual_axes_need_jax_0_10():
+    if _compat.HAS_MANUAL_AXIS_TYPE:
+        native = _compat.make_manual_axes({"i"}, unreduced={"j"})
+        assert isinstance(native, jax.sharding.ManualAxisType)
+        assert (native.varying, native.unreduced, native.reduced) == ({"i"}, {"j"}, frozenset())
+        with pytest.raises(ValueError):  # JAX's own rule: an axis cannot be both
+            _compat.make_manual_axes({"i"}, unreduced={"i"})
+    else:
+        with pytest.raises(_compat.JaxFeatureMissing, match=r"unreduced or reduced manual axes .* jax 0\.10\.0"):
+            _compat.make_manual_axes({"i"}, unreduced={"j"})
+
+
+def test_current_mesh_is_the_set_mesh():
+    assert _compat.current_mesh().empty
+    mesh = _mesh("d")
+    with jax.set_mesh(mesh):
+        assert _compat.current_mesh() == mesh
+    assert _compat.current_mesh().empty
+
+
+def test_flatten_one_level_with_keys_keys_each_child_as_its_path_does():
+    import collections
+
+    Pair = collections.namedtuple("Pair", "a b")
+    for node in (Pair(1, 2), {"x": 1, "y": (2,)}, [1, 2], (1,), None):
+        keyed, _ = _compat.flatten_one_level_with_keys(node)
+        paths = [path[0] for path, _ in jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]]
+        assert [key for key, _ in keyed] == paths
+    keyed, data = _compat.flatten_one_level_with_keys(Pair(1, 2))
+    assert [jax.tree_util.keystr((key,)) for key, _ in keyed] == [".a", ".b"] and [c for _, c in keyed] == [1, 2]
+    assert _compat.namedtuple_keys(Pair) == [jax.tree_util.GetAttrKey("a"), jax.tree_util.GetAttrKey("b")]
+    assert _compat.namedtuple_keys(tuple) is None
+    for leaf in (1, jnp.ones(2), "s"):
+        with pytest.raises(ValueError):
+            _compat.flatten_one_level_with_keys(leaf)
+
+
+def test_spec_entries_also_with_unreduced_axes():
+    P = jax.sharding.PartitionSpec
+    assert _compat.spec_entries(P("d", None)) == ("d", None)
+    assert _compat.spec_entries(P()) == ()
+    assert _compat.spec_entries(P(("a", "b"), unreduced={"c"})) == (("a", "b"),)
+
+
+def test_type_promotion_error_is_what_strict_promotion_raises():
+    with jax.numpy_dtype_promotion("strict"), pytest.raises(_compat.TypePromotionError):
+        jnp.ones(2, jnp.bfloat16) + jnp.ones(2, jnp.float16)
+
+
+def test_traced_shape_errors_are_told_by_where_they_are_raised():
+    caught = []
+    for fn in (lambda n: jnp.zeros(n), lambda n: jnp.ones((n, 2)), lambda n: jnp.zeros(2) + "s"):
+        try:
+            jax.eval_shape(fn, 3)
+        except TypeError as e:
+            caught.append(_compat.is_traced_shape_error(e))
+    assert caught == [True, True, False]
+    assert not _compat.is_traced_shape_error(ValueError("Shapes must be 1D sequences of concrete values"))
+
+
+def test_prng_implementations_of_this_release():
+    impls = _compat.key_impls()
+    assert impls[0] == "threefry2x32" and {"rbg", "unsafe_rbg"} <= set(impls)
+    for impl, (tag, _) in _compat.PRNG_IMPLS.items():
+        if impl in impls:
+            dtype = _compat.key_dtype(impl)
+            assert str(dtype) == f"key<{tag}>"
+            assert jax.random.key(0, impl=impl).dtype == dtype
+            assert str(jax.random.key_impl(jax.random.key(0, impl=impl))) == impl
+        else:  # a built-in implementation of a newer release
+            with pytest.raises(_compat.JaxFeatureMissing, match=f"'{impl}' needs jax 0.10.2 or newer"):
+                _compat.key_dtype(impl)
+            with pytest.raises((ValueError, TypeError, KeyError)):
+                jax.random.key(0, impl=impl)
+    with pytest.raises(ValueError, match="unknown PRNG implementation 'bogus'"):
+        _compat.key_dtype("bogus")

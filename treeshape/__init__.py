@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 # conftest must still be able to configure JAX (JAX_PLATFORMS, JAX_ENABLE_X64,
 # XLA_FLAGS) before JAX is imported. Type checkers read the imports below.
 if TYPE_CHECKING:
+    from ._cache import CacheInfo as CacheInfo
     from ._carry import (
         carry_structure as carry_structure,
         fori_carry as fori_carry,
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
         out_structure as out_structure,
         structure_of as structure_of,
     )
+    from ._json import StaticRepr as StaticRepr
     from ._settle import settle as settle
     from ._structure import Structure as Structure
     from ._weak import (
@@ -42,10 +44,12 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "CacheInfo",
     "CarryMismatchError",
     "Cost",
     "Mismatch",
     "PrecisionWarning",
+    "StaticRepr",
     "Structure",
     "StructureMismatchError",
     "cache_info",
@@ -68,10 +72,12 @@ __version__ = importlib.metadata.version("treeshape")
 
 # Where each public name lives (the imports above, for the interpreter).
 _MODULES = {
+    "CacheInfo": "._cache",
     "CarryMismatchError": "._errors",
     "Cost": "._cost",
     "Mismatch": "._errors",
     "PrecisionWarning": "._errors",
+    "StaticRepr": "._json",
     "Structure": "._structure",
     "StructureMismatchError": "._errors",
     "cache_info": "._infer",

@@ -34,7 +34,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat
-from ._leaf import is_duck_array, static_value
+from ._leaf import ARRAY, is_duck_array, kind_of, static_value
 from ._structure import Structure
 
 
@@ -156,7 +156,7 @@ _JAX_VALUES: Final = (
 
 def _state_key(x: Any, depth: int, refs: list[Any]) -> Hashable | None:
     """A mutable object's key: its type and its attributes' current values (None if not plain)."""
-    if isinstance(x, (jax.Array, jax.core.Tracer)) or is_duck_array(x):
+    if kind_of(type(x)) == ARRAY or is_duck_array(x):
         return None  # its value is not in Python attributes: never keyed by them
     if isinstance(x, np.generic):
         return ("numpy", x.dtype.str, x.tobytes())
@@ -286,6 +286,8 @@ def holds_tracer(x: Any) -> bool | None:
 # -- the cache -----------------------------------------------------------------
 class CacheInfo(NamedTuple):
     """Statistics of the `out_structure` cache."""
+    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
+
 
     hits: int
     misses: int

@@ -9,8 +9,8 @@ from typing import Any, Final, NamedTuple
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
-from jax import lax
 
+from . import _compat
 from ._diff import diff_structures
 from ._errors import (
     CarryMismatchError,
@@ -32,17 +32,15 @@ from ._errors import (
     structure_as_values_message,
 )
 from ._infer import out_structure
-from ._leaf import from_aval, leaf_str, refuse_leaked_tracers, short_dtype, varying_axes
-from ._sharding import carry_spec, reshard, spec_value
+from ._leaf import SCALAR_TYPES, from_aval, key_impl_name, leaf_str, refuse_leaked_tracers, short_dtype, varying_axes
+from ._sharding import carry_spec, reshard, spec_text, spec_value
 from ._structure import PyTree, Structure
 from ._weak import (
-    _PY_SCALAR_TYPES,
     allowing_policy,
     check_policy,
     convert,
     dtype_change_allowed,
     key_change,
-    key_impl_name,
 )
 
 
@@ -117,7 +115,8 @@ def _one_step(leaf: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
     """The value of one scan step of `leaf`: its leading axis removed."""
     sharding = leaf.sharding
     if sharding is not None and hasattr(sharding, "spec"):
-        spec = tuple(sharding.spec) + (None,) * (len(leaf.shape) - len(sharding.spec))
+        given = _compat.spec_entries(sharding.spec)
+        spec = given + (None,) * (len(leaf.shape) - len(given))
         sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec[1:]))
     else:
         sharding = None
@@ -316,7 +315,7 @@ def _join(
             elif o_axes - c_axes and c.shape == o.shape:
                 # (With another shape the leaf is a mismatch anyway, and the
                 # output's sharding, of another rank, does not fit it.)
-                new = new.update(sharding=o.sharding, manual_axis_type=o.manual_axis_type)
+                new = _compat.with_manual_axes(new, _compat.manual_axes(o), sharding=o.sharding)
             if c.shape == o.shape and carry_spec(new) != carry_spec(o):
                 # Explicit mesh axes are part of the type (`f32[8@d,3]`): take the output's.
                 new = new.update(sharding=o.sharding)
@@ -348,7 +347,7 @@ def _sharding_cycles(
         rank = len(c.shape)
         m = Mismatch(paths[i], "sharding", spec_value(before, rank), spec_value(after, rank), root=roles.root)
         mismatches.append(m)
-        texts = [str(spec_value(spec, rank)) for spec in (*history, after)]
+        texts = [spec_text(spec_value(spec, rank)) for spec in (*history, after)]
         fix = carry_sharding_fix(texts, roles.fn)
         lines.append((m.where, f"input {leaf_str(c)} sharded {m.expected}, output sharded {m.actual}.", fix))
     return mismatches, lines
@@ -372,11 +371,11 @@ def convert_init(init: PyTree, carry: Structure, fn_name: str, roles: Roles = CA
         if roles.as_arrays and not isinstance(x, jax.Array):
             x = jnp.asarray(x)
         have = jax.typeof(x)
-        if have.dtype != want.dtype or (have.weak_type != want.weak_type and type(x) not in _PY_SCALAR_TYPES):
+        if have.dtype != want.dtype or (have.weak_type != want.weak_type and type(x) not in SCALAR_TYPES):
             x = convert(x, want.dtype, want.weak_type)
         missing = varying_axes(want) - varying_axes(have)
         if missing:
-            x = lax.pcast(x, tuple(sorted(missing)), to="varying")
+            x = _compat.pcast_varying(x, tuple(sorted(missing)))
         if carry_spec(want) != carry_spec(have):  # explicit mesh axes: part of the type
             x = reshard(x, want, fn_name, ft.partial(_Paths(init, roles.root).where, len(out)))
         out.append(x)

@@ -1,17 +1,44 @@
-"""The only place treeshape touches JAX internals.
+"""The only place treeshape knows how JAX releases differ, and the only use of `jax._src`.
 
-Each symbol below has no public equivalent in JAX 0.10.2; `tests/test_compat.py`
-pins the behaviour treeshape relies on, so a JAX upgrade that changes it fails
-loudly there instead of silently elsewhere.
+treeshape supports every JAX release from its floor (0.8.0) to the newest.
+Each function or constant below either has no public equivalent in JAX, or
+is spelled differently across that range; everything else in the package
+asks this module. Differences are found by feature detection (`hasattr`,
+attribute lookups), never by comparing version strings or matching JAX's
+message texts. `tests/test_compat.py` pins the behaviour of each one on the
+running release, so an upgrade that changes it fails loudly there instead of
+silently elsewhere.
+
+Where a release lacks a feature, only that feature degrades: asking for it
+raises `JaxFeatureMissing`, which names the feature and the first release
+that has it.
 """
 
+import functools as ft
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Final
 
+import jax
+import jax.tree_util as jtu
 import numpy as np
-from jax._src import config as _config, core as _core
+from jax import lax
+from jax._src import config as _config, core as _core, dtypes as _dtypes, mesh as _mesh
 from jax._src.lax import lax as _lax
 
 
+class JaxFeatureMissing(NotImplementedError):
+    """A feature the running JAX release does not have; the message names the
+    feature and the first JAX release that brings it."""
+
+    def __init__(self, feature: str, since: str) -> None:
+        super().__init__(
+            f"treeshape: {feature} needs jax {since} or newer; this is jax {jax.__version__}. "
+            f"Upgrade JAX (`pip install -U 'jax>={since}'`) to use it."
+        )
+        self.feature, self.since = feature, since
+
+
+# -- weak types, trace state, tracing context, abstract values --------------------------
 def convert_element_type(x: Any, dtype: Any, weak_type: bool) -> Any:
     """`lax.convert_element_type` that can also set the `weak_type` flag.
 
@@ -108,3 +135,216 @@ def memory_analysis(compiled: Any) -> dict[str, Any]:
     if isinstance(stats, (list, tuple)):  # one entry per program, as cost_analysis once was
         stats = stats[0] if stats else None
     return {name: getattr(stats, field, None) for name, field in _MEMORY_FIELDS.items()}
+
+
+def is_traced_shape_error(error: BaseException) -> bool:
+    """Whether `error` is JAX's `TypeError` for a shape (or another static value) that
+    holds a tracer, as `jnp.zeros(n)` with `n` traced raises it: told by where it was
+    raised (inside JAX, with a tracer among that function's values), not by its text."""
+    if not isinstance(error, TypeError) or error.__traceback__ is None:
+        return False
+    tb = error.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    frame = tb.tb_frame
+    if not str(frame.f_globals.get("__name__", "")).startswith("jax."):
+        return False
+    for value in frame.f_locals.values():
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        if any(isinstance(v, _core.Tracer) for v in values):
+            return True
+    return False
+
+
+# `jax.dtypes.TypePromotionError` is public from jax 0.8.1; the class is the same before.
+TypePromotionError: Final[type[Exception]] = getattr(jax.dtypes, "TypePromotionError", _dtypes.TypePromotionError)
+
+
+# -- typed PRNG keys -------------------------------------------------------------------
+# JAX's built-in PRNG implementations: the name `jax.random.key(..., impl=)` takes, the
+# tag its key dtype prints (`key<fry>`), and the first release that has it.
+PRNG_IMPLS: Final = {
+    "threefry2x32": ("fry", "0.8.0"),
+    "rbg": ("rbg", "0.8.0"),
+    "unsafe_rbg": ("urbg", "0.8.0"),
+    "threefry4x32": ("fry4", "0.10.2"),
+    "philox2x32": ("phx2", "0.10.2"),
+    "philox4x32": ("phx4", "0.10.2"),
+}
+
+
+@ft.cache
+def key_dtype(impl: str) -> Any:
+    """The typed-key dtype of the PRNG implementation `impl` (`"threefry2x32"`), made abstractly.
+
+    `jax.random.key_dtype` from jax 0.10.1; an abstract `jax.random.key` before.
+
+    Raises:
+        JaxFeatureMissing: a built-in implementation that the running release lacks.
+        ValueError: a name JAX does not know.
+    """
+    try:
+        if hasattr(jax.random, "key_dtype"):
+            return jax.random.key_dtype(impl)
+        return jax.eval_shape(lambda: jax.random.key(0, impl=impl)).dtype
+    except (ValueError, TypeError, KeyError) as err:
+        if impl in PRNG_IMPLS:
+            raise JaxFeatureMissing(f"the PRNG implementation {impl!r}", PRNG_IMPLS[impl][1]) from err
+        raise ValueError(f"unknown PRNG implementation {impl!r}") from err
+
+
+@ft.cache
+def key_impls() -> tuple[str, ...]:
+    """The built-in PRNG implementations that the running release has."""
+    found = []
+    for impl in PRNG_IMPLS:
+        try:
+            key_dtype(impl)
+        except JaxFeatureMissing:
+            continue
+        found.append(impl)
+    return tuple(found)
+
+
+# -- manual axes under shard_map ------------------------------------------------------
+# From jax 0.10.0 a value's manual axes are a `jax.sharding.ManualAxisType`
+# (`varying`, `unreduced`, `reduced` axis sets) on `ShapeDtypeStruct`s and
+# avals as `.manual_axis_type`. Before, they are `.vma`, a frozenset of the
+# varying axes (avals) or None (`ShapeDtypeStruct`s), and manual axes cannot
+# be unreduced or reduced. treeshape handles the field's value as opaque
+# ("native") and reads it through the functions below.
+HAS_MANUAL_AXIS_TYPE: Final = hasattr(jax.sharding, "ManualAxisType")
+MANUAL_AXES_FIELD: Final = "manual_axis_type" if HAS_MANUAL_AXIS_TYPE else "vma"
+_NO_AXES: Final[frozenset[str]] = frozenset()
+UNREDUCED_MANUAL_AXES: Final = "unreduced or reduced manual axes (`jax.sharding.ManualAxisType`)"
+
+
+def manual_axes(x: Any) -> Any:
+    """The native manual-axes value of a `ShapeDtypeStruct` or an aval (None when it has none)."""
+    return getattr(x, MANUAL_AXES_FIELD, None)
+
+
+def axis_sets(x: Any) -> tuple[frozenset[str], frozenset[str], frozenset[str]] | None:
+    """`(varying, unreduced, reduced)` manual axes of a `ShapeDtypeStruct` or an aval,
+    or None when all three are empty."""
+    native = getattr(x, MANUAL_AXES_FIELD, None)
+    if native is None:
+        return None
+    if HAS_MANUAL_AXIS_TYPE:
+        if not (native.varying or native.unreduced or native.reduced):
+            return None
+        return frozenset(native.varying), frozenset(native.unreduced), frozenset(native.reduced)
+    return (frozenset(native), _NO_AXES, _NO_AXES) if native else None
+
+
+def varying_axes(x: Any) -> frozenset[str]:
+    """The manual mesh axes a `ShapeDtypeStruct` or an aval varies over (empty outside `shard_map`)."""
+    native = getattr(x, MANUAL_AXES_FIELD, None)
+    if native is None:
+        return _NO_AXES
+    return frozenset(native.varying) if HAS_MANUAL_AXIS_TYPE else frozenset(native)
+
+
+def make_manual_axes(varying: Iterable[str], unreduced: Iterable[str] = (), reduced: Iterable[str] = ()) -> Any:
+    """The native manual-axes value for these axis sets (what `ShapeDtypeStruct` takes).
+
+    Raises:
+        JaxFeatureMissing: unreduced or reduced axes, on a release before 0.10.0.
+        ValueError: an axis both varying and unreduced or reduced (JAX's own check).
+    """
+    varying, unreduced, reduced = frozenset(varying), frozenset(unreduced), frozenset(reduced)
+    if HAS_MANUAL_AXIS_TYPE:
+        return jax.sharding.ManualAxisType(varying=varying, unreduced=unreduced, reduced=reduced)
+    if unreduced or reduced:
+        raise JaxFeatureMissing(UNREDUCED_MANUAL_AXES, "0.10.0")
+    return varying
+
+
+def shape_dtype_struct(
+    shape: Any, dtype: Any, *, weak_type: bool = False, sharding: Any = None, manual_axes: Any = None
+) -> jax.ShapeDtypeStruct:
+    """`jax.ShapeDtypeStruct(...)` with a native manual-axes value (`manual_axes(x)`)."""
+    if manual_axes is None:
+        return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak_type, sharding=sharding)
+    return jax.ShapeDtypeStruct(
+        shape, dtype, weak_type=weak_type, sharding=sharding, **{MANUAL_AXES_FIELD: manual_axes}
+    )
+
+
+def with_manual_axes(x: jax.ShapeDtypeStruct, manual_axes: Any, **changes: Any) -> jax.ShapeDtypeStruct:
+    """`x.update(**changes)` with the native manual-axes value `manual_axes`."""
+    updated: jax.ShapeDtypeStruct = x.update(**changes, **{MANUAL_AXES_FIELD: manual_axes})
+    return updated
+
+
+# `lax.pcast(x, axes, to="varying")` from jax 0.8.2; `lax.pvary(x, axes)` before
+# (deprecated from 0.8.2 and removed in 0.11): the new name is tried first.
+_pcast: Final[Callable[..., Any] | None] = getattr(lax, "pcast", None)
+_pvary: Final[Callable[..., Any] | None] = getattr(lax, "pvary", None)
+
+
+def pcast_varying(x: Any, axes: tuple[str, ...]) -> Any:
+    """`x` made varying over the manual mesh axes `axes` (a no-op for axes it already varies over)."""
+    if _pcast is not None:
+        return _pcast(x, axes, to="varying")
+    assert _pvary is not None  # every release has one of the two
+    return _pvary(x, axes)
+
+
+# -- meshes ----------------------------------------------------------------------------
+# `jax.sharding.get_mesh` from jax 0.8.1; the same context is read directly before.
+_get_mesh: Final[Callable[[], Any]] = getattr(jax.sharding, "get_mesh", _mesh.get_concrete_mesh)
+
+
+def current_mesh() -> Any:
+    """The concrete mesh set with `jax.set_mesh` (an empty mesh when none is). Top level only."""
+    return _get_mesh()
+
+
+def spec_entries(spec: Any) -> tuple[Any, ...]:
+    """A `PartitionSpec`'s entries, one per leading dimension it names.
+
+    From jax 0.10.0 iterating over or indexing a spec with unreduced or reduced
+    axes raises, and `spec.partitions` gives the entries; before, the spec
+    iterates over them (and has no `partitions`).
+    """
+    entries = getattr(spec, "partitions", None)
+    return tuple(spec) if entries is None else tuple(entries)
+
+
+# -- trees -----------------------------------------------------------------------------
+_flatten_one_level_with_keys: Final[Callable[[Any], Any]] = (
+    getattr(jtu, "flatten_one_level_with_keys", None) or jtu.default_registry.flatten_one_level_with_keys
+)  # public from jax 0.10.2
+
+
+def namedtuple_keys(node_type: type) -> list[Any] | None:
+    """The keys JAX's paths give the children of a NamedTuple node type (one
+    `GetAttrKey` per field), or None for any other type."""
+    fields = getattr(node_type, "_fields", None)
+    if isinstance(node_type, type) and issubclass(node_type, tuple) and isinstance(fields, tuple):
+        return [jtu.GetAttrKey(name) for name in fields]
+    return None
+
+
+def flatten_one_level_with_keys(node: Any) -> tuple[list[tuple[Any, Any]], Hashable]:
+    """`(keyed children, node data)` of one pytree node, each child with the key that
+    `jax.tree_util.tree_flatten_with_path` gives it.
+
+    `jax.tree_util.flatten_one_level_with_keys` is public from jax 0.10.2
+    (`jax.tree_util.default_registry` has it before, and returns None for a
+    leaf), and it keys every child of a NamedTuple by the first field's name;
+    here each child has its own field's key, as in its paths.
+
+    Raises:
+        ValueError: `node` is a leaf.
+    """
+    out = _flatten_one_level_with_keys(node)
+    if out is None:
+        raise ValueError(f"can't tree-flatten type: {type(node)}")
+    keyed, data = out
+    keyed = list(keyed)
+    keys = namedtuple_keys(type(node)) if isinstance(node, tuple) else None
+    if keys is not None and len(keys) == len(keyed) and all(type(key) is jtu.GetAttrKey for key, _ in keyed):
+        keyed = [(key, child) for key, (_, child) in zip(keys, keyed, strict=True)]
+    return keyed, data

@@ -20,8 +20,9 @@ from typing import Any, Final, Protocol
 import jax
 import jax.tree_util as jtu
 
-from ._errors import Mismatch
-from ._leaf import leaf_str, node_type_name, static_value, varying_axes
+from . import _compat
+from ._errors import SHOWN, Mismatch, first_few
+from ._leaf import leaf_str, node_type_name, same_type, static_value, varying_axes
 
 
 class Compared(Protocol):
@@ -71,14 +72,7 @@ def _differing(e_leaves: Sequence[Any], e0: int, a_leaves: Sequence[Any], a0: in
         e, a = e_leaves[e0 + j], a_leaves[a0 + j]
         if e is a:
             continue
-        if (
-            isinstance(e, sds)
-            and isinstance(a, sds)
-            and e.shape == a.shape
-            and e.dtype == a.dtype
-            and e.weak_type == a.weak_type
-            and (e.manual_axis_type is a.manual_axis_type or varying_axes(e) == varying_axes(a))
-        ):
+        if isinstance(e, sds) and isinstance(a, sds) and same_type(e, a):
             continue
         if not isinstance(e, sds) and not isinstance(a, sds) and static_equal(e, a):
             continue
@@ -373,7 +367,6 @@ def _describe_node(treedef: jtu.PyTreeDef, leaf: Any) -> str:
     return f"{_type_name(node_type)} with {n} {'child' if n == 1 else 'children'}"
 
 
-_MAX_FIELDS: Final = 3
 _SHORT: Final = 60
 
 
@@ -387,11 +380,8 @@ def _data_difference(expected: Any, actual: Any) -> tuple[str, str]:
     if e_fields is not None and a_fields is not None and e_fields.keys() == a_fields.keys():
         differ = [k for k in e_fields if not static_equal(e_fields[k], a_fields[k])]
         if differ:
-            shown = differ[:_MAX_FIELDS]
-            more = f" (and {len(differ) - _MAX_FIELDS} more fields)" if len(differ) > _MAX_FIELDS else ""
-
             def side(fields: dict[str, Any]) -> str:
-                return ", ".join(f"{k}={_short(fields[k])}" for k in shown) + more
+                return first_few([f"{k}={_short(fields[k])}" for k in differ[:SHOWN]], len(differ), " fields")
 
             return f"static data {side(e_fields)}", f"static data {side(a_fields)}"
     return f"static data {_short(expected)}", f"static data {_short(actual)}"
@@ -436,10 +426,8 @@ def _type_name(node_type: type) -> str:
 
 
 def _child_keys(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> list[Any]:
-    node_type, _ = treedef.node_data()
-    if issubclass(node_type, tuple) and hasattr(node_type, "_fields"):
-        # flatten_one_level_with_keys names every namedtuple child after the
-        # first field in JAX 0.10.2; the fields are the keys.
-        return [jtu.GetAttrKey(name) for name in node_type._fields]
-    keyed, _ = jtu.flatten_one_level_with_keys(jtu.tree_unflatten(treedef, leaves))
+    keys = _compat.namedtuple_keys(treedef.node_data()[0])  # no need to rebuild the node
+    if keys is not None:
+        return keys
+    keyed, _ = _compat.flatten_one_level_with_keys(jtu.tree_unflatten(treedef, leaves))
     return [key for key, _ in keyed]

@@ -40,6 +40,8 @@ class Mismatch:
         >>> print(m)
         tree['w']: expected shape (2, 3), got (3, 2).
     """
+    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
+
 
     path: str
     kind: str
@@ -122,6 +124,8 @@ class StructureMismatchError(TypeError):
           * tree['w']: expected shape (2, 3), got (3, 2). Make this leaf shape (2, 3).
         [("['b']", 'dtype'), ("['w']", 'shape')]
     """
+    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
+
 
     def __init__(self, message: str, mismatches: Sequence[Mismatch] = ()) -> None:
         super().__init__(message)
@@ -152,6 +156,8 @@ class CarryMismatchError(StructureMismatchError):
         >>> ts.scan_carry(body, init, jnp.ones((4, 3)), policy="promote")["acc"].dtype
         dtype('float32')
     """
+    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
+
 
 
 class PrecisionWarning(UserWarning):
@@ -178,6 +184,8 @@ class PrecisionWarning(UserWarning):
         >>> ts.scan_carry(lambda total, x: (total + x, None), jnp.float32(0), xs).dtype
         dtype('float32')
     """
+    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
+
 
 
 def narrowing_message(fn_name: str, leaves: Sequence[tuple[str, str, str]], init: str = "init") -> str:
@@ -250,7 +258,15 @@ def _is_key(dtype: object) -> bool:
 Line = tuple[str, str, str]  # (where: root + path, what differs, the fix)
 _MAX_LINE: Final = 300  # characters: a message stays readable for trees of any size
 _MAX_WHERE: Final = 100
-_SHOWN: Final = 3  # paths named in a group
+SHOWN: Final = 3  # the paths (or fields) a message names before "and N more"
+
+
+def first_few(items: Sequence[str], total: int | None = None, unit: str = "") -> str:
+    """`a, b, c and 4 more`: the first `SHOWN` of `items`, then how many of the
+    `total` (default `len(items)`) are left out, with `unit` after "more"."""
+    total = len(items) if total is None else total
+    text = ", ".join(items[:SHOWN])
+    return text + (f" and {total - SHOWN} more{unit}" if total > SHOWN else "")
 
 
 def mismatch_line(m: Mismatch) -> Line:
@@ -281,10 +297,9 @@ def _group_line(group: Sequence[Line]) -> str:
     where, what, fix = group[0]
     if len(group) == 1:
         return f"{_clip(where, _MAX_WHERE)}: {what} {fix}"
-    shown = ", ".join(_clip(w, _MAX_WHERE // 2) for w, _, _ in group[:_SHOWN])
-    more = f" and {len(group) - _SHOWN} more" if len(group) > _SHOWN else ""
+    shown = first_few([_clip(w, _MAX_WHERE // 2) for w, _, _ in group[:SHOWN]], len(group))
     first = f"{_clip(where, _MAX_WHERE // 2)}: {what}" if len(group) > 1 else ""
-    return f"{len(group)} leaves fail alike ({shown}{more}); e.g. {first} {fix}"
+    return f"{len(group)} leaves fail alike ({shown}); e.g. {first} {fix}"
 
 
 def _clip(text: str, limit: int) -> str:
@@ -399,9 +414,6 @@ def length_negative_message(fn_name: str, length: int) -> str:
 
 
 # -- 64-bit dtypes with x64 off ------------------------------------------------
-_MAX_PATHS = 3
-
-
 def x64_message(fn_name: str, groups: dict[str, list[str]], example: str) -> str:
     """Leaves of 64-bit dtypes (`groups`: short dtype -> paths) that JAX cannot hold with x64
     off; `example` is the first such leaf in compact notation."""
@@ -420,9 +432,7 @@ def x64_message(fn_name: str, groups: dict[str, list[str]], example: str) -> str
         return f"treeshape.{fn_name}: {path} is {example}, a 64-bit dtype, {why.format(them='it')}\n\n{fix}"
     lines = []
     for dtype, paths in groups.items():
-        shown = ", ".join(paths[:_MAX_PATHS])
-        if len(paths) > _MAX_PATHS:
-            shown += f" and {len(paths) - _MAX_PATHS} more ({len(paths)} leaves)"
+        shown = first_few(paths, unit=f" ({len(paths)} leaves)")
         lines.append(f"  * {dtype}: {shown}")
     listing = "\n".join(lines)
     return f"treeshape.{fn_name}: {count} leaves have 64-bit dtypes, {why.format(them='them')}\n\n{listing}\n\n{fix}"
@@ -434,9 +444,7 @@ def unresolved_mesh_message(fn_name: str, paths: Sequence[str], example: str, me
     if len(paths) == 1:
         what = f"{paths[0]} ({example}) is sharded over an abstract mesh ({mesh})"
     else:
-        listed = ", ".join([f"{paths[0]} ({example})", *paths[1:_MAX_PATHS]])
-        if len(paths) > _MAX_PATHS:
-            listed += f" and {len(paths) - _MAX_PATHS} more"
+        listed = first_few([f"{paths[0]} ({example})", *paths[1:SHOWN]], len(paths))
         what = f"{len(paths)} leaves are sharded over an abstract mesh ({mesh}): {listed}"
     return (
         f"treeshape.{fn_name}: {what}; no concrete mesh "
@@ -506,9 +514,7 @@ def carry_reshard_message(fn_name: str, where: str, spec: str) -> str:
 
 def astype_key_message(leaves: Sequence[str], dtype: str) -> str:
     """`Structure.astype` would convert typed PRNG keys (or make them)."""
-    listed = ", ".join(leaves[:_MAX_PATHS]) + (
-        f" and {len(leaves) - _MAX_PATHS} more" if len(leaves) > _MAX_PATHS else ""
-    )
+    listed = first_few(leaves)
     return (
         f"treeshape.Structure.astype: no conversion to or from typed PRNG keys ({dtype}): {listed}. Leave key "
         "leaves out with `where=`, or convert explicitly with `jax.random.key_data` / `jax.random.wrap_key_data`."
@@ -591,7 +597,7 @@ def user_value(x: Any, typed: str | None = None) -> str:
 
 def complex_fill_message(value: Any, paths: list[str], n_leaves: int) -> str:
     """`Structure.full` with a complex value for leaves that cannot hold one."""
-    named = ", ".join(paths[:_MAX_PATHS]) + (f" and {len(paths) - _MAX_PATHS} more" if len(paths) > _MAX_PATHS else "")
+    named = first_few(paths)
     return (
         f"treeshape.Structure.full: `value` {user_value(value)} is complex, but {named} "
         f"({len(paths)} of {n_leaves} leaves) {'is' if len(paths) == 1 else 'are'} not of a complex dtype, and JAX "
@@ -602,7 +608,7 @@ def complex_fill_message(value: Any, paths: list[str], n_leaves: int) -> str:
 
 def unflatten_message(fn_name: str, node_types: list[type], error: BaseException) -> str:
     """A Structure whose tree could not be rebuilt with new leaves."""
-    names = ", ".join(node_type_name(t) for t in node_types[:_MAX_PATHS]) or "its nodes"
+    names = ", ".join(node_type_name(t) for t in node_types[:SHOWN]) or "its nodes"
     return (
         f"treeshape.{fn_name}: the tree cannot be rebuilt with new leaves: unflattening its nodes ({names}) "
         f"failed with {type(error).__name__}: {error}. Describe a tree whose node types rebuild from any leaves "

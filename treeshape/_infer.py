@@ -304,7 +304,6 @@ def _dynamic_arguments(
     return args, kwargs, bound
 
 
-_SHAPE_ERROR = "Shapes must be 1D sequences of concrete values"  # JAX's TypeError for a traced shape
 _CONCRETIZATION_ERRORS = (
     jax.errors.ConcretizationTypeError,  # also TracerBoolConversionError
     jax.errors.TracerIntegerConversionError,
@@ -314,7 +313,7 @@ _CONCRETIZATION_ERRORS = (
 
 def _needed_concrete(error: BaseException) -> bool:
     """Whether `fn` failed because it needed a concrete value and got a tracer."""
-    return isinstance(error, _CONCRETIZATION_ERRORS) or _SHAPE_ERROR in str(error)
+    return isinstance(error, _CONCRETIZATION_ERRORS) or _compat.is_traced_shape_error(error)
 
 
 def has_value(x: Any) -> bool:
@@ -414,7 +413,7 @@ def _nodes_holding_tracers(out: Any, root: str) -> list[str]:
     while stack:
         path, node = stack.pop()
         try:
-            keyed, aux = jtu.flatten_one_level_with_keys(node)
+            keyed, aux = _compat.flatten_one_level_with_keys(node)
         except ValueError:  # a leaf
             continue
         if _cache.holds_tracer(aux):

@@ -51,6 +51,9 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
+from . import _compat
+from ._leaf import key_dtype, key_dtypes, manual_axis_sets
+
 
 VERSION: Final = 1
 _WHO: Final = "treeshape.Structure.from_json"
@@ -60,6 +63,7 @@ _LEAF: Final = "*"
 _LEAF_TREEDEF: Final = jtu.tree_structure(0)
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*")
 _NUMERIC_NAME: Final = re.compile(r"[a-z]+[0-9]*")
+_KEY_NAME: Final = re.compile(r"key<[a-z0-9_]+>")
 
 
 class StaticRepr:
@@ -77,6 +81,8 @@ class StaticRepr:
         type_name: The original value's type, as `"module:qualname"`.
         text: The original value's `repr`.
     """
+    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
+
 
     __slots__ = ("type_name", "text")
 
@@ -191,10 +197,11 @@ def _child_keys(node: jtu.PyTreeDef, node_type: type, aux: Any, n: int, leaves: 
         return [f"[{key!r}]" for key in aux]
     if node_type is collections.defaultdict:
         return [f"[{key!r}]" for key in aux[1]]
-    if _is_namedtuple(node_type):
-        return [f".{name}" for name in node_type._fields]  # type: ignore[attr-defined]
+    keys = _compat.namedtuple_keys(node_type)
+    if keys is not None:
+        return [jtu.keystr((key,)) for key in keys]
     # Any other node (a registered dataclass) names its children as its registration says.
-    keyed, _ = jtu.flatten_one_level_with_keys(node.unflatten(leaves[first : first + node.num_leaves]))
+    keyed, _ = _compat.flatten_one_level_with_keys(node.unflatten(leaves[first : first + node.num_leaves]))
     return [jtu.keystr((key,)) for key, _ in keyed]
 
 
@@ -284,7 +291,7 @@ def _sharding_record(sharding: Any) -> dict[str, Any] | None:
     mesh = mesh if isinstance(mesh, jax.sharding.AbstractMesh) else mesh.abstract_mesh
     spec = sharding.spec
     entries: list[Any] = []
-    for entry in spec:
+    for entry in _compat.spec_entries(spec):
         if entry is None or isinstance(entry, str):
             entries.append(entry)
         elif entry is jax.sharding.PartitionSpec.UNCONSTRAINED:
@@ -307,10 +314,11 @@ def _sharding_record(sharding: Any) -> dict[str, Any] | None:
 
 
 def _vma_record(leaf: jax.ShapeDtypeStruct) -> dict[str, list[str]] | None:
-    mat = leaf.manual_axis_type
-    if mat is None or not (mat.varying or mat.unreduced or mat.reduced):
+    sets = manual_axis_sets(leaf)
+    if sets is None:
         return None
-    return {"varying": sorted(mat.varying), "unreduced": sorted(mat.unreduced), "reduced": sorted(mat.reduced)}
+    varying, unreduced, reduced = sets
+    return {"varying": sorted(varying), "unreduced": sorted(unreduced), "reduced": sorted(reduced)}
 
 
 def _array_record(leaf: jax.ShapeDtypeStruct) -> dict[str, Any]:
@@ -380,7 +388,7 @@ def _leaf_lines(paths: Sequence[str], leaves: Sequence[Any]) -> list[str]:
     for path, leaf in zip(paths, leaves, strict=True):
         if not isinstance(leaf, jax.ShapeDtypeStruct):
             lines.append(_encode(_static_record(path, leaf)))
-        elif leaf.manual_axis_type is None and not isinstance(leaf.sharding, jax.sharding.NamedSharding):
+        elif _compat.manual_axes(leaf) is None and not isinstance(leaf.sharding, jax.sharding.NamedSharding):
             dtype = leaf.dtype
             name = dtype_names.get(dtype)
             if name is None:
@@ -592,7 +600,7 @@ def _check_dataclass_node(cls: type, aux: Any, n: int, where: str) -> list[str]:
     same_kind = type(aux) is type(probe_aux)
     if not same_kind or (isinstance(aux, (tuple, list)) and len(aux) != len(probe_aux)):
         _fail(f"{where}.aux", f"{_type_name(cls)} has node data like {_short_repr(probe_aux)}, not {_short_repr(aux)}")
-    keyed, _ = jtu.flatten_one_level_with_keys(probe)
+    keyed, _ = _compat.flatten_one_level_with_keys(probe)
     return [jtu.keystr((key,)) for key, _ in keyed]
 
 
@@ -640,7 +648,6 @@ def _decode_treedef(entries: Any) -> tuple[jtu.PyTreeDef, list[str]]:
     return built[0][0], paths
 
 
-_KEY_IMPLS: Final = ("threefry2x32", "rbg", "unsafe_rbg")
 _dtype_table: dict[str, Any] = {}
 
 
@@ -653,9 +660,7 @@ def _dtypes() -> dict[str, Any]:
             dtype = getattr(obj, "dtype", None)
             if isinstance(obj, type) and isinstance(dtype, np.dtype) and dtype.kind != "O":
                 table[dtype.name] = dtype
-        for impl in _KEY_IMPLS:
-            key = jax.eval_shape(lambda impl=impl: jax.random.key(0, impl=impl))
-            table[str(key.dtype)] = key.dtype
+        table.update(key_dtypes())
         _dtype_table.update(table)
     return _dtype_table
 
@@ -670,6 +675,13 @@ def _dtype(x: Any, where: str) -> Any:
             candidate = None
         if candidate is not None and candidate.name == name and candidate.kind in "biufc":
             dtype = candidate
+    if dtype is None and _KEY_NAME.fullmatch(name):
+        try:  # a key type of a release newer than this one: say which
+            key_dtype(name[4:-1])
+        except _compat.JaxFeatureMissing as err:
+            _fail(where, str(err))
+        except ValueError:
+            pass
     if dtype is None:
         _fail(where, f"unknown dtype {_short_repr(name)}")
     return dtype
@@ -727,7 +739,12 @@ def _vma(x: Any, where: str) -> Any:
         field: frozenset(_str_list(_get(x, field, where), f"{where}.{field}"))
         for field in ("varying", "unreduced", "reduced")
     }
-    return jax.sharding.ManualAxisType(**sets)
+    try:
+        return _compat.make_manual_axes(**sets)
+    except ValueError as err:
+        return _fail(where, f"not valid manual axes: {err}")
+    except _compat.JaxFeatureMissing as err:
+        return _fail(where, str(err))
 
 
 def _static(record: dict[str, Any], where: str) -> Any:
@@ -766,7 +783,7 @@ def _leaf(record: Any, where: str) -> Any:
     weak = _bool(_get(record, "weak_type", where), f"{where}.weak_type")
     sharding = _sharding(record["sharding"], f"{where}.sharding") if record.get("sharding") is not None else None
     vma = _vma(record["vma"], f"{where}.vma") if record.get("vma") is not None else None
-    return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak, sharding=sharding, manual_axis_type=vma)
+    return _compat.shape_dtype_struct(shape, dtype, weak_type=weak, sharding=sharding, manual_axes=vma)
 
 
 def _plain_type(record: Any) -> tuple[tuple[int, ...], str, bool] | None:

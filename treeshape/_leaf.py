@@ -149,12 +149,8 @@ def from_aval(aval: Any) -> jax.ShapeDtypeStruct:
     the sharding with the manual axes, which a manual mesh's values carry only together."""
     if aval.sharding.mesh.empty:
         return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
-    return jax.ShapeDtypeStruct(
-        aval.shape,
-        aval.dtype,
-        weak_type=aval.weak_type,
-        sharding=aval.sharding,
-        manual_axis_type=aval.manual_axis_type,
+    return _compat.shape_dtype_struct(
+        aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=aval.sharding, manual_axes=_compat.manual_axes(aval)
     )
 
 
@@ -306,6 +302,7 @@ def static_value(leaf: Any) -> Any:
     return leaf
 
 
+# -- typed PRNG keys -----------------------------------------------------------------
 @ft.cache
 def key_data_bytes(dtype: Any) -> int:
     data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
@@ -317,6 +314,45 @@ def is_key_dtype(dtype: Any) -> bool:
     return bool(jnp.issubdtype(dtype, jax.dtypes.prng_key))
 
 
+# Each built-in PRNG implementation's tag, the name its key dtype prints (`key<fry>`).
+KEY_TAGS: Final = {tag: impl for impl, (tag, _) in _compat.PRNG_IMPLS.items()}
+
+
+def key_dtype(name: str) -> Any:
+    """The key dtype of a PRNG implementation named as `jax.random.key` takes it
+    (`"threefry2x32"`) or by its tag (`"fry"`, as in `key<fry>`).
+
+    Raises:
+        JaxFeatureMissing: a built-in implementation that the running JAX lacks.
+        ValueError: no implementation of that name.
+    """
+    return _compat.key_dtype(KEY_TAGS.get(name, name))
+
+
+def key_dtypes() -> dict[str, Any]:
+    """Every key dtype the running JAX has, by the name it prints (`"key<fry>"`)."""
+    return {str(dtype): dtype for dtype in map(_compat.key_dtype, _compat.key_impls())}
+
+
+def key_tags() -> tuple[str, ...]:
+    """The tags of the PRNG implementations the running JAX has, `fry` first (JAX's default)."""
+    return tuple(_compat.PRNG_IMPLS[impl][0] for impl in _compat.key_impls())
+
+
+@ft.cache
+def key_impl_name(dtype: Any) -> str:
+    """The `impl=` name of a typed PRNG key dtype, as `jax.random.key` takes it ("" for others)."""
+    if not is_key_dtype(dtype):
+        return ""
+    names: list[str] = []
+
+    def read(key: Any) -> None:
+        names.append(str(jax.random.key_impl(key)))
+
+    jax.eval_shape(read, jax.ShapeDtypeStruct((), dtype))
+    return names[0]
+
+
 def leaf_nbytes(leaf: jax.ShapeDtypeStruct) -> int:
     size: int = math.prod(leaf.shape)
     if is_key_dtype(leaf.dtype):
@@ -325,7 +361,10 @@ def leaf_nbytes(leaf: jax.ShapeDtypeStruct) -> int:
     return size * itemsize
 
 
-_PREFIXES = (
+# -- notation --------------------------------------------------------------------------
+# Short dtype names: each long prefix and its short form (`bfloat16` <-> `bf16`),
+# in the order both directions must try them.
+DTYPE_PREFIXES: Final = (
     ("bfloat", "bf"),
     ("float", "f"),
     ("uint", "u"),
@@ -341,9 +380,18 @@ def short_dtype(dtype: Any) -> str:
         name = str(dtype)
     else:
         name = np.dtype(dtype).name
-    for long, short in _PREFIXES:
+    for long, short in DTYPE_PREFIXES:
         if name.startswith(long):
             return short + name[len(long) :]
+    return name
+
+
+def long_dtype_name(name: str) -> str:
+    """A short dtype name in full (`bf16` -> `bfloat16`, `u8` -> `uint8`); other names unchanged."""
+    for long, short in DTYPE_PREFIXES:
+        rest = name[len(short) :]
+        if name.startswith(short) and rest[:1].isdigit():
+            return long + rest
     return name
 
 
@@ -351,10 +399,21 @@ def short_shape(shape: tuple[int, ...]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
-def varying_axes(leaf: jax.ShapeDtypeStruct) -> frozenset[str]:
-    """The manual mesh axes a leaf varies over (empty outside `shard_map`)."""
-    mat = leaf.manual_axis_type
-    return frozenset(mat.varying) if mat is not None else frozenset()
+# The manual mesh axes a leaf (or aval) varies over, empty outside `shard_map`; and all
+# its manual axis sets `(varying, unreduced, reduced)`, None when it has none.
+varying_axes = _compat.varying_axes
+manual_axis_sets = _compat.axis_sets
+
+
+def same_type(e: jax.ShapeDtypeStruct, a: jax.ShapeDtypeStruct) -> bool:
+    """Whether two array leaves have one type as Structures compare them: shape, dtype,
+    weak flag and manual axes (not sharding)."""
+    return (
+        e.shape == a.shape
+        and e.dtype == a.dtype
+        and e.weak_type == a.weak_type
+        and (_compat.manual_axes(e) is _compat.manual_axes(a) or manual_axis_sets(e) == manual_axis_sets(a))
+    )
 
 
 def axes_str(axes: frozenset[str]) -> str:

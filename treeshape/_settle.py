@@ -5,11 +5,11 @@ from typing import Any, Final
 
 import jax
 import jax.tree_util as jtu
-import numpy as np
 
 from ._carry import Roles, convert_init, fixed_point, sub_structure
 from ._errors import structure_as_values_message
 from ._infer import out_structure
+from ._leaf import OTHER, kind_of
 from ._structure import PyTree, Structure
 
 
@@ -18,8 +18,6 @@ _FN_NAME: Final = "settle"
 # carry, the weak flag follows the output (`jax.jit` keys on it) and every leaf becomes a
 # `jax.Array` (`jax.jit` keys Python and NumPy values apart from arrays).
 _STATE: Final = Roles(root="state", fn="step", init="state", weak_from_output=True, as_arrays=True)
-_PY_SCALARS: Final = (bool, int, float, complex)
-_ARRAYS: Final = (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic)
 
 
 def _new_state(out: Structure, treedef: jtu.PyTreeDef) -> Structure:
@@ -40,7 +38,7 @@ def _new_state(out: Structure, treedef: jtu.PyTreeDef) -> Structure:
 def _check_leaves(state: PyTree) -> None:
     """Reject static leaves (a str, a callable) as `jax.jit` would, with the path."""
     for x in jtu.tree_leaves(state):
-        if isinstance(x, _ARRAYS) or type(x) in _PY_SCALARS:
+        if kind_of(type(x)) != OTHER:
             continue
         try:
             jax.typeof(x)

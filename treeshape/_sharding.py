@@ -65,7 +65,8 @@ def _normal_entry(entry: Any) -> Any:
 def normalized_spec(spec: Any, rank: int) -> Any:
     """`spec` with one entry per dimension: `P('d')` and `P('d', None)` of a rank-2 leaf are
     the same spec, and print the same."""
-    entries = [_normal_entry(e) for e in spec] + [None] * (rank - len(spec))
+    given = _compat.spec_entries(spec)
+    entries = [_normal_entry(e) for e in given] + [None] * (rank - len(given))
     extra = {}
     for name in ("unreduced", "reduced"):
         value = getattr(spec, name, None)
@@ -79,10 +80,21 @@ def spec_str(sharding: Any, rank: int) -> str:
     spec = getattr(sharding, "spec", None)
     if spec is None:
         return ""
-    names_an_axis = any(entry is not None for entry in spec) or bool(
+    names_an_axis = any(entry is not None for entry in _compat.spec_entries(spec)) or bool(
         getattr(spec, "unreduced", None) or getattr(spec, "reduced", None)
     )
-    return str(normalized_spec(spec, rank)) if names_an_axis else ""
+    return spec_text(normalized_spec(spec, rank)) if names_an_axis else ""
+
+
+def spec_text(spec: Any) -> str:
+    """A `PartitionSpec` as the newest JAX prints it, `P('d', None)`, on every release
+    (before jax 0.9.1 its repr is `PartitionSpec('d', None)`)."""
+    text = "P(" + repr(_compat.spec_entries(spec))[1:-1]
+    unreduced, reduced = getattr(spec, "unreduced", None), getattr(spec, "reduced", None)
+    extra = [f"{name}={set(axes)!r}" for name, axes in (("unreduced", unreduced), ("reduced", reduced)) if axes]
+    if extra:
+        text += ("" if text == "P(" else " " if text.endswith(",") else ", ") + ", ".join(extra)
+    return text + ")"
 
 
 def _mesh_sizes(mesh: Any) -> dict[str, int]:
@@ -107,7 +119,7 @@ def shard_shape(leaf: jax.ShapeDtypeStruct) -> tuple[int, ...]:
     if isinstance(sharding, jax.sharding.NamedSharding):
         sizes = _mesh_sizes(sharding.mesh)
         out = list(shape)
-        for d, entry in enumerate(tuple(sharding.spec)[: len(shape)]):
+        for d, entry in enumerate(_compat.spec_entries(sharding.spec)[: len(shape)]):
             ways = math.prod(sizes.get(name, 1) for name in _entry_names(entry))
             out[d] = -(-shape[d] // ways)  # a padded last shard is as large as the others
         return tuple(out)
@@ -165,7 +177,7 @@ def concrete_meshes(trees: Sequence[Any]) -> tuple[Any, ...]:
     """The concrete meshes that arrays (and `ShapeDtypeStruct`s) among `trees`' leaves are
     placed on, plus the mesh set with `jax.set_mesh`, first seen first, one per abstract mesh."""
     found: dict[Any, Any] = {}
-    current = jax.sharding.get_mesh()
+    current = _compat.current_mesh()
     candidates = [] if current.empty else [current]
     for tree in trees:
         for x in jtu.tree_leaves(tree):
@@ -185,7 +197,7 @@ def _resolve(sharding: Any, meshes: Sequence[Any]) -> Any:
     abstract = _abstract_mesh_of(sharding)
     if abstract is None:
         return sharding
-    current = jax.sharding.get_mesh()
+    current = _compat.current_mesh()
     choices = ([] if current.empty else [current]) + list(meshes)
     for mesh in choices:
         if same_axes(mesh, abstract):
@@ -295,7 +307,7 @@ def _node(x: Any) -> tuple[Any, list[tuple[Any, Any]]] | None:
     if _is_sharding_leaf(x):
         return None
     try:
-        keyed, aux = jtu.flatten_one_level_with_keys(x)
+        keyed, aux = _compat.flatten_one_level_with_keys(x)
     except ValueError:  # a leaf
         return None
     return (type(x), aux), list(keyed)
@@ -331,11 +343,11 @@ def _fit_problem(leaf: jax.ShapeDtypeStruct, sharding: Any) -> str | None:
     """Why `sharding` cannot shard `leaf` (rank, divisibility), or None if it can."""
     shape = tuple(leaf.shape)
     if isinstance(sharding, jax.sharding.NamedSharding):
-        spec = tuple(sharding.spec)
+        spec = _compat.spec_entries(sharding.spec)
         if len(spec) > len(shape):
             what = "a scalar, whose spec must be P() (replicated)" if not shape else f"of rank {len(shape)}"
             entries = f"{len(spec)} {'entry' if len(spec) == 1 else 'entries'}"
-            return f"its spec {sharding.spec} has {entries}, but the leaf is {what}"
+            return f"its spec {spec_text(sharding.spec)} has {entries}, but the leaf is {what}"
         sizes = _mesh_sizes(sharding.mesh)
         for d, entry in enumerate(spec):
             names = _entry_names(entry)
@@ -432,7 +444,7 @@ def traced_sharding(sharding: Any) -> Any:
             return None
         mesh = current
     explicit = _explicit_axes(mesh)
-    if not any(name in explicit for entry in sharding.spec for name in _entry_names(entry)):
+    if not any(name in explicit for entry in _compat.spec_entries(sharding.spec) for name in _entry_names(entry)):
         return None
     return jax.sharding.NamedSharding(mesh, sharding.spec)
 
@@ -447,7 +459,7 @@ def carry_spec(leaf: Any) -> tuple[Any, ...] | None:
     if not explicit:
         return None
     entries = []
-    for entry in normalized_spec(sharding.spec, len(leaf.shape)):
+    for entry in _compat.spec_entries(normalized_spec(sharding.spec, len(leaf.shape))):
         names = tuple(name for name in _entry_names(entry) if name in explicit)
         entries.append(None if not names else names[0] if len(names) == 1 else names)
     return tuple(entries) if any(e is not None for e in entries) else None
@@ -463,7 +475,7 @@ def reshard(x: Any, want: jax.ShapeDtypeStruct, fn_name: str, where: Callable[[]
         concrete = _resolve(sharding, meshes)
         if concrete is _UNRESOLVED:
             rank = len(want.shape)
-            raise ValueError(carry_reshard_message(fn_name, where(), str(spec_value(carry_spec(want), rank))))
+            raise ValueError(carry_reshard_message(fn_name, where(), spec_text(spec_value(carry_spec(want), rank))))
         sharding = concrete
     return jax.sharding.reshard(x, sharding)
 

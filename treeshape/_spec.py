@@ -15,17 +15,12 @@ from typing import Any, Final
 import jax
 import jax.numpy as jnp
 
+from ._compat import JaxFeatureMissing
+from ._leaf import key_dtype, key_tags, long_dtype_name
+
 
 SPEC_EXAMPLE: Final = "f32[8,784]"
 
-# Short name prefixes, as `treeshape` prints dtypes (`f32`, `bf16`, `u8`).
-_SHORT: Final = (
-    ("bf", "bfloat"),
-    ("f", "float"),
-    ("i", "int"),
-    ("u", "uint"),
-    ("c", "complex"),
-)
 _ARRAY: Final = re.compile(r"\s*(~?)\s*([A-Za-z_][A-Za-z0-9_]*)\s*\[(.*)\]\s*", re.DOTALL)
 _KEY: Final = re.compile(r"\s*(~?)\s*key\s*<([^<>]*)>\s*\[(.*)\]\s*", re.DOTALL)
 _LOOKS_LIKE_ARRAY: Final = re.compile(r"\s*~?\s*[A-Za-z_][A-Za-z0-9_]*\s*[\[<]")
@@ -35,15 +30,6 @@ _MAX_DIM: Final = 2**63 - 1  # JAX's dimensions are int64 at most
 _MAX_LITERAL: Final = 10_000
 # Tuples and lists of specs nest at most this deep (the scanner recurses).
 MAX_DEPTH: Final = 100
-# The names JAX prints for its PRNG implementations (`key<fry>`): each one's
-# implementation name, which `jax.random.key(..., impl=...)` takes (as do specs).
-_KEY_TAGS: Final = {
-    "fry": "threefry2x32",
-    "fry4": "threefry4x32",
-    "urbg": "unsafe_rbg",
-    "phx2": "philox2x32",
-    "phx4": "philox4x32",
-}
 _CLOSE: Final = {"(": ")", "[": "]", "{": "}"}
 
 
@@ -57,12 +43,7 @@ def _quoted(spec: str) -> str:
 
 
 def _dtype(name: str, spec: str) -> Any:
-    long = name
-    for short, full in _SHORT:
-        rest = name[len(short) :]
-        if name.startswith(short) and rest[:1].isdigit():
-            long = full + rest
-            break
+    long = long_dtype_name(name)
     try:
         dtype = jnp.dtype(long)
     except (TypeError, ValueError):
@@ -120,13 +101,16 @@ def _array(weak: str, name: str, dims: str, spec: str) -> jax.ShapeDtypeStruct:
 def _key(weak: str, name: str, dims: str, spec: str) -> jax.ShapeDtypeStruct:
     if weak:
         raise SpecError(f"malformed spec {_quoted(spec)}: a PRNG key has no weak type, drop the '~'")
-    impl = _KEY_TAGS.get(name.strip(), name.strip())
     try:  # abstractly: no key is made
-        dtype = jax.eval_shape(lambda: jax.random.key(0, impl=impl)).dtype
-    except (ValueError, TypeError, KeyError) as err:
+        dtype = key_dtype(name.strip())
+    except JaxFeatureMissing as err:
+        raise SpecError(f"spec {_quoted(spec)}: {err}") from err
+    except ValueError as err:
+        tags = key_tags()
         raise SpecError(
-            f"unknown PRNG implementation {_quoted(name)} in spec {_quoted(spec)}: use key<fry> "
-            "(threefry2x32, JAX's default), key<rbg> or key<unsafe_rbg>"
+            f"unknown PRNG implementation {_quoted(name)} in spec {_quoted(spec)}: use key<{tags[0]}> (JAX's "
+            f"default), {', '.join(f'key<{tag}>' for tag in tags[1:])}, or an implementation's name "
+            "(key<threefry2x32>)"
         ) from err
     return jax.ShapeDtypeStruct(_shape(dims, spec), dtype)
 

@@ -28,13 +28,16 @@ from ._errors import (
     x64_message,
 )
 from ._leaf import (
+    SCALAR_TYPES,
     BadShape,
     IntTooBig,
     human_bytes,
     is_key_dtype,
     leaf_nbytes,
     leaf_str,
+    manual_axis_sets,
     read_leaves,
+    same_type,
     short_dtype,
     static_value,
     varying_axes,
@@ -61,14 +64,6 @@ def _ignored(ignore: Collection[str], fn_name: str) -> frozenset[str]:
     return kinds
 
 
-def _axes(leaf: jax.ShapeDtypeStruct) -> tuple[frozenset[str], ...] | None:
-    """The manual axes a leaf varies over, is unreduced or reduced over (None: none)."""
-    mat = leaf.manual_axis_type
-    if mat is None or not (mat.varying or mat.unreduced or mat.reduced):
-        return None
-    return (frozenset(mat.varying), frozenset(mat.unreduced), frozenset(mat.reduced))
-
-
 def _same_leaf(e: Any, a: Any) -> bool:
     """Leaf equality for `==`: array leaves by shape, dtype, weak type and manual
     axes (not sharding), static leaves as `diff` compares them."""
@@ -76,19 +71,13 @@ def _same_leaf(e: Any, a: Any) -> bool:
         return True
     sds = jax.ShapeDtypeStruct
     if isinstance(e, sds):
-        return (
-            isinstance(a, sds)
-            and e.shape == a.shape
-            and e.dtype == a.dtype
-            and e.weak_type == a.weak_type
-            and (e.manual_axis_type is a.manual_axis_type or _axes(e) == _axes(a))
-        )
+        return isinstance(a, sds) and same_type(e, a)
     return not isinstance(a, sds) and static_equal(e, a)
 
 
 def _leaf_hash(leaf: Any) -> int:
     if isinstance(leaf, jax.ShapeDtypeStruct):
-        return hash((leaf.shape, leaf.dtype, leaf.weak_type, _axes(leaf)))
+        return hash((leaf.shape, leaf.dtype, leaf.weak_type, manual_axis_sets(leaf)))
     try:
         return hash((type(leaf), static_value(leaf)))
     except Exception:  # unhashable (compared by `==` only), or a `__hash__` that raises: by its type
@@ -111,12 +100,12 @@ def _filled(leaf: jax.ShapeDtypeStruct, value: Any, top: bool, placement: Any = 
             x = _compat.convert_element_type(x, dtype, weak_type=True)
     axes = varying_axes(leaf)
     if axes:
-        x = lax.pcast(x, tuple(sorted(axes)), to="varying")
+        x = _compat.pcast_varying(x, tuple(sorted(axes)))
     return x
 
 
 def _is_fill_value(value: Any) -> bool:
-    if isinstance(value, (bool, int, float, complex, np.number, np.bool_)):
+    if isinstance(value, (*SCALAR_TYPES, np.number, np.bool_)):
         return True
     return isinstance(value, (jax.Array, np.ndarray)) and value.ndim == 0
 
@@ -190,6 +179,8 @@ class Structure:
         >>> s.zeros()["w"].shape
         (2, 3)
     """
+    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
+
 
     __slots__ = ("_treedef", "_leaves", "_cache", "_meshes")
 

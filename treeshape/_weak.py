@@ -13,7 +13,17 @@ from jax import lax
 from . import _compat
 from ._diff import diff_structures
 from ._errors import Mismatch, StructureMismatchError, format_report, key_change_fix, mismatch_line, policy_fix
-from ._leaf import is_key_dtype, refuse_leaked_tracers, short_dtype
+from ._leaf import (
+    ARRAY,
+    NUMPY,
+    SCALAR,
+    SCALAR_TYPES,
+    is_key_dtype,
+    key_impl_name,
+    kind_of,
+    refuse_leaked_tracers,
+    short_dtype,
+)
 from ._structure import PyTree, Structure, check_x64, read_structure
 
 
@@ -31,14 +41,11 @@ def check_policy(policy: str, fn_name: str) -> None:
         )
 
 
-_PY_SCALAR_TYPES: Final = (bool, int, float, complex)
-
-
 def _abstract(x: Any) -> Any:
     """The abstract value of an array-like leaf, or None for a static leaf."""
     if isinstance(x, jax.ShapeDtypeStruct):
         return x
-    if type(x) in _PY_SCALAR_TYPES or isinstance(x, (jax.Array, jax.core.Tracer, np.ndarray, np.generic)):
+    if kind_of(type(x)) in (ARRAY, NUMPY, SCALAR):
         try:
             return jax.typeof(x)
         except TypeError:  # a NumPy array of strings or objects: a static value
@@ -181,20 +188,6 @@ def key_change(src: Any, dst: Any) -> bool:
     return bool(src != dst and (is_key_dtype(src) or is_key_dtype(dst)))
 
 
-@ft.cache
-def key_impl_name(dtype: Any) -> str:
-    """The `impl=` name of a typed PRNG key dtype, as `jax.random.key` takes it ("" for others)."""
-    if not is_key_dtype(dtype):
-        return ""
-    names: list[str] = []
-
-    def read(key: Any) -> None:
-        names.append(str(jax.random.key_impl(key)))
-
-    jax.eval_shape(read, jax.ShapeDtypeStruct((), dtype))
-    return names[0]
-
-
 def dtype_change_allowed(src: Any, src_weak: bool, dst: Any, policy: str) -> bool:
     """Whether `policy` lets a leaf of dtype `src` take dtype `dst`."""
     if key_change(src, dst):
@@ -303,7 +296,7 @@ def upcast(tree: PyTree, like: Structure | PyTree, *, policy: str = "weak") -> P
         )
     leaves = jtu.tree_leaves(tree)
     converted = [
-        isinstance(want, jax.ShapeDtypeStruct) and (want.dtype != have.dtype or type(x) in _PY_SCALAR_TYPES)
+        isinstance(want, jax.ShapeDtypeStruct) and (want.dtype != have.dtype or type(x) in SCALAR_TYPES)
         for x, want, have in zip(leaves, target.leaves, source.leaves, strict=True)
     ]
     check_x64(
