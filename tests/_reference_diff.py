@@ -29,7 +29,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from treeshape import Mismatch, Structure
+from treeshape import Mismatch, Structure, _compat
 from treeshape._leaf import leaf_str, varying_axes
 
 
@@ -38,10 +38,7 @@ __all__ = ["diff_structures"]
 
 def _leaf_key(leaf: Any) -> tuple[Any, ...]:
     if isinstance(leaf, jax.ShapeDtypeStruct):
-        mat = leaf.manual_axis_type
-        axes = None
-        if mat is not None and (mat.varying or mat.unreduced or mat.reduced):
-            axes = (frozenset(mat.varying), frozenset(mat.unreduced), frozenset(mat.reduced))
+        axes = _compat.axis_sets(leaf)  # `manual_axis_type` from jax 0.10.0, `vma` before
         return (True, leaf.shape, leaf.dtype, leaf.weak_type, axes)
     return (False, type(leaf), _static_value(leaf))
 
@@ -226,7 +223,7 @@ def _child_keys(treedef: jtu.PyTreeDef, leaves: tuple[Any, ...]) -> list[Any]:
         # flatten_one_level_with_keys names every namedtuple child after the
         # first field in JAX 0.10.2; the fields are the keys.
         return [jtu.GetAttrKey(name) for name in node_type._fields]
-    keyed, _ = jtu.flatten_one_level_with_keys(jtu.tree_unflatten(treedef, leaves))
+    keyed, _ = _compat.flatten_one_level_with_keys(jtu.tree_unflatten(treedef, leaves))
     return [key for key, _ in keyed]
 
 

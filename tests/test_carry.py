@@ -4,6 +4,7 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
+from _jax_range import varying
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
@@ -382,11 +383,11 @@ def test_shard_map_makes_the_carry_varying():
     def per_device(x):
         body = lambda c, xi: ({"acc": c["acc"] + xi, "n": c["n"] + 1}, None)
         init = {"acc": jnp.zeros(2), "n": 0}
-        with pytest.raises(TypeError, match="pcast"):  # what JAX says on its own
+        with pytest.raises(TypeError):  # JAX rejects it on its own
             lax.scan(body, init, x[None])
         carry = ts.scan_carry(body, init, x[None])
-        assert jax.typeof(carry["acc"]).manual_axis_type.varying == {"i"}
-        assert ts.carry_structure(body, init, x[None]).leaves[0].manual_axis_type.varying == {"i"}
+        assert varying(carry["acc"]) == {"i"}
+        assert varying(ts.carry_structure(body, init, x[None]).leaves[0]) == {"i"}
         return lax.scan(body, carry, x[None])[0]["acc"]
 
     out = jax.shard_map(per_device, mesh=mesh, in_specs=P("i"), out_specs=P("i"))(x)

@@ -307,7 +307,7 @@ def test_main_literals_are_concrete_also_inside_tuples(capsys):
     assert json.loads(capsys.readouterr().out) == [_entry("", [6], "float32")]
     # The same count as an abstract spec is traced, and jnp.tile refuses it.
     assert main(["inspect", "cli_fixtures:tile", "(f32[2], i32[])"]) == 1
-    assert_one_line_error(capsys.readouterr().err, "calling cli_fixtures:tile failed: TypeError:")
+    assert_one_line_error(capsys.readouterr().err, "calling cli_fixtures:tile failed: ")  # JAX's error, by release
 
 
 def test_main_table_escapes_control_characters(capsys):

@@ -166,7 +166,10 @@ def test_flatten_one_level_with_keys_keys_each_child_as_its_path_does():
     Pair = collections.namedtuple("Pair", "a b")
     for node in (Pair(1, 2), {"x": 1, "y": (2,)}, [1, 2], (1,), None):
         keyed, _ = _compat.flatten_one_level_with_keys(node)
-        paths = [path[0] for path, _ in jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]]
+        paths = [
+            path[0]
+            for path, _ in jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x, node=node: x is not node)[0]
+        ]
         assert [key for key, _ in keyed] == paths
     keyed, data = _compat.flatten_one_level_with_keys(Pair(1, 2))
     assert [jax.tree_util.keystr((key,)) for key, _ in keyed] == [".a", ".b"] and [c for _, c in keyed] == [1, 2]

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _jax_range import pcast_varying
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
@@ -334,13 +335,13 @@ def test_shard_map_two_axes():
     x = jax.device_put(jnp.arange(16.0, dtype=jnp.float32).reshape(8, 2), jax.NamedSharding(mesh, P("i", "j")))
 
     def per_shard(x):  # x: f32[2,1], varying over i and j
-        only_i = lax.pcast(jnp.zeros((), jnp.float32), ("i",), to="varying")
+        only_i = pcast_varying(jnp.zeros((), jnp.float32), ("i",))
         with pytest.raises(ts.CarryMismatchError) as info:  # gains j and a shape
             ts.carry_structure(lambda c, _: (c + x[:, 0], None), only_i, length=2)
         assert [(m.kind, m.expected, m.actual) for m in info.value.mismatches] == [("shape", (), (2,))]
         assert "carry: input f32[]{V:i}, output f32[2]{V:i,j}" in str(info.value)
-        only_j = lax.pcast(jnp.zeros(2, jnp.float32), ("j",), to="varying")
-        other = lambda c, _: (lax.pcast(jnp.zeros(3, jnp.float32), ("i",), to="varying"), None)
+        only_j = pcast_varying(jnp.zeros(2, jnp.float32), ("j",))
+        other = lambda c, _: (pcast_varying(jnp.zeros(3, jnp.float32), ("i",)), None)
         with pytest.raises(ts.CarryMismatchError) as info:  # i for j, and a shape
             ts.carry_structure(other, only_j, length=2)
         assert [m.kind for m in info.value.mismatches] == ["shape", "vma"]

@@ -3,6 +3,7 @@
 import dataclasses
 import enum
 import functools as ft
+import gc
 import re
 import traceback
 
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
+from _jax_range import listening
 from jax import lax
 
 import treeshape as ts
@@ -143,11 +145,8 @@ def jax_events():
     def on_duration(event, duration, **kwargs):
         events.append(event)
 
-    jax.monitoring.register_event_listener(on_event)
-    jax.monitoring.register_event_duration_secs_listener(on_duration)
-    yield events
-    jax.monitoring.unregister_event_listener(on_event)
-    jax.monitoring.unregister_event_duration_listener(on_duration)
+    with listening(on_event, on_duration):
+        yield events
 
 
 def test_no_lowering_or_compilation(jax_events):
@@ -155,6 +154,7 @@ def test_no_lowering_or_compilation(jax_events):
     fresh_jit = jax.jit(lambda x: (x @ x.T).sum(axis=0))
     x = jnp.ones((4, 3), jnp.float32)
     jax_events.clear()  # creating `x` compiled a kernel
+    gc.collect()  # arrays of earlier tests that are garbage already do not count
     live = len(jax.live_arrays())
 
     s1 = ts.out_structure(lambda x: (x @ x.T).sum(axis=0), x)

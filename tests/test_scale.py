@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
+from _jax_range import pcast_varying, varying
 from _reference_diff import diff_structures
 from hypothesis import event, given, settings, strategies as st
 from jax import lax
@@ -51,8 +52,7 @@ def _canonical(dtype: Any) -> Any:
 
 
 def _varying(leaf: jax.ShapeDtypeStruct) -> frozenset[str]:
-    mat = leaf.manual_axis_type
-    return frozenset(mat.varying) if mat is not None else frozenset()
+    return varying(leaf)
 
 
 def _activation(x: Any) -> Any:
@@ -281,7 +281,7 @@ def _run_shard_map(recipes: Any, check: Check, jitted: bool = False) -> list[Exp
         for i, arg in zip(sharded, args, strict=True):
             inner[i] = arg[0]  # this shard's (1, *shape) block -> the leaf's own shape
         for i in pcast:
-            inner[i] = lax.pcast(values[i], "i", to="varying")
+            inner[i] = pcast_varying(values[i], "i")
         check(jax.tree.unflatten(treedef, inner))
         ran.append(True)
         return anchor
@@ -908,10 +908,10 @@ def test_varying_axes_differences_agree_with_the_reference_under_shard_map():
 
     def per_shard(x: Any) -> Any:
         inv = jnp.zeros(2, jnp.float32)
-        tree = {"x": x, "inv": inv, "p": lax.pcast(inv, "i", to="varying"), "s": lax.psum(x, "i")}
+        tree = {"x": x, "inv": inv, "p": pcast_varying(inv, "i"), "s": lax.psum(x, "i")}
         other = {
             "x": lax.psum(x, "i"),
-            "inv": lax.pcast(inv, "i", to="varying"),
+            "inv": pcast_varying(inv, "i"),
             "p": jnp.zeros(3, jnp.float32),
             "s": x,
         }

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _jax_range import listening
 
 import treeshape as ts
 
@@ -32,11 +33,8 @@ def compilations(name):
         if event == COMPILE_EVENT and kwargs.get("fun_name") == f"jit({name})":
             seen.append(duration)
 
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
+    with listening(on_duration=listener):
         yield seen
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
 
 
 # -- a real model: a bf16 MLP trained with optax.adamw, optimizer math in f32 ----------

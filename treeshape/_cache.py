@@ -286,13 +286,14 @@ def holds_tracer(x: Any) -> bool | None:
 # -- the cache -----------------------------------------------------------------
 class CacheInfo(NamedTuple):
     """Statistics of the `out_structure` cache."""
-    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
-
 
     hits: int
     misses: int
     size: int
     maxsize: int
+
+
+CacheInfo.__module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
 
 class Key:

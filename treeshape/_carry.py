@@ -32,8 +32,17 @@ from ._errors import (
     structure_as_values_message,
 )
 from ._infer import out_structure
-from ._leaf import SCALAR_TYPES, from_aval, key_impl_name, leaf_str, refuse_leaked_tracers, short_dtype, varying_axes
-from ._sharding import carry_spec, reshard, spec_text, spec_value
+from ._leaf import (
+    SCALAR_TYPES,
+    from_aval,
+    key_impl_name,
+    leaf_str,
+    refuse_leaked_tracers,
+    short_dtype,
+    spec_text,
+    varying_axes,
+)
+from ._sharding import carry_spec, reshard, spec_value
 from ._structure import PyTree, Structure
 from ._weak import (
     allowing_policy,
@@ -349,7 +358,13 @@ def _sharding_cycles(
         mismatches.append(m)
         texts = [spec_text(spec_value(spec, rank)) for spec in (*history, after)]
         fix = carry_sharding_fix(texts, roles.fn)
-        lines.append((m.where, f"input {leaf_str(c)} sharded {m.expected}, output sharded {m.actual}.", fix))
+        lines.append(
+            (
+                m.where,
+                f"input {leaf_str(c)} sharded {spec_text(m.expected)}, output sharded {spec_text(m.actual)}.",
+                fix,
+            )
+        )
     return mismatches, lines
 
 

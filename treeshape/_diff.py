@@ -380,6 +380,7 @@ def _data_difference(expected: Any, actual: Any) -> tuple[str, str]:
     if e_fields is not None and a_fields is not None and e_fields.keys() == a_fields.keys():
         differ = [k for k in e_fields if not static_equal(e_fields[k], a_fields[k])]
         if differ:
+
             def side(fields: dict[str, Any]) -> str:
                 return first_few([f"{k}={_short(fields[k])}" for k in differ[:SHOWN]], len(differ), " fields")
 

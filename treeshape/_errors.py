@@ -7,7 +7,12 @@ from typing import Any, Final
 
 import jax
 
-from ._leaf import node_type_name
+from ._leaf import node_type_name, spec_text
+
+
+def _spec(x: Any) -> Any:
+    """A `PartitionSpec` as every release prints it alike (`P('d', None)`); anything else as itself."""
+    return spec_text(x) if isinstance(x, jax.sharding.PartitionSpec) else x
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +45,8 @@ class Mismatch:
         >>> print(m)
         tree['w']: expected shape (2, 3), got (3, 2).
     """
-    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
+    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
     path: str
     kind: str
@@ -70,7 +75,7 @@ class Mismatch:
         if self.kind == "vma":
             return f"expected a leaf varying over manual axes {_axes(e)}, got {_axes(a)}."
         if self.kind == "sharding":
-            return f"expected sharding {e}, got {a}."
+            return f"expected sharding {_spec(e)}, got {_spec(a)}."
         if a is None:
             return f"missing; expected {e}."
         if e is None:
@@ -124,8 +129,8 @@ class StructureMismatchError(TypeError):
           * tree['w']: expected shape (2, 3), got (3, 2). Make this leaf shape (2, 3).
         [("['b']", 'dtype'), ("['w']", 'shape')]
     """
-    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
+    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
     def __init__(self, message: str, mismatches: Sequence[Mismatch] = ()) -> None:
         super().__init__(message)
@@ -156,8 +161,8 @@ class CarryMismatchError(StructureMismatchError):
         >>> ts.scan_carry(body, init, jnp.ones((4, 3)), policy="promote")["acc"].dtype
         dtype('float32')
     """
-    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
+    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
 
 class PrecisionWarning(UserWarning):
@@ -184,8 +189,8 @@ class PrecisionWarning(UserWarning):
         >>> ts.scan_carry(lambda total, x: (total + x, None), jnp.float32(0), xs).dtype
         dtype('float32')
     """
-    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
+    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
 
 def narrowing_message(fn_name: str, leaves: Sequence[tuple[str, str, str]], init: str = "init") -> str:
@@ -240,7 +245,7 @@ def fix_for(m: Mismatch) -> str:
             return f'Apply `jax.lax.pcast(x, {tuple(missing)!r}, to="varying")` to it.'
         return "It varies over more manual axes than expected: reduce it (e.g. `jax.lax.psum`) or expect those axes."
     if m.kind == "sharding":
-        return f"Reshard it with `jax.sharding.reshard(x, {m.expected})`."
+        return f"Reshard it with `jax.sharding.reshard(x, {_spec(m.expected)})`."
     if m.actual is None:
         return "Add this entry."
     if m.expected is None:

@@ -81,8 +81,8 @@ class StaticRepr:
         type_name: The original value's type, as `"module:qualname"`.
         text: The original value's `repr`.
     """
-    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
+    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
     __slots__ = ("type_name", "text")
 

@@ -433,6 +433,17 @@ def leaf_str(leaf: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def spec_text(spec: Any) -> str:
+    """A `PartitionSpec` as the newest JAX prints it, `P('d', None)`, on every release
+    (before jax 0.9.1 its repr is `PartitionSpec('d', None)`)."""
+    text = "P(" + repr(_compat.spec_entries(spec))[1:-1]
+    unreduced, reduced = getattr(spec, "unreduced", None), getattr(spec, "reduced", None)
+    extra = [f"{name}={set(axes)!r}" for name, axes in (("unreduced", unreduced), ("reduced", reduced)) if axes]
+    if extra:
+        text += ("" if text == "P(" else " " if text.endswith(",") else ", ") + ", ".join(extra)
+    return text + ")"
+
+
 def human_bytes(n: int) -> str:
     """`36 B`, `1.5 KiB`, `64.0 GiB`."""
     if n < 1024:

@@ -24,7 +24,7 @@ from ._errors import (
     shardings_unfit_message,
     unresolved_mesh_message,
 )
-from ._leaf import leaf_nbytes, leaf_str
+from ._leaf import leaf_nbytes, leaf_str, spec_text
 
 
 class Leaves(Protocol):
@@ -84,17 +84,6 @@ def spec_str(sharding: Any, rank: int) -> str:
         getattr(spec, "unreduced", None) or getattr(spec, "reduced", None)
     )
     return spec_text(normalized_spec(spec, rank)) if names_an_axis else ""
-
-
-def spec_text(spec: Any) -> str:
-    """A `PartitionSpec` as the newest JAX prints it, `P('d', None)`, on every release
-    (before jax 0.9.1 its repr is `PartitionSpec('d', None)`)."""
-    text = "P(" + repr(_compat.spec_entries(spec))[1:-1]
-    unreduced, reduced = getattr(spec, "unreduced", None), getattr(spec, "reduced", None)
-    extra = [f"{name}={set(axes)!r}" for name, axes in (("unreduced", unreduced), ("reduced", reduced)) if axes]
-    if extra:
-        text += ("" if text == "P(" else " " if text.endswith(",") else ", ") + ", ".join(extra)
-    return text + ")"
 
 
 def _mesh_sizes(mesh: Any) -> dict[str, int]:
@@ -296,9 +285,10 @@ def _is_sharding_leaf(x: Any) -> bool:
 
 
 def _what(x: Any) -> str:
-    text = repr(x)
+    spec = isinstance(x, jax.sharding.PartitionSpec)
+    text = spec_text(x) if spec else repr(x)
     text = text if len(text) <= 60 else text[:57] + "..."
-    kind = "a PartitionSpec" if isinstance(x, jax.sharding.PartitionSpec) else type(x).__name__
+    kind = "a PartitionSpec" if spec else type(x).__name__
     return f"{kind} {text}"
 
 

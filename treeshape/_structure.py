@@ -179,8 +179,8 @@ class Structure:
         >>> s.zeros()["w"].shape
         (2, 3)
     """
-    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
+    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
     __slots__ = ("_treedef", "_leaves", "_cache", "_meshes")
 
