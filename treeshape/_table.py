@@ -14,6 +14,7 @@ from typing import Any, Final, Protocol
 import jax
 import jax.tree_util as jtu
 
+from . import _compat
 from ._json import StaticRepr
 from ._leaf import axes_str, human_bytes, leaf_nbytes, leaf_str, short_dtype, short_shape, varying_axes
 from ._sharding import is_partitioned, is_replicated, per_device_nbytes, spec_str
@@ -138,10 +139,7 @@ def _children(path: str, x: Any, backwards: bool) -> Iterator[tuple[str, Any]]:
     if kind is list or kind is tuple:
         indices = range(len(x) - 1, -1, -1) if backwards else range(len(x))
         return ((f"{path}[{i}]", x[i]) for i in indices)
-    keyed, _ = jtu.flatten_one_level_with_keys(x)
-    if isinstance(x, tuple) and hasattr(kind, "_fields"):
-        # JAX 0.10.2 names every namedtuple child after the first field; the fields are the keys.
-        keyed = [(jtu.GetAttrKey(name), child) for name, (_, child) in zip(kind._fields, keyed, strict=True)]
+    keyed, _ = _compat.flatten_one_level_with_keys(x)  # NamedTuple children keyed by their own fields
     items = [(path + jtu.keystr((key,)), child) for key, child in keyed]
     return reversed(items) if backwards else iter(items)
 
