@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
+from _jax_range import listening
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import treeshape as ts
@@ -63,9 +64,8 @@ def compiles():
         if event == "/jax/core/compile/backend_compile_duration":
             seen.append(duration)
 
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    yield seen
-    jax.monitoring.unregister_event_duration_listener(listener)
+    with listening(on_duration=listener):
+        yield seen
 
 
 # -- top level ------------------------------------------------------------------

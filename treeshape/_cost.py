@@ -86,6 +86,8 @@ class Cost:
         --------------  ------------  -----
     """
 
+    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
+
     flops: float | None
     bytes_accessed: int | None
     argument_bytes: int | None
