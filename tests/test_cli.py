@@ -125,8 +125,9 @@ def test_demo_runs_offline_and_the_loss_goes_down():
     mismatch, fixed = out.split("3. The scan carry", 1)[1].split("The fix it names:", 1)
     mismatch = " ".join(mismatch.split())  # the message is wrapped for the terminal
     assert "CarryMismatchError: treeshape.scan_carry: no carry type is a fixed point" in mismatch
-    assert "carry[1]['mu']['hidden']['b']: input bf16[32], output f32[32]" in mismatch
-    assert 'policy="promote" would (bf16 promotes to f32)' in mismatch
+    f = "f64" if jax.config.jax_enable_x64 else "f32"  # the demo's default float
+    assert f"carry[1]['mu']['hidden']['b']: input bf16[32], output {f}[32]" in mismatch
+    assert f'policy="promote" would (bf16 promotes to {f})' in mismatch
     assert fixed.lstrip().startswith('ts.scan_carry(train_step, init, xs, policy="promote")')
     assert "the initial carry matches it: True" in fixed
     losses = [float(x) for x in re.findall(r"mean loss (\d+\.\d+)", out)]

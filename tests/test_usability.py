@@ -329,7 +329,7 @@ def test_a_structure_passed_to_fn_gets_a_note_naming_the_argument():
 @pytest.mark.parametrize(
     "lower, upper, shown",
     [
-        (0.5, 3, "`lower` must be an integer scalar (.*), got 0.5 \\(~f32\\[\\]\\)"),
+        (0.5, 3, "`lower` must be an integer scalar (.*), got 0.5 \\(~f(32|64)\\[\\]\\)"),
         (0, "3", "`upper` .*, got '3' \\(a str\\)"),
     ],
 )
