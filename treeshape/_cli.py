@@ -294,17 +294,22 @@ def _as_json(structure: Any) -> list[dict[str, Any]]:
     return leaf_records(structure.paths, structure.leaves)
 
 
-def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
-    import treeshape as ts
-
+def _call_target(args: argparse.Namespace, how: Callable[..., Any]) -> Any:
+    """`how(fn, *specs)` for the command's `MODULE:ATTR` and specs: what `inspect` and `cost` share."""
     if args.target is None:
         raise _Fail("the following arguments are required: MODULE:ATTR", 2)
     positional, keywords = _arguments(args.specs)
     fn, positional, keywords = _bind(_resolve(args.target), positional, keywords)
     try:
-        structure = ts.out_structure(fn, *positional, **keywords)
+        return how(fn, *positional, **keywords)
     except _USER_ERRORS as err:
         raise _Fail(f"calling {args.target} failed: {_one_line(err)}", 1) from err
+
+
+def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
+    import treeshape as ts
+
+    structure = _call_target(args, ts.out_structure)
     try:  # static output leaves are the user's objects: their repr may raise
         if args.json:
             entries = [json.dumps(entry) for entry in _as_json(structure)]
@@ -320,15 +325,7 @@ def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
 def _cost(args: argparse.Namespace, stdout: TextIO) -> int:
     import treeshape as ts
 
-    if args.target is None:
-        raise _Fail("the following arguments are required: MODULE:ATTR", 2)
-    positional, keywords = _arguments(args.specs)
-    fn, positional, keywords = _bind(_resolve(args.target), positional, keywords)
-    try:
-        figures = ts.cost(fn, *positional, **keywords)
-    except _USER_ERRORS as err:
-        raise _Fail(f"calling {args.target} failed: {_one_line(err)}", 1) from err
-    print(str(figures), file=stdout)
+    print(str(_call_target(args, ts.cost)), file=stdout)
     return 0
 
 
