@@ -15,7 +15,7 @@ that has it.
 """
 
 import functools as ft
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Final
 
 import jax
@@ -23,6 +23,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 from jax._src import config as _config, core as _core, dtypes as _dtypes, mesh as _mesh
+from jax._src.export import shape_poly as _shape_poly
 from jax._src.lax import lax as _lax
 
 
@@ -348,3 +349,96 @@ def flatten_one_level_with_keys(node: Any) -> tuple[list[tuple[Any, Any]], Hasha
     if keys is not None and len(keys) == len(keyed) and all(type(key) is jtu.GetAttrKey for key, _ in keyed):
         keyed = [(key, child) for key, (_, child) in zip(keys, keyed, strict=True)]
     return keyed, data
+
+
+# -- symbolic dimensions (`jax.export` shape polymorphism) ----------------------------
+# Public: making and parsing dimension expressions (`jax.export.symbolic_shape`, which
+# reads back what `str` of an expression writes), `jax.export.SymbolicScope` and
+# `jax.export.is_symbolic_dim`. Not public, on any supported release: an expression's
+# variables and scope, its value under a binding, and a scope's constraints. JAX's own
+# `Exported.call` does both with the members used below (`_get_vars`, `scope`,
+# `_evaluate`, `_explicit_constraints`), which are the same from jax 0.8.0 to 0.10.2.
+is_symbolic: Final[Callable[[Any], bool]] = jax.export.is_symbolic_dim
+
+
+def dim_names(d: Any) -> frozenset[str]:
+    """The dimension variables a symbolic dimension expression uses (`{"b"}` for `2*b + 1`)."""
+    return frozenset(d._get_vars())
+
+
+def dim_scope(d: Any) -> Any:
+    """The `jax.export.SymbolicScope` a symbolic dimension belongs to."""
+    return d.scope
+
+
+def scope_constraints(scope: Any) -> tuple[str, ...]:
+    """A scope's constraints as written (`("b >= 4",)`), in order, as `SymbolicScope` takes them back.
+
+    A constraint `mod(b, 2) == 0` is listed with the one JAX derives from it
+    (`2*floordiv(b, 2) == b`); a scope made from the list has the same list.
+    """
+    return tuple(c.debug_str for c in scope._explicit_constraints)
+
+
+def make_scope(constraints: Iterable[str] = ()) -> Any:
+    """A new `jax.export.SymbolicScope` with these constraints.
+
+    Raises:
+        ValueError: a constraint JAX cannot parse or that can never hold.
+    """
+    try:
+        return jax.export.SymbolicScope(tuple(constraints))
+    except NotImplementedError as err:  # e.g. two equality constraints with the same left side
+        raise ValueError(str(err)) from None
+
+
+def parse_dim(text: str, scope: Any) -> Any:
+    """One dimension expression written as JAX writes it (`"2*b + 1"`), read in `scope`.
+
+    Raises:
+        ValueError: a text that is not exactly one dimension expression.
+    """
+    try:
+        dims = jax.export.symbolic_shape(text, scope=scope)
+    except Exception as err:  # JAX's parser raises ValueError; `tokenize` a TokenError for a lone "("
+        raise ValueError(f"{text!r} is not a dimension expression: {err}") from None
+    if len(dims) != 1:
+        raise ValueError(f"{text!r} is {len(dims)} dimensions, not one")
+    return dims[0]
+
+
+def evaluate_dim(d: Any, sizes: Mapping[str, int]) -> Any:
+    """`d` with the dimension variables named in `sizes` replaced by those integers: an
+    `int` when that binds all of its variables, else an expression of the others (in
+    `d`'s scope, which keeps its constraints). Integers are returned as they are.
+
+    JAX evaluates in its dimension dtype (int32 with x64 off), which would wrap around
+    for large products: evaluation runs with 64-bit integers, and the result is a
+    Python int.
+    """
+    if not is_symbolic(d):
+        return d
+    names = d._get_vars()
+    if not names & sizes.keys():
+        return d
+    scope = d.scope
+    env = {name: sizes[name] if name in sizes else _shape_poly._DimExpr._from_var(name, scope) for name in names}
+    with _config.enable_x64(True):
+        value = d._evaluate(env)
+    return value if is_symbolic(value) else int(value)
+
+
+def broken_constraints(scope: Any, sizes: Mapping[str, int]) -> list[tuple[str, frozenset[str]]]:
+    """The constraints of `scope` that `sizes` breaks, each as written and with the
+    names it uses; a constraint on names that `sizes` leaves free is not decided, so
+    not listed."""
+    broken = []
+    for constraint in scope._explicit_constraints:
+        diff = evaluate_dim(constraint.diff, sizes)
+        if is_symbolic(diff):
+            continue
+        holds = diff == 0 if constraint.cmp == _shape_poly.Comparator.EQ else diff >= 0
+        if not holds:
+            names = dim_names(constraint.diff) if is_symbolic(constraint.diff) else frozenset()
+            broken.append((constraint.debug_str, names))
+    return broken

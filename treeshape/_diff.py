@@ -22,7 +22,7 @@ import jax.tree_util as jtu
 
 from . import _compat
 from ._errors import SHOWN, Mismatch, first_few
-from ._leaf import leaf_str, node_type_name, same_type, static_value, varying_axes
+from ._leaf import leaf_str, node_type_name, same_symbolic_shape, same_type, static_value, varying_axes
 
 
 class Compared(Protocol):
@@ -87,7 +87,7 @@ def _diff_leaf(path: str, e: Any, a: Any, out: _Found) -> None:
         if e_array != a_array or not static_equal(e, a):
             out.add(path, "structure", _describe_leaf(e), _describe_leaf(a))
         return
-    if e.shape != a.shape:
+    if not (e.shape == a.shape or same_symbolic_shape(e.shape, a.shape)):
         out.add(path, "shape", e.shape, a.shape)
     if e.dtype != a.dtype:
         out.add(path, "dtype", e.dtype, a.dtype)

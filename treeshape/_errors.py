@@ -7,7 +7,7 @@ from typing import Any, Final
 
 import jax
 
-from ._leaf import node_type_name, spec_text
+from ._leaf import constraints_text, node_type_name, spec_text
 
 
 def _spec(x: Any) -> Any:
@@ -32,6 +32,13 @@ class Mismatch:
         actual: The actual value, as `expected`; `None` when it is missing.
         root: The name messages print before `path`: `tree` for a compared
             tree, `carry` for a loop carry, `state` for a train state.
+        dims: For a `"shape"` mismatch of a leaf with symbolic dimensions
+            compared with a concrete tree: each dimension name of the leaf
+            that another leaf bound, as `(name, size, where it was bound)`
+            (`("b", 5, "tree['x']")`), or `(name, None, "")` for a name that
+            no leaf of the tree determines.
+        constraint: For a `"shape"` mismatch: the constraint of the
+            symbolic scope that the tree's sizes break (`"b >= 4"`), else `""`.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -53,6 +60,8 @@ class Mismatch:
     expected: Any
     actual: Any
     root: str = dataclasses.field(default="tree", kw_only=True)
+    dims: tuple[tuple[str, int | None, str], ...] = dataclasses.field(default=(), kw_only=True)
+    constraint: str = dataclasses.field(default="", kw_only=True)
 
     @property
     def where(self) -> str:
@@ -67,7 +76,7 @@ class Mismatch:
         """The difference, without the path (`expected shape (2, 3), got (3, 2).`)."""
         e, a = self.expected, self.actual
         if self.kind == "shape":
-            return f"expected shape {e}, got {a}."
+            return _shape_what(self)
         if self.kind == "dtype":
             return f"expected dtype {e}, got {a}."
         if self.kind == "weak_type":
@@ -86,6 +95,33 @@ class Mismatch:
                 "by its repr only)."
             )
         return f"expected {e}, got {a}."
+
+
+def _shape_what(m: Mismatch) -> str:
+    e, a = m.expected, m.actual
+    if m.constraint:
+        given = ", ".join(f"{name} = {size}" for name, size, _ in m.dims)
+        return f"expected shape {e} with {m.constraint}, got {a} ({given})."
+    bound = [f"{name} = {size} at {where}" for name, size, where in m.dims if size is not None]
+    unknown = [name for name, size, _ in m.dims if size is None]
+    notes = []
+    if bound:
+        notes.append(first_few(bound))
+    if unknown:
+        notes.append(f"no leaf of the tree determines {' or '.join(unknown)}")
+    if notes:
+        return f"expected shape {e}, got {a}; {'; '.join(notes)}."
+    if str(e) == str(a):  # written alike: symbolic dimensions of scopes with other constraints
+        return (
+            f"expected shape {e} with constraints {_constraints(e)}, got the same dimensions with constraints "
+            f"{_constraints(a)}."
+        )
+    return f"expected shape {e}, got {a}."
+
+
+def _constraints(shape: Any) -> str:
+    text = constraints_text(shape) if isinstance(shape, tuple) else ""
+    return f"({text})" if text else "(none)"
 
 
 def _print_alike(m: Mismatch) -> bool:
@@ -225,9 +261,27 @@ def fori_bounds_message(fn_name: str, lower: str, upper: str) -> str:
     )
 
 
+def free_dims_message(fn_name: str, dims: Sequence[str], example: str) -> str:
+    names = ", ".join(dims)
+    sizes = ", ".join(f"{name}=..." for name in dims)
+    return (
+        f"treeshape.{fn_name}: the structure has free symbolic dimensions ({names}; e.g. {example}), and arrays "
+        f"need sizes. Bind them first: `structure.bind({sizes}).{fn_name.rsplit('.', 1)[-1]}()`."
+    )
+
+
 def fix_for(m: Mismatch) -> str:
     """The sentence that tells the user how to repair one mismatch."""
     if m.kind == "shape":
+        if m.constraint:
+            return f"Pass a tree whose sizes meet {m.constraint}."
+        if any(size is None for _, size, _ in m.dims):
+            names = [name for name, size, _ in m.dims if size is None]
+            return f"Bind it first: `structure.bind({', '.join(f'{n}=...' for n in names)})`."
+        if m.dims:
+            return f"Give {', '.join(name for name, _, _ in m.dims)} one size across the tree."
+        if str(m.expected) == str(m.actual):
+            return "Make both from one symbolic scope, or from scopes with the same constraints."
         return f"Make this leaf shape {m.expected}."
     if m.kind == "dtype":
         if _is_key(m.expected):

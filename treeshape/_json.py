@@ -52,7 +52,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat
-from ._leaf import key_dtype, key_dtypes, manual_axis_sets
+from ._leaf import is_symbolic, key_dtype, key_dtypes, manual_axis_sets, symbolic_scopes
 
 
 VERSION: Final = 1
@@ -324,7 +324,7 @@ def _vma_record(leaf: jax.ShapeDtypeStruct) -> dict[str, list[str]] | None:
 def _array_record(leaf: jax.ShapeDtypeStruct) -> dict[str, Any]:
     """An array leaf's record after its path: `shape`, `dtype`, `weak_type`, and `sharding` and `vma` if it has them."""
     record: dict[str, Any] = {
-        "shape": [int(d) for d in leaf.shape],
+        "shape": [str(d) if is_symbolic(d) else int(d) for d in leaf.shape],
         "dtype": _dtype_name(leaf.dtype),
         "weak_type": bool(leaf.weak_type),
     }
@@ -393,7 +393,7 @@ def _leaf_lines(paths: Sequence[str], leaves: Sequence[Any]) -> list[str]:
             name = dtype_names.get(dtype)
             if name is None:
                 name = dtype_names[dtype] = _encode(_dtype_name(dtype))
-            shape = ", ".join([str(int(d)) for d in leaf.shape])
+            shape = ", ".join([_encode(str(d)) if is_symbolic(d) else str(int(d)) for d in leaf.shape])
             weak = "true" if leaf.weak_type else "false"
             lines.append(f'{{"path": {_encode(path)}, "shape": [{shape}], "dtype": {name}, "weak_type": {weak}}}')
         else:
@@ -411,13 +411,32 @@ def dumps(treedef: jtu.PyTreeDef, leaves: Sequence[Any], paths: Sequence[str] | 
     leaf_lines = _leaf_lines(walked if paths is None else paths, leaves)
     node_text = ",\n    ".join(nodes)
     leaf_text = ",\n    ".join(leaf_lines)
+    constraints = _constraints(leaves)
     return (
         "{\n"
         f'  "version": {VERSION},\n'
-        f'  "treedef": [\n    {node_text}\n  ],\n'
+        + ("" if constraints is None else f'  "constraints": {_encode(constraints)},\n')
+        + f'  "treedef": [\n    {node_text}\n  ],\n'
         f'  "leaves": [{f"{chr(10)}    {leaf_text}{chr(10)}  " if leaf_lines else ""}]\n'
         "}\n"
     )
+
+
+def _constraints(leaves: Sequence[Any]) -> list[str] | None:
+    """The constraints of the one symbolic scope of the leaves' dimensions (None when every
+    shape is concrete): a loaded document reads all its dimensions in one scope."""
+    scopes = symbolic_scopes(leaves)
+    if not scopes:
+        return None
+    written = {_compat.scope_constraints(scope) for scope in scopes}
+    if len(written) > 1:
+        shown = " and ".join(f"[{', '.join(c)}]" for c in sorted(written))
+        raise TypeError(
+            "treeshape.Structure.to_json: the shapes hold symbolic dimensions of scopes with different "
+            f"constraints ({shown}); a document reads all of them in one scope. Make them with one "
+            "`jax.export.symbolic_shape` call (or one `scope=`)."
+        )
+    return list(written.pop())
 
 
 # -- decoding --------------------------------------------------------------------
@@ -770,14 +789,44 @@ def _static(record: dict[str, Any], where: str) -> Any:
     return StaticRepr(type_name, text)
 
 
-def _leaf(record: Any, where: str) -> Any:
+class _Dims:
+    """The document's symbolic scope, made on first use from its `"constraints"`, in which
+    every dimension written as a string is read (each distinct text once)."""
+
+    def __init__(self, constraints: Any) -> None:
+        self.constraints = constraints
+        self.scope: Any = None
+        self.read_texts: dict[str, Any] = {}
+
+    def read(self, text: str, where: str) -> Any:
+        d = self.read_texts.get(text)
+        if d is not None:
+            return d
+        if self.scope is None:
+            written = [] if self.constraints is None else _str_list(self.constraints, "constraints", unique=False)
+            try:
+                self.scope = _compat.make_scope(written)
+            except Exception as err:  # JAX's parser: ValueError, or tokenize's TokenError
+                _fail("constraints", f"not valid constraints of a symbolic scope: {err}")
+        try:
+            d = _compat.parse_dim(text, self.scope)
+        except ValueError as err:
+            _fail(where, str(err))
+        if not is_symbolic(d) and not 0 <= d <= _MAX_DIM:
+            _fail(where, f"expected a size >= 0, got {_short_repr(text)}")
+        self.read_texts[text] = d
+        return d
+
+
+def _leaf(record: Any, where: str, dims: _Dims) -> Any:
     if type(record) is not dict:
         return _fail(where, f"expected an object, got {_short_repr(record)}")
     _str(_get(record, "path", where), f"{where}.path")
     if "static" in record:
         return _static(record, where)
     shape = tuple(
-        _int(d, f"{where}.shape[{i}]") for i, d in enumerate(_list(_get(record, "shape", where), f"{where}.shape"))
+        dims.read(d, f"{where}.shape[{i}]") if type(d) is str else _int(d, f"{where}.shape[{i}]")
+        for i, d in enumerate(_list(_get(record, "shape", where), f"{where}.shape"))
     )
     dtype = _dtype(_get(record, "dtype", where), f"{where}.dtype")
     weak = _bool(_get(record, "weak_type", where), f"{where}.weak_type")
@@ -786,7 +835,7 @@ def _leaf(record: Any, where: str) -> Any:
     return _compat.shape_dtype_struct(shape, dtype, weak_type=weak, sharding=sharding, manual_axes=vma)
 
 
-def _plain_type(record: Any) -> tuple[tuple[int, ...], str, bool] | None:
+def _plain_type(record: Any) -> tuple[tuple[int | str, ...], str, bool] | None:
     """`(shape, dtype name, weak_type)` of the record of an array leaf with no sharding and no manual
     axes whose fields have the right JSON types; else None. Their values are checked by `_leaf`."""
     if type(record) is not dict or "static" in record or type(record.get("path")) is not str:
@@ -797,24 +846,24 @@ def _plain_type(record: Any) -> tuple[tuple[int, ...], str, bool] | None:
     if type(shape) is not list or type(dtype) is not str or type(weak) is not bool:
         return None
     for d in shape:
-        if type(d) is not int:
+        if type(d) is not int and type(d) is not str:
             return None
     return tuple(shape), dtype, weak
 
 
-def _leaves(records: list[Any]) -> tuple[Any, ...]:
+def _leaves(records: list[Any], dims: _Dims) -> tuple[Any, ...]:
     """The leaf descriptions of `records`. Plain array leaves of one type share one (immutable)
     `ShapeDtypeStruct`, checked once: a big tree has few leaf types."""
-    made: dict[tuple[tuple[int, ...], str, bool], Any] = {}
+    made: dict[tuple[tuple[int | str, ...], str, bool], Any] = {}
     out: list[Any] = []
     for i, record in enumerate(records):
         key = _plain_type(record)
         if key is None:
-            out.append(_leaf(record, f"leaves[{i}]"))
+            out.append(_leaf(record, f"leaves[{i}]", dims))
             continue
         leaf = made.get(key)
         if leaf is None:
-            leaf = made[key] = _leaf(record, f"leaves[{i}]")
+            leaf = made[key] = _leaf(record, f"leaves[{i}]", dims)
         out.append(leaf)
     return tuple(out)
 
@@ -850,7 +899,7 @@ def _decode(text: str | bytes | bytearray) -> tuple[jtu.PyTreeDef, tuple[Any, ..
     records = _list(_get(doc, "leaves", "the document"), "leaves")
     if len(records) != treedef.num_leaves:
         _fail("leaves", f"the treedef has {treedef.num_leaves} leaves, but there are {len(records)} records")
-    leaves = _leaves(records)
+    leaves = _leaves(records, _Dims(doc.get("constraints")))
     _check_rebuilds(treedef)
     # Each record's `path` is where the treedef puts that leaf (a hand-edited file may disagree).
     for i, (path, record) in enumerate(zip(paths, records, strict=True)):

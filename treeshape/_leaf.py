@@ -11,6 +11,7 @@ written compactly: `f32[2,3]`, `~f32[]` (weak), `key<fry>[4]`, `f32[8]{V:i}`
 import functools as ft
 import math
 import operator
+import re
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -361,6 +362,83 @@ def leaf_nbytes(leaf: jax.ShapeDtypeStruct) -> int:
     return size * itemsize
 
 
+# -- symbolic dimensions -----------------------------------------------------------------
+# A dimension is an int, or a `jax.export` dimension expression (`b`, `2*b + 1`) of a
+# symbolic scope that may constrain it (`b >= 4`). Two expressions of different scopes
+# never compare equal in JAX; Structures compare them by their written form and their
+# scopes' constraints, so that a Structure loaded from JSON (a scope of its own) equals
+# the one it was saved from.
+is_symbolic = _compat.is_symbolic
+_IDENTIFIER: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def has_symbolic(shape: tuple[Any, ...]) -> bool:
+    """Whether a shape holds a symbolic dimension (the fast path: a tuple of ints)."""
+    return not sizes(shape) and any(is_symbolic(d) for d in shape)
+
+
+def dim_key(d: Any) -> Any:
+    """What a dimension is compared and hashed by: an int as itself, an expression by
+    its written form and its scope's constraints."""
+    if not is_symbolic(d):
+        return d
+    return (str(d), _compat.scope_constraints(_compat.dim_scope(d)))
+
+
+def same_symbolic_shape(e: tuple[Any, ...], a: tuple[Any, ...]) -> bool:
+    """Two shapes that JAX calls unequal but that are the same family of shapes: equal
+    dimension by dimension in written form, in scopes with the same constraints."""
+    if len(e) != len(a) or not (has_symbolic(e) and has_symbolic(a)):
+        return False
+    return all(x == y or dim_key(x) == dim_key(y) for x, y in zip(e, a, strict=True))
+
+
+def shape_key(shape: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A shape as Structures hash it (see `dim_key`)."""
+    return tuple(map(dim_key, shape)) if has_symbolic(shape) else shape
+
+
+def shape_names(shape: tuple[Any, ...]) -> list[str]:
+    """The dimension variables of a shape, in order of first appearance (axis by axis,
+    then as written: `b*s` gives `b`, `s`)."""
+    names: list[str] = []
+    for d in shape:
+        if is_symbolic(d):
+            used = _compat.dim_names(d)
+            names.extend(n for n in _IDENTIFIER.findall(str(d)) if n in used and n not in names)
+    return names
+
+
+def constraints_text(shape: tuple[Any, ...]) -> str:
+    """The constraints of the symbolic scope of a shape, as written (`b >= 4, b <= 64`),
+    or "" when it has none (or no symbolic dimension)."""
+    for d in shape:
+        if is_symbolic(d):
+            return ", ".join(_compat.scope_constraints(_compat.dim_scope(d)))
+    return ""
+
+
+def symbolic_scopes(leaves: Any) -> list[Any]:
+    """The distinct symbolic scopes of the array leaves' dimensions, first seen first."""
+    found: dict[int, Any] = {}
+    seen: set[int] = set()  # leaves are often one shared object per type
+    for leaf in leaves:
+        if not isinstance(leaf, jax.ShapeDtypeStruct) or id(leaf) in seen:
+            continue
+        seen.add(id(leaf))
+        if has_symbolic(leaf.shape):
+            for d in leaf.shape:
+                if is_symbolic(d):
+                    scope = _compat.dim_scope(d)
+                    found.setdefault(id(scope), scope)
+    return list(found.values())
+
+
+def count_text(n: Any) -> str:
+    """A count with thousands separators (`1,024`), or a symbolic one as JAX writes it (`8*b`)."""
+    return str(n) if is_symbolic(n) else f"{n:,}"
+
+
 # -- notation --------------------------------------------------------------------------
 # Short dtype names: each long prefix and its short form (`bfloat16` <-> `bf16`),
 # in the order both directions must try them.
@@ -409,7 +487,7 @@ def same_type(e: jax.ShapeDtypeStruct, a: jax.ShapeDtypeStruct) -> bool:
     """Whether two array leaves have one type as Structures compare them: shape, dtype,
     weak flag and manual axes (not sharding)."""
     return (
-        e.shape == a.shape
+        (e.shape == a.shape or same_symbolic_shape(e.shape, a.shape))
         and e.dtype == a.dtype
         and e.weak_type == a.weak_type
         and (_compat.manual_axes(e) is _compat.manual_axes(a) or manual_axis_sets(e) == manual_axis_sets(a))
@@ -444,8 +522,10 @@ def spec_text(spec: Any) -> str:
     return text + ")"
 
 
-def human_bytes(n: int) -> str:
-    """`36 B`, `1.5 KiB`, `64.0 GiB`."""
+def human_bytes(n: Any) -> str:
+    """`36 B`, `1.5 KiB`, `64.0 GiB`; a symbolic count as JAX writes it (`40*b + 12 B`)."""
+    if is_symbolic(n):
+        return f"{n} B"
     if n < 1024:
         return f"{n} B"
     value = float(n)

@@ -13,7 +13,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 
-from . import _compat, _json, _sharding
+from . import _compat, _dims, _json, _sharding
 from ._diff import diff_structures, static_equal
 from ._errors import (
     Mismatch,
@@ -23,6 +23,7 @@ from ._errors import (
     check_path_leaf_callback,
     complex_fill_message,
     format_mismatches,
+    free_dims_message,
     int_too_big_message,
     unflatten_message,
     x64_message,
@@ -38,6 +39,7 @@ from ._leaf import (
     manual_axis_sets,
     read_leaves,
     same_type,
+    shape_key,
     short_dtype,
     static_value,
     varying_axes,
@@ -77,7 +79,7 @@ def _same_leaf(e: Any, a: Any) -> bool:
 
 def _leaf_hash(leaf: Any) -> int:
     if isinstance(leaf, jax.ShapeDtypeStruct):
-        return hash((leaf.shape, leaf.dtype, leaf.weak_type, manual_axis_sets(leaf)))
+        return hash((shape_key(leaf.shape), leaf.dtype, leaf.weak_type, manual_axis_sets(leaf)))
     try:
         return hash((type(leaf), static_value(leaf)))
     except Exception:  # unhashable (compared by `==` only), or a `__hash__` that raises: by its type
@@ -312,6 +314,132 @@ class Structure:
         )
         return per_device
 
+    # -- symbolic dimensions -------------------------------------------------
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """The free dimension names of the shapes, in order of first appearance.
+
+        Shapes may hold `jax.export` symbolic dimensions (`b`, `2*b`,
+        `floordiv(b + 1, 2)`): then the Structure describes a whole family of
+        shapes, one per size of each name. Empty when every shape is concrete.
+
+        Examples:
+            >>> import jax
+            >>> import jax.numpy as jnp
+            >>> import treeshape as ts
+            >>> b, s = jax.export.symbolic_shape("b, s")
+            >>> batch = {"tokens": jax.ShapeDtypeStruct((b, s), jnp.int32), "mask": jax.ShapeDtypeStruct((b,), bool)}
+            >>> ts.structure_of(batch).dims
+            ('b', 's')
+        """
+        dims: tuple[str, ...] = self._memo("dims", lambda: _dims.free_names(self._leaves))
+        return dims
+
+    def _example_symbolic(self) -> str:
+        """The first leaf with a symbolic dimension, as messages show it (`tree['x']: f32[b,3]`)."""
+        for path, leaf in zip(self.paths, self._leaves, strict=True):
+            if isinstance(leaf, jax.ShapeDtypeStruct) and self._has_symbolic(leaf):
+                return f"tree{path}: {leaf_str(leaf)}"
+        return ""
+
+    @staticmethod
+    def _has_symbolic(leaf: jax.ShapeDtypeStruct) -> bool:
+        return bool(_dims.free_names((leaf,)))
+
+    def bind(self, **sizes: int) -> "Structure":
+        """Return the structure with the named dimensions replaced by sizes.
+
+        Some names may be bound and others left free. Expressions are
+        evaluated as JAX evaluates them (`2*b` with `b=32` is `64`), and the
+        sizes are checked against the constraints of the dimensions' symbolic
+        scope (`jax.export.symbolic_shape("b", constraints=["b >= 4"])`).
+
+        Args:
+            **sizes: A size (an integer >= 1) for each name to bind, e.g. `b=32`.
+
+        Returns:
+            A new [treeshape.Structure][]; its `dims` are the names left free.
+
+        Raises:
+            ValueError: a name that is not among `self.dims` (the message lists
+                them), a size below 1, a size that breaks a constraint of the
+                symbolic scope (named in the message), or a dimension that the
+                sizes make negative (named by its path).
+            TypeError: a size that is not an integer.
+
+        Examples:
+            >>> import jax
+            >>> import jax.numpy as jnp
+            >>> import treeshape as ts
+            >>> (b,) = jax.export.symbolic_shape("b", constraints=["b >= 4"])
+            >>> s = ts.out_structure(lambda x: jnp.concatenate([x, x]), jax.ShapeDtypeStruct((b, 3), jnp.float32))
+            >>> s
+            Structure(f32[2*b,3], 1 leaf, 24*b B)
+            >>> s.bind(b=32)
+            Structure(f32[64,3], 1 leaf, 768 B)
+            >>> s.bind(b=2)
+            Traceback (most recent call last):
+            ...
+            ValueError: treeshape.Structure.bind: b=2 breaks the constraint 'b >= 4' of the dimensions' symbolic ...
+        """
+        checked = _dims.check_sizes(sizes, self.dims, self._leaves, "Structure.bind")
+        if not checked:
+            return self
+        leaves, negative = _dims.bind_leaves(self._leaves, checked)
+        if negative:
+            i = negative[0]
+            given = ", ".join(f"{name}={size}" for name, size in checked.items())
+            raise ValueError(
+                f"treeshape.Structure.bind: {given} makes tree{self.paths[i]} ({leaf_str(self._leaves[i])}) "
+                f"shape {leaves[i].shape}, with a negative size. Choose sizes for which every dimension is >= 0."
+            )
+        return Structure(self._treedef, tuple(leaves))._on_meshes(self._meshes)
+
+    def match_dims(self, tree: PyTree) -> dict[str, int]:
+        """Return the sizes that `tree` binds this structure's dimension names to.
+
+        Each name takes one size across the whole tree: the first leaf (in
+        leaf order) whose dimension tells it binds it (`b` from a size 5,
+        also from `2*b` or `b + 1`), and every other dimension that uses the
+        name must agree (`2*b` must then be 10). Only shapes are compared: a
+        dtype or weak-type difference is [treeshape.Structure.diff][]'s.
+
+        Args:
+            tree: A pytree of arrays or `jax.ShapeDtypeStruct`s (as for
+                [treeshape.Structure.diff][]).
+
+        Returns:
+            A dict from each free name to its size (`{"b": 5}`), in the order
+            of `self.dims`; empty for a structure without free names.
+
+        Raises:
+            StructureMismatchError: a name takes two sizes (the message names
+                both leaves and both sizes), a size breaks a constraint of the
+                symbolic scope, no leaf of `tree` tells a name's size, or
+                another shape or the tree structure differs.
+
+        Examples:
+            >>> import jax
+            >>> import jax.numpy as jnp
+            >>> import treeshape as ts
+            >>> (b,) = jax.export.symbolic_shape("b")
+            >>> x, y = jax.ShapeDtypeStruct((b, 3), jnp.float32), jax.ShapeDtypeStruct((2 * b,), jnp.int32)
+            >>> s = ts.structure_of({"x": x, "y": y})
+            >>> s.match_dims({"x": jnp.zeros((5, 3)), "y": jnp.zeros(10, jnp.int32)})
+            {'b': 5}
+            >>> s.match_dims({"x": jnp.zeros((5, 3)), "y": jnp.zeros(12, jnp.int32)})
+            Traceback (most recent call last):
+            ...
+            treeshape._errors.StructureMismatchError: treeshape.Structure.match_dims: the tree does not fit: ...
+            tree['y']: expected shape (2*b,), got (12,); b = 5 at tree['x']. Give b one size across the tree.
+        """
+        binding, found = _dims.match(self, read_structure(tree, "Structure.match_dims"), "tree")
+        problems = [m for m in found if m.kind in ("shape", "structure")]
+        if problems:
+            header = "treeshape.Structure.match_dims: the tree does not fit"
+            raise StructureMismatchError(format_mismatches(header, problems), problems)
+        return {name: binding.sizes[name] for name in self.dims if name in binding.sizes}
+
     # -- building values ---------------------------------------------------
     def full(self, value: Any) -> PyTree:
         """Build a pytree of arrays of exactly this structure, filled with `value`.
@@ -374,6 +502,8 @@ class Structure:
     def _build(self, value: Any, fn_name: str) -> PyTree:
         check_x64(lambda: self.paths, self._leaves, f"Structure.{fn_name}")
         top = _compat.at_top_level()
+        if top and self.dims:  # under a trace (`jax.export`), JAX builds arrays of symbolic shapes
+            raise ValueError(free_dims_message(f"Structure.{fn_name}", self.dims, self._example_symbolic()))
         if top and self._sharded():
             leaves = _sharding.place(self, self._meshes or (), value, fn_name, _filled)
         else:
@@ -641,7 +771,8 @@ class Structure:
             []
         """
         kinds = _ignored(ignore, "diff")
-        found = diff_structures(self, read_structure(tree, "Structure.diff"), "tree")
+        other = read_structure(tree, "Structure.diff")
+        found = _dims.match(self, other, "tree")[1] if self.dims else diff_structures(self, other, "tree")
         return [m for m in found if m.kind not in kinds] if kinds else found
 
     def matches(self, tree: PyTree, *, ignore: Collection[str] = ()) -> bool:

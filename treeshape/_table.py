@@ -16,7 +16,16 @@ import jax.tree_util as jtu
 
 from . import _compat
 from ._json import StaticRepr
-from ._leaf import axes_str, human_bytes, leaf_nbytes, leaf_str, short_dtype, short_shape, varying_axes
+from ._leaf import (
+    axes_str,
+    count_text,
+    human_bytes,
+    leaf_nbytes,
+    leaf_str,
+    short_dtype,
+    short_shape,
+    varying_axes,
+)
 from ._sharding import is_partitioned, is_replicated, per_device_nbytes, spec_str
 
 
@@ -100,8 +109,8 @@ def _row(path: str, leaf: Any, per_device: bool) -> tuple[str, str, str, str, st
     return (path, short_shape(leaf.shape), dtype, extra_str, nbytes, device_bytes)
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+def _plural(n: Any, word: str) -> str:
+    return f"{count_text(n)} {word}" if n == 1 else f"{count_text(n)} {word}s"
 
 
 def _totals(leaves: Sequence[Any]) -> tuple[int, int, bool]:

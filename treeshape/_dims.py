@@ -1,0 +1,254 @@
+"""Symbolic dimensions: a Structure's free dimension names, binding them to sizes, and
+finding the sizes a concrete tree binds them to.
+
+A `jax.export` dimension expression (`b`, `2*b`, `floordiv(b + 1, 2)`) stands for a
+family of sizes. JAX evaluates an expression under a binding (through `_compat`);
+this module finds a binding from a tree: every expression that is linear in its one
+unbound name (`b`, `2*b + 1`, `b*s` once `s` is known) tells that name's size, which
+is then checked against every other dimension that uses it. An expression that never
+tells its names (only `floordiv(b + 1, 2)`: both 5 and 6 give 3) leaves them unknown,
+and a leaf that needs them is reported, never silently matched.
+"""
+
+import dataclasses
+import operator
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.tree_util as jtu
+
+from . import _compat
+from ._diff import Compared, diff_structures
+from ._errors import Mismatch
+from ._leaf import has_symbolic, is_symbolic, shape_names, symbolic_scopes
+
+
+# -- names -----------------------------------------------------------------------
+def free_names(leaves: Iterable[Any]) -> tuple[str, ...]:
+    """The free dimension names of the array leaves, in order of first appearance (leaf
+    order, then axis order)."""
+    names: dict[str, None] = {}
+    seen: set[int] = set()  # leaves are often one shared object per type
+    for leaf in leaves:
+        if not isinstance(leaf, jax.ShapeDtypeStruct) or id(leaf) in seen:
+            continue
+        seen.add(id(leaf))
+        if has_symbolic(leaf.shape):
+            names.update(dict.fromkeys(shape_names(leaf.shape)))
+    return tuple(names)
+
+
+# -- binding ---------------------------------------------------------------------
+def check_sizes(sizes: dict[str, Any], names: Sequence[str], leaves: Sequence[Any], who: str) -> dict[str, int]:
+    """`sizes` as ints, checked: known names, integers >= 1, and the constraints of the
+    leaves' symbolic scopes.
+
+    Raises:
+        ValueError: an unknown name, a size below 1, or a broken constraint.
+        TypeError: a size that is not an integer.
+    """
+    listed = ", ".join(names) if names else "none: its shapes are all concrete"
+    unknown = [name for name in sizes if name not in names]
+    if unknown:
+        raise ValueError(
+            f"treeshape.{who}: {', '.join(repr(n) for n in unknown)} is not a free dimension of this structure; "
+            f"its free dimensions are {listed}."
+        )
+    out: dict[str, int] = {}
+    for name, size in sizes.items():
+        if isinstance(size, bool) or not _is_integer(size):
+            raise TypeError(
+                f"treeshape.{who}: the size of dimension {name!r} must be an integer, got {type(size).__name__} "
+                f"{size!r}."
+            )
+        out[name] = operator.index(size)
+        if out[name] < 1:
+            raise ValueError(
+                f"treeshape.{who}: dimension {name!r} cannot be {out[name]}: JAX's symbolic dimensions stand for "
+                "sizes >= 1."
+            )
+    for scope in symbolic_scopes(leaves):
+        broken = _compat.broken_constraints(scope, out)
+        if broken:
+            text, used = broken[0]
+            given = ", ".join(f"{name}={size}" for name, size in out.items() if name in used)
+            raise ValueError(
+                f"treeshape.{who}: {given} breaks the constraint {text!r} of the dimensions' symbolic "
+                f"scope (its constraints: {', '.join(_compat.scope_constraints(scope))})."
+            )
+    return out
+
+
+def _is_integer(x: Any) -> bool:
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return True
+
+
+def bind_leaf(leaf: Any, sizes: dict[str, int]) -> Any:
+    """An array leaf with the named dimensions replaced by their sizes (others kept)."""
+    if not isinstance(leaf, jax.ShapeDtypeStruct) or not has_symbolic(leaf.shape):
+        return leaf
+    shape = tuple(_compat.evaluate_dim(d, sizes) for d in leaf.shape)
+    return leaf.update(shape=shape)
+
+
+def bind_leaves(leaves: Sequence[Any], sizes: dict[str, int]) -> tuple[list[Any], list[int]]:
+    """Every leaf bound (each distinct leaf object once), and the indices of leaves
+    whose bound shape has a negative size (`b - 8` with `b = 4`)."""
+    done: dict[int, Any] = {}
+    out: list[Any] = []
+    negative: list[int] = []
+    for i, leaf in enumerate(leaves):
+        bound = done.get(id(leaf))
+        if bound is None:
+            bound = done[id(leaf)] = bind_leaf(leaf, sizes)
+        if bound is not leaf and any(not is_symbolic(d) and d < 0 for d in bound.shape):
+            negative.append(i)
+        out.append(bound)
+    return out, negative
+
+
+# -- finding a binding ---------------------------------------------------------------
+@dataclasses.dataclass
+class Binding:
+    """The sizes a tree binds the free names to, and for each name the leaf (index)
+    and axis that told it."""
+
+    sizes: dict[str, int]
+    sources: dict[str, tuple[int, int]]
+
+
+def _equations(e_leaves: Sequence[Any], a_leaves: Sequence[Any], pairs: Iterable[tuple[int, int]]) -> Iterator[Any]:
+    """`(expression, size, leaf, axis)` for each symbolic dimension of an expected leaf
+    whose actual leaf has a concrete size there (each distinct pair of expression and size once)."""
+    seen: set[tuple[Any, int]] = set()
+    for i, j in pairs:
+        e, a = e_leaves[i], a_leaves[j]
+        if not (isinstance(e, jax.ShapeDtypeStruct) and isinstance(a, jax.ShapeDtypeStruct)):
+            continue
+        if len(e.shape) != len(a.shape) or not has_symbolic(e.shape):
+            continue
+        for axis, (d, size) in enumerate(zip(e.shape, a.shape, strict=True)):
+            if is_symbolic(d) and not is_symbolic(size) and (d, size) not in seen:
+                seen.add((d, size))
+                yield d, size, i, axis
+
+
+def _solve_one(d: Any, size: int, name: str, known: dict[str, int]) -> int | None:
+    """The size of `name` for which `d` (whose other names are `known`) is `size`, if
+    `d` is linear in it: read off two evaluations, and checked by a third."""
+    try:
+        at0 = _compat.evaluate_dim(d, {**known, name: 0})
+        slope = _compat.evaluate_dim(d, {**known, name: 1}) - at0
+        if slope == 0 or (size - at0) % slope:
+            return None
+        value: int = (size - at0) // slope
+        if value < 1 or _compat.evaluate_dim(d, {**known, name: value}) != size:
+            return None
+    except (ArithmeticError, ValueError):  # e.g. `mod(b, s)` at s = 0
+        return None
+    return value
+
+
+def solve(e_leaves: Sequence[Any], a_leaves: Sequence[Any], pairs: Iterable[tuple[int, int]]) -> Binding:
+    """The sizes that the actual leaves bind the expected leaves' names to. The first
+    dimension (in leaf order) that tells a name's size binds it; the other dimensions
+    are checked against the binding by the caller."""
+    pending = list(_equations(e_leaves, a_leaves, pairs))
+    binding = Binding({}, {})
+    progress = True
+    while pending and progress:
+        progress = False
+        unsolved = []
+        for d, size, i, axis in pending:
+            unknown = _compat.dim_names(d) - binding.sizes.keys()
+            if len(unknown) == 1:
+                (name,) = unknown
+                value = _solve_one(d, size, name, binding.sizes)
+                if value is not None:
+                    binding.sizes[name] = value
+                    binding.sources[name] = (i, axis)
+                    progress = True
+                    continue
+            if unknown:
+                unsolved.append((d, size, i, axis))
+        pending = unsolved
+    return binding
+
+
+# -- comparing a symbolic structure with a tree ------------------------------------------
+@dataclasses.dataclass
+class _Bound:
+    """The expected structure with the binding applied (paths are the original's)."""
+
+    original: Compared
+    leaves: tuple[Any, ...]
+
+    @property
+    def treedef(self) -> jtu.PyTreeDef:
+        return self.original.treedef
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return self.original.paths
+
+
+def _pairs(expected: Compared, actual: Compared) -> Iterable[tuple[int, int]]:
+    """The leaves of both at one place: by index when the treedefs are equal, else by path."""
+    try:
+        same = bool(expected.treedef == actual.treedef)
+    except Exception:  # node data whose `==` raises
+        same = False
+    if same:
+        return ((i, i) for i in range(len(expected.leaves)))
+    where = {path: j for j, path in enumerate(actual.paths)}
+    return ((i, where[path]) for i, path in enumerate(expected.paths) if path in where)
+
+
+def match(expected: Compared, actual: Compared, root: str) -> tuple[Binding, list[Mismatch]]:
+    """The binding `actual` gives `expected`'s free names, and every difference between
+    them once bound: a leaf whose sizes disagree with the binding names where each of
+    its names was bound; a broken constraint is reported at the leaf that bound it; a
+    name no leaf tells leaves the leaves that use it unmatched."""
+    e_leaves = expected.leaves
+    binding = solve(e_leaves, actual.leaves, _pairs(expected, actual))
+    bound_leaves, _ = bind_leaves(e_leaves, binding.sizes)
+    found = diff_structures(_Bound(expected, tuple(bound_leaves)), actual, root)
+    index: dict[str, int] | None = None
+    paths = expected.paths if any(m.kind == "shape" for m in found) or binding.sizes else ()
+
+    def where(name: str) -> str:
+        return root + paths[binding.sources[name][0]]
+
+    out: list[Mismatch] = []
+    for scope in symbolic_scopes(e_leaves):
+        for constraint, used in _compat.broken_constraints(scope, binding.sizes):
+            names = sorted(used, key=lambda n: binding.sources[n])  # first bound first
+            i = binding.sources[names[0]][0] if names else 0
+            j = next(j for k, j in _pairs(expected, actual) if k == i)
+            given = tuple((n, binding.sizes[n], where(n)) for n in names)
+            e, a = e_leaves[i], actual.leaves[j]
+            out.append(Mismatch(paths[i], "shape", e.shape, a.shape, root=root, dims=given, constraint=constraint))
+    for m in found:
+        if m.kind != "shape":
+            out.append(m)
+            continue
+        if index is None:
+            index = {path: i for i, path in enumerate(paths)}
+        i = index[m.path]
+        shape = e_leaves[i].shape
+        told = [d for d, size in zip(shape, m.actual, strict=False) if not is_symbolic(size)]  # by the tree's sizes
+        if len(shape) != len(m.actual) or not has_symbolic(tuple(told)):
+            out.append(dataclasses.replace(m, expected=shape))
+            continue
+        dims: tuple[tuple[str, int | None, str], ...] = tuple(
+            (n, binding.sizes[n], where(n)) if n in binding.sizes else (n, None, "")
+            for n in shape_names(tuple(told))
+            if n not in binding.sizes or binding.sources[n][0] != i
+        )
+        out.append(dataclasses.replace(m, expected=shape, dims=dims))
+    return binding, out
