@@ -245,14 +245,15 @@ def _resolve(target: str) -> Callable[..., Any]:
 
 
 def _arguments(specs: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
-    from ._spec import SpecError, parse_spec, split_kwarg
+    from ._spec import Names, SpecError, parse_spec, split_kwarg
 
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
+    names = Names()  # one symbolic scope for the command: every spec's `b` is the same
     for text in specs:
         name, spec = split_kwarg(text)
         try:
-            value = parse_spec(spec)
+            value = parse_spec(spec, names)
         except SpecError as err:
             raise _Fail(str(err), 2) from err
         if name is None:

@@ -434,6 +434,39 @@ def symbolic_scopes(leaves: Any) -> list[Any]:
     return list(found.values())
 
 
+def dim_sum(values: Any) -> Any:
+    """The sum of sizes: an int, or (when some are symbolic) a dimension expression.
+
+    Expressions of different symbolic scopes cannot be added in JAX: they are read
+    again, by their written form, in one new scope with all of the scopes'
+    constraints (as `from_json` would read them); should those constraints not
+    make one scope, the sum is its written form, a `str`.
+    """
+    total = 0
+    symbolic: list[Any] = []
+    for v in values:
+        if type(v) is int:
+            total += v
+        elif is_symbolic(v):
+            symbolic.append(v)
+        else:
+            total += int(v)
+    if not symbolic:
+        return total
+    scopes = {id(_compat.dim_scope(d)): _compat.dim_scope(d) for d in symbolic}
+    if len(scopes) > 1:
+        constraints = dict.fromkeys(c for scope in scopes.values() for c in _compat.scope_constraints(scope))
+        try:
+            scope = _compat.make_scope(constraints)
+            symbolic = [_compat.parse_dim(str(d), scope) for d in symbolic]
+        except ValueError:
+            return " + ".join([*map(str, symbolic), *([str(total)] if total else [])])
+    out = symbolic[0]
+    for d in symbolic[1:]:
+        out = out + d
+    return out + total
+
+
 def count_text(n: Any) -> str:
     """A count with thousands separators (`1,024`), or a symbolic one as JAX writes it (`8*b`)."""
     return str(n) if is_symbolic(n) else f"{n:,}"

@@ -24,7 +24,7 @@ from ._errors import (
     shardings_unfit_message,
     unresolved_mesh_message,
 )
-from ._leaf import leaf_nbytes, leaf_str, spec_text
+from ._leaf import is_symbolic, leaf_nbytes, leaf_str, spec_text
 
 
 class Leaves(Protocol):
@@ -110,7 +110,8 @@ def shard_shape(leaf: jax.ShapeDtypeStruct) -> tuple[int, ...]:
         out = list(shape)
         for d, entry in enumerate(_compat.spec_entries(sharding.spec)[: len(shape)]):
             ways = math.prod(sizes.get(name, 1) for name in _entry_names(entry))
-            out[d] = -(-shape[d] // ways)  # a padded last shard is as large as the others
+            # A padded last shard is as large as the others; a symbolic size is divisible (`_fit_problem`).
+            out[d] = shape[d] // ways if is_symbolic(shape[d]) else -(-shape[d] // ways)
         return tuple(out)
     try:
         return tuple(sharding.shard_shape(shape))
@@ -342,6 +343,12 @@ def _fit_problem(leaf: jax.ShapeDtypeStruct, sharding: Any) -> str | None:
         for d, entry in enumerate(spec):
             names = _entry_names(entry)
             ways = math.prod(sizes.get(name, 1) for name in names)
+            if ways > 1 and is_symbolic(shape[d]) and is_symbolic(shape[d] % ways):
+                return (
+                    f"dimension {d} (size {shape[d]}) would be split {ways} ways over mesh axes {names}, which "
+                    f"divides {shape[d]} only for some sizes: constrain it, e.g. "
+                    f'`jax.export.symbolic_shape(..., constraints=["mod({shape[d]}, {ways}) == 0"])`'
+                )
             if ways > 1 and shape[d] % ways:
                 return (
                     f"dimension {d} (size {shape[d]}) would be split {ways} ways over mesh axes {names}, "

@@ -15,6 +15,7 @@ from typing import Any, Final
 import jax
 import jax.numpy as jnp
 
+from . import _compat
 from ._compat import JaxFeatureMissing
 from ._leaf import key_dtype, key_tags, long_dtype_name
 
@@ -58,17 +59,56 @@ def _dtype(name: str, spec: str) -> Any:
     return dtype
 
 
-def _shape(dims: str, spec: str) -> tuple[int, ...]:
+class Names:
+    """The symbolic scope of one command's specs, made on first use: `f32[b,3] i32[b]` have
+    one `b`. Each dimension is read by JAX's parser of dimension expressions, which builds
+    expressions and evaluates nothing."""
+
+    def __init__(self) -> None:
+        self.scope: Any = None
+
+    def dim(self, text: str, spec: str) -> Any:
+        if self.scope is None:
+            self.scope = _compat.make_scope()
+        try:
+            d = _compat.parse_dim(text, self.scope)
+        except ValueError:
+            raise SpecError(
+                f"malformed spec {_quoted(spec)}: dimension {_quoted(text.strip())} is neither a size nor a "
+                "dimension name or expression (b, 2*b, b + 1), e.g. f32[b,784]"
+            ) from None
+        if not _compat.is_symbolic(d) and d < 0:
+            raise SpecError(f"malformed spec {_quoted(spec)}: dimension {_quoted(text.strip())} is negative")
+        return d
+
+
+def _split_dims(dims: str) -> list[str]:
+    """`dims` split at its commas outside brackets (`floordiv(b, 2),3` is two dimensions)."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(dims):
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(dims[start:i])
+            start = i + 1
+    return [*parts, dims[start:]]
+
+
+def _shape(dims: str, spec: str, names: Names) -> tuple[Any, ...]:
     if dims.strip() == "":
         return ()
-    parts = dims.split(",")
-    if not all(_DIM.fullmatch(p) for p in parts):
-        raise SpecError(
-            f"malformed spec {_quoted(spec)}: dimensions must be non-negative "
-            f"integers separated by commas, e.g. {SPEC_EXAMPLE}"
-        )
-    shape = []
-    for part in parts:
+    shape: list[Any] = []
+    for part in _split_dims(dims):
+        if not _DIM.fullmatch(part):
+            if not part.strip():
+                raise SpecError(
+                    f"malformed spec {_quoted(spec)}: dimensions must be sizes or names separated by commas, "
+                    f"e.g. {SPEC_EXAMPLE} or f32[b,784]"
+                )
+            shape.append(names.dim(part, spec))
+            continue
         digits = part.strip().lstrip("0") or "0"
         # Checked before `int()`, which refuses more than 4,300 digits with a ValueError.
         if len(digits) > len(str(_MAX_DIM)) or int(digits) > _MAX_DIM:
@@ -87,18 +127,18 @@ def _check_64_bit(dtype: Any, spec: str) -> None:
         )
 
 
-def _array(weak: str, name: str, dims: str, spec: str) -> jax.ShapeDtypeStruct:
+def _array(weak: str, name: str, dims: str, spec: str, names: Names) -> jax.ShapeDtypeStruct:
     dtype = _dtype(name, spec)
     if weak and not jnp.issubdtype(dtype, jnp.number):
         raise SpecError(
             f"malformed spec {_quoted(spec)}: '~' (weak type) applies to numeric dtypes only, as in ~f32[] or ~i32[]"
         )
-    shape = _shape(dims, spec)
+    shape = _shape(dims, spec, names)
     _check_64_bit(dtype, spec)
     return jax.ShapeDtypeStruct(shape, dtype, weak_type=bool(weak))
 
 
-def _key(weak: str, name: str, dims: str, spec: str) -> jax.ShapeDtypeStruct:
+def _key(weak: str, name: str, dims: str, spec: str, names: Names) -> jax.ShapeDtypeStruct:
     if weak:
         raise SpecError(f"malformed spec {_quoted(spec)}: a PRNG key has no weak type, drop the '~'")
     try:  # abstractly: no key is made
@@ -112,17 +152,17 @@ def _key(weak: str, name: str, dims: str, spec: str) -> jax.ShapeDtypeStruct:
             f"default), {', '.join(f'key<{tag}>' for tag in tags[1:])}, or an implementation's name "
             "(key<threefry2x32>)"
         ) from err
-    return jax.ShapeDtypeStruct(_shape(dims, spec), dtype)
+    return jax.ShapeDtypeStruct(_shape(dims, spec, names), dtype)
 
 
-def _single(spec: str) -> Any:
+def _single(spec: str, names: Names) -> Any:
     """An array spec, a key spec or a literal (no tuple or list holding specs)."""
     match = _KEY.fullmatch(spec)
     if match is not None:
-        return _key(match.group(1), match.group(2), match.group(3), spec)
+        return _key(match.group(1), match.group(2), match.group(3), spec, names)
     match = _ARRAY.fullmatch(spec)
     if match is not None:
-        return _array(match.group(1), match.group(2), match.group(3), spec)
+        return _array(match.group(1), match.group(2), match.group(3), spec, names)
     if _LOOKS_LIKE_ARRAY.match(spec):
         raise SpecError(f"malformed spec {_quoted(spec)}: expected DTYPE[DIMS], e.g. {SPEC_EXAMPLE}")
     if spec.lstrip().startswith("~"):
@@ -167,7 +207,7 @@ def _item_end(text: str, i: int) -> int:
     return len(text)
 
 
-def _value(text: str, i: int, depth: int, spec: str) -> tuple[Any, int]:
+def _value(text: str, i: int, depth: int, spec: str, names: Names) -> tuple[Any, int]:
     """The value starting at `text[i]` and the index after it."""
     i = _skip_space(text, i)
     if i >= len(text) or text[i] not in "([":
@@ -176,7 +216,7 @@ def _value(text: str, i: int, depth: int, spec: str) -> tuple[Any, int]:
         if not item:
             raise SpecError(f"malformed spec {_quoted(spec)}: an empty item at position {i}")
         try:
-            return _single(item), end
+            return _single(item, names), end
         except SpecError as err:
             raise SpecError(f"{err} (an item of {_quoted(spec)})") from None
     if depth >= MAX_DEPTH:
@@ -189,7 +229,7 @@ def _value(text: str, i: int, depth: int, spec: str) -> tuple[Any, int]:
         i = _skip_space(text, i)
         if i < len(text) and text[i] == close:
             break
-        item, i = _value(text, i, depth + 1, spec)
+        item, i = _value(text, i, depth + 1, spec, names)
         items.append(item)
         i = _skip_space(text, i)
         comma = i < len(text) and text[i] == ","
@@ -203,21 +243,24 @@ def _value(text: str, i: int, depth: int, spec: str) -> tuple[Any, int]:
     return items, i + 1
 
 
-def _container(spec: str) -> Any:
-    value, end = _value(spec, 0, 0, spec)
+def _container(spec: str, names: Names) -> Any:
+    value, end = _value(spec, 0, 0, spec, names)
     rest = spec[end:].strip()
     if rest:
         raise SpecError(f"malformed spec {_quoted(spec)}: unexpected {_quoted(rest)} after the closing bracket")
     return value
 
 
-def parse_spec(spec: str) -> Any:
+def parse_spec(spec: str, names: Names | None = None) -> Any:
     """Parse one command-line argument spec into an argument.
 
     `DTYPE[DIMS]` becomes a `jax.ShapeDtypeStruct` (an abstract argument):
     `DTYPE` is a short name (`f32`, `bf16`, `i32`, `u8`, `bool`, `c64`, ...)
     or a NumPy name (`float32`), and `DIMS` is a comma-separated list of
-    sizes, empty for a scalar. `~DTYPE[DIMS]` is weakly typed (`~f32[]` is
+    sizes, empty for a scalar; a size may be a symbolic dimension, a name
+    or an expression as `jax.export` writes it (`f32[b,784]`, `i32[2*b]`),
+    read in the scope of `names` (one per command, so that every spec's `b`
+    is the same). `~DTYPE[DIMS]` is weakly typed (`~f32[]` is
     how JAX types a traced Python float). `key<IMPL>[DIMS]` is an array of
     typed PRNG keys (`key<fry>[2]`, `key<rbg>[]`, `key<unsafe_rbg>[3]`). A
     tuple or list of specs (`(f32[2],i32[])`, nested as deep as needed) is a
@@ -229,6 +272,7 @@ def parse_spec(spec: str) -> Any:
 
     Args:
         spec: The text of one argument.
+        names: The symbolic scope of the command's specs (a new one if None).
 
     Returns:
         A `jax.ShapeDtypeStruct`, a literal's value, or a tuple or list of
@@ -245,6 +289,8 @@ def parse_spec(spec: str) -> Any:
         ShapeDtypeStruct(shape=(), dtype=float32, weak_type=True)
         >>> parse_spec("key<fry>[2]")
         ShapeDtypeStruct(shape=(2,), dtype=key<fry>)
+        >>> parse_spec("f32[b,784]")
+        ShapeDtypeStruct(shape=(b, 784), dtype=float32)
         >>> parse_spec("(bf16[3], 0)")
         (ShapeDtypeStruct(shape=(3,), dtype=bfloat16), 0)
         >>> parse_spec("0.5"), parse_spec("True")
@@ -255,14 +301,15 @@ def parse_spec(spec: str) -> Any:
         ...     print(err)
         malformed spec 'f32[8,': expected DTYPE[DIMS], e.g. f32[8,784]
     """
+    names = Names() if names is None else names
     if not spec.lstrip().startswith(("(", "[")):
-        return _single(spec)
+        return _single(spec, names)
     if len(spec) > _MAX_LITERAL:
         raise SpecError(f"malformed spec {_quoted(spec)}: longer than {_MAX_LITERAL:,} characters")
     try:  # a literal tuple or list, exactly as Python reads it
         return ast.literal_eval(spec.strip())
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return _container(spec)
+        return _container(spec, names)
 
 
 def abstract_leaves(value: Any, depth: int = 0) -> list[jax.ShapeDtypeStruct]:

@@ -32,6 +32,7 @@ from ._leaf import (
     SCALAR_TYPES,
     BadShape,
     IntTooBig,
+    dim_sum,
     human_bytes,
     is_key_dtype,
     leaf_nbytes,
@@ -276,13 +277,13 @@ class Structure:
     @property
     def size(self) -> int:
         """Total number of elements of the array leaves (one per PRNG key)."""
-        size: int = self._memo("size", lambda: sum(math.prod(leaf.shape) for leaf in self._array_leaves()))
+        size: int = self._memo("size", lambda: dim_sum(math.prod(leaf.shape) for leaf in self._array_leaves()))
         return size
 
     @property
     def nbytes(self) -> int:
         """Total bytes of the array leaves (PRNG keys: the bytes of their key data)."""
-        nbytes: int = self._memo("nbytes", lambda: sum(leaf_nbytes(leaf) for leaf in self._array_leaves()))
+        nbytes: int = self._memo("nbytes", lambda: dim_sum(leaf_nbytes(leaf) for leaf in self._array_leaves()))
         return nbytes
 
     @property
@@ -310,7 +311,7 @@ class Structure:
             (1049600, 263168)
         """
         per_device: int = self._memo(
-            "nbytes_per_device", lambda: sum(_sharding.per_device_nbytes(leaf) for leaf in self._array_leaves())
+            "nbytes_per_device", lambda: dim_sum(_sharding.per_device_nbytes(leaf) for leaf in self._array_leaves())
         )
         return per_device
 

@@ -19,6 +19,7 @@ from ._json import StaticRepr
 from ._leaf import (
     axes_str,
     count_text,
+    dim_sum,
     human_bytes,
     leaf_nbytes,
     leaf_str,
@@ -120,17 +121,24 @@ def _totals(leaves: Sequence[Any]) -> tuple[int, int, bool]:
     split = False
     itemsize: dict[Any, int] = {}  # dtype -> the bytes of one element
     prod = math.prod
+    symbolic: list[Any] = []  # symbolic sizes, added by `dim_sum` (they may span scopes)
     for leaf in leaves:
         if isinstance(leaf, jax.ShapeDtypeStruct):
             n = prod(leaf.shape)
-            size += n
             try:
-                nbytes += n * itemsize[leaf.dtype]
+                b = n * itemsize[leaf.dtype]
             except KeyError:
                 itemsize[leaf.dtype] = leaf_nbytes(jax.ShapeDtypeStruct((), leaf.dtype))
-                nbytes += n * itemsize[leaf.dtype]
+                b = n * itemsize[leaf.dtype]
+            if type(n) is int:
+                size += n
+                nbytes += b
+            else:
+                symbolic.append((n, b))
             if not split and leaf.sharding is not None:
                 split = is_partitioned(leaf)
+    if symbolic:
+        return dim_sum([size, *(n for n, _ in symbolic)]), dim_sum([nbytes, *(b for _, b in symbolic)]), split
     return size, nbytes, split
 
 
