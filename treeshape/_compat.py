@@ -15,6 +15,7 @@ that has it.
 """
 
 import functools as ft
+import weakref
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, Final
 
@@ -359,6 +360,9 @@ def flatten_one_level_with_keys(node: Any) -> tuple[list[tuple[Any, Any]], Hasha
 # `Exported.call` does both with the members used below (`_get_vars`, `scope`,
 # `_evaluate`, `_explicit_constraints`), which are the same from jax 0.8.0 to 0.10.2.
 is_symbolic: Final[Callable[[Any], bool]] = jax.export.is_symbolic_dim
+# The class of dimension expressions: as a pytree leaf, JAX takes one as an abstract
+# weakly typed integer scalar (`jax.eval_shape(lambda: b)` is `~int32[]`).
+SYMBOLIC_DIM_TYPE: Final[type] = type(jax.export.symbolic_shape("d")[0])
 
 
 def dim_names(d: Any) -> frozenset[str]:
@@ -372,12 +376,30 @@ def dim_scope(d: Any) -> Any:
 
 
 def scope_constraints(scope: Any) -> tuple[str, ...]:
-    """A scope's constraints as written (`("b >= 4",)`), in order, as `SymbolicScope` takes them back.
+    """A scope's constraints as the user wrote them (`("b >= 4",)`), in order, as
+    `SymbolicScope` takes them back. JAX adds `2*floordiv(b, 2) == b` just before a
+    constraint `mod(b, 2) == 0`, and again when a scope is made from the list: such
+    derived constraints are left out."""
+    written = _CONSTRAINTS.get(scope)
+    if written is None:
+        constraints = scope._explicit_constraints
+        derived = {i for i in range(len(constraints) - 1) if _derived(constraints[i], constraints[i + 1])}
+        written = _CONSTRAINTS[scope] = tuple(c.debug_str for i, c in enumerate(constraints) if i not in derived)
+    return written
 
-    A constraint `mod(b, 2) == 0` is listed with the one JAX derives from it
-    (`2*floordiv(b, 2) == b`); a scope made from the list has the same list.
-    """
-    return tuple(c.debug_str for c in scope._explicit_constraints)
+
+# A scope's constraints never change once it is made; comparing big trees asks often.
+_CONSTRAINTS: Final[weakref.WeakKeyDictionary[Any, tuple[str, ...]]] = weakref.WeakKeyDictionary()
+
+
+def _derived(c: Any, then: Any) -> bool:
+    """Whether constraint `c` is the one JAX derives from `then`, a `mod(e, k) == 0`:
+    `k*floordiv(e, k) == e`, made and listed just before it."""
+    eq = _shape_poly.Comparator.EQ
+    if c.cmp != eq or then.cmp != eq or then.e2 != 0 or not is_symbolic(then.e1):
+        return False
+    factor = then.e1._to_factor()
+    return factor is not None and factor.operation == "mod" and bool(c.e2 == factor.operands[0])
 
 
 def make_scope(constraints: Iterable[str] = ()) -> Any:
@@ -428,6 +450,23 @@ def evaluate_dim(d: Any, sizes: Mapping[str, int]) -> Any:
     return value if is_symbolic(value) else int(value)
 
 
+def linear_in(d: Any, name: str) -> tuple[int, int] | None:
+    """`(k, c)` when the expression `d` is `k*name + c` with `k != 0` (each of its terms is
+    a constant or `name` itself), else None: the equations JAX's own solver for
+    `Exported.call` reads a dimension variable from."""
+    if not is_symbolic(d):
+        return None
+    k = c = 0
+    for term, coeff in d._sorted_terms:
+        if term.is_constant:
+            c += int(coeff)
+        elif term.to_var() == name:
+            k += int(coeff)
+        else:
+            return None
+    return (k, c) if k else None
+
+
 def broken_constraints(scope: Any, sizes: Mapping[str, int]) -> list[tuple[str, frozenset[str]]]:
     """The constraints of `scope` that `sizes` breaks, each as written and with the
     names it uses; a constraint on names that `sizes` leaves free is not decided, so
@@ -441,4 +480,7 @@ def broken_constraints(scope: Any, sizes: Mapping[str, int]) -> list[tuple[str, 
         if not holds:
             names = dim_names(constraint.diff) if is_symbolic(constraint.diff) else frozenset()
             broken.append((constraint.debug_str, names))
+    if len(broken) > 1:  # a constraint JAX derived is told as the user's own
+        written = set(scope_constraints(scope))
+        broken = [b for b in broken if b[0] in written] or broken
     return broken

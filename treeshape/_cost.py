@@ -41,7 +41,7 @@ from ._infer import (
     note_abstract_scalars,
     split_call,
 )
-from ._leaf import ARRAY, OTHER, SDS, from_aval, human_bytes, is_duck_array, kind_of
+from ._leaf import ARRAY, DIM, OTHER, SDS, from_aval, human_bytes, is_duck_array, kind_of
 from ._structure import Structure
 from ._table import grid, html_grid
 
@@ -159,6 +159,11 @@ def _refuse_symbolic(leaves: list[Any], treedef: jtu.PyTreeDef) -> None:
     """A leaf with symbolic dimensions cannot be compiled: name it and `Structure.bind`."""
     for i, x in enumerate(leaves):
         kind = kind_of(type(x))
+        if kind == DIM:
+            raise ValueError(
+                f"treeshape.cost: {input_path(leaves, treedef, i)} is the symbolic dimension {x}, and a program "
+                "is compiled for concrete sizes. Pass an integer instead."
+            )
         if not (kind in (ARRAY, SDS) or (kind == OTHER and is_duck_array(x))):
             continue
         shape = getattr(x, "shape", ())

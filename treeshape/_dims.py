@@ -21,7 +21,7 @@ import jax.tree_util as jtu
 from . import _compat
 from ._diff import Compared, diff_structures
 from ._errors import Mismatch
-from ._leaf import has_symbolic, is_symbolic, shape_names, symbolic_scopes
+from ._leaf import has_symbolic, is_symbolic, shape_names, sizes as sizes_only, symbolic_scopes
 
 
 # -- names -----------------------------------------------------------------------
@@ -29,13 +29,15 @@ def free_names(leaves: Iterable[Any]) -> tuple[str, ...]:
     """The free dimension names of the array leaves, in order of first appearance (leaf
     order, then axis order)."""
     names: dict[str, None] = {}
-    seen: set[int] = set()  # leaves are often one shared object per type
+    seen: set[Any] = set()  # a big tree has few distinct shapes
     for leaf in leaves:
-        if not isinstance(leaf, jax.ShapeDtypeStruct) or id(leaf) in seen:
+        if not isinstance(leaf, jax.ShapeDtypeStruct):
             continue
-        seen.add(id(leaf))
-        if has_symbolic(leaf.shape):
-            names.update(dict.fromkeys(shape_names(leaf.shape)))
+        shape = leaf.shape
+        if shape not in seen:
+            seen.add(shape)
+            if has_symbolic(shape):
+                names.update(dict.fromkeys(shape_names(shape)))
     return tuple(names)
 
 
@@ -99,13 +101,21 @@ def bind_leaf(leaf: Any, sizes: dict[str, int]) -> Any:
 def bind_leaves(leaves: Sequence[Any], sizes: dict[str, int]) -> tuple[list[Any], list[int]]:
     """Every leaf bound (each distinct leaf object once), and the indices of leaves
     whose bound shape has a negative size (`b - 8` with `b = 4`)."""
-    done: dict[int, Any] = {}
+    done: dict[Any, Any] = {}  # a big tree has few distinct leaf types: each is bound once
+    by_id: dict[int, Any] = {}  # (and often one object per type)
     out: list[Any] = []
     negative: list[int] = []
     for i, leaf in enumerate(leaves):
-        bound = done.get(id(leaf))
+        if not isinstance(leaf, jax.ShapeDtypeStruct) or sizes_only(leaf.shape):
+            out.append(leaf)
+            continue
+        bound = by_id.get(id(leaf))
         if bound is None:
-            bound = done[id(leaf)] = bind_leaf(leaf, sizes)
+            key = (leaf.shape, leaf.dtype, leaf.weak_type, leaf.sharding, _compat.manual_axes(leaf))
+            bound = done.get(key)
+            if bound is None:
+                bound = done[key] = bind_leaf(leaf, sizes)
+            by_id[id(leaf)] = bound
         if bound is not leaf and any(not is_symbolic(d) and d < 0 for d in bound.shape):
             negative.append(i)
         out.append(bound)
@@ -126,10 +136,15 @@ def _equations(e_leaves: Sequence[Any], a_leaves: Sequence[Any], pairs: Iterable
     """`(expression, size, leaf, axis)` for each symbolic dimension of an expected leaf
     whose actual leaf has a concrete size there (each distinct pair of expression and size once)."""
     seen: set[tuple[Any, int]] = set()
+    seen_shapes: set[tuple[Any, Any]] = set()  # a big tree has few distinct pairs of shapes
     for i, j in pairs:
         e, a = e_leaves[i], a_leaves[j]
         if not (isinstance(e, jax.ShapeDtypeStruct) and isinstance(a, jax.ShapeDtypeStruct)):
             continue
+        shapes = (e.shape, a.shape)
+        if shapes in seen_shapes:
+            continue
+        seen_shapes.add(shapes)
         if len(e.shape) != len(a.shape) or not has_symbolic(e.shape):
             continue
         for axis, (d, size) in enumerate(zip(e.shape, a.shape, strict=True)):
@@ -139,19 +154,17 @@ def _equations(e_leaves: Sequence[Any], a_leaves: Sequence[Any], pairs: Iterable
 
 
 def _solve_one(d: Any, size: int, name: str, known: dict[str, int]) -> int | None:
-    """The size of `name` for which `d` (whose other names are `known`) is `size`, if
-    `d` is linear in it: read off two evaluations, and checked by a third."""
-    try:
-        at0 = _compat.evaluate_dim(d, {**known, name: 0})
-        slope = _compat.evaluate_dim(d, {**known, name: 1}) - at0
-        if slope == 0 or (size - at0) % slope:
-            return None
-        value: int = (size - at0) // slope
-        if value < 1 or _compat.evaluate_dim(d, {**known, name: value}) != size:
-            return None
-    except (ArithmeticError, ValueError):  # e.g. `mod(b, s)` at s = 0
+    """The size of `name` for which `d` (whose other names are `known`) is `size`, when
+    `d` is then linear in it (`k*name + c`), as JAX's own solver reads equations: an
+    expression such as `min(b, 4)` or `floordiv(b + 1, 2)` has several solutions, so
+    it tells nothing (it is checked once the name is bound)."""
+    linear = _compat.linear_in(_compat.evaluate_dim(d, known), name)
+    if linear is None:
         return None
-    return value
+    k, c = linear
+    if (size - c) % k or (size - c) // k < 1:
+        return None
+    return (size - c) // k
 
 
 def solve(e_leaves: Sequence[Any], a_leaves: Sequence[Any], pairs: Iterable[tuple[int, int]]) -> Binding:
@@ -219,10 +232,9 @@ def match(expected: Compared, actual: Compared, root: str) -> tuple[Binding, lis
     bound_leaves, _ = bind_leaves(e_leaves, binding.sizes)
     found = diff_structures(_Bound(expected, tuple(bound_leaves)), actual, root)
     index: dict[str, int] | None = None
-    paths = expected.paths if any(m.kind == "shape" for m in found) or binding.sizes else ()
 
     def where(name: str) -> str:
-        return root + paths[binding.sources[name][0]]
+        return root + expected.paths[binding.sources[name][0]]
 
     out: list[Mismatch] = []
     for scope in symbolic_scopes(e_leaves):
@@ -232,13 +244,14 @@ def match(expected: Compared, actual: Compared, root: str) -> tuple[Binding, lis
             j = next(j for k, j in _pairs(expected, actual) if k == i)
             given = tuple((n, binding.sizes[n], where(n)) for n in names)
             e, a = e_leaves[i], actual.leaves[j]
-            out.append(Mismatch(paths[i], "shape", e.shape, a.shape, root=root, dims=given, constraint=constraint))
+            path = expected.paths[i]
+            out.append(Mismatch(path, "shape", e.shape, a.shape, root=root, dims=given, constraint=constraint))
     for m in found:
         if m.kind != "shape":
             out.append(m)
             continue
         if index is None:
-            index = {path: i for i, path in enumerate(paths)}
+            index = {path: i for i, path in enumerate(expected.paths)}
         i = index[m.path]
         shape = e_leaves[i].shape
         told = [d for d, size in zip(shape, m.actual, strict=False) if not is_symbolic(size)]  # by the tree's sizes

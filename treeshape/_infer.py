@@ -16,6 +16,7 @@ from ._cache import CACHE, NEEDS_CONCRETE, CacheInfo, Key, static_key
 from ._errors import bad_shape_message, int_too_big_message, structure_argument_note
 from ._leaf import (
     ARRAY,
+    DIM,
     NUMPY,
     OTHER,
     SCALAR,
@@ -52,7 +53,7 @@ def _call_key(leaves: list[Any], concrete_scalars: bool, refs: list[Any]) -> lis
             out.append(x.aval)
         elif kind == SCALAR:
             out.append((type(x), x) if concrete_scalars else _scalar_key(x))
-        elif kind == SDS or (kind == NUMPY and jax_dtype(x.dtype)):
+        elif kind == SDS or kind == DIM or (kind == NUMPY and jax_dtype(x.dtype)):
             out.append(_compat.abstractify(x))
         elif kind == OTHER and is_duck_array(x):
             out.append(_compat.abstractify(as_abstract(x)))
@@ -183,7 +184,7 @@ def check_inputs(
 
 def is_output_array(x: Any, kind: int) -> bool:
     """Whether an output leaf is an array for JAX (the rest are kept as static leaves)."""
-    if kind == ARRAY or kind == SCALAR:
+    if kind == ARRAY or kind == SCALAR or kind == DIM:
         return True
     if kind == NUMPY:
         return jax_dtype(x.dtype)

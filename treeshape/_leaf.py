@@ -28,6 +28,7 @@ NUMPY = 1  # np.ndarray / NumPy scalar: abstract, strong
 SDS = 2  # jax.ShapeDtypeStruct: abstract, keyed by itself
 SCALAR = 3  # Python bool/int/float/complex: abstract (weak, except bool)
 OTHER = 4  # static, unless the instance has .shape and .dtype (duck array)
+DIM = 5  # a `jax.export` dimension expression: abstract, a weak integer scalar, as JAX types it
 
 SCALAR_TYPES = (bool, int, float, complex)
 KINDS: dict[type, int] = {}
@@ -44,6 +45,8 @@ def kind_of(cls: type) -> int:
             kind = SDS
         elif cls in SCALAR_TYPES:  # exactly: an IntEnum is an int but stays static
             kind = SCALAR
+        elif issubclass(cls, _compat.SYMBOLIC_DIM_TYPE):
+            kind = DIM
         else:
             kind = OTHER
         if kind != OTHER or cls.__module__ == "builtins":  # a user's class is not kept alive
@@ -190,6 +193,7 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
     scalars: dict[type, jax.ShapeDtypeStruct] = {}
     placed: dict[tuple[Any, Any], jax.ShapeDtypeStruct] = {}
     int_range: tuple[int, int] | None = None
+    shapes_ok: set[Any] = set()  # shapes with symbolic sizes, already checked
     for i, x in enumerate(leaves):
         cls = type(x)
         kind = kinds.get(cls)
@@ -211,12 +215,16 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
             else:
                 append(_unsharded(aval))
         elif kind == SDS:
-            if not sizes(x.shape):
+            if not sizes(x.shape) and x.shape not in shapes_ok:
                 try:
-                    x = x.update(shape=checked_shape(x.shape))
+                    shape = checked_shape(x.shape)
                 except BadShape as e:
                     e.index = i
                     raise
+                if shape == x.shape and type(x.shape) is tuple:  # symbolic sizes: as they are
+                    shapes_ok.add(shape)
+                else:
+                    x = x.update(shape=shape)
             if not top_level:
                 append(from_aval(_compat.abstractify(x)))
                 continue
@@ -238,6 +246,8 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
             append(sds)
         elif kind == NUMPY:
             append(from_aval(jax.typeof(x)) if jax_dtype(x.dtype) else x)  # strings, objects: static
+        elif kind == DIM:
+            append(from_aval(_compat.abstractify(x)))
         elif is_duck_array(x):
             try:
                 abstract = as_abstract(x)
@@ -390,6 +400,11 @@ def same_symbolic_shape(e: tuple[Any, ...], a: tuple[Any, ...]) -> bool:
     dimension by dimension in written form, in scopes with the same constraints."""
     if len(e) != len(a) or not (has_symbolic(e) and has_symbolic(a)):
         return False
+    return _same_symbolic(e, a)
+
+
+@ft.lru_cache(maxsize=1024)  # comparing two big trees compares few distinct pairs of shapes
+def _same_symbolic(e: tuple[Any, ...], a: tuple[Any, ...]) -> bool:
     return all(x == y or dim_key(x) == dim_key(y) for x, y in zip(e, a, strict=True))
 
 
@@ -421,11 +436,11 @@ def constraints_text(shape: tuple[Any, ...]) -> str:
 def symbolic_scopes(leaves: Any) -> list[Any]:
     """The distinct symbolic scopes of the array leaves' dimensions, first seen first."""
     found: dict[int, Any] = {}
-    seen: set[int] = set()  # leaves are often one shared object per type
+    seen: set[Any] = set()  # a big tree has few distinct shapes
     for leaf in leaves:
-        if not isinstance(leaf, jax.ShapeDtypeStruct) or id(leaf) in seen:
+        if not isinstance(leaf, jax.ShapeDtypeStruct) or leaf.shape in seen:
             continue
-        seen.add(id(leaf))
+        seen.add(leaf.shape)
         if has_symbolic(leaf.shape):
             for d in leaf.shape:
                 if is_symbolic(d):
@@ -465,6 +480,33 @@ def dim_sum(values: Any) -> Any:
     for d in symbolic[1:]:
         out = out + d
     return out + total
+
+
+def leaf_total(leaves: Any, measure: Any) -> Any:
+    """`measure(leaf)` summed over the array leaves (`dim_sum`); a symbolic measure is taken
+    once per distinct leaf type and multiplied by its count (expressions add slowly)."""
+    total = 0
+    symbolic: dict[Any, list[Any]] = {}  # (shape, dtype, sharding) -> [a leaf, how many]
+    for leaf in leaves:
+        if not isinstance(leaf, jax.ShapeDtypeStruct):
+            continue
+        if sizes(leaf.shape) or not has_symbolic(leaf.shape):
+            total += measure(leaf)
+            continue
+        key = (leaf.shape, leaf.dtype, leaf.sharding)
+        entry = symbolic.get(key)
+        if entry is None:
+            symbolic[key] = [leaf, 1]
+        else:
+            entry[1] += 1
+    if not symbolic:
+        return total
+    return dim_sum([total, *(count * measure(leaf) for leaf, count in symbolic.values())])
+
+
+def leaf_size(leaf: jax.ShapeDtypeStruct) -> Any:
+    """A leaf's number of elements (one per PRNG key): an int, or an expression."""
+    return math.prod(leaf.shape)
 
 
 def count_text(n: Any) -> str:

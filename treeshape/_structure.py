@@ -3,7 +3,6 @@ description per leaf), and `read_structure`, which reads one from an existing
 tree without tracing."""
 
 import dataclasses
-import math
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, Final, NoReturn
 
@@ -32,11 +31,12 @@ from ._leaf import (
     SCALAR_TYPES,
     BadShape,
     IntTooBig,
-    dim_sum,
     human_bytes,
     is_key_dtype,
     leaf_nbytes,
+    leaf_size,
     leaf_str,
+    leaf_total,
     manual_axis_sets,
     read_leaves,
     same_type,
@@ -277,13 +277,13 @@ class Structure:
     @property
     def size(self) -> int:
         """Total number of elements of the array leaves (one per PRNG key)."""
-        size: int = self._memo("size", lambda: dim_sum(math.prod(leaf.shape) for leaf in self._array_leaves()))
+        size: int = self._memo("size", lambda: leaf_total(self._leaves, leaf_size))
         return size
 
     @property
     def nbytes(self) -> int:
         """Total bytes of the array leaves (PRNG keys: the bytes of their key data)."""
-        nbytes: int = self._memo("nbytes", lambda: dim_sum(leaf_nbytes(leaf) for leaf in self._array_leaves()))
+        nbytes: int = self._memo("nbytes", lambda: leaf_total(self._leaves, leaf_nbytes))
         return nbytes
 
     @property
@@ -310,9 +310,7 @@ class Structure:
             >>> s.nbytes, s.nbytes_per_device
             (1049600, 263168)
         """
-        per_device: int = self._memo(
-            "nbytes_per_device", lambda: dim_sum(_sharding.per_device_nbytes(leaf) for leaf in self._array_leaves())
-        )
+        per_device: int = self._memo("nbytes_per_device", lambda: leaf_total(self._leaves, _sharding.per_device_nbytes))
         return per_device
 
     # -- symbolic dimensions -------------------------------------------------

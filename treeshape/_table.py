@@ -19,10 +19,11 @@ from ._json import StaticRepr
 from ._leaf import (
     axes_str,
     count_text,
-    dim_sum,
     human_bytes,
     leaf_nbytes,
+    leaf_size,
     leaf_str,
+    leaf_total,
     short_dtype,
     short_shape,
     varying_axes,
@@ -121,24 +122,24 @@ def _totals(leaves: Sequence[Any]) -> tuple[int, int, bool]:
     split = False
     itemsize: dict[Any, int] = {}  # dtype -> the bytes of one element
     prod = math.prod
-    symbolic: list[Any] = []  # symbolic sizes, added by `dim_sum` (they may span scopes)
+    symbolic = False
     for leaf in leaves:
         if isinstance(leaf, jax.ShapeDtypeStruct):
             n = prod(leaf.shape)
+            if type(n) is not int:
+                symbolic = True
+                continue
+            size += n
             try:
-                b = n * itemsize[leaf.dtype]
+                nbytes += n * itemsize[leaf.dtype]
             except KeyError:
                 itemsize[leaf.dtype] = leaf_nbytes(jax.ShapeDtypeStruct((), leaf.dtype))
-                b = n * itemsize[leaf.dtype]
-            if type(n) is int:
-                size += n
-                nbytes += b
-            else:
-                symbolic.append((n, b))
+                nbytes += n * itemsize[leaf.dtype]
             if not split and leaf.sharding is not None:
                 split = is_partitioned(leaf)
-    if symbolic:
-        return dim_sum([size, *(n for n, _ in symbolic)]), dim_sum([nbytes, *(b for _, b in symbolic)]), split
+    if symbolic:  # expressions add slowly: once per distinct leaf type
+        split = split or any(is_partitioned(leaf) for leaf in leaves if getattr(leaf, "sharding", None) is not None)
+        return leaf_total(leaves, leaf_size), leaf_total(leaves, leaf_nbytes), split
     return size, nbytes, split
 
 

@@ -10,11 +10,12 @@ import jax.tree_util as jtu
 import numpy as np
 from jax import lax
 
-from . import _compat
+from . import _compat, _dims
 from ._diff import diff_structures
 from ._errors import Mismatch, StructureMismatchError, format_report, key_change_fix, mismatch_line, policy_fix
 from ._leaf import (
     ARRAY,
+    DIM,
     NUMPY,
     SCALAR,
     SCALAR_TYPES,
@@ -45,7 +46,7 @@ def _abstract(x: Any) -> Any:
     """The abstract value of an array-like leaf, or None for a static leaf."""
     if isinstance(x, jax.ShapeDtypeStruct):
         return x
-    if kind_of(type(x)) in (ARRAY, NUMPY, SCALAR):
+    if kind_of(type(x)) in (ARRAY, NUMPY, SCALAR, DIM):
         try:
             return jax.typeof(x)
         except TypeError:  # a NumPy array of strings or objects: a static value
@@ -263,7 +264,8 @@ def upcast(tree: PyTree, like: Structure | PyTree, *, policy: str = "weak") -> P
     source_at = dict(zip(source.paths, source.leaves, strict=True))
     mismatches: list[Mismatch] = []
     lines = []
-    for m in diff_structures(target, source, "tree"):
+    found = _dims.match(target, source, "tree")[1] if target.dims else diff_structures(target, source, "tree")
+    for m in found:
         if m.kind == "dtype":
             have = source_at[m.path]
             if dtype_change_allowed(have.dtype, have.weak_type, m.expected, policy):
