@@ -219,3 +219,68 @@ def test_prng_implementations_of_this_release():
                 jax.random.key(0, impl=impl)
     with pytest.raises(ValueError, match="unknown PRNG implementation 'bogus'"):
         _compat.key_dtype("bogus")
+
+
+# -- symbolic dimensions ------------------------------------------------------------------
+def test_a_dimension_expression_reads_back_from_its_written_form_in_a_new_scope():
+    b, s = jax.export.symbolic_shape("b, s", constraints=["b >= 2"])
+    (m,) = jax.export.symbolic_shape("min(b, 4)", scope=b.scope)
+    scope = _compat.make_scope(_compat.scope_constraints(b.scope))
+    for d in (b, 2 * b + 1, (b + 1) // 2, b * s, m, b % 3, 4 * b - s):
+        again = _compat.parse_dim(str(d), scope)
+        assert str(again) == str(d) and _compat.dim_scope(again) is scope
+        assert _compat.dim_names(again) == _compat.dim_names(d)
+    assert _compat.dim_names(b * s + 1) == {"b", "s"}
+    assert _compat.parse_dim("3", scope) == 3
+    for bad in ("b, s", "", "(b", "b +", "1e9", "__import__('os')"):
+        with pytest.raises(ValueError):
+            _compat.parse_dim(bad, scope)
+
+
+def test_evaluate_dim_binds_some_or_all_names_with_64_bit_arithmetic():
+    b, s = jax.export.symbolic_shape("b, s")
+    assert _compat.evaluate_dim(2 * b + 1, {"b": 5}) == 11 and type(_compat.evaluate_dim(b, {"b": 5})) is int
+    assert _compat.evaluate_dim((b + 1) // 2, {"b": 6}) == 3
+    assert _compat.evaluate_dim(b % 3, {"b": 7}) == 1
+    (m,) = jax.export.symbolic_shape("max(b, 4)", scope=b.scope)
+    assert [_compat.evaluate_dim(m, {"b": n}) for n in (2, 9)] == [4, 9]
+    partly = _compat.evaluate_dim(b * s + 3, {"b": 2})
+    assert str(partly) == "2*s + 3" and _compat.dim_scope(partly) is b.scope
+    assert _compat.evaluate_dim(4096 * b * s, {"b": 2**20, "s": 2**20}) == 4096 * 2**40
+    assert _compat.evaluate_dim(7, {"b": 1}) == 7 and _compat.evaluate_dim(b, {}) is b
+
+
+def test_scope_constraints_are_as_written_and_rebuild_the_same_scope():
+    (b,) = jax.export.symbolic_shape("b", constraints=["b >= 4", "mod(b, 2) == 0", "b <= 1024"])
+    written = ("b >= 4", "mod(b, 2) == 0", "b <= 1024")
+    assert _compat.scope_constraints(b.scope) == written  # not the `2*floordiv(b, 2) == b` JAX derives
+    assert _compat.scope_constraints(_compat.make_scope(written)) == written
+    assert _compat.scope_constraints(jax.export.symbolic_shape("c")[0].scope) == ()
+    with pytest.raises(ValueError):
+        _compat.make_scope(["b >="])
+
+
+def test_broken_constraints_are_decided_only_for_bound_names():
+    b, s = jax.export.symbolic_shape("b, s", constraints=["b >= 4", "mod(s, 2) == 0", "b + s <= 10"])
+    assert _compat.broken_constraints(b.scope, {"b": 3}) == [("b >= 4", {"b"})]
+    assert _compat.broken_constraints(b.scope, {"s": 3}) == [("mod(s, 2) == 0", {"s"})]
+    assert _compat.broken_constraints(b.scope, {"b": 8, "s": 4}) == [("b + s <= 10", {"b", "s"})]
+    assert _compat.broken_constraints(b.scope, {"b": 4, "s": 6}) == []
+
+
+def test_linear_in_reads_k_times_a_name_plus_a_constant():
+    b, s = jax.export.symbolic_shape("b, s")
+    assert _compat.linear_in(b, "b") == (1, 0)
+    assert _compat.linear_in(3 * b - 2, "b") == (3, -2)
+    (m,) = jax.export.symbolic_shape("min(b, 4)", scope=b.scope)
+    for d in ((b + 1) // 2, m, b * s, b * b, b % 2):
+        assert _compat.linear_in(d, "b") is None
+    assert _compat.linear_in(s + 1, "b") is None and _compat.linear_in(5, "b") is None
+
+
+def test_a_dimension_expression_is_an_abstract_weak_integer_for_jax():
+    (b,) = jax.export.symbolic_shape("b")
+    assert isinstance(b, _compat.SYMBOLIC_DIM_TYPE) and isinstance(2 * b, _compat.SYMBOLIC_DIM_TYPE)
+    assert _compat.is_symbolic(b) and not _compat.is_symbolic(3)
+    assert jax.eval_shape(lambda: b) == jax.ShapeDtypeStruct((), jax.dtypes.canonicalize_dtype(int), weak_type=True)
+    assert _compat.abstractify(b) == jax.typeof(jnp.asarray(1))  # what tracing gives it: ~int32[] (x64: ~int64[])

@@ -81,3 +81,35 @@ def test_the_sharding_guides_optimizer_state_examples_run_and_print_what_they_sa
     assert sum(block.count("_shows(") for block in code) >= 3  # the Auto-axes check and its fix
     with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
         _run(code)
+
+
+# -- a guide whose python blocks are each followed by what they print --------------------
+_FENCED = re.compile(r"^```(\w+)\n(.*?)^```\n", flags=re.DOTALL | re.MULTILINE)
+
+
+def _blocks_with_output(page):
+    """`(code, printed)` for each python block of `page`, `printed` the text block right
+    after it (None when prose comes first)."""
+    text = (ROOT / "docs" / page).read_text()
+    found = [(m.group(1), m.group(2), m.start(), m.end()) for m in _FENCED.finditer(text)]
+    out = []
+    for k, (lang, body, _, end) in enumerate(found):
+        if lang != "python":
+            continue
+        after = found[k + 1] if k + 1 < len(found) else None
+        shown = after[1] if after and after[0] == "text" and not text[end : after[2]].strip() else None
+        out.append((body, shown))
+    return out
+
+
+def test_the_symbolic_dimensions_guide_prints_what_it_shows(capsys):
+    blocks = _blocks_with_output("guide/symbolic.md")
+    assert sum(shown is not None for _, shown in blocks) >= 7
+    namespace = {}
+    with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
+        for code, shown in blocks:
+            exec(compile(code, "<docs example>", "exec"), namespace)
+            printed = capsys.readouterr().out
+            if shown is not None:
+                assert printed == shown, code
+    ts.clear_cache()

@@ -130,6 +130,49 @@ def test_snapshots_missing_written_matching_and_changed(pytester):
     _run(pytester).assert_outcomes(passed=1)
 
 
+_BATCH_TEST = """
+import jax
+import jax.numpy as jnp
+import treeshape as ts
+
+def model(x):
+    return {{"h": x @ jnp.ones((3, {out})), "n": x.sum(0)}}
+
+def test_model(structure_snapshot):
+    if {batch} is None:  # the family: any batch size
+        (b,) = jax.export.symbolic_shape("b", constraints=["b >= 2"])
+        structure_snapshot.check(ts.out_structure(model, jax.ShapeDtypeStruct((b, 3), jnp.float32)))
+    else:
+        structure_snapshot.check(model(jnp.ones(({batch}, 3))))
+"""
+
+
+def test_a_symbolic_snapshot_checks_trees_of_every_batch_size(pytester):
+    snapshot = pytester.path / "__structures__" / "test_model.json"
+    pytester.makepyfile(test_batch=_BATCH_TEST.format(batch=None, out=4))
+    _run(pytester, "--update-structures").assert_outcomes(passed=1)
+    written = snapshot.read_text()
+    assert json.loads(written)["constraints"] == ["b >= 2"]
+    assert json.loads(written)["leaves"][0]["shape"] == ["b", 4]
+
+    pytester.makepyfile(test_batch=_BATCH_TEST.format(batch=5, out=4))
+    _run(pytester).assert_outcomes(passed=1)
+    # The family is kept by --update-structures when the tree fits it.
+    _run(pytester, "--update-structures").assert_outcomes(passed=1)
+    assert snapshot.read_text() == written
+
+    # Its constraint still holds, and a changed model is told by its dimensions.
+    pytester.makepyfile(test_batch=_BATCH_TEST.format(batch=1, out=5))
+    result = _run(pytester)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "  * tree['h']: expected shape (b, 4) with b >= 2, got (1, 5) (b = 1).",
+            "  * tree['h']: expected shape (b, 4), got (1, 5).",
+        ]
+    )
+
+
 def test_snapshot_names_parametrised_classes_and_several_checks(pytester):
     pytester.makepyfile(
         test_names="""
