@@ -427,3 +427,13 @@ def test_cli_specs_take_names_and_expressions(capsys):
         "treeshape: error: malformed spec 'f32[b+]': dimension 'b+' is neither a size nor a dimension name or "
         "expression (b, 2*b, b + 1), e.g. f32[b,784]"
     )
+
+
+def test_a_concrete_leaf_of_a_bound_shape_is_told_as_itself():
+    (b,) = jax.export.symbolic_shape("b")
+    s = ts.structure_of({"x": sds((b, 3)), "y": sds((5, 3)), "z": sds((2 * b - 5, 3))})
+    found = s.diff({"x": sds((5, 3)), "y": sds((6, 3)), "z": sds((6, 3))})
+    assert [(m.path, m.expected, m.dims) for m in found] == [
+        ("['y']", (5, 3), ()),
+        ("['z']", (2 * b - 5, 3), (("b", 5, "tree['x']"),)),
+    ]

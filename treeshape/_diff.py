@@ -38,10 +38,13 @@ class Compared(Protocol):
     def paths(self) -> tuple[str, ...]: ...
 
 
-def diff_structures(expected: Compared, actual: Compared, root: str) -> list[Mismatch]:
+def diff_structures(
+    expected: Compared, actual: Compared, root: str, leaf_index: dict[str, int] | None = None
+) -> list[Mismatch]:
     """Every difference between two structures, in leaf order: `keystr` paths,
-    printed under `root`."""
-    out = _Found(root)
+    printed under `root`. `leaf_index`, if given, gets the index (in `expected`'s
+    leaves) of each leaf that differs, by its path."""
+    out = _Found(root, leaf_index)
     walk = _Walk(expected.leaves, actual.leaves, out)
     if _same_treedef(expected.treedef, actual.treedef):
         differ = _differing(expected.leaves, 0, actual.leaves, 0, len(expected.leaves))
@@ -55,9 +58,10 @@ def diff_structures(expected: Compared, actual: Compared, root: str) -> list[Mis
 class _Found(list[Mismatch]):
     """The mismatches found so far, all under one root name."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, leaf_index: dict[str, int] | None = None) -> None:
         super().__init__()
         self.root = root
+        self.leaf_index = leaf_index
 
     def add(self, path: str, kind: str, expected: Any, actual: Any) -> None:
         self.append(Mismatch(path, kind, expected, actual, root=self.root))
@@ -80,7 +84,9 @@ def _differing(e_leaves: Sequence[Any], e0: int, a_leaves: Sequence[Any], a0: in
     return found
 
 
-def _diff_leaf(path: str, e: Any, a: Any, out: _Found) -> None:
+def _diff_leaf(path: str, e: Any, a: Any, out: _Found, index: int) -> None:
+    if out.leaf_index is not None:
+        out.leaf_index[path] = index
     e_array = isinstance(e, jax.ShapeDtypeStruct)
     a_array = isinstance(a, jax.ShapeDtypeStruct)
     if not (e_array and a_array):
@@ -188,7 +194,7 @@ class _Walk:
                 self.out.add(task.path, "structure", task.expected, task.actual)
             elif isinstance(task, _Leaves):
                 for path, i, j in task.found:
-                    _diff_leaf(path, self.e_leaves[i], self.a_leaves[j], self.out)
+                    _diff_leaf(path, self.e_leaves[i], self.a_leaves[j], self.out, i)
             else:
                 stack.extend(reversed(self._run(task) if isinstance(task, _Run) else self._pair(task)))
 
@@ -240,7 +246,7 @@ class _Walk:
             return [_Run(p.path, [""], [e_td], [0], p.e0, p.a0, e_td.num_leaves)]
         e_leaf, a_leaf = e_td.num_nodes == 1, a_td.num_nodes == 1  # a leaf, None, or an empty container
         if e_leaf and a_leaf and e_td.num_leaves and a_td.num_leaves:
-            _diff_leaf(p.path, self.e_leaves[p.e0], self.a_leaves[p.a0], self.out)
+            _diff_leaf(p.path, self.e_leaves[p.e0], self.a_leaves[p.a0], self.out, p.e0)
             return []
         e_node = None if e_leaf else e_td.node_data()
         a_node = None if a_leaf else a_td.node_data()

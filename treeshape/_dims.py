@@ -22,6 +22,7 @@ from . import _compat
 from ._diff import Compared, diff_structures
 from ._errors import Mismatch
 from ._leaf import has_symbolic, is_symbolic, shape_names, sizes as sizes_only, symbolic_scopes
+from ._table import EDGE, edge_paths
 
 
 # -- names -----------------------------------------------------------------------
@@ -99,26 +100,27 @@ def bind_leaf(leaf: Any, sizes: dict[str, int]) -> Any:
 
 
 def bind_leaves(leaves: Sequence[Any], sizes: dict[str, int]) -> tuple[list[Any], list[int]]:
-    """Every leaf bound (each distinct leaf object once), and the indices of leaves
-    whose bound shape has a negative size (`b - 8` with `b = 4`)."""
-    done: dict[Any, Any] = {}  # a big tree has few distinct leaf types: each is bound once
-    by_id: dict[int, Any] = {}  # (and often one object per type)
+    """Every leaf bound, and the indices of leaves whose bound shape has a negative size
+    (`b - 8` with `b = 4`). A big tree has few distinct leaf types: each is bound once."""
+    done: dict[Any, tuple[Any, bool]] = {}  # leaf type -> its bound leaf, and whether a size is negative
+    by_id: dict[int, tuple[Any, bool]] = {}  # the same by leaf object (often one object per type)
     out: list[Any] = []
     negative: list[int] = []
     for i, leaf in enumerate(leaves):
         if not isinstance(leaf, jax.ShapeDtypeStruct) or sizes_only(leaf.shape):
             out.append(leaf)
             continue
-        bound = by_id.get(id(leaf))
-        if bound is None:
+        entry = by_id.get(id(leaf))
+        if entry is None:
             key = (leaf.shape, leaf.dtype, leaf.weak_type, leaf.sharding, _compat.manual_axes(leaf))
-            bound = done.get(key)
-            if bound is None:
-                bound = done[key] = bind_leaf(leaf, sizes)
-            by_id[id(leaf)] = bound
-        if bound is not leaf and any(not is_symbolic(d) and d < 0 for d in bound.shape):
+            entry = done.get(key)
+            if entry is None:
+                bound = bind_leaf(leaf, sizes)
+                entry = done[key] = (bound, any(not is_symbolic(d) and d < 0 for d in bound.shape))
+            by_id[id(leaf)] = entry
+        if entry[1]:
             negative.append(i)
-        out.append(bound)
+        out.append(entry[0])
     return out, negative
 
 
@@ -130,6 +132,7 @@ class Binding:
 
     sizes: dict[str, int]
     sources: dict[str, tuple[int, int]]
+    scopes: list[Any]  # the symbolic scopes of the expressions that told them
 
 
 def _equations(e_leaves: Sequence[Any], a_leaves: Sequence[Any], pairs: Iterable[tuple[int, int]]) -> Iterator[Any]:
@@ -172,7 +175,7 @@ def solve(e_leaves: Sequence[Any], a_leaves: Sequence[Any], pairs: Iterable[tupl
     dimension (in leaf order) that tells a name's size binds it; the other dimensions
     are checked against the binding by the caller."""
     pending = list(_equations(e_leaves, a_leaves, pairs))
-    binding = Binding({}, {})
+    binding = Binding({}, {}, [])
     progress = True
     while pending and progress:
         progress = False
@@ -185,6 +188,9 @@ def solve(e_leaves: Sequence[Any], a_leaves: Sequence[Any], pairs: Iterable[tupl
                 if value is not None:
                     binding.sizes[name] = value
                     binding.sources[name] = (i, axis)
+                    scope = _compat.dim_scope(d)
+                    if all(scope is not known for known in binding.scopes):
+                        binding.scopes.append(scope)
                     progress = True
                     continue
             if unknown:
@@ -210,16 +216,56 @@ class _Bound:
         return self.original.paths
 
 
+def _same_treedef(expected: Compared, actual: Compared) -> bool:
+    try:
+        return bool(expected.treedef == actual.treedef)
+    except Exception:  # node data whose `==` raises
+        return False
+
+
 def _pairs(expected: Compared, actual: Compared) -> Iterable[tuple[int, int]]:
     """The leaves of both at one place: by index when the treedefs are equal, else by path."""
-    try:
-        same = bool(expected.treedef == actual.treedef)
-    except Exception:  # node data whose `==` raises
-        same = False
-    if same:
+    if _same_treedef(expected, actual):
         return ((i, i) for i in range(len(expected.leaves)))
     where = {path: j for j, path in enumerate(actual.paths)}
     return ((i, where[path]) for i, path in enumerate(expected.paths) if path in where)
+
+
+def _bound_for_diff(expected: Compared, actual: Compared, sizes: dict[str, int]) -> list[Any]:
+    """The expected leaves bound, for comparing with `actual`. With the treedefs equal, a
+    leaf whose bound type is the actual leaf's is that leaf itself (sharding takes no part
+    in a diff): a big tree then makes no new leaf where it matches."""
+    e_leaves, a_leaves = expected.leaves, actual.leaves
+    if not _same_treedef(expected, actual):
+        return bind_leaves(e_leaves, sizes)[0]
+    shapes: dict[Any, tuple[Any, ...]] = {}  # symbolic shape -> bound shape
+    out: list[Any] = []
+    for e, a in zip(e_leaves, a_leaves, strict=True):
+        if not isinstance(e, jax.ShapeDtypeStruct) or sizes_only(e.shape):
+            out.append(e)
+            continue
+        shape = shapes.get(e.shape)
+        if shape is None:
+            shape = shapes[e.shape] = bind_leaf(e, sizes).shape
+        if (
+            isinstance(a, jax.ShapeDtypeStruct)
+            and shape == a.shape
+            and e.dtype == a.dtype
+            and e.weak_type == a.weak_type
+            and _compat.manual_axes(e) == _compat.manual_axes(a)
+        ):
+            out.append(a)
+        else:
+            out.append(e.update(shape=shape))
+    return out
+
+
+def _path_at(expected: Compared, i: int) -> str:
+    """The path of leaf `i`, without the paths of all leaves when it is among the first ones
+    (the leaf that binds a name usually is)."""
+    if i < EDGE:
+        return edge_paths(jtu.tree_unflatten(expected.treedef, expected.leaves), expected.leaves, i + 1)[0][i]
+    return expected.paths[i]
 
 
 def match(expected: Compared, actual: Compared, root: str) -> tuple[Binding, list[Mismatch]]:
@@ -229,31 +275,31 @@ def match(expected: Compared, actual: Compared, root: str) -> tuple[Binding, lis
     name no leaf tells leaves the leaves that use it unmatched."""
     e_leaves = expected.leaves
     binding = solve(e_leaves, actual.leaves, _pairs(expected, actual))
-    bound_leaves, _ = bind_leaves(e_leaves, binding.sizes)
-    found = diff_structures(_Bound(expected, tuple(bound_leaves)), actual, root)
-    index: dict[str, int] | None = None
+    bound_leaves = _bound_for_diff(expected, actual, binding.sizes)
+    index: dict[str, int] = {}
+    found = diff_structures(_Bound(expected, tuple(bound_leaves)), actual, root, index)
+    source_paths: dict[str, str] = {}
 
     def where(name: str) -> str:
-        return root + expected.paths[binding.sources[name][0]]
+        if name not in source_paths:
+            source_paths[name] = root + _path_at(expected, binding.sources[name][0])
+        return source_paths[name]
 
     out: list[Mismatch] = []
-    for scope in symbolic_scopes(e_leaves):
+    for scope in binding.scopes:
         for constraint, used in _compat.broken_constraints(scope, binding.sizes):
             names = sorted(used, key=lambda n: binding.sources[n])  # first bound first
-            i = binding.sources[names[0]][0] if names else 0
+            i = binding.sources[names[0]][0]
             j = next(j for k, j in _pairs(expected, actual) if k == i)
             given = tuple((n, binding.sizes[n], where(n)) for n in names)
             e, a = e_leaves[i], actual.leaves[j]
-            path = expected.paths[i]
+            path = where(names[0])[len(root) :]
             out.append(Mismatch(path, "shape", e.shape, a.shape, root=root, dims=given, constraint=constraint))
     for m in found:
         if m.kind != "shape":
             out.append(m)
             continue
-        if index is None:
-            index = {path: i for i, path in enumerate(expected.paths)}
-        i = index[m.path]
-        shape = e_leaves[i].shape
+        shape = e_leaves[index[m.path]].shape
         told = [d for d, size in zip(shape, m.actual, strict=False) if not is_symbolic(size)]  # by the tree's sizes
         if len(shape) != len(m.actual) or not has_symbolic(tuple(told)):
             out.append(dataclasses.replace(m, expected=shape))
@@ -261,7 +307,7 @@ def match(expected: Compared, actual: Compared, root: str) -> tuple[Binding, lis
         dims: tuple[tuple[str, int | None, str], ...] = tuple(
             (n, binding.sizes[n], where(n)) if n in binding.sizes else (n, None, "")
             for n in shape_names(tuple(told))
-            if n not in binding.sizes or binding.sources[n][0] != i
+            if n not in binding.sizes or binding.sources[n][0] != index[m.path]  # not the leaf that bound it
         )
         out.append(dataclasses.replace(m, expected=shape, dims=dims))
     return binding, out

@@ -31,6 +31,7 @@ from ._leaf import (
     SCALAR_TYPES,
     BadShape,
     IntTooBig,
+    has_symbolic,
     human_bytes,
     is_key_dtype,
     leaf_nbytes,
@@ -337,13 +338,9 @@ class Structure:
     def _example_symbolic(self) -> str:
         """The first leaf with a symbolic dimension, as messages show it (`tree['x']: f32[b,3]`)."""
         for path, leaf in zip(self.paths, self._leaves, strict=True):
-            if isinstance(leaf, jax.ShapeDtypeStruct) and self._has_symbolic(leaf):
+            if isinstance(leaf, jax.ShapeDtypeStruct) and has_symbolic(leaf.shape):
                 return f"tree{path}: {leaf_str(leaf)}"
         return ""
-
-    @staticmethod
-    def _has_symbolic(leaf: jax.ShapeDtypeStruct) -> bool:
-        return bool(_dims.free_names((leaf,)))
 
     def bind(self, **sizes: int) -> "Structure":
         """Return the structure with the named dimensions replaced by sizes.

@@ -18,6 +18,11 @@ both trees (`workloads.paths_floor`), measured side by side in the same run:
   same list with one more; here `structure_of` is inside the timing too (a
   new list object, same leaves, and `ts.clear_cache()` in the untimed setup
   of both sides). Goal <=3x.
+- *100,000 leaves with a symbolic batch size*: the same with `f32[b,n]`
+  leaves (`b` from `jax.export.symbolic_shape`) diffed against a batch of
+  `f32[8,n]` leaves in which one leaf has 9 rows: `diff` binds `b` once
+  across the list and reports that leaf (naming where `b` was bound). Goal
+  <=3x.
 
 Why the baseline is fair: a diff that reports *where* trees differ must at
 least visit every leaf of both trees and know its path; flattening both
@@ -38,6 +43,9 @@ the 100k row, plus one or two untimed warm-up calls per side. Under
 """
 
 from typing import Any
+
+import jax
+import jax.numpy as jnp
 
 import treeshape as ts
 
@@ -105,4 +113,25 @@ def scale_diff(cfg: Config) -> list[Row]:
     rows.append(
         timed_row(f"12 structure_of(flat).diff(longer), {k(m)}-leaf list vs flatten_with_path", t, at_most(3), note)
     )
+
+    # Symbolic dimensions: every leaf has the batch size `b`, which diff binds once (to 8) across the list.
+    (b,) = jax.export.symbolic_shape("b")
+    symbolic = [jax.ShapeDtypeStruct((b, i % 7 + 1), jnp.float32) for i in range(m)]
+    batch = [jax.ShapeDtypeStruct((8, i % 7 + 1), jnp.float32) for i in range(m)]
+    batch[m // 2] = jax.ShapeDtypeStruct((9, m // 2 % 7 + 1), jnp.float32)  # b = 9 here: the one mismatch
+
+    def fresh_symbolic() -> list[Any]:
+        ts.clear_cache()
+        return list(symbolic)
+
+    check_one_mismatch(ts.structure_of(fresh_symbolic()).diff(batch), f"[{m // 2}]", "shape")
+    t = compare(
+        per_call(fresh_symbolic, lambda f: paths_floor(f, batch)),
+        per_call(fresh_symbolic, lambda f: ts.structure_of(f).diff(batch)),
+        cfg,
+        reps=11,
+    )
+    note = f"structure_of inside the timing; b bound to 8 once; the one mismatch: shape at [{m // 2}] (b = 9)"
+    name = f"12 structure_of(symbolic).diff(batch), {k(m)} leaves f32[b,n] vs flatten_with_path"
+    rows.append(timed_row(name, t, at_most(3), note))
     return rows
