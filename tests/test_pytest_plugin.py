@@ -136,14 +136,14 @@ import jax.numpy as jnp
 import treeshape as ts
 
 def model(x):
-    return {{"h": x @ jnp.ones((3, {out})), "n": x.sum(0)}}
+    return {{"h": x @ jnp.ones((3, {out}), jnp.float32), "n": x.sum(0)}}
 
 def test_model(structure_snapshot):
     if {batch} is None:  # the family: any batch size
         (b,) = jax.export.symbolic_shape("b", constraints=["b >= 2"])
         structure_snapshot.check(ts.out_structure(model, jax.ShapeDtypeStruct((b, 3), jnp.float32)))
     else:
-        structure_snapshot.check(model(jnp.ones(({batch}, 3))))
+        structure_snapshot.check(model(jnp.ones(({batch}, 3), jnp.float32)))
 """
 
 

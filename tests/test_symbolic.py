@@ -59,7 +59,7 @@ def test_dims_are_in_order_of_first_appearance():
     a, b, c = jax.export.symbolic_shape("a, b, c")
     s = ts.structure_of([sds((c, 2)), sds((a * b,)), sds((3,)), sds((b, c))])
     assert s.dims == ("c", "a", "b")
-    assert ts.structure_of(jnp.zeros(3)).dims == ()
+    assert ts.structure_of(jnp.zeros(3, F32)).dims == ()
 
 
 def test_inside_jit_the_answer_is_symbolic_too():
@@ -71,7 +71,7 @@ def test_inside_jit_the_answer_is_symbolic_too():
         seen.append(ts.out_structure(lambda t, u: t * u.sum(), sds((b, 3)), y))
         return y
 
-    step(jnp.ones(3))
+    step(jnp.ones(3, F32))
     assert seen[0].tree == jax.ShapeDtypeStruct((b, 3), F32)
 
 
@@ -95,7 +95,7 @@ def test_inside_jax_export_every_helper_works_and_runs_at_each_size():
     assert seen["read"].dims == ("b",)
     assert seen["carry"].leaves[0] == jax.ShapeDtypeStruct((), F32, weak_type=False)
     for n in (1, 5, 8):
-        x = jnp.arange(3.0 * n).reshape(n, 3)
+        x = jnp.arange(3 * n, dtype=F32).reshape(n, 3)
         np.testing.assert_allclose(exported.call(x), step(x), rtol=1e-6)
 
 
@@ -114,7 +114,7 @@ def test_bind_gives_the_structure_of_concrete_inputs():
     (b,) = jax.export.symbolic_shape("b")
     s = ts.out_structure(model, sds((b, 3)))
     for n in (1, 4, 7):
-        assert s.bind(b=n) == ts.out_structure(model, jnp.zeros((n, 3)))
+        assert s.bind(b=n) == ts.out_structure(model, jnp.zeros((n, 3), F32))
         assert s.bind(b=n).dims == ()
 
 
@@ -156,7 +156,7 @@ def test_bind_errors_name_the_dimension():
             s.bind(b=bad)
     assert s.bind(b=np.int64(5)) == ts.structure_of({"x": sds((5, 3)), "y": sds((2,))})
     with pytest.raises(ValueError, match=r"its free dimensions are none"):
-        ts.structure_of(jnp.zeros(2)).bind(b=3)
+        ts.structure_of(jnp.zeros(2, F32)).bind(b=3)
 
 
 def test_bind_refuses_a_negative_size_naming_the_leaf():
@@ -186,7 +186,7 @@ def test_a_symbolic_structure_matches_trees_of_every_size():
     (b,) = jax.export.symbolic_shape("b")
     s = ts.out_structure(model, sds((b, 3)))
     for n in (1, 2, 5, 8):
-        tree = model(jnp.ones((n, 3)))
+        tree = model(jnp.ones((n, 3), F32))
         assert s.diff(tree) == []
         assert s.matches(tree)
         assert s.match_dims(tree) == {"b": n}
@@ -195,9 +195,9 @@ def test_a_symbolic_structure_matches_trees_of_every_size():
 def test_expressions_bind_consistently_across_the_tree():
     (b,) = jax.export.symbolic_shape("b")
     s = ts.structure_of({"a": sds((2 * b,)), "b": sds(((b + 1) // 2, 3)), "c": sds((b + 1,)), "d": sds((b,))})
-    good = {"a": jnp.zeros(10), "b": jnp.zeros((3, 3)), "c": jnp.zeros(6), "d": jnp.zeros(5)}
+    good = {"a": jnp.zeros(10, F32), "b": jnp.zeros((3, 3), F32), "c": jnp.zeros(6, F32), "d": jnp.zeros(5, F32)}
     assert s.match_dims(good) == {"b": 5}  # told by `2*b` = 10 first
-    bad = {**good, "d": jnp.zeros(6)}
+    bad = {**good, "d": jnp.zeros(6, F32)}
     [m] = s.diff(bad)
     assert (m.path, m.kind, m.expected, m.actual) == ("['d']", "shape", (b,), (6,))
     assert m.dims == (("b", 5, "tree['a']"),)
@@ -209,7 +209,7 @@ def test_expressions_bind_consistently_across_the_tree():
 def test_a_tree_that_binds_a_name_twice_fails_naming_both_paths_and_sizes():
     (b,) = jax.export.symbolic_shape("b")
     s = ts.structure_of({"x": sds((b, 3)), "y": sds((b,)), "z": sds((b, 2))})
-    tree = {"x": jnp.zeros((5, 3)), "y": jnp.zeros(6), "z": jnp.zeros((5, 2))}
+    tree = {"x": jnp.zeros((5, 3), F32), "y": jnp.zeros(6, F32), "z": jnp.zeros((5, 2), F32)}
     with pytest.raises(ts.StructureMismatchError) as info:
         s.match_dims(tree)
     assert [(m.path, m.actual, m.dims) for m in info.value.mismatches] == [("['y']", (6,), (("b", 5, "tree['x']"),))]
@@ -221,31 +221,31 @@ def test_a_min_of_a_name_is_checked_once_the_name_is_bound():
     (b,) = jax.export.symbolic_shape("b")
     (m,) = jax.export.symbolic_shape("min(b, 4)", scope=b.scope)
     s = ts.structure_of({"a": sds((m,)), "z": sds((b,))})
-    assert s.match_dims({"a": jnp.zeros(4), "z": jnp.zeros(9)}) == {"b": 9}
-    assert s.match_dims({"a": jnp.zeros(2), "z": jnp.zeros(2)}) == {"b": 2}
-    [mismatch] = s.diff({"a": jnp.zeros(3), "z": jnp.zeros(9)})
+    assert s.match_dims({"a": jnp.zeros(4, F32), "z": jnp.zeros(9, F32)}) == {"b": 9}
+    assert s.match_dims({"a": jnp.zeros(2, F32), "z": jnp.zeros(2, F32)}) == {"b": 2}
+    [mismatch] = s.diff({"a": jnp.zeros(3, F32), "z": jnp.zeros(9, F32)})
     assert (mismatch.path, mismatch.dims) == ("['a']", (("b", 9, "tree['z']"),))
 
 
 def test_a_broken_constraint_is_reported_at_the_leaf_that_bound_it():
     (b,) = jax.export.symbolic_shape("b", constraints=["b >= 4"])
     s = ts.structure_of({"x": sds((b, 3)), "y": sds((2 * b,))})
-    [m] = s.diff({"x": jnp.zeros((2, 3)), "y": jnp.zeros(4)})
+    [m] = s.diff({"x": jnp.zeros((2, 3), F32), "y": jnp.zeros(4, F32)})
     assert (m.path, m.kind, m.constraint, m.dims) == ("['x']", "shape", "b >= 4", (("b", 2, "tree['x']"),))
     assert str(m) == "tree['x']: expected shape (b, 3) with b >= 4, got (2, 3) (b = 2)."
     with pytest.raises(ts.StructureMismatchError, match=r"Pass a tree whose sizes meet b >= 4\."):
-        s.match_dims({"x": jnp.zeros((2, 3)), "y": jnp.zeros(4)})
+        s.match_dims({"x": jnp.zeros((2, 3), F32), "y": jnp.zeros(4, F32)})
 
 
 def test_a_name_no_leaf_determines_is_never_silently_matched():
     (b,) = jax.export.symbolic_shape("b")
     s = ts.structure_of({"half": sds(((b + 1) // 2,))})  # 3 is floordiv(b + 1, 2) for b = 5 and b = 6
-    [m] = s.diff({"half": jnp.zeros(3)})
+    [m] = s.diff({"half": jnp.zeros(3, F32)})
     assert m.dims == (("b", None, ""),)
     assert str(m) == "tree['half']: expected shape (floordiv(b + 1, 2),), got (3,); no leaf of the tree determines b."
     with pytest.raises(ts.StructureMismatchError, match=r"Bind it first: `structure\.bind\(b=\.\.\.\)`"):
-        s.check({"half": jnp.zeros(3)})
-    assert s.bind(b=5).matches({"half": jnp.zeros(3)})
+        s.check({"half": jnp.zeros(3, F32)})
+    assert s.bind(b=5).matches({"half": jnp.zeros(3, F32)})
 
 
 def test_other_differences_are_still_reported_with_binding():
@@ -253,7 +253,7 @@ def test_other_differences_are_still_reported_with_binding():
     s = ts.structure_of({"x": sds((b, 3)), "w": sds((3,))})
     found = s.diff({"x": jnp.zeros((5, 3), jnp.int32), "extra": 1})
     assert [(m.path, m.kind) for m in found] == [("['extra']", "structure"), ("['w']", "structure"), ("['x']", "dtype")]
-    assert s.match_dims({"x": jnp.zeros((5, 3), jnp.int32), "w": jnp.zeros(3)}) == {"b": 5}  # dtypes are diff's
+    assert s.match_dims({"x": jnp.zeros((5, 3), jnp.int32), "w": jnp.zeros(3, F32)}) == {"b": 5}  # dtypes are diff's
 
 
 def test_a_tree_with_symbolic_leaves_compares_by_written_form():
@@ -349,8 +349,8 @@ def test_json_keeps_expressions_and_constraints_in_one_scope():
     assert loaded.to_json() == s.to_json()
     # One snapshot checks trees of every batch size, and its constraints still hold.
     for n in (4, 6, 10):
-        assert loaded.match_dims(model(jnp.ones((n, 3)))) == {"b": n}
-    [m] = loaded.diff(model(jnp.ones((2, 3))))
+        assert loaded.match_dims(model(jnp.ones((n, 3), F32))) == {"b": n}
+    [m] = loaded.diff(model(jnp.ones((2, 3), F32)))
     assert m.constraint == "b >= 4"
     with pytest.raises(ValueError, match=r"breaks the constraint 'mod\(b, 2\) == 0'"):
         loaded.bind(b=5)
@@ -392,7 +392,7 @@ def test_the_cache_keeps_scopes_and_concrete_sizes_apart():
     constrained = ts.out_structure(f, sds((b4, 3)))
     assert str(free.leaves[0].shape[0]) == "min(b, 4)"
     assert constrained.leaves[0].shape == (4, 3)  # with b >= 4, min(b, 4) is 4
-    assert ts.out_structure(f, jnp.zeros((2, 3))).leaves[0].shape == (2, 3)
+    assert ts.out_structure(f, jnp.zeros((2, 3), F32)).leaves[0].shape == (2, 3)
     assert ts.cache_info().misses == 3
     assert ts.out_structure(f, sds((b, 3))) == free
     assert ts.cache_info().hits == 1
