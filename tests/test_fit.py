@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import pytest
-from _jax_range import listening
 
 import treeshape as ts
 from treeshape._cli import main, parse_bytes
@@ -53,19 +52,6 @@ class Oracle:
         """XLA says the size fits, and the next one does not (unless it is max_size)."""
         assert self.peak(fit.size) == fit.cost.peak_bytes <= limit
         assert fit.size == max_size or self.peak(fit.size + 1) > limit
-
-
-@pytest.fixture
-def compiles():
-    """A list that gains one entry per backend compilation while the test runs."""
-    seen = []
-
-    def listener(event, duration, **_):
-        if event == "/jax/core/compile/backend_compile_duration":
-            seen.append(duration)
-
-    with listening(on_duration=listener):
-        yield seen
 
 
 def rows(n):

@@ -137,46 +137,40 @@ def _parser() -> _Parser:
         "cache figures. Offline, a few seconds, no arguments.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    inspect = sub.add_parser(
+    inspect = _call_parser(
+        sub,
         "inspect",
-        help="print the output structure of MODULE:ATTR called on abstract arguments",
-        description="Import MODULE, take ATTR (dotted attributes allowed) and print\n"
+        "print the output structure of MODULE:ATTR called on abstract arguments",
+        "Import MODULE, take ATTR (dotted attributes allowed) and print\n"
         "the structure of its output for the given abstract arguments: no\n"
         "FLOPs, no device memory, no compilation.",
-        epilog=_SPECS,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "mypkg.model:predict",
     )
-    inspect.add_argument("target", nargs="?", metavar="MODULE:ATTR", help="e.g. mypkg.model:predict")
-    inspect.add_argument("specs", nargs="*", metavar="SPEC | NAME=SPEC", help="the function's arguments")
     inspect.add_argument(
         "--json",
         action="store_true",
         help="print a JSON list of {path, shape, dtype, weak_type} instead of a table",
     )
-    cost = sub.add_parser(
+    cost = _call_parser(
+        sub,
         "cost",
-        help="print what the compiled program of MODULE:ATTR needs on abstract arguments",
-        description="Import MODULE, take ATTR (dotted attributes allowed), compile it\n"
+        "print what the compiled program of MODULE:ATTR needs on abstract arguments",
+        "Import MODULE, take ATTR (dotted attributes allowed), compile it\n"
         "for the given abstract arguments (nothing runs, no input memory is\n"
         "allocated) and print XLA's figures: FLOPs, bytes accessed, and per\n"
         "device the bytes of arguments, outputs, temporaries and the peak.",
-        epilog=_SPECS,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "mypkg.model:train_step",
     )
-    cost.add_argument("target", nargs="?", metavar="MODULE:ATTR", help="e.g. mypkg.model:train_step")
-    cost.add_argument("specs", nargs="*", metavar="SPEC | NAME=SPEC", help="the function's arguments")
-    fit = sub.add_parser(
+    fit = _call_parser(
+        sub,
         "fit",
-        help="print the largest size of a dimension for which MODULE:ATTR's program fits a budget",
-        description="Import MODULE, take ATTR (dotted attributes allowed), and find the\n"
+        "print the largest size of a dimension for which MODULE:ATTR's program fits a budget",
+        "Import MODULE, take ATTR (dotted attributes allowed), and find the\n"
         "largest size of the symbolic dimension --dim (a name in the specs,\n"
         "f32[b,784]) for which its compiled program's peak bytes per device\n"
         "fit the budget: checked by compiling at that size and the next.",
-        epilog=_SPECS,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "mypkg.model:train_step",
     )
-    fit.add_argument("target", nargs="?", metavar="MODULE:ATTR", help="e.g. mypkg.model:train_step")
-    fit.add_argument("specs", nargs="*", metavar="SPEC | NAME=SPEC", help="the function's arguments")
     fit.add_argument("--dim", required=True, metavar="NAME", help="the symbolic dimension to size, e.g. b")
     fit.add_argument(
         "--budget",
@@ -197,6 +191,16 @@ def _parser() -> _Parser:
             help=traceback_help,
         )
     return parser
+
+
+def _call_parser(sub: Any, name: str, summary: str, description: str, example: str) -> argparse.ArgumentParser:
+    """A subcommand that calls MODULE:ATTR on specs (`inspect`, `cost`, `fit`)."""
+    parser = sub.add_parser(
+        name, help=summary, description=description, epilog=_SPECS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("target", nargs="?", metavar="MODULE:ATTR", help=f"e.g. {example}")
+    parser.add_argument("specs", nargs="*", metavar="SPEC | NAME=SPEC", help="the function's arguments")
+    return parser  # type: ignore[no-any-return]
 
 
 def _version() -> str:
