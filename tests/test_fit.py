@@ -285,8 +285,8 @@ def test_no_budget_on_cpu():
 def test_a_program_that_does_not_fit_at_size_one():
     peak = oracle_peak(layer, W, jax.ShapeDtypeStruct((1, 256), F32))
     message = (
-        f"does not fit even at b=1: its peak is {peak / 1024:.1f} KiB ({peak:,} B) per device, over the limit of "
-        "900 B (900 B: a budget of 1000 B, less a margin of 10%)"
+        f"even b=1 does not fit: peak {peak / 1024:.1f} KiB ({peak:,} B) per device > limit 900 B (900 B: budget "
+        "1000 B less a 10% margin). Raise the budget"
     )
     with pytest.raises(ValueError, match=re.escape(message)):
         ts.largest_fit(layer, W, jax.ShapeDtypeStruct((B, 256), F32), dim="b", budget=1000, margin=0.1)
@@ -364,11 +364,13 @@ def test_budgets_with_units(text, expected):
         (["--budget", "0.1B"], "--budget: '0.1B' is less than one byte"),
         (["--budget", "1MiB", "--margin", "1.5"], "margin must be the fraction of the budget kept free, in [0, 1)"),
         (["--budget", "1MiB"], "dim='b', but the inputs have no free dimension. Give the dimension to search a name"),
-        ([], "the following arguments are required: --dim"),
+        ([], "--budget is required: the device (cpu) reports no memory limit; e.g. --budget 16GiB"),
+        (None, "the following arguments are required: --dim"),
     ],
 )
 def test_command_line_bad_input(capsys, argv, message):
-    dim = [] if not argv else ["--dim", "b"]
+    dim = [] if argv is None else ["--dim", "b"]
+    argv = argv or []
     assert main(["fit", "jax.numpy:matmul", "f32[8,784]", "f32[784,10]", *dim, *argv]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("treeshape: error: ") and len(err.splitlines()) == 1
@@ -398,4 +400,5 @@ def test_command_line_names(capsys):
     assert main(["fit", "jax.numpy:add", "f32[b,s]", "f32[b,s]", "--dim", "b", "--budget", "1MiB"]) == 2
     assert "Give the others sizes first: concrete sizes in the specs" in capsys.readouterr().err
     assert main(["fit", "jax.numpy:matmul", "f32[b,784]", "f32[784,10]", "--dim", "b", "--budget", "1KiB"]) == 1
-    assert "does not fit even at b=1" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "even b=1 does not fit: peak " in err and " per device > limit 1.0 KiB (1,024 B: budget 1.0 KiB)" in err

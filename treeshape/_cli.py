@@ -401,6 +401,7 @@ def parse_bytes(text: str) -> int:
 
 
 def _fit(args: argparse.Namespace, stdout: TextIO) -> int:
+    import jax
     import jax.tree_util as jtu
 
     import treeshape as ts
@@ -412,6 +413,12 @@ def _fit(args: argparse.Namespace, stdout: TextIO) -> int:
         budget = None if args.budget is None else parse_bytes(args.budget)
     except ValueError as err:
         raise _Fail(f"--budget: {err}", 2) from err
+    device = jax.devices()[0]
+    stats = device.memory_stats()
+    if budget is None and not (isinstance(stats, dict) and stats.get("bytes_limit")):
+        raise _Fail(
+            f"--budget is required: the device ({device.platform}) reports no memory limit; e.g. --budget 16GiB", 2
+        )
     positional, keywords = _arguments(args.specs)
     try:
         check_arguments(args.dim, budget, args.margin, args.max_size)

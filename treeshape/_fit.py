@@ -426,12 +426,11 @@ def largest_fit(
 
     peak = peak_at(1)
     if peak > limit:
-        kept = f", less a margin of {_percent(margin)}" if margin else ""
+        kept = f" less a {_percent(margin)} margin" if margin else ""
         raise ValueError(
-            f"treeshape.largest_fit: the program does not fit even at {dim}=1: its peak is {human_bytes(peak)} "
-            f"({peak:,} B) per device, over the limit of {human_bytes(limit)} ({limit:,} B: a budget of "
-            f"{human_bytes(budget)}{kept}). Raise the budget, split the inputs over more devices, donate "
-            "buffers the step replaces (donate_argnums), or shrink the program."
+            f"treeshape.largest_fit: even {dim}=1 does not fit: peak {human_bytes(peak)} ({peak:,} B) per device > "
+            f"limit {human_bytes(limit)} ({limit:,} B: budget {human_bytes(budget)}{kept}). Raise the budget, "
+            "shard over more devices, donate buffers (donate_argnums) or shrink the program."
         )
     size, known = _search(peak_at, limit, max_size)
     probe = min(_SECOND_PROBE, max_size)
