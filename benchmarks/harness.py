@@ -84,10 +84,10 @@ class Row:
 
     `baseline` and `treeshape` are medians in `unit` ("s" for times, "MiB" for
     memory growth, "MiB peak" for a peak RSS, "instr" for HLO instruction
-    counts, "entries" for cache sizes). The goal is checked against
-    `measured`, which defaults to the ratio `treeshape / baseline`. A row whose
-    cache check is strict (see `check_cache`) misses its goal when the cache
-    was not used as assumed.
+    counts, "entries" for cache sizes, "compiles" for compilations). The goal
+    is checked against `measured`, which defaults to the ratio
+    `treeshape / baseline`. A row whose cache check is strict (see
+    `check_cache`) misses its goal when the cache was not used as assumed.
     """
 
     case: str
@@ -361,7 +361,7 @@ def _fmt_value(value: float, unit: str) -> str:
         return f"{value:+.1f} MiB"
     if unit == "MiB peak":
         return f"{value:,.0f} MiB"
-    if unit in ("instr", "entries"):
+    if unit in ("instr", "entries", "compiles"):
         return f"{value:,.0f} {unit}"
     for scale, suffix in ((1, "s"), (1e-3, "ms"), (1e-6, "us")):
         if value >= scale:

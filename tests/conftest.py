@@ -8,6 +8,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
+from _jax_range import listening  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -97,6 +98,19 @@ CONTEXTS = {
 def in_context(request):
     """Run `f(x)` inside one JAX transformation (parametrised over all of them)."""
     return CONTEXTS[request.param]
+
+
+@pytest.fixture
+def compiles():
+    """A list that gains one entry per backend compilation while the test runs."""
+    seen = []
+
+    def listener(event, duration, **_):
+        if event == "/jax/core/compile/backend_compile_duration":
+            seen.append(duration)
+
+    with listening(on_duration=listener):
+        yield seen
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
-from _jax_range import listening
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import treeshape as ts
@@ -53,19 +52,6 @@ PARAMS = {
     "w2": jax.ShapeDtypeStruct((128, 16), F32),
 }
 X = jax.ShapeDtypeStruct((32, 64), F32)
-
-
-@pytest.fixture
-def compiles():
-    """A list that gains one entry per backend compilation while the test runs."""
-    seen = []
-
-    def listener(event, duration, **_):
-        if event == "/jax/core/compile/backend_compile_duration":
-            seen.append(duration)
-
-    with listening(on_duration=listener):
-        yield seen
 
 
 # -- top level ------------------------------------------------------------------

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         PrecisionWarning as PrecisionWarning,
         StructureMismatchError as StructureMismatchError,
     )
+    from ._fit import Fit as Fit, largest_fit as largest_fit
     from ._infer import (
         cache_info as cache_info,
         clear_cache as clear_cache,
@@ -47,6 +48,7 @@ __all__ = [
     "CacheInfo",
     "CarryMismatchError",
     "Cost",
+    "Fit",
     "Mismatch",
     "PrecisionWarning",
     "StaticRepr",
@@ -59,6 +61,7 @@ __all__ = [
     "describe",
     "fori_carry",
     "is_weak",
+    "largest_fit",
     "out_structure",
     "scan_carry",
     "settle",
@@ -75,6 +78,7 @@ _MODULES = {
     "CacheInfo": "._cache",
     "CarryMismatchError": "._errors",
     "Cost": "._cost",
+    "Fit": "._fit",
     "Mismatch": "._errors",
     "PrecisionWarning": "._errors",
     "StaticRepr": "._json",
@@ -87,6 +91,7 @@ _MODULES = {
     "describe": "._display",
     "fori_carry": "._carry",
     "is_weak": "._weak",
+    "largest_fit": "._fit",
     "out_structure": "._infer",
     "scan_carry": "._carry",
     "settle": "._settle",

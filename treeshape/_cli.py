@@ -1,4 +1,5 @@
-"""The `treeshape` command: `treeshape demo`, `treeshape inspect` and `treeshape cost`.
+"""The `treeshape` command: `treeshape demo`, `treeshape inspect`, `treeshape cost` and
+`treeshape fit`.
 
 Every failure is one line on stderr (`treeshape: error: ...`, control
 characters escaped) and a non-zero exit status: 2 for bad input on the command
@@ -13,6 +14,7 @@ and the user's module can configure JAX before it is imported.
 """
 
 import argparse
+import decimal
 import importlib
 import json
 import os
@@ -32,6 +34,8 @@ Pytree shape inference for JAX, from the command line.
   treeshape demo                    the built-in example (offline, seconds)
   treeshape inspect MODULE:ATTR ... the output structure of a function
   treeshape cost MODULE:ATTR ...    what its compiled program needs (FLOPs, bytes)
+  treeshape fit MODULE:ATTR ... --dim b --budget 16GiB
+                                    the largest size of dimension b that fits
 """
 
 _SPECS: Final = """\
@@ -65,11 +69,14 @@ examples:
   treeshape inspect jax.nn:softmax 'f32[4,10]' axis=0
   treeshape inspect jax.numpy:matmul 'f32[8,784]' 'f32[784,10]' --json
   treeshape cost jax.numpy:matmul 'f32[8,784]' 'f32[784,10]'
+  treeshape fit jax.numpy:matmul 'f32[b,784]' 'f32[784,10]' --dim b --budget 1MiB
 
 output: a table (the first and last 25 rows of a tree of more than 50
 leaves, and an exact total), or with --json every leaf as JSON; for cost,
 the table of ts.Cost (FLOPs, bytes accessed, and per device the bytes of
-arguments, outputs, temporaries, aliased buffers and the peak).
+arguments, outputs, temporaries, aliased buffers and the peak); for fit,
+the table of ts.Fit (the size, the peak there, the budget, the probes' line
+and the number of programs compiled).
 
 exit status: 0 on success, 2 for bad command-line input (usage, specs,
 unknown module or attribute), 1 when the module or the function raises
@@ -119,7 +126,9 @@ def _parser() -> _Parser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--traceback", action="store_true", help=traceback_help)
-    sub = parser.add_subparsers(dest="command", metavar="{demo,inspect,cost}", required=True, parser_class=_SubParser)
+    sub = parser.add_subparsers(
+        dest="command", metavar="{demo,inspect,cost,fit}", required=True, parser_class=_SubParser
+    )
     demo = sub.add_parser(
         "demo",
         help="run the built-in example: a small model's structures, carry and training",
@@ -128,35 +137,52 @@ def _parser() -> _Parser:
         "cache figures. Offline, a few seconds, no arguments.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    inspect = sub.add_parser(
+    inspect = _call_parser(
+        sub,
         "inspect",
-        help="print the output structure of MODULE:ATTR called on abstract arguments",
-        description="Import MODULE, take ATTR (dotted attributes allowed) and print\n"
+        "print the output structure of MODULE:ATTR called on abstract arguments",
+        "Import MODULE, take ATTR (dotted attributes allowed) and print\n"
         "the structure of its output for the given abstract arguments: no\n"
         "FLOPs, no device memory, no compilation.",
-        epilog=_SPECS,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "mypkg.model:predict",
     )
-    inspect.add_argument("target", nargs="?", metavar="MODULE:ATTR", help="e.g. mypkg.model:predict")
-    inspect.add_argument("specs", nargs="*", metavar="SPEC | NAME=SPEC", help="the function's arguments")
     inspect.add_argument(
         "--json",
         action="store_true",
         help="print a JSON list of {path, shape, dtype, weak_type} instead of a table",
     )
-    cost = sub.add_parser(
+    cost = _call_parser(
+        sub,
         "cost",
-        help="print what the compiled program of MODULE:ATTR needs on abstract arguments",
-        description="Import MODULE, take ATTR (dotted attributes allowed), compile it\n"
+        "print what the compiled program of MODULE:ATTR needs on abstract arguments",
+        "Import MODULE, take ATTR (dotted attributes allowed), compile it\n"
         "for the given abstract arguments (nothing runs, no input memory is\n"
         "allocated) and print XLA's figures: FLOPs, bytes accessed, and per\n"
         "device the bytes of arguments, outputs, temporaries and the peak.",
-        epilog=_SPECS,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "mypkg.model:train_step",
     )
-    cost.add_argument("target", nargs="?", metavar="MODULE:ATTR", help="e.g. mypkg.model:train_step")
-    cost.add_argument("specs", nargs="*", metavar="SPEC | NAME=SPEC", help="the function's arguments")
-    for subparser in (demo, inspect, cost):
+    fit = _call_parser(
+        sub,
+        "fit",
+        "print the largest size of a dimension for which MODULE:ATTR's program fits a budget",
+        "Import MODULE, take ATTR (dotted attributes allowed), and find the\n"
+        "largest size of the symbolic dimension --dim (a name in the specs,\n"
+        "f32[b,784]) for which its compiled program's peak bytes per device\n"
+        "fit the budget: checked by compiling at that size and the next.",
+        "mypkg.model:train_step",
+    )
+    fit.add_argument("--dim", required=True, metavar="NAME", help="the symbolic dimension to size, e.g. b")
+    fit.add_argument(
+        "--budget",
+        metavar="BYTES",
+        help="the memory of one device: bytes, or a number with a unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, "
+        "TB), e.g. 16GiB; default: the limit the device reports (none on CPU)",
+    )
+    fit.add_argument(
+        "--margin", type=float, default=0.0, metavar="FRACTION", help="the fraction of the budget to keep free"
+    )
+    fit.add_argument("--max-size", type=int, default=2**20, metavar="N", help="the largest size to try")
+    for subparser in (demo, inspect, cost, fit):
         # Accepted after the subcommand too; SUPPRESS keeps the main parser's value.
         subparser.add_argument(
             "--traceback",
@@ -165,6 +191,16 @@ def _parser() -> _Parser:
             help=traceback_help,
         )
     return parser
+
+
+def _call_parser(sub: Any, name: str, summary: str, description: str, example: str) -> argparse.ArgumentParser:
+    """A subcommand that calls MODULE:ATTR on specs (`inspect`, `cost`, `fit`)."""
+    parser = sub.add_parser(
+        name, help=summary, description=description, epilog=_SPECS, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("target", nargs="?", metavar="MODULE:ATTR", help=f"e.g. {example}")
+    parser.add_argument("specs", nargs="*", metavar="SPEC | NAME=SPEC", help="the function's arguments")
+    return parser  # type: ignore[no-any-return]
 
 
 def _version() -> str:
@@ -330,6 +366,76 @@ def _cost(args: argparse.Namespace, stdout: TextIO) -> int:
     return 0
 
 
+# -- fit -------------------------------------------------------------------------------
+_UNITS: Final = {
+    "b": 1,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_AMOUNT: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*")
+
+
+def parse_bytes(text: str) -> int:
+    """A number of bytes written as `17179869184`, `16GiB`, `1.5 GiB` or `16GB` (units
+    B, KiB, MiB, GiB, TiB, and KB, MB, GB, TB in powers of 1000; any case), rounded down.
+
+    Raises:
+        ValueError: `text` is none of these, or less than one byte.
+    """
+    match = _AMOUNT.fullmatch(text)
+    unit = match and _UNITS.get(match[2].lower() or "b")
+    if not match or unit is None:
+        raise ValueError(
+            f"malformed amount of bytes {text!r}: expected a number of bytes, or a number and a unit (B, KiB, "
+            "MiB, GiB, TiB, KB, MB, GB, TB), e.g. 16GiB"
+        )
+    amount = int(decimal.Decimal(match[1]) * unit)
+    if amount < 1:
+        raise ValueError(f"{text!r} is less than one byte")
+    return amount
+
+
+def _fit(args: argparse.Namespace, stdout: TextIO) -> int:
+    import jax
+    import jax.tree_util as jtu
+
+    import treeshape as ts
+
+    from ._dims import free_names
+    from ._fit import check_arguments, check_names
+
+    try:
+        budget = None if args.budget is None else parse_bytes(args.budget)
+    except ValueError as err:
+        raise _Fail(f"--budget: {err}", 2) from err
+    device = jax.devices()[0]
+    stats = device.memory_stats()
+    if budget is None and not (isinstance(stats, dict) and stats.get("bytes_limit")):
+        raise _Fail(
+            f"--budget is required: the device ({device.platform}) reports no memory limit; e.g. --budget 16GiB", 2
+        )
+    positional, keywords = _arguments(args.specs)
+    try:
+        check_arguments(args.dim, budget, args.margin, args.max_size)
+        check_names(args.dim, free_names(jtu.tree_leaves((positional, keywords))), command_line=True)
+    except (TypeError, ValueError) as err:
+        raise _Fail(str(err), 2) from err
+
+    def fit(fn: Callable[..., Any], *positional: Any, **keywords: Any) -> Any:
+        return ts.largest_fit(
+            fn, *positional, dim=args.dim, budget=budget, margin=args.margin, max_size=args.max_size, **keywords
+        )
+
+    print(str(_call_target(args, fit)), file=stdout)
+    return 0
+
+
 # -- demo --------------------------------------------------------------------------
 def _demo(stdout: TextIO) -> int:
     """A 2-layer MLP regression, trained with a hand-written Adam inside `lax.scan`."""
@@ -486,6 +592,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _demo(sys.stdout)
             if args.command == "cost":
                 return _cost(args, sys.stdout)
+            if args.command == "fit":
+                return _fit(args, sys.stdout)
             return _inspect(args, sys.stdout)
         except _Fail:
             raise

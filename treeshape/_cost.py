@@ -98,7 +98,7 @@ class Cost:
     device_bytes: int | None
 
     def _rows(self) -> list[tuple[str, str, str]]:
-        rows = [("flops", _count(self.flops), _exact(self.flops))]
+        rows = [("flops", _count(self.flops), exact(self.flops))]
         for label, n in (
             ("bytes accessed", self.bytes_accessed),
             ("arguments", self.argument_bytes),
@@ -108,7 +108,7 @@ class Cost:
             ("peak", self.peak_bytes),
             ("device memory", self.device_bytes),
         ):
-            rows.append((label, _UNKNOWN if n is None else human_bytes(n), _exact(n)))
+            rows.append((label, _UNKNOWN if n is None else human_bytes(n), exact(n)))
         return rows
 
     def __str__(self) -> str:
@@ -131,7 +131,7 @@ def _count(x: float | None) -> str:
     return f"{x:g}"
 
 
-def _exact(x: float | None) -> str:
+def exact(x: float | None) -> str:
     if x is None:
         return ""
     return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.2f}"
@@ -176,28 +176,28 @@ def _refuse_symbolic(leaves: list[Any], treedef: jtu.PyTreeDef) -> None:
             )
 
 
-def _index_tuple(value: Any, what: str, kind: type) -> tuple[Any, ...]:
+def _index_tuple(value: Any, what: str, kind: type, who: str) -> tuple[Any, ...]:
     items: tuple[Any, ...] = (value,) if isinstance(value, kind) else tuple(value)
     if not all(isinstance(item, kind) and not isinstance(item, bool) for item in items):
-        raise TypeError(f"treeshape.cost: {what} must be {kind.__name__}s, got {value!r}")
+        raise TypeError(f"treeshape.{who}: {what} must be {kind.__name__}s, got {value!r}")
     return items
 
 
-def _donated(fn: Any, call: Call, n_args: int, donate_argnums: Any, donate_argnames: Any) -> frozenset[int]:
+def _donated(fn: Any, call: Call, n_args: int, donate_argnums: Any, donate_argnames: Any, who: str) -> frozenset[int]:
     """The positions (among all the call's leaves, bound ones first) of the donated leaves.
 
     `donate_argnums` index the positional arguments; `donate_argnames` name keyword
     arguments or, through `fn`'s signature, positional ones (also when both are given:
     `jax.jit` then applies the names to keyword arguments only)."""
-    numbers = _index_tuple(donate_argnums, "donate_argnums", int)
-    names = _index_tuple(donate_argnames, "donate_argnames", str)
+    numbers = _index_tuple(donate_argnums, "donate_argnums", int, who)
+    names = _index_tuple(donate_argnames, "donate_argnames", str, who)
     if not numbers and not names:
         return frozenset()
     positions: set[int] = set()
     for n in numbers:
         if not -n_args <= n < n_args:
             raise ValueError(
-                f"treeshape.cost: donate_argnums has {n}, but fn is called with {n_args} positional arguments"
+                f"treeshape.{who}: donate_argnums has {n}, but fn is called with {n_args} positional arguments"
             )
         positions.add(n % n_args)
     args_td, kwargs_td = call.call_treedef.children()
@@ -218,7 +218,7 @@ def _donated(fn: Any, call: Call, n_args: int, donate_argnums: Any, donate_argna
             elif name in positional and positional.index(name) < n_args:
                 positions.add(positional.index(name))
             elif name not in positional and not open_keywords and all(p.name != name for p in parameters):
-                raise ValueError(f"treeshape.cost: donate_argnames has {name!r}, which is no parameter of fn")
+                raise ValueError(f"treeshape.{who}: donate_argnames has {name!r}, which is no parameter of fn")
     start = len(call.bound_leaves)
     donated: set[int] = set()
     for i, td in enumerate(args_td.children()):
@@ -431,9 +431,29 @@ def cost(
         True
     """
     check_callable(fn, "cost")
+    call, donated = prepare(fn, args, kwargs, donate_argnums, donate_argnames, "cost")
+    return cost_of(call, donated)[0]
+
+
+def prepare(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    donate_argnums: Any,
+    donate_argnames: Any,
+    who: str,
+) -> tuple[Call, frozenset[int]]:
+    """The call split and flattened as `cost` compiles it (each `Structure` replaced by its
+    tree), and the positions of its donated leaves."""
     call = _with_trees(split_call(fn, args, kwargs))
     n_args = len(call.call_treedef.children()[0].children())
-    donated = _donated(fn, call, n_args, donate_argnums, donate_argnames)
+    return call, _donated(fn, call, n_args, donate_argnums, donate_argnames, who)
+
+
+def cost_of(call: Call, donated: frozenset[int]) -> tuple[Cost, int]:
+    """The `Cost` of a prepared call (from the cache, or compiled and cached), and how many
+    programs were compiled for it: 0 for a cache hit, else 1 (a first attempt that fails
+    while tracing, to be retried with bound arrays as constants, compiles nothing)."""
     leaves = call.bound_leaves + call.call_leaves
     treedef = call.treedef
     _refuse_symbolic(leaves, treedef)
@@ -446,7 +466,7 @@ def cost(
         key, hit = None, None
         COST_CACHE.miss()
     if hit is not None:
-        return hit  # type: ignore[no-any-return]
+        return hit, 0
     leaves = abstract_inputs(leaves, treedef, "cost")
     abstract = [is_abstract(x, i < call.n_concrete) for i, x in enumerate(leaves)]
     check_inputs(leaves, abstract, treedef, "cost")
@@ -466,7 +486,7 @@ def cost(
         closed = [
             a and not (i < n_bound and has_value(x)) for i, (x, a) in enumerate(zip(leaves, abstract, strict=True))
         ]
-        return _compile(call.core, leaves, closed, treedef, donated)
+        return _compile(call.core, leaves, closed, treedef, donated), 1
     if key is not None and _cache.treedef_is_plain(call.bound_treedef) and _cache.treedef_is_plain(call.call_treedef):
         COST_CACHE.put(key, result, refs)
-    return result
+    return result, 1

@@ -24,6 +24,7 @@ MODULES = (
     "scale_memory",  # 13 scale_memory (group: scale)
     "scale_json",  # 14 scale_json (group: scale)
     "cost",  # 15 cost
+    "fit",  # 16 fit
 )
 
 for _name in MODULES:

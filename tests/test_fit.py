@@ -1,0 +1,404 @@
+"""`ts.largest_fit` against the oracle: XLA's own memory analysis of
+`jax.jit(f).lower(concrete inputs).compile()` (peak = arguments + outputs + temporaries
+- aliased), searched by plain bisection over the sizes. Programs whose peak is linear in
+the size, has steps, grows quadratically or goes up and down; Structures, partials,
+donation, margins; the number of compilations (counted by a JAX monitoring listener);
+inside `jit` and `vmap`; the table; the errors; the command line."""
+
+import dataclasses
+import functools as ft
+import math
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import pytest
+
+import treeshape as ts
+from treeshape._cli import main, parse_bytes
+
+
+F32 = jnp.float32
+(B,) = jax.export.symbolic_shape("b")
+MAX_COMPILES = 2 * 20 + 10  # the bound for the default max_size, 2**20
+
+
+def oracle_peak(f, *args, **jit_options):
+    """The peak XLA reports for `jax.jit(f, **jit_options)` on these concrete-shaped inputs."""
+    m = jax.jit(f, **jit_options).lower(*args).compile().memory_analysis()
+    return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+
+
+class Oracle:
+    """XLA's peaks for `f` at concrete sizes (`inputs(n)` are the arguments at size `n`),
+    each size compiled once."""
+
+    def __init__(self, f, inputs, **jit_options):
+        self.peak = ft.cache(lambda n: oracle_peak(f, *inputs(n), **jit_options))
+
+    def largest(self, limit, max_size):
+        """The largest size that fits, by plain bisection (for a peak that grows with the size)."""
+        lo, hi = 1, max_size + 1
+        assert self.peak(1) <= limit
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.peak(mid) <= limit else (lo, mid)
+        return lo
+
+    def check(self, fit, limit, max_size=2**20):
+        """XLA says the size fits, and the next one does not (unless it is max_size)."""
+        assert self.peak(fit.size) == fit.cost.peak_bytes <= limit
+        assert fit.size == max_size or self.peak(fit.size + 1) > limit
+
+
+def rows(n):
+    return (jax.ShapeDtypeStruct((n, 100), F32),)
+
+
+def double(x):
+    return 2 * x
+
+
+# -- linear programs ----------------------------------------------------------------
+@pytest.mark.parametrize("budget", [10_000, 123_457, 10**7])
+def test_a_linear_program_takes_four_compilations(compiles, budget):
+    fit = ts.largest_fit(double, *rows(B), dim="b", budget=budget)
+    assert fit.size == budget // 800  # 400 B in, 400 B out per row
+    Oracle(double, rows).check(fit, budget)
+    assert fit.compiles == 4  # sizes 1, 64, n and n + 1
+    assert len(compiles) - 2 * (fit.size < 2**20) == 4  # the oracle's two, and the search's four
+    assert (fit.fixed_bytes, fit.per_unit_bytes, fit.budget, fit.dim) == (0.0, 800.0, budget, "b")
+
+
+def init(key):
+    k1, k2 = jax.random.split(key)
+    return {
+        "w1": jax.random.normal(k1, (64, 32)) * 0.1,
+        "b1": jnp.zeros(32),
+        "w2": jax.random.normal(k2, (32, 10)) * 0.1,
+    }
+
+
+def loss_fn(params, batch):
+    h = jnp.tanh(batch["x"] @ params["w1"] + params["b1"])
+    return jnp.mean((h @ params["w2"] - batch["y"]) ** 2)
+
+
+def sgd_step(params, batch):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    return jtu.tree_map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+
+def batch_at(n):
+    return {"x": jax.ShapeDtypeStruct((n, 64), F32), "y": jax.ShapeDtypeStruct((n, 10), F32)}
+
+
+def test_a_train_step_with_structures_and_donation(compiles):
+    params = ts.out_structure(init, jax.random.key(0))  # never allocated
+    batch = ts.structure_of(batch_at(B))
+    assert batch.dims == ("b",)
+    budget = 100_000
+    inputs = lambda n: (params.tree, batch_at(n))  # noqa: E731
+    compiles.clear()  # the key made for `init` compiled programs too
+    plain = ts.largest_fit(sgd_step, params, batch, dim="b", budget=budget)
+    donated = ts.largest_fit(sgd_step, params, batch, dim="b", budget=budget, donate_argnums=0)
+    assert len(compiles) == plain.compiles + donated.compiles
+    assert plain.compiles <= 8 and donated.compiles <= 8
+    Oracle(sgd_step, inputs).check(plain, budget)
+    Oracle(sgd_step, inputs, donate_argnums=0).check(donated, budget)
+    assert donated.size > plain.size
+    assert (plain.cost.alias_bytes, donated.cost.alias_bytes) == (0, params.nbytes)
+    assert plain.per_unit_bytes > (64 + 10) * 4  # at least an input row
+    by_name = ts.largest_fit(sgd_step, params, batch, dim="b", budget=budget, donate_argnames="params")
+    assert by_name == dataclasses.replace(donated, compiles=0)  # the same programs, from the cache
+
+
+# -- other curves: steps, quadratic, up and down ------------------------------------------
+def padded(x):
+    """Rows padded to a multiple of 64: a peak with steps."""
+    return jnp.pad(x, ((0, -x.shape[0] % 64), (0, 0))) * 2
+
+
+def outer(x):
+    """A peak quadratic in the size."""
+    return x[:, None] * x[None, :]
+
+
+@pytest.mark.parametrize(
+    "f, inputs, budget",
+    [
+        (padded, lambda n: (jax.ShapeDtypeStruct((n, 16), F32),), 1_000_000),
+        (padded, lambda n: (jax.ShapeDtypeStruct((n, 16), F32),), 1_100_000),
+        (outer, lambda n: (jax.ShapeDtypeStruct((n,), F32),), 1_000_000),
+        (outer, lambda n: (jax.ShapeDtypeStruct((n,), F32),), 123_456_789),
+    ],
+    ids=["steps-at-an-edge", "steps-inside", "quadratic", "quadratic-large"],
+)
+def test_nonlinear_programs_equal_the_oracle(f, inputs, budget):
+    fit = ts.largest_fit(f, *inputs(B), dim="b", budget=budget)
+    oracle = Oracle(f, inputs)
+    assert fit.size == oracle.largest(budget, 2**15)
+    oracle.check(fit, budget)
+    assert fit.compiles <= MAX_COMPILES
+
+
+def test_a_peak_that_goes_up_and_down():
+    """Where the peak is not monotone, the size found fits, the next does not, and no
+    larger size the search compiled fit."""
+    seen = []
+
+    def saw(x):
+        seen.append(x.shape[0])
+        n = x.shape[0]
+        return x * 2, jnp.ones(((n * 37) % 101) * 64, F32) * x.sum()
+
+    inputs = lambda n: (jax.ShapeDtypeStruct((n,), F32),)  # noqa: E731
+    for budget in (20_000, 40_000):
+        ts.clear_cache()
+        seen.clear()
+        fit = ts.largest_fit(saw, *inputs(B), dim="b", budget=budget, max_size=3000)
+        compiled = list(seen)  # one trace per compilation
+        assert fit.compiles == len(compiled) <= 2 * 12 + 10
+        oracle = Oracle(saw, inputs)
+        oracle.check(fit, budget, max_size=3000)
+        assert max(n for n in compiled if oracle.peak(n) <= budget) == fit.size
+        if fit.size < 3000:  # a larger size, past one that does not fit, fits: not the largest of all
+            assert any(oracle.peak(n) <= budget for n in range(fit.size + 2, fit.size + 20))
+
+
+# -- inputs as ts.cost takes them --------------------------------------------------------
+def layer(w, x):
+    return jnp.tanh(x @ w)
+
+
+W = jax.ShapeDtypeStruct((256, 64), F32)
+
+
+def test_partials_keywords_and_the_cache(compiles):
+    first = ts.largest_fit(layer, W, jax.ShapeDtypeStruct((B, 256), F32), dim="b", budget=2**20)
+    assert first.compiles == len(compiles) > 0
+    inputs = lambda n: (W, jax.ShapeDtypeStruct((n, 256), F32))  # noqa: E731
+    Oracle(layer, inputs).check(first, 2**20)
+    again = ts.largest_fit(layer, W, jax.ShapeDtypeStruct((B, 256), F32), dim="b", budget=2**20)
+    assert again == dataclasses.replace(first, compiles=0)  # every size answered from the cache
+    for fn, args, kwargs in [
+        (ft.partial(layer, W), (jax.ShapeDtypeStruct((B, 256), F32),), {}),
+        (jtu.Partial(layer, W), (jax.ShapeDtypeStruct((B, 256), F32),), {}),
+        (ft.partial(layer, x=jax.ShapeDtypeStruct((B, 256), F32)), (W,), {}),  # the dimension in a partial
+        (layer, (), {"w": W, "x": jax.ShapeDtypeStruct((B, 256), F32)}),
+    ]:
+        fit = ts.largest_fit(fn, *args, dim="b", budget=2**20, **kwargs)
+        assert (fit.size, fit.cost) == (first.size, first.cost)
+
+
+def test_margin_keeps_part_of_the_budget_free():
+    inputs = (W, jax.ShapeDtypeStruct((B, 256), F32))
+    fit = ts.largest_fit(layer, *inputs, dim="b", budget=2**20, margin=0.25)
+    same = ts.largest_fit(layer, *inputs, dim="b", budget=math.floor(0.75 * 2**20))
+    assert fit.size == same.size < ts.largest_fit(layer, *inputs, dim="b", budget=2**20).size
+    assert fit.cost.peak_bytes <= 0.75 * 2**20
+    assert (fit.budget, fit.margin) == (2**20, 0.25)
+
+
+def test_max_size():
+    fit = ts.largest_fit(double, *rows(B), dim="b", budget=10**9, max_size=1000)
+    assert (fit.size, fit.compiles) == (1000, 3)  # sizes 1, 64 and 1000: it fits at max_size
+    small = ts.largest_fit(double, *rows(B), dim="b", budget=10**9, max_size=40)
+    assert (small.size, small.compiles, small.per_unit_bytes) == (40, 1, 800.0)  # 1 (cached) and 40
+    ts.clear_cache()
+    one = ts.largest_fit(double, *rows(B), dim="b", budget=10**9, max_size=1)
+    assert (one.size, one.compiles, one.fixed_bytes, one.per_unit_bytes) == (1, 1, None, None)
+
+
+def test_the_default_budget_is_the_devices_limit(monkeypatch):
+    device_type = type(jax.devices()[0])
+    monkeypatch.setattr(device_type, "memory_stats", lambda self: {"bytes_limit": 10**6})
+    fit = ts.largest_fit(double, *rows(B), dim="b")
+    assert (fit.budget, fit.size, fit.cost.device_bytes) == (10**6, 1250, 10**6)
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        pytest.param(lambda body, t: jax.jit(body)(t), id="jit"),
+        pytest.param(lambda body, t: jax.vmap(body)(jnp.stack([t, t])), id="vmap"),
+    ],
+)
+def test_inside_a_transformation(transform):
+    """A tracer closed over is an argument of the program, per example under vmap."""
+    found = []
+
+    def body(t):
+        found.append(ts.largest_fit(lambda x: x * t, jax.ShapeDtypeStruct((B, 100), F32), dim="b", budget=10**5))
+        return t
+
+    transform(body, jnp.ones(100, F32))
+    top = ts.largest_fit(lambda x, t: x * t, *rows(B), jax.ShapeDtypeStruct((100,), F32), dim="b", budget=10**5)
+    assert (found[0].size, found[0].cost) == (top.size, top.cost)
+    assert top.size == (10**5 - 400) // 800
+
+
+# -- the table ---------------------------------------------------------------------
+def test_table_and_html():
+    fit = ts.largest_fit(double, *rows(B), dim="b", budget=123_457, margin=0.1)
+    lines = str(fit).splitlines()
+    assert lines[0].split() == ["largest", "fit", "value", "exact"]
+    assert lines[2].split() == ["b", "138", "138"]  # floor(0.9 * 123457 / 800)
+    assert lines[3].split()[:3] == ["peak", "at", "b=138"] and lines[3].endswith("110,400")
+    assert lines[4].endswith("111,111") and lines[5].endswith("123,457")
+    assert lines[6].split() == ["margin", "10%"]
+    assert lines[8].split() == ["per", "unit", "of", "b", "800", "B", "800"]
+    assert lines[9].split() == ["programs", "compiled", "4"]
+    html = fit._repr_html_()
+    assert html.startswith('<table class="treeshape-fit"') and "110,400" in html
+
+
+# -- errors --------------------------------------------------------------------------
+def test_the_dimension_must_be_the_only_free_one():
+    x = jax.ShapeDtypeStruct((B, 256), F32)
+    with pytest.raises(
+        ValueError, match=r"dim='c' is not a free dimension of the inputs; their free dimensions are b\."
+    ):
+        ts.largest_fit(layer, W, x, dim="c", budget=2**20)
+    (b, s) = jax.export.symbolic_shape("b, s")
+    two = ts.structure_of({"tokens": jax.ShapeDtypeStruct((b, s), jnp.int32)})
+    with pytest.raises(
+        ValueError, match=r"free dimensions are b, s, and only dim='b' is searched.*s\.bind\(s=\.\.\.\)"
+    ):
+        ts.largest_fit(lambda t: t["tokens"] * 2, two, dim="b", budget=2**20)
+    fit = ts.largest_fit(lambda t: t["tokens"] * 2, two.bind(s=128), dim="b", budget=2**20)
+    assert fit.size == 2**20 // (128 * 4 * 2)
+    with pytest.raises(ValueError, match=r"no free dimension.*jax\.export\.symbolic_shape\('b'\)"):
+        ts.largest_fit(layer, W, jax.ShapeDtypeStruct((8, 256), F32), dim="b", budget=2**20)
+
+
+def test_no_budget_on_cpu():
+    with pytest.raises(
+        ValueError, match=r"no budget given, and the device reports no memory limit.*budget=16 \* 2\*\*30"
+    ):
+        ts.largest_fit(double, *rows(B), dim="b")
+
+
+def test_a_program_that_does_not_fit_at_size_one():
+    peak = oracle_peak(layer, W, jax.ShapeDtypeStruct((1, 256), F32))
+    message = (
+        f"even b=1 does not fit: peak {peak / 1024:.1f} KiB ({peak:,} B) per device > limit 900 B (900 B: budget "
+        "1000 B less a 10% margin). Raise the budget"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ts.largest_fit(layer, W, jax.ShapeDtypeStruct((B, 256), F32), dim="b", budget=1000, margin=0.1)
+
+
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ({"dim": 3}, TypeError, "dim must be the name of a symbolic dimension (a str such as 'b'), got int 3"),
+        ({"budget": "16GiB"}, TypeError, "budget must be a number, got str '16GiB'"),
+        ({"budget": 0}, ValueError, "budget must be a number of bytes >= 1"),
+        ({"budget": float("inf")}, ValueError, "budget must be a number of bytes >= 1"),
+        ({"margin": 1.0}, ValueError, "margin must be the fraction of the budget kept free, in [0, 1)"),
+        ({"margin": -0.1}, ValueError, "in [0, 1)"),
+        ({"margin": True}, TypeError, "margin must be a number, got bool True"),
+        ({"max_size": 0}, ValueError, "max_size must be >= 1"),
+        ({"max_size": 1e6}, TypeError, "max_size must be an int >= 1, got float 1000000.0"),
+    ],
+)
+def test_bad_arguments(options, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        ts.largest_fit(double, *rows(B), **{"dim": "b", "budget": 10**6, **options})
+
+
+def test_sizes_the_shapes_do_not_allow():
+    (c,) = jax.export.symbolic_shape("c", constraints=["c <= 100"])
+    with pytest.raises(ValueError, match=r"c=1048576 breaks the constraint 'c <= 100'.*pass a max_size"):
+        ts.largest_fit(double, jax.ShapeDtypeStruct((c, 100), F32), dim="c", budget=10**9)
+    fit = ts.largest_fit(double, jax.ShapeDtypeStruct((c, 100), F32), dim="c", budget=10**9, max_size=100)
+    assert fit.size == 100
+    with pytest.raises(
+        ValueError, match=re.escape("at b=1, args[0] has a negative size ((b - 8, 100) gives (-7, 100))")
+    ):
+        ts.largest_fit(double, jax.ShapeDtypeStruct((B - 8, 100), F32), dim="b", budget=10**9)
+
+
+def test_errors_of_fn_propagate():
+    with pytest.raises(TypeError, match="callable"):
+        ts.largest_fit(3, *rows(B), dim="b", budget=10**6)
+
+    def broken(x):
+        raise KeyError("the user's own")
+
+    with pytest.raises(KeyError, match="the user's own"):
+        ts.largest_fit(broken, *rows(B), dim="b", budget=10**6)
+
+
+# -- command line -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("17179869184", 16 * 2**30),
+        ("16GiB", 16 * 2**30),
+        ("16 gib", 16 * 2**30),
+        ("1.5GiB", 3 * 2**29),
+        ("512MiB", 2**29),
+        ("64KiB", 2**16),
+        ("2TiB", 2**41),
+        ("16GB", 16 * 10**9),
+        ("80 GB", 80 * 10**9),
+        ("1.5KB", 1500),
+        ("100MB", 10**8),
+        ("1TB", 10**12),
+        ("100B", 100),
+    ],
+)
+def test_budgets_with_units(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--budget", "16GiG"], "--budget: malformed amount of bytes '16GiG': expected a number of bytes, or a number"),
+        (["--budget", "0.1B"], "--budget: '0.1B' is less than one byte"),
+        (["--budget", "1MiB", "--margin", "1.5"], "margin must be the fraction of the budget kept free, in [0, 1)"),
+        (["--budget", "1MiB"], "dim='b', but the inputs have no free dimension. Give the dimension to search a name"),
+        ([], "--budget is required: the device (cpu) reports no memory limit; e.g. --budget 16GiB"),
+        (None, "the following arguments are required: --dim"),
+    ],
+)
+def test_command_line_bad_input(capsys, argv, message):
+    dim = [] if argv is None else ["--dim", "b"]
+    argv = argv or []
+    assert main(["fit", "jax.numpy:matmul", "f32[8,784]", "f32[784,10]", *dim, *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("treeshape: error: ") and len(err.splitlines()) == 1
+    assert message in err
+
+
+def _cli(*argv):
+    return subprocess.run([sys.executable, "-m", "treeshape", *argv], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="spec names (f32[b,784]) are parsed on main: remove this mark then"
+)
+def test_command_line():
+    result = _cli("fit", "jax.numpy:matmul", "f32[b,784]", "f32[784,10]", "--dim", "b", "--budget", "1MiB")
+    assert result.returncode == 0, result.stderr
+    x, w = jax.ShapeDtypeStruct((B, 784), F32), jax.ShapeDtypeStruct((784, 10), F32)
+    assert result.stdout.strip() == str(ts.largest_fit(jnp.matmul, x, w, dim="b", budget=2**20))
+
+
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="spec names (f32[b,784]) are parsed on main: remove this mark then"
+)
+def test_command_line_names(capsys):
+    assert main(["fit", "jax.numpy:matmul", "f32[b,784]", "f32[784,10]", "--dim", "c", "--budget", "1MiB"]) == 2
+    assert "dim='c' is not a free dimension of the inputs; their free dimensions are b" in capsys.readouterr().err
+    assert main(["fit", "jax.numpy:add", "f32[b,s]", "f32[b,s]", "--dim", "b", "--budget", "1MiB"]) == 2
+    assert "Give the others sizes first: concrete sizes in the specs" in capsys.readouterr().err
+    assert main(["fit", "jax.numpy:matmul", "f32[b,784]", "f32[784,10]", "--dim", "b", "--budget", "1KiB"]) == 1
+    err = capsys.readouterr().err
+    assert "even b=1 does not fit: peak " in err and " per device > limit 1.0 KiB (1,024 B: budget 1.0 KiB)" in err
