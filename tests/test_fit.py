@@ -381,9 +381,6 @@ def _cli(*argv):
     return subprocess.run([sys.executable, "-m", "treeshape", *argv], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="spec names (f32[b,784]) are parsed on main: remove this mark then"
-)
 def test_command_line():
     result = _cli("fit", "jax.numpy:matmul", "f32[b,784]", "f32[784,10]", "--dim", "b", "--budget", "1MiB")
     assert result.returncode == 0, result.stderr
@@ -391,9 +388,6 @@ def test_command_line():
     assert result.stdout.strip() == str(ts.largest_fit(jnp.matmul, x, w, dim="b", budget=2**20))
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="spec names (f32[b,784]) are parsed on main: remove this mark then"
-)
 def test_command_line_names(capsys):
     assert main(["fit", "jax.numpy:matmul", "f32[b,784]", "f32[784,10]", "--dim", "c", "--budget", "1MiB"]) == 2
     assert "dim='c' is not a free dimension of the inputs; their free dimensions are b" in capsys.readouterr().err
