@@ -113,3 +113,23 @@ def test_the_symbolic_dimensions_guide_prints_what_it_shows(capsys):
             if shown is not None:
                 assert printed == shown, code
     ts.clear_cache()
+
+
+def test_every_public_example_is_run_by_the_doctests():
+    """A public class reports module `treeshape`, which doctest would take for another
+    module's: its examples run only through its module's `__test__`."""
+    import doctest
+    import importlib
+
+    from treeshape import _MODULES
+
+    missed = []
+    for name in ts.__all__:
+        obj = getattr(ts, name)
+        if ">>>" not in (getattr(obj, "__doc__", None) or ""):
+            continue
+        module = importlib.import_module(_MODULES[name], "treeshape")
+        found = {test.name for test in doctest.DocTestFinder().find(module) if test.examples}
+        if not any(test.rsplit(".", 1)[-1] == name for test in found):
+            missed.append(name)
+    assert missed == []

@@ -490,3 +490,7 @@ def cost_of(call: Call, donated: frozenset[int]) -> tuple[Cost, int]:
     if key is not None and _cache.treedef_is_plain(call.bound_treedef) and _cache.treedef_is_plain(call.call_treedef):
         COST_CACHE.put(key, result, refs)
     return result, 1
+
+
+# The public classes report module `treeshape`, so doctest would not look for their examples here.
+__test__ = {"Cost": Cost}

@@ -673,3 +673,12 @@ def unflatten_message(fn_name: str, node_types: list[type], error: BaseException
         f"failed with {type(error).__name__}: {error}. Describe a tree whose node types rebuild from any leaves "
         "(their registered unflatten), or build the values from `s.tree` with `jax.tree.map`."
     )
+
+
+# The public classes report module `treeshape`, so doctest would not look for their examples here.
+__test__ = {
+    "Mismatch": Mismatch,
+    "StructureMismatchError": StructureMismatchError,
+    "CarryMismatchError": CarryMismatchError,
+    "PrecisionWarning": PrecisionWarning,
+}

@@ -925,3 +925,7 @@ def loads(text: str | bytes | bytearray) -> tuple[jtu.PyTreeDef, tuple[Any, ...]
         raise ValueError(f"{_WHO}: the JSON is nested too deeply") from None
     except MemoryError:
         raise ValueError(f"{_WHO}: the JSON is too large to load") from None
+
+
+# The public classes report module `treeshape`, so doctest would not look for their examples here.
+__test__ = {"StaticRepr": StaticRepr}

@@ -426,8 +426,8 @@ class Structure:
             >>> s.match_dims({"x": jnp.zeros((5, 3)), "y": jnp.zeros(12, jnp.int32)})
             Traceback (most recent call last):
             ...
-            treeshape._errors.StructureMismatchError: treeshape.Structure.match_dims: the tree does not fit: ...
-            tree['y']: expected shape (2*b,), got (12,); b = 5 at tree['x']. Give b one size across the tree.
+            treeshape.StructureMismatchError: treeshape.Structure.match_dims: the tree does not fit: tree['y']:
+            expected shape (2*b,), got (12,); b = 5 at tree['x']. Give b one size across the tree.
         """
         binding, found = _dims.match(self, read_structure(tree, "Structure.match_dims"), "tree")
         problems = [m for m in found if m.kind in ("shape", "structure")]
@@ -803,7 +803,7 @@ class Structure:
             >>> ts.structure_of({"w": jnp.zeros(3)}).check({"w": jnp.zeros(4)})
             Traceback (most recent call last):
             ...
-            treeshape._errors.StructureMismatchError: treeshape.Structure.check: the tree does not match:
+            treeshape.StructureMismatchError: treeshape.Structure.check: the tree does not match:
             tree['w']: expected shape (3,), got (4,). Make this leaf shape (3,).
         """
         mismatches = self.diff(tree, ignore=ignore)
@@ -919,3 +919,7 @@ def read_structure(tree: PyTree, fn_name: str, root: str = "tree") -> Structure:
     if len(leaves) > DEFAULT_MAX_ROWS:  # its table will be cut: note the paths it shows, from the tree at hand
         structure._cache["edges"] = edge_paths(tree, leaves)
     return structure
+
+
+# The public classes report module `treeshape`, so doctest would not look for their examples here.
+__test__ = {"Structure": Structure}
