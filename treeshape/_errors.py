@@ -2,6 +2,7 @@
 
 import dataclasses
 import inspect
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -86,6 +87,14 @@ class Mismatch:
                 "by its repr only)."
             )
         return f"expected {e}, got {a}."
+
+
+class FieldValue(str):
+    """A static field's value, in words, as a `Mismatch` holds it (`"8"`, `"'sgd'"`, `"relu"`):
+    the mismatch is about node data (a framework's static field), not about a leaf or a container.
+    Equal to the plain string."""
+
+    __slots__ = ()
 
 
 def _print_alike(m: Mismatch) -> bool:
@@ -246,6 +255,8 @@ def fix_for(m: Mismatch) -> str:
         return "It varies over more manual axes than expected: reduce it (e.g. `jax.lax.psum`) or expect those axes."
     if m.kind == "sharding":
         return f"Reshard it with `jax.sharding.reshard(x, {_spec(m.expected)})`."
+    if isinstance(m.expected, FieldValue) or isinstance(m.actual, FieldValue):
+        return "A static field is part of the tree structure (node data, not a leaf): build both with the same value."
     if m.actual is None:
         return "Add this entry."
     if m.expected is None:
@@ -279,8 +290,56 @@ def mismatch_line(m: Mismatch) -> Line:
 
 
 def format_mismatches(header: str, mismatches: Sequence[Mismatch]) -> str:
-    """`header` plus one sentence (or one bullet per mismatch) with its fix."""
-    return format_report(header, [mismatch_line(m) for m in mismatches], "differences")
+    """`header` plus one sentence (or one bullet per mismatch) with its fix; entries missing (or
+    extra) at consecutive indices under one node are one line (`layers: entries 12-15 missing`)."""
+    return format_report(header, _lines(mismatches), "differences")
+
+
+_INDEXED: Final = re.compile(r"(?P<parent>.*)\[(?P<quote>'?)(?P<n>[0-9]+)(?P=quote)\]")
+
+
+def _entry(m: Mismatch) -> tuple[str, str, int, bool] | None:
+    """`(where the parent is, quote, index, missing)` for a missing or extra entry at an integer
+    index (`[12]`, or a dict key `['12']`, as orbax writes layer numbers), else None."""
+    if m.kind != "structure" or (m.expected is None) == (m.actual is None):
+        return None
+    found = _INDEXED.fullmatch(m.path)
+    if found is None:
+        return None
+    return m.root + found["parent"], found["quote"], int(found["n"]), m.actual is None
+
+
+def _lines(mismatches: Sequence[Mismatch]) -> list[Line]:
+    lines: list[Line] = []
+    i = 0
+    while i < len(mismatches):
+        first = _entry(mismatches[i])
+        run = 1
+        while first is not None and i + run < len(mismatches):
+            entry = _entry(mismatches[i + run])
+            if entry is None or entry[:2] != first[:2] or entry[3] != first[3] or entry[2] != first[2] + run:
+                break
+            run += 1
+        if run == 1 or first is None:
+            lines.append(mismatch_line(mismatches[i]))
+        else:
+            lines.append(_range_line(first, mismatches[i : i + run]))
+        i += run
+    return lines
+
+
+def _range_line(first: tuple[str, str, int, bool], run: Sequence[Mismatch]) -> Line:
+    where, quote, n, missing = first
+    span = f"{quote}{n}{quote}-{quote}{n + len(run) - 1}{quote}"
+    described = [m.expected if missing else m.actual for m in run]
+    each = "each" if all(d == described[0] for d in described) else "the first"
+    if missing:
+        return (
+            where,
+            f"entries {span} missing ({len(run)} of them); {each} expected {described[0]}.",
+            "Add these entries.",
+        )
+    return where, f"entries {span} unexpected ({len(run)} of them); {each} {described[0]}.", "Remove these entries."
 
 
 def format_report(header: str, lines: Sequence[Line], noun: str) -> str:
