@@ -262,7 +262,10 @@ def fix_for(m: Mismatch) -> str:
     if m.expected is None:
         return "Remove this entry."
     if _print_alike(m):
-        return "JSON brings back only str, int, float, bool and None static leaves as themselves."
+        return (
+            "JSON brings back str, int, float, bool and None static leaves, and functions and classes of imported "
+            "modules, as themselves."
+        )
     return "Make both trees use the same containers (same node types, keys and lengths)."
 
 

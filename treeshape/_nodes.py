@@ -92,13 +92,18 @@ def attr_key(name: Any) -> Key:
 _ADDRESS: Final = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
+def without_address(text: str) -> str:
+    """A repr without memory addresses (`<function f.<locals>.g>`): the same in every process."""
+    return _ADDRESS.sub("", text)
+
+
 def plain_repr(x: Any) -> str:
-    """`repr(x)` without memory addresses (`<function f.<locals>.g>`), never raising."""
+    """`repr(x)` without memory addresses, never raising."""
     try:
         text = repr(x)
     except Exception:
         text = f"<{type(x).__qualname__} object>"
-    return _ADDRESS.sub("", text)
+    return without_address(text)
 
 
 def is_sentinel(x: Any) -> bool:
