@@ -234,7 +234,7 @@ class _Walk:
         return [jtu.keystr((key,)) for key in _child_keys(td, leaves)], children
 
     def _describe(self, td: jtu.PyTreeDef, leaves: tuple[Any, ...], start: int) -> str:
-        return _describe_node(td, leaves[start] if td.num_leaves == 1 and td.num_nodes == 1 else None)
+        return describe(td, leaves, start)
 
     def _pair(self, p: _Pair) -> list[_Task]:
         e_td, a_td = p.e_td, p.a_td
@@ -457,6 +457,11 @@ def _key_order(key: Any) -> tuple[int, Any]:
 
 
 # -- describing what differs -------------------------------------------------------
+def describe(td: jtu.PyTreeDef, leaves: Sequence[Any], start: int) -> str:
+    """The subtree `td`, whose leaves start at `leaves[start]`, in words (`a dict with keys ['b', 'w']`)."""
+    return _describe_node(td, leaves[start] if td.num_leaves == 1 and td.num_nodes == 1 else None)
+
+
 def _describe_leaf(leaf: Any) -> str:
     if isinstance(leaf, jax.ShapeDtypeStruct):
         return leaf_str(leaf)

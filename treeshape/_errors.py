@@ -298,6 +298,21 @@ def format_mismatches(header: str, mismatches: Sequence[Mismatch]) -> str:
     return format_report(header, _lines(mismatches), "differences")
 
 
+def listing_message(
+    header: str, mismatches: Sequence[Mismatch], rule: str, what: Callable[[Mismatch], str], limit: int = 20
+) -> str:
+    """`header`, then each mismatch as one line, `what(m)` telling it (entries at consecutive
+    indices merged, at most `limit` lines), then `rule`, the one fix they share."""
+    lines = _lines(mismatches, what)
+    if len(lines) == 1:
+        where, told, _ = lines[0]
+        return f"{header}: {_clip(where, _MAX_WHERE)}: {told}\n\n{rule}"
+    bullets = [f"  * {_clip(where, _MAX_WHERE)}: {told}" for where, told, _ in lines[:limit]]
+    if len(lines) > limit:
+        bullets.append(f"  * ... and {len(lines) - limit} more (every one is on the exception's `.mismatches`)")
+    return f"{header}; {len(mismatches)} differences:\n\n" + "\n".join(bullets) + f"\n\n{rule}"
+
+
 _INDEXED: Final = re.compile(r"(?P<parent>.*)\[(?P<quote>'?)(?P<n>[0-9]+)(?P=quote)\]")
 
 
@@ -312,7 +327,7 @@ def _entry(m: Mismatch) -> tuple[str, str, int, bool] | None:
     return m.root + found["parent"], found["quote"], int(found["n"]), m.actual is None
 
 
-def _lines(mismatches: Sequence[Mismatch]) -> list[Line]:
+def _lines(mismatches: Sequence[Mismatch], what: Callable[[Mismatch], str] | None = None) -> list[Line]:
     lines: list[Line] = []
     i = 0
     while i < len(mismatches):
@@ -324,7 +339,8 @@ def _lines(mismatches: Sequence[Mismatch]) -> list[Line]:
                 break
             run += 1
         if run == 1 or first is None:
-            lines.append(mismatch_line(mismatches[i]))
+            m = mismatches[i]
+            lines.append(mismatch_line(m) if what is None else (m.where, what(m), ""))
         else:
             lines.append(_range_line(first, mismatches[i : i + run]))
         i += run
