@@ -12,9 +12,10 @@ from jax.sharding import PartitionSpec as P
 import treeshape as ts
 
 
+F32 = jnp.float32
 PARAMS = {
-    "dense": {"b": jnp.zeros(2), "w": jnp.zeros((4, 2))},
-    "head": [jnp.zeros(2), jnp.zeros((2, 2))],
+    "dense": {"b": jnp.zeros(2, F32), "w": jnp.zeros((4, 2), F32)},
+    "head": [jnp.zeros(2, F32), jnp.zeros((2, 2), F32)],
     "act": "relu",
 }
 
