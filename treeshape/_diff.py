@@ -263,8 +263,9 @@ class _Walk:
             # The same sequence type, another length: children matched by index.
             e_range, a_range = list(range(len(e_children))), list(range(len(a_children)))
             return self._children(p, e_children, a_children, e_range, a_range, jtu.SequenceKey, True)
-        if not _same_data(e_node[1], a_node[1]) or len(e_children) != len(a_children):
-            # The same custom node type with other node data (or arity).
+        if not _same_data(e_node[1], a_node[1]) or len(e_children) != len(a_children) or _nodes.kind(node_type):
+            # The same custom node type with other node data (or arity), or a framework's node (whose
+            # own internal children are not named).
             return self._node_data(p, node_type, e_node[1], a_node[1])
         return self._by_position(p)
 
@@ -286,6 +287,8 @@ class _Walk:
         if e_split is None or a_split is None:
             if not arity:
                 return [whole]
+            if _same_data(e_aux, a_aux):
+                return self._by_position(p)
             expected, actual = _around(_short(e_aux, 1000), _short(a_aux, 1000))
             return [
                 _Add(p.path, f"{name} with static data {expected}", f"{name} with static data {actual}"),
@@ -561,7 +564,7 @@ def _node_text(td: jtu.PyTreeDef | None) -> _NodeText:
     if td is None:
         return _NodeText("nothing")
     data = td.node_data()
-    return _NodeText("a leaf" if data is None else _short(_nodes.plain_repr(data[1])))
+    return _NodeText("a leaf" if data is None else _cut(_nodes.plain_repr(data[1])))
 
 
 def _fields(data: Any) -> dict[str, Any] | None:

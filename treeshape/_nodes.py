@@ -307,7 +307,10 @@ def _split_equinox(cls: type, aux: Any) -> Split | None:
     if type(aux) is not tuple or len(aux) != 1 + len(static):
         return None
     fields, hidden = _fields_and_hidden(list(zip(static, aux[1:], strict=True)), jtu.GetAttrKey)
-    hidden["wrapper"] = aux[0]
+    wrapper = aux[0]  # a wrapped function's attributes; equinox's sentinel (or only sentinels) if it wraps none
+    if type(wrapper) is tuple and wrapper and all(is_sentinel(part) for part in wrapper):
+        wrapper = wrapper[0]
+    hidden["wrapper"] = wrapper
     return Split(fields, hidden, tuple(jtu.GetAttrKey(name) for name in dynamic))
 
 
