@@ -79,10 +79,21 @@ def test_a_notebook_shows_the_html_table_with_or_without_depth():
 
 def test_long_tables_are_cut_and_the_total_counts_everything():
     tree = {f"layer{i:02d}": {"w": jax.ShapeDtypeStruct((2, 2), F32)} for i in range(30)}
-    rows = ts.describe(tree, depth=1, max_rows=4).splitlines()
-    assert [row.split()[0] for row in rows[2:-2]] == ["['layer00']", "['layer01']", "...", "['layer28']", "['layer29']"]
-    assert rows[4] == "... 26 more rows"
-    assert rows[-1].split()[:3] == ["total", "30", "120"]
+    described = ts.describe(tree, depth=1, max_rows=4)
+    assert described == (
+        "path         leaves  params  bytes\n"
+        "-----------  ------  ------  -----\n"
+        "['layer00']       1       4   16 B\n"
+        "['layer01']       1       4   16 B\n"
+        "... 26 more rows\n"
+        "['layer28']       1       4   16 B\n"
+        "['layer29']       1       4   16 B\n"
+        "-----------  ------  ------  -----\n"
+        "total            30     120  480 B"
+    )
+    page = described._repr_html_()
+    assert page.count("<tr>") == 1 + 4 + 1 + 1  # the header, four rows, the cut, the total
+    assert '<td colspan="4" style="text-align: left">... 26 more rows</td>' in page
 
 
 @pytest.mark.parametrize("depth", [-1, 1.5, "1", True])

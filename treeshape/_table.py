@@ -387,8 +387,11 @@ def _number(n: Any) -> str:
     return f"{n:,}" if isinstance(n, int) else str(n)
 
 
-def _group_cells(structure: Described, depth: int, max_rows: int | None) -> tuple[list[str], list[list[str]]]:
-    """The headers and rows (the total last) of the table by path prefix."""
+def _group_cells(
+    structure: Described, depth: int, max_rows: int | None
+) -> tuple[list[str], list[list[str]], int | None, str]:
+    """The headers and rows (the total last) of the table by path prefix, where the rows are cut
+    (`max_rows`), and the line that says how many rows the cut hides."""
     if max_rows is not None and max_rows < 0:
         raise ValueError(f"max_rows must be None or >= 0, got {max_rows}")
     groups, split = _groups(structure, depth)
@@ -398,26 +401,36 @@ def _group_cells(structure: Described, depth: int, max_rows: int | None) -> tupl
         row = [g.path, _number(g.leaves), _number(g.params), human_bytes(g.nbytes)]
         return row + ([human_bytes(g.per_device)] if split else [])
 
-    shown: list[list[str]] = [cells(g) for g in groups]
+    shown: list[_Group] = groups
+    cut_at: int | None = None
+    more = ""
     if max_rows is not None and len(groups) > max_rows:
-        head = (max_rows + 1) // 2
+        cut_at = (max_rows + 1) // 2
         hidden = len(groups) - max_rows
         more = f"... {hidden:,} more {'row' if hidden == 1 else 'rows'}"
-        shown = [*shown[:head], [more] + [""] * (len(headers) - 1), *shown[len(shown) - (max_rows - head) :]]
+        shown = [*groups[:cut_at], *groups[len(groups) - (max_rows - cut_at) :]]
     total = _Group("total", len(structure.leaves))
     total.params, total.nbytes, _ = _totals(structure.leaves)
     total.per_device = structure.nbytes_per_device
-    return headers, [*shown, cells(total)]
+    return headers, [*map(cells, shown), cells(total)], cut_at, more
 
 
 def depth_table(structure: Described, depth: int, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
     """The leaves, elements and bytes of `structure` by path prefix of `depth` keys, as text."""
-    headers, rows = _group_cells(structure, depth, max_rows)
+    headers, rows, cut_at, more = _group_cells(structure, depth, max_rows)
     lines = grid(headers, rows, right=len(headers) - 1).split("\n")
-    return "\n".join([*lines[:-2], lines[-1], lines[-2]])  # the rule above the total row
+    lines = [*lines[:-2], lines[-1], lines[-2]]  # the rule above the total row
+    if cut_at is not None:
+        lines.insert(2 + cut_at, more)
+    return "\n".join(lines)
 
 
 def html_depth_table(structure: Described, depth: int, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
     """[depth_table][] as HTML."""
-    headers, rows = _group_cells(structure, depth, max_rows)
-    return html_grid(headers, rows, right=len(headers) - 1, css_class="treeshape-structure")
+    headers, rows, cut_at, more = _group_cells(structure, depth, max_rows)
+    page = html_grid(headers, rows, right=len(headers) - 1, css_class="treeshape-structure")
+    if cut_at is None:
+        return page
+    row_start = [i for i in range(len(page)) if page.startswith("<tr>", i)][1 + cut_at]  # after the header row
+    line = f'<tr><td colspan="{len(headers)}"{_LEFT}>{html.escape(more)}</td></tr>'
+    return page[:row_start] + line + page[row_start:]
