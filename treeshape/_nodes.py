@@ -184,6 +184,23 @@ def _nnx_parts(aux: Any) -> tuple[tuple[Any, ...], list[tuple[Any, Any]]] | None
     return None
 
 
+def _nnx_mirror(cls: type, size: int, node_keys: Any, static_names: Any) -> Any:
+    """nnx's record of which attributes are children (`_pytree__nodes`) as the keys give it: each
+    child attribute True, each static one False (flax 0.12.1 on names an `nnx.List` item `'0'`,
+    flax 0.12.0 `0`), in the mapping type nnx keeps it in."""
+    name = str if size == 3 else (lambda key: key)
+    mirror = {name(key): True for key in node_keys} | {name(key): False for key in static_names}
+    mirror_type: Any = type(getattr(cls, _MIRROR, None))
+    return mirror_type(mirror) if issubclass(mirror_type, Mapping) else mirror
+
+
+def _mirror_part(value: Any, derived: Any) -> Any:
+    """The mirror as JSON writes it: null when the keys give it, else as a dict."""
+    if isinstance(value, Mapping) and dict(value) == dict(derived):
+        return None
+    return dict(value) if isinstance(value, Mapping) else value
+
+
 def _nnx_layout_size(cls: type) -> int:
     """How many parts the running flax's nnx node data has (3, or 2 before flax 0.12.1): the
     node data of an instance with no attributes, made without calling `__init__`."""
@@ -345,9 +362,8 @@ def record(cls: type, aux: Any) -> tuple[str, dict[str, Any]] | None:
         if parts is None:
             return None
         node_keys, static = parts
-        pairs = [
-            [name, dict(value) if name == _MIRROR and isinstance(value, Mapping) else value] for name, value in static
-        ]
+        mirror = _nnx_mirror(cls, len(aux), node_keys, [name for name, _ in static])
+        pairs = [[name, _mirror_part(value, mirror) if name == _MIRROR else value] for name, value in static]
         return NNX, {"keys": list(node_keys), "static": pairs}
     if layout == NNX_VARIABLE and _split_pairs(aux, ()) is not None:
         return NNX_VARIABLE, {"fields": dict(aux)}
@@ -450,14 +466,17 @@ def _rebuild_nnx(cls: type, parts: dict[str, Any], n: int) -> tuple[Any, list[Ke
     if set(names) & set(keys):
         raise ValueError("an attribute is both a child and static")
     values = [value for _, value in static]
-    if _MIRROR in names:  # rebuilt as the mapping type nnx keeps it in (its class attribute's)
+    size = _nnx_layout_size(cls)
+    if _MIRROR in names:
         at = names.index(_MIRROR)
-        mirror_type: Any = type(getattr(cls, _MIRROR, None))
-        if not isinstance(values[at], dict):
-            raise ValueError(f"{_MIRROR} is a mapping")
-        if issubclass(mirror_type, Mapping):
-            values[at] = mirror_type(values[at])
-    if _nnx_layout_size(cls) == 3:
+        if values[at] is None:  # written as null: what the keys say
+            values[at] = _nnx_mirror(cls, size, keys, names)
+        elif isinstance(values[at], dict):  # as written, in the mapping type nnx keeps it in
+            mirror_type: Any = type(getattr(cls, _MIRROR, None))
+            values[at] = mirror_type(values[at]) if issubclass(mirror_type, Mapping) else values[at]
+        else:
+            raise ValueError(f"{_MIRROR} is a mapping, or null")
+    if size == 3:
         aux: Any = (tuple(keys), tuple(names), tuple(values))
     else:
         aux = (tuple(keys), tuple(zip(names, values, strict=True)))
