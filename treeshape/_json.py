@@ -261,6 +261,9 @@ def _child_keys(node: jtu.PyTreeDef, node_type: type, aux: Any, n: int, leaves: 
     keys = _compat.namedtuple_keys(node_type)
     if keys is not None:
         return [jtu.keystr((key,)) for key in keys]
+    split = _nodes.split(node_type, aux)  # a framework node names its children in its node data
+    if split is not None and split.children is not None and len(split.children) == n:
+        return [jtu.keystr((key,)) for key in split.children]
     # Any other node (a registered dataclass) names its children as its registration says.
     keyed, _ = _compat.flatten_one_level_with_keys(node.unflatten(leaves[first : first + node.num_leaves]))
     return [jtu.keystr((key,)) for key, _ in keyed]
