@@ -28,6 +28,7 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx, struct
 from flax.core import FrozenDict
+from hypothesis import given, settings, strategies as st
 
 import treeshape as ts
 from treeshape import _nodes
@@ -518,3 +519,40 @@ def test_snapshots_of_nnx_and_equinox_models_in_another_process(pytester):
     assert "['nnx'].kernel.value: expected shape (3, 8), got (3, 16)." in text
     assert "['eqx'].out_size: expected 8, got 16." in text
     assert not PRIVATE.search(text[text.index("structure_snapshot: the structure differs") :])
+
+
+class _Config:
+    """A static value JSON keeps by its repr (a default repr, with a memory address)."""
+
+
+def _closure():
+    return lambda x: x
+
+
+_values = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=4),
+        st.sampled_from([jnp.tanh, jax.nn.relu, jnp.float32, np.dtype("int8"), _Config(), _closure(), Meta("a", 1)]),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(st.one_of(st.text(max_size=3), st.integers(0, 9)), inner, max_size=3),
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=max(60, settings().max_examples // 4))  # each example writes and reads JSON three times
+@given(_values, _values)
+def test_any_static_field_values_round_trip_and_diff_empty_against_the_live_tree(tag, size):
+    tree = {"a": Registered(SDS((2,), F32), tag, size)}
+    text = ts.structure_of(tree).to_json()
+    assert " at 0x" not in text and ts.structure_of(tree).to_json() == text  # the same text every time
+    loaded = ts.Structure.from_json(text)
+    assert loaded.diff(tree) == [] and ts.structure_of(tree).diff(loaded) == []
+    assert ts.Structure.from_json(loaded.to_json()).diff(tree) == []
