@@ -28,6 +28,7 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx, struct
 from flax.core import FrozenDict
+from flax.training import train_state
 from hypothesis import given, settings, strategies as st
 
 import treeshape as ts
@@ -556,3 +557,19 @@ def test_any_static_field_values_round_trip_and_diff_empty_against_the_live_tree
     loaded = ts.Structure.from_json(text)
     assert loaded.diff(tree) == [] and ts.structure_of(tree).diff(loaded) == []
     assert ts.Structure.from_json(loaded.to_json()).diff(tree) == []
+
+
+def test_long_field_values_are_told_around_where_they_differ_and_lookalikes_as_such():
+    long = tuple(f"option_{i}" for i in range(20))
+    [m] = ts.structure_of(Registered(SDS((2,), F32), long, 1)).diff(Registered(SDS((2,), F32), (*long, "x"), 1))
+    assert m.path == ".tag" and m.expected.startswith("...") and m.actual.endswith("'option_19', 'x')")
+    assert "option_0'" not in m.actual  # not a cut-off start that is the same on both sides
+    adam = train_state.TrainState.create(apply_fn=_apply, params={}, tx=optax.adam(1e-3))
+    sgd = train_state.TrainState.create(apply_fn=_apply, params={}, tx=optax.sgd(1e-3))
+    [m, _] = ts.structure_of(adam).diff(sgd)  # the two optimizers' functions print alike
+    assert str(m).startswith("tree.tx: expected GradientTransformationExtraArgs(init=<function chain.<loc...")
+    assert str(m).endswith(", got another value that prints the same (the two are not equal).")
+
+
+def _apply(params, x):
+    return x

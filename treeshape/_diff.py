@@ -298,11 +298,11 @@ class _Walk:
         fields = list(dict.fromkeys([*e_split.fields, *a_split.fields]))
         out: list[_Task] = []
         for key in fields:
-            if (
-                key in e_split.fields
-                and key in a_split.fields
-                and field_equal(e_split.fields[key], a_split.fields[key])
-            ):
+            if key in e_split.fields and key in a_split.fields:
+                e_value, a_value = e_split.fields[key], a_split.fields[key]
+                if not field_equal(e_value, a_value):  # told around where the two differ
+                    e_text, a_text = _around(value_text(e_value, 1000), value_text(a_value, 1000))
+                    out.append(_Add(p.path + jtu.keystr((key,)), FieldValue(e_text), FieldValue(a_text)))
                 continue
             out.append(_Add(p.path + jtu.keystr((key,)), self._told(e, key), self._told(a, key)))
         hidden = [
@@ -499,17 +499,18 @@ def _describe_node(treedef: jtu.PyTreeDef, leaf: Any) -> str:
 _SHORT: Final = 60
 
 
-def value_text(value: Any) -> str:
+def value_text(value: Any, limit: int = _SHORT) -> str:
     """A node-data value in a message: a function or class by its name, equinox's marker of
-    an empty slot as "nothing", anything else by its repr (without memory addresses), short."""
+    an empty slot as "nothing", anything else by its repr (without memory addresses), cut to
+    `limit` characters."""
     if _nodes.is_sentinel(value):
         return "nothing"
     if isinstance(value, StaticRepr):
-        return _cut(value.text)
+        return _cut(value.text, limit)
     name = getattr(value, "__qualname__", None)
     if isinstance(name, str) and (callable(value) or isinstance(value, type)):
         return name
-    return _cut(_nodes.plain_repr(value))
+    return _cut(_nodes.plain_repr(value), limit)
 
 
 def field_equal(e: Any, a: Any) -> bool:
@@ -534,8 +535,8 @@ def field_equal(e: Any, a: Any) -> bool:
 def _around(expected: str, actual: str, limit: int = _SHORT) -> tuple[str, str]:
     """Two texts that differ, each cut to about `limit` characters around the first place where
     they differ (never a cut-off start that is the same on both sides)."""
-    if len(expected) <= limit and len(actual) <= limit:
-        return expected, actual
+    if (len(expected) <= limit and len(actual) <= limit) or expected == actual:
+        return _cut(expected, limit), _cut(actual, limit)
     first = next((i for i, (x, y) in enumerate(zip(expected, actual, strict=False)) if x != y), None)
     if first is None:
         first = min(len(expected), len(actual))

@@ -86,6 +86,8 @@ class Mismatch:
                 f"expected {e}, got one that prints the same but is not equal (a value loaded from JSON is known "
                 "by its repr only)."
             )
+        if isinstance(e, FieldValue) and e == a:
+            return f"expected {e}, got another value that prints the same (the two are not equal)."
         return f"expected {e}, got {a}."
 
 
