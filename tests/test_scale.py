@@ -35,7 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import treeshape as ts
 from treeshape._compat import flatten_one_level_with_keys as _flatten_one_level_with_keys
-from treeshape._diff import value_text
+from treeshape._diff import value_texts
 
 
 X64 = jax.config.jax_enable_x64
@@ -891,7 +891,7 @@ def _field_differences(e_td: Any, a_td: Any, path: str) -> tuple[Any, list[ts.Mi
         e_fields = {"tag": e_aux[0]} if e_type is DNode else dataclasses.asdict(e_aux)
         a_fields = {"tag": a_aux[0]} if e_type is DNode else dataclasses.asdict(a_aux)
         found = [
-            ts.Mismatch(f"{path}.{name}", "structure", value_text(e_fields[name]), value_text(a_fields[name]))
+            ts.Mismatch(f"{path}.{name}", "structure", *value_texts(e_fields[name], a_fields[name]))
             for name in e_fields
             if e_fields[name] != a_fields[name]
         ]

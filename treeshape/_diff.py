@@ -300,8 +300,8 @@ class _Walk:
         for key in fields:
             if key in e_split.fields and key in a_split.fields:
                 e_value, a_value = e_split.fields[key], a_split.fields[key]
-                if not field_equal(e_value, a_value):  # told around where the two differ
-                    e_text, a_text = _around(value_text(e_value, 1000), value_text(a_value, 1000))
+                if not field_equal(e_value, a_value):
+                    e_text, a_text = value_texts(e_value, a_value)
                     out.append(_Add(p.path + jtu.keystr((key,)), FieldValue(e_text), FieldValue(a_text)))
                 continue
             out.append(_Add(p.path + jtu.keystr((key,)), self._told(e, key), self._told(a, key)))
@@ -511,6 +511,11 @@ def value_text(value: Any, limit: int = _SHORT) -> str:
     if isinstance(name, str) and (callable(value) or isinstance(value, type)):
         return name
     return _cut(_nodes.plain_repr(value), limit)
+
+
+def value_texts(e: Any, a: Any) -> tuple[str, str]:
+    """Two node-data values that differ, in words, cut around where they differ."""
+    return _around(value_text(e, 1000), value_text(a, 1000))
 
 
 def field_equal(e: Any, a: Any) -> bool:
