@@ -57,7 +57,8 @@ def test_the_graph_is_what_the_architecture_page_says():
     assert graph["_leaf"] == {"_compat"}
     assert graph["_compat"] == set()
     assert "_infer" not in graph["_structure"] and "_cache" not in graph["_structure"]
-    assert graph["_diff"] <= {"_compat", "_errors", "_leaf"}
+    assert graph["_nodes"] == {"_compat"}  # framework knowledge, below everything that reads node data
+    assert graph["_diff"] <= {"_compat", "_errors", "_leaf", "_nodes", "_json"}
     assert "_infer" not in graph["_weak"]
 
 

@@ -133,3 +133,19 @@ def test_every_public_example_is_run_by_the_doctests():
         if not any(test.rsplit(".", 1)[-1] == name for test in found):
             missed.append(name)
     assert missed == []
+
+
+# A python block followed by a text block: what the code prints.
+_PRINTS = re.compile(r"^```python\n(.*?)^```\n\n```text\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
+
+
+def test_the_structures_guides_framework_models_run_and_print_what_they_show(capsys):
+    page = (ROOT / "docs" / "guide" / "structures.md").read_text()
+    section = page.split("\n## Framework models", 1)[1].split("\n## ", 1)[0]
+    pairs = _PRINTS.findall(section)
+    assert len(pairs) == 5
+    namespace: dict = {}
+    with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
+        for code, shown in pairs:
+            exec(compile(code, "<docs example>", "exec"), namespace)
+            assert capsys.readouterr().out == shown

@@ -413,7 +413,7 @@ def test_diff_leaf_count_and_node_vs_leaf():
     ]
     p = ts.structure_of(Params(jnp.zeros(2), jnp.zeros(2)))
     assert p.diff(Params(jnp.zeros(2), jnp.zeros(2), act="gelu")) == [
-        ts.Mismatch("", "structure", "a Params with static data ('relu',)", "a Params with static data ('gelu',)")
+        ts.Mismatch(".act", "structure", "'relu'", "'gelu'")  # the static field, by its name
     ]
     assert p.diff(Params(jnp.zeros(2), jnp.zeros(3))) == [ts.Mismatch(".b", "shape", (2,), (3,))]
 

@@ -437,3 +437,17 @@ def test_a_concrete_leaf_of_a_bound_shape_is_told_as_itself():
         ("['y']", (5, 3), ()),
         ("['z']", (2 * b - 5, 3), (("b", 5, "tree['x']"),)),
     ]
+
+
+def test_memory_by_module_sums_symbolic_sizes():
+    (b,) = jax.export.symbolic_shape("b")
+    (c,) = jax.export.symbolic_shape("c")  # another scope
+    tree = {"enc": {"x": sds((b, 3)), "z": sds((c,)), "w": sds((3, 3))}, "dec": {"y": sds((2 * b,))}}
+    assert ts.describe(tree, depth=1) == (
+        "path     leaves       params              bytes\n"
+        "-------  ------  -----------  -----------------\n"
+        "['dec']       1          2*b              8*b B\n"
+        "['enc']       3  c + 3*b + 9  4*c + 12*b + 36 B\n"
+        "-------  ------  -----------  -----------------\n"
+        "total         4  c + 5*b + 9  4*c + 20*b + 36 B"
+    )

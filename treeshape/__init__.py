@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         structure_of as structure_of,
     )
     from ._json import StaticRepr as StaticRepr
+    from ._prefix import check_prefix as check_prefix
     from ._settle import settle as settle
     from ._structure import Structure as Structure
     from ._weak import (
@@ -56,6 +57,7 @@ __all__ = [
     "StructureMismatchError",
     "cache_info",
     "carry_structure",
+    "check_prefix",
     "clear_cache",
     "cost",
     "describe",
@@ -86,6 +88,7 @@ _MODULES = {
     "StructureMismatchError": "._errors",
     "cache_info": "._infer",
     "carry_structure": "._carry",
+    "check_prefix": "._prefix",
     "clear_cache": "._infer",
     "cost": "._cost",
     "describe": "._display",

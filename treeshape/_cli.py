@@ -68,11 +68,13 @@ examples:
   treeshape inspect mypkg.model:init_state 'bf16[1024,1024]' step=0
   treeshape inspect jax.nn:softmax 'f32[4,10]' axis=0
   treeshape inspect jax.numpy:matmul 'f32[8,784]' 'f32[784,10]' --json
+  treeshape inspect mypkg.model:init_params 'key<fry>[]' --depth 1
   treeshape cost jax.numpy:matmul 'f32[8,784]' 'f32[784,10]'
   treeshape fit jax.numpy:matmul 'f32[b,784]' 'f32[784,10]' --dim b --budget 1MiB
 
 output: a table (the first and last 25 rows of a tree of more than 50
-leaves, and an exact total), or with --json every leaf as JSON; for cost,
+leaves, and an exact total), with --depth N one row per path prefix of N
+keys (leaves, parameters, bytes), or with --json every leaf as JSON; for cost,
 the table of ts.Cost (FLOPs, bytes accessed, and per device the bytes of
 arguments, outputs, temporaries, aliased buffers and the peak); for fit,
 the table of ts.Fit (the size, the peak there, the budget, the probes' line
@@ -151,6 +153,12 @@ def _parser() -> _Parser:
         action="store_true",
         help="print a JSON list of {path, shape, dtype, weak_type} instead of a table",
     )
+    inspect.add_argument(
+        "--depth",
+        type=_depth,
+        metavar="N",
+        help="one row per path prefix of N keys (memory by module): leaves, parameters, bytes",
+    )
     cost = _call_parser(
         sub,
         "cost",
@@ -201,6 +209,13 @@ def _call_parser(sub: Any, name: str, summary: str, description: str, example: s
     parser.add_argument("target", nargs="?", metavar="MODULE:ATTR", help=f"e.g. {example}")
     parser.add_argument("specs", nargs="*", metavar="SPEC | NAME=SPEC", help="the function's arguments")
     return parser  # type: ignore[no-any-return]
+
+
+def _depth(text: str) -> int:
+    """`--depth N`: an integer >= 0 (argparse reports anything else as a usage error)."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return int(text)
 
 
 def _version() -> str:
@@ -346,9 +361,13 @@ def _call_target(args: argparse.Namespace, how: Callable[..., Any]) -> Any:
 def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
     import treeshape as ts
 
+    if args.json and args.depth is not None:
+        raise _Fail("--json prints every leaf and --depth groups them in a table: give one of the two", 2)
     structure = _call_target(args, ts.out_structure)
     try:  # static output leaves are the user's objects: their repr may raise
-        if args.json:
+        if args.depth is not None:
+            text = ts.describe(structure, depth=args.depth)
+        elif args.json:
             entries = [json.dumps(entry) for entry in _as_json(structure)]
             text = "[\n  " + ",\n  ".join(entries) + "\n]" if entries else "[]"
         else:

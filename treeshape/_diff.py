@@ -14,14 +14,15 @@ list's length costs about as much as flattening both.
 import bisect
 import collections
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import jax
 import jax.tree_util as jtu
 
-from . import _compat
-from ._errors import SHOWN, Mismatch, first_few
+from . import _compat, _nodes
+from ._errors import FieldValue, Mismatch
+from ._json import StaticRepr
 from ._leaf import leaf_str, node_type_name, same_symbolic_shape, same_type, static_value, varying_axes
 
 
@@ -118,6 +119,7 @@ def _subtree_paths(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> list[str]:
 
 
 # -- walking two treedefs --------------------------------------------------------
+_CONTAINERS: Final = (dict, collections.OrderedDict, collections.defaultdict, list, tuple, type(None))
 _SMALL: Final = 64  # a subtree with more leaves is split by its children rather than flattened with paths
 
 
@@ -238,7 +240,7 @@ class _Walk:
         return [jtu.keystr((key,)) for key in _child_keys(td, leaves)], children
 
     def _describe(self, td: jtu.PyTreeDef, leaves: tuple[Any, ...], start: int) -> str:
-        return _describe_node(td, leaves[start] if td.num_leaves == 1 and td.num_nodes == 1 else None)
+        return describe(td, leaves, start)
 
     def _pair(self, p: _Pair) -> list[_Task]:
         e_td, a_td = p.e_td, p.a_td
@@ -250,6 +252,10 @@ class _Walk:
             return []
         e_node = None if e_leaf else e_td.node_data()
         a_node = None if a_leaf else a_td.node_data()
+        if e_leaf or a_leaf:  # an empty custom node against one of its type (other data or arity)
+            e_data, a_data = e_td.node_data(), a_td.node_data()
+            if e_data is not None and a_data is not None and e_data[0] is a_data[0] and e_data[0] not in _CONTAINERS:
+                return self._node_data(p, e_data[0], e_data[1], a_data[1])
         if e_node is None or a_node is None or e_node[0] is not a_node[0]:
             return [_Add(p.path, self._describe(e_td, self.e_leaves, p.e0), self._describe(a_td, self.a_leaves, p.a0))]
         node_type = e_node[0]
@@ -263,16 +269,105 @@ class _Walk:
             # The same sequence type, another length: children matched by index.
             e_range, a_range = list(range(len(e_children))), list(range(len(a_children)))
             return self._children(p, e_children, a_children, e_range, a_range, jtu.SequenceKey, True)
-        if not _same_data(e_node[1], a_node[1]) or len(e_children) != len(a_children):
-            # The same custom node type with other static data (or arity).
-            if len(e_children) == len(a_children):
-                expected, actual = _data_difference(e_node[1], a_node[1])
-                name = _type_name(node_type)
-                return [_Add(p.path, f"{name} with {expected}", f"{name} with {actual}")]
-            return [_Add(p.path, self._describe(e_td, self.e_leaves, p.e0), self._describe(a_td, self.a_leaves, p.a0))]
-        keys = [jtu.keystr((key,)) for key in _child_keys(e_td, self.e_leaves[p.e0 : p.e0 + e_td.num_leaves])]
+        if not _same_data(e_node[1], a_node[1]) or len(e_children) != len(a_children) or _nodes.kind(node_type):
+            # The same custom node type with other node data (or arity), or a framework's node (whose
+            # own internal children are not named).
+            return self._node_data(p, node_type, e_node[1], a_node[1])
+        return self._by_position(p)
+
+    def _by_position(self, p: _Pair) -> list[_Task]:
+        """Children of two nodes of one type and arity, lined up by position (keyed as `p.e_td`'s)."""
+        keys = [jtu.keystr((key,)) for key in _child_keys(p.e_td, self.e_leaves[p.e0 : p.e0 + p.e_td.num_leaves])]
         which = list(range(len(keys)))
-        return self._line_up(p, keys, e_children, a_children, which, which)
+        return self._line_up(p, keys, p.e_td.children(), p.a_td.children(), which, which)
+
+    def _node_data(self, p: _Pair, node_type: type, e_aux: Any, a_aux: Any) -> list[_Task]:
+        """Two nodes of one custom type whose node data (or arity) differ: each differing field by
+        its name, then the children (by name where the node data names them). Node data without
+        names is summarised whole, around where it differs; framework-internal data is never
+        named, and told only when nothing else tells the difference."""
+        e_split, a_split = _nodes.split(node_type, e_aux), _nodes.split(node_type, a_aux)
+        arity = len(p.e_td.children()) == len(p.a_td.children())
+        whole = _Add(p.path, self._describe(p.e_td, self.e_leaves, p.e0), self._describe(p.a_td, self.a_leaves, p.a0))
+        name = _type_name(node_type)
+        if e_split is None or a_split is None:
+            if not arity:
+                return [whole]
+            if _same_data(e_aux, a_aux):
+                return self._by_position(p)
+            expected, actual = _around(_short(e_aux, 1000), _short(a_aux, 1000))
+            return [
+                _Add(p.path, f"{name} with static data {expected}", f"{name} with static data {actual}"),
+                *self._by_position(p),
+            ]
+        e, a = _Side(e_split, p.e_td, p.e0, self.e_leaves), _Side(a_split, p.a_td, p.a0, self.a_leaves)
+        fields = list(dict.fromkeys([*e_split.fields, *a_split.fields]))
+        out: list[_Task] = []
+        for key in fields:
+            if key in e_split.fields and key in a_split.fields:
+                e_value, a_value = e_split.fields[key], a_split.fields[key]
+                if not field_equal(e_value, a_value):
+                    e_text, a_text = value_texts(e_value, a_value)
+                    out.append(_Add(p.path + jtu.keystr((key,)), FieldValue(e_text), FieldValue(a_text)))
+                continue
+            out.append(_Add(p.path + jtu.keystr((key,)), self._told(e, key), self._told(a, key)))
+        hidden = [
+            (e_split.hidden.get(k), a_split.hidden.get(k))
+            for k in dict.fromkeys([*e_split.hidden, *a_split.hidden])
+            if not field_equal(e_split.hidden.get(k), a_split.hidden.get(k))
+        ]
+        keys_differ = False
+        if e.index is None or a.index is None:  # children by position
+            if not arity:
+                return [*out, whole]
+            children = self._by_position(p)
+        else:
+            skip = set(fields)
+            for key in dict.fromkeys([*e.index, *a.index]):  # framework-internal children: never named
+                if _nodes.is_private(key) and key not in skip:
+                    e_child, a_child = e.child(key), a.child(key)
+                    if e_child is None or a_child is None or not _same_treedef(e_child, a_child):
+                        hidden.append((_node_text(e_child), _node_text(a_child)))
+                        skip.add(key)
+            e_keys = [k for k in e.index if k not in skip]
+            a_keys = [k for k in a.index if k not in skip]
+            keys_differ = set(e_keys) != set(a_keys)
+            children = self._by_keys(p, e, a, e_keys, a_keys, e_split.ordered and a_split.ordered)
+        if hidden and not out and not keys_differ:
+            e_text, a_text = _around(_values_text([x for x, _ in hidden]), _values_text([x for _, x in hidden]))
+            out.append(_Add(p.path, f"{name} with internal data {e_text}", f"{name} with internal data {a_text}"))
+        return out + children
+
+    def _told(self, side: "_Side", key: Any) -> Any:
+        """One side of a field's mismatch: its value in words; or the child of that name (an nnx
+        attribute static on one side and a child on the other); or None where it is absent."""
+        if key in side.split.fields:
+            return FieldValue(value_text(side.split.fields[key]))
+        child = side.child(key)
+        if child is None:
+            return None
+        return self._describe(child, side.leaves, side.starts[side.index[key]] if side.index else 0)
+
+    def _by_keys(
+        self, p: _Pair, e: "_Side", a: "_Side", e_keys: list[Any], a_keys: list[Any], ordered: bool
+    ) -> list[_Task]:
+        """Children matched by the keys their node data names (missing and extra ones told by key)."""
+        assert e.index is not None and a.index is not None
+        keys = list(dict.fromkeys([*e_keys, *a_keys]))
+        if not ordered:
+            try:
+                keys = sorted(keys, key=_key_order)
+            except TypeError:  # keys of mixed types: the expected order, then the extra ones
+                pass
+        e_set, a_set = set(e_keys), set(a_keys)
+        return self._line_up(
+            p,
+            [jtu.keystr((k,)) for k in keys],
+            e.td.children(),
+            a.td.children(),
+            [e.index[k] if k in e_set else -1 for k in keys],
+            [a.index[k] if k in a_set else -1 for k in keys],
+        )
 
     def _children(
         self,
@@ -349,7 +444,33 @@ def _starts(children: Sequence[jtu.PyTreeDef], first: int) -> list[int]:
     return starts
 
 
+class _Side:
+    """One side of a node whose data differs: its data by name, and its children by key."""
+
+    def __init__(self, split: _nodes.Split, td: jtu.PyTreeDef, first: int, leaves: tuple[Any, ...]) -> None:
+        self.split, self.td, self.leaves = split, td, leaves
+        children = td.children()
+        self.starts = _starts(children, first)
+        keys = split.children
+        self.index = None if keys is None or len(keys) != len(children) else {k: i for i, k in enumerate(keys)}
+
+    def child(self, key: Any) -> jtu.PyTreeDef | None:
+        i = None if self.index is None else self.index.get(key)
+        return None if i is None else self.td.children()[i]
+
+
+def _key_order(key: Any) -> tuple[int, Any]:
+    """The order nnx and JAX give keys: integers first, then names."""
+    name = _nodes.key_name(key)
+    return (0, name) if isinstance(name, int) else (1, name)
+
+
 # -- describing what differs -------------------------------------------------------
+def describe(td: jtu.PyTreeDef, leaves: Sequence[Any], start: int) -> str:
+    """The subtree `td`, whose leaves start at `leaves[start]`, in words (`a dict with keys ['b', 'w']`)."""
+    return _describe_node(td, leaves[start] if td.num_leaves == 1 and td.num_nodes == 1 else None)
+
+
 def _describe_leaf(leaf: Any) -> str:
     if isinstance(leaf, jax.ShapeDtypeStruct):
         return leaf_str(leaf)
@@ -364,34 +485,98 @@ def _describe_node(treedef: jtu.PyTreeDef, leaf: Any) -> str:
     node_type, aux = data
     if node_type is type(None):
         return "None"
+    if _nodes.is_sentinel_type(node_type):  # equinox's marker of a field that holds nothing
+        return "nothing"
     n = len(treedef.children())
     if n == 0:  # told apart from None
         return f"an empty {node_type.__name__}"
     keys = _mapping_keys(node_type, aux)
     if keys is not None:
         return f"{_type_name(node_type)} with keys {_short(list(keys), 120)}"
+    if _nodes.kind(node_type) in (_nodes.NNX, _nodes.EQUINOX):  # a module: its attributes by name
+        split = _nodes.split(node_type, aux)
+        names = [] if split is None or split.children is None else split.children
+        shown = [_nodes.key_name(k) for k in names if not _nodes.is_private(k)]
+        if shown:
+            return f"{_type_name(node_type)} with children {_short(shown, 120)}"
     return f"{_type_name(node_type)} with {n} {'child' if n == 1 else 'children'}"
 
 
 _SHORT: Final = 60
 
 
-def _data_difference(expected: Any, actual: Any) -> tuple[str, str]:
-    """Two nodes' static data, told by the fields that differ (node data such as
-    flax.nnx's holds a whole graph description: its repr is no message)."""
-    e_text, a_text = _short(expected, 1000), _short(actual, 1000)
-    if len(e_text) <= _SHORT and len(a_text) <= _SHORT:
-        return f"static data {e_text}", f"static data {a_text}"
-    e_fields, a_fields = _fields(expected), _fields(actual)
-    if e_fields is not None and a_fields is not None and e_fields.keys() == a_fields.keys():
-        differ = [k for k in e_fields if not static_equal(e_fields[k], a_fields[k])]
-        if differ:
+def value_text(value: Any, limit: int = _SHORT) -> str:
+    """A node-data value in a message: a function or class by its name, equinox's marker of
+    an empty slot as "nothing", anything else by its repr (without memory addresses), cut to
+    `limit` characters."""
+    if _nodes.is_sentinel(value):
+        return "nothing"
+    if isinstance(value, StaticRepr):
+        return _cut(value.text, limit)
+    name = getattr(value, "__qualname__", None)
+    if isinstance(name, str) and (callable(value) or isinstance(value, type)):
+        return name
+    return _cut(_nodes.plain_repr(value), limit)
 
-            def side(fields: dict[str, Any]) -> str:
-                return first_few([f"{k}={_short(fields[k])}" for k in differ[:SHOWN]], len(differ), " fields")
 
-            return f"static data {side(e_fields)}", f"static data {side(a_fields)}"
-    return f"static data {_short(expected)}", f"static data {_short(actual)}"
+def value_texts(e: Any, a: Any) -> tuple[str, str]:
+    """Two node-data values that differ, in words, cut around where they differ."""
+    return _around(value_text(e, 1000), value_text(a, 1000))
+
+
+def field_equal(e: Any, a: Any) -> bool:
+    """Two node-data values are equal: as static leaves are, or, for one loaded from JSON by its
+    repr, by its type and that repr; mappings and tuples item by item."""
+    if static_equal(e, a):
+        return True
+    if isinstance(e, StaticRepr) != isinstance(a, StaticRepr):
+        marker, live = (e, a) if isinstance(e, StaticRepr) else (a, e)
+        cls = type(live)
+        return marker.type_name == f"{cls.__module__}:{cls.__qualname__}" and marker.text == _nodes.plain_repr(live)
+    if isinstance(e, Mapping) and isinstance(a, Mapping):
+        try:
+            return e.keys() == a.keys() and all(field_equal(e[k], a[k]) for k in e)
+        except Exception:
+            return False
+    if type(e) is type(a) and type(e) in (tuple, list):
+        return len(e) == len(a) and all(map(field_equal, e, a))
+    return False
+
+
+def _around(expected: str, actual: str, limit: int = _SHORT) -> tuple[str, str]:
+    """Two texts that differ, each cut to about `limit` characters around the first place where
+    they differ (never a cut-off start that is the same on both sides)."""
+    if (len(expected) <= limit and len(actual) <= limit) or expected == actual:
+        return _cut(expected, limit), _cut(actual, limit)
+    first = next((i for i, (x, y) in enumerate(zip(expected, actual, strict=False)) if x != y), None)
+    if first is None:
+        first = min(len(expected), len(actual))
+    start = max(0, first - limit // 3)
+
+    def cut(text: str) -> str:
+        part = text[start : start + limit]
+        return ("..." if start else "") + part + ("..." if start + limit < len(text) else "")
+
+    return cut(expected), cut(actual)
+
+
+def _values_text(values: list[Any]) -> str:
+    texts = [value_text(v) if not isinstance(v, _NodeText) else v.text for v in values]
+    return texts[0] if len(texts) == 1 else "(" + ", ".join(texts) + ")"
+
+
+class _NodeText:
+    """A framework-internal child, in words (its node data), for an internal-data mismatch."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _node_text(td: jtu.PyTreeDef | None) -> _NodeText:
+    if td is None:
+        return _NodeText("nothing")
+    data = td.node_data()
+    return _NodeText("a leaf" if data is None else _cut(_nodes.plain_repr(data[1])))
 
 
 def _fields(data: Any) -> dict[str, Any] | None:
@@ -413,17 +598,23 @@ def _short(value: Any, limit: int = _SHORT) -> str:
         text = repr(value)
     except Exception:
         text = f"<{type(value).__name__}>"
+    return _cut(text, limit)
+
+
+def _cut(text: str, limit: int = _SHORT) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _mapping_keys(node_type: type, aux: Any) -> Any:
-    """The keys of a dict-like node (dict, OrderedDict, defaultdict), else None."""
+    """The keys of a dict-like node (dict, OrderedDict, defaultdict, nnx.State, FrozenDict), else None."""
     if node_type is dict or node_type is collections.OrderedDict:
         return aux
     if node_type is collections.defaultdict:
         return aux[1]
-    return None
+    if node_type is list or node_type is tuple or node_type is type(None):
+        return None
+    return _nodes.mapping_keys(node_type, aux)
 
 
 def _type_name(node_type: type) -> str:

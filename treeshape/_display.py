@@ -1,41 +1,69 @@
 """`ts.describe`: any pytree (or Structure) as the table `str(Structure)` shows."""
 
+from collections.abc import Callable
 from typing import Any
 
 from ._infer import structure_of
 from ._structure import Structure
-from ._table import DEFAULT_MAX_ROWS, table
+from ._table import DEFAULT_MAX_ROWS, depth_table, html_depth_table, html_table, table
 
 
 PyTree = Any
 
 
-def describe(tree_or_structure: PyTree, *, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
+class Description(str):
+    """The text table of [treeshape.describe][]: a `str`, which a notebook shows as an HTML table."""
+
+    __slots__ = ("_html",)
+    _html: Callable[[], str]
+
+    def __new__(cls, text: str, html: Callable[[], str]) -> "Description":
+        self = super().__new__(cls, text)
+        self._html = html
+        return self
+
+    def _repr_html_(self) -> str:
+        return self._html()
+
+
+def describe(tree_or_structure: PyTree, *, depth: int | None = None, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
     """Describe a pytree (or a [treeshape.Structure][]) as an aligned table.
 
-    The same table as `str(structure)`: one row per leaf with its path, shape,
-    dtype (`~` marks a weak type, as JAX prints it), an *extra* column (the
-    sharding's `PartitionSpec`, one entry per dimension, the manual mesh axes
-    `{V:i}` a leaf varies over under `shard_map`, or `static TYPE` for a static
-    leaf; left out when every row is empty) and its size in bytes, then a total
-    row with the number of leaves, elements and bytes. When some leaf is split
-    over devices, a *per device* column shows each leaf's largest shard and
-    the total [treeshape.Structure.nbytes_per_device][], and leaves copied
-    whole onto several devices say "replicated". Long trees show their first
-    and last rows around a `... N more leaves` line; the total always counts
-    every leaf.
+    Without `depth`, the table of `str(structure)`: one row per leaf with its
+    path, shape, dtype (`~` marks a weak type, as JAX prints it), an *extra*
+    column (the sharding's `PartitionSpec`, one entry per dimension, the
+    manual mesh axes `{V:i}` a leaf varies over under `shard_map`, or `static
+    TYPE` for a static leaf; left out when every row is empty) and its size in
+    bytes, then a total row with the number of leaves, elements and bytes.
+    When some leaf is split over devices, a *per device* column shows each
+    leaf's largest shard and the total
+    [treeshape.Structure.nbytes_per_device][], and leaves copied whole onto
+    several devices say "replicated".
+
+    With `depth=N`, memory by module: one row per path prefix of `N` keys (a
+    leaf less deep than that is its own row), in tree order, with its number
+    of leaves, parameters (elements) and bytes, and bytes per device where
+    some leaf is sharded; then the total. Like `flax.nnx.tabulate`, but for any
+    pytree, and from a Structure: nothing runs.
+
+    Long tables show their first and last rows around a `... N more` line;
+    the total always counts every leaf. In a notebook the returned string
+    shows as the same table in HTML.
 
     Args:
         tree_or_structure: A [treeshape.Structure][], or any pytree that
             [treeshape.structure_of][] accepts (arrays, tracers,
             `jax.ShapeDtypeStruct`s, scalars, static values).
-        max_rows: Show at most this many leaf rows (`None`: all of them).
+        depth: Group the leaves by the first `depth` keys of their paths
+            (`0`: one row for the whole tree); `None`: a row per leaf.
+        max_rows: Show at most this many rows (`None`: all of them).
 
     Returns:
-        The table, as lines joined by newlines (no trailing newline).
+        The table, as lines joined by newlines (no trailing newline): a `str`
+        that also has `_repr_html_`.
 
     Raises:
-        ValueError: `max_rows` is negative.
+        ValueError: `max_rows` is negative, or `depth` is not an int >= 0.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -49,9 +77,22 @@ def describe(tree_or_structure: PyTree, *, max_rows: int | None = DEFAULT_MAX_RO
         ['step']         []     ~i32     4 B
         ---------------  -----  -----  -----
         total: 3 leaves, 10 elements    28 B
+        >>> model = {"encoder": {"w": jnp.zeros((64, 64)), "b": jnp.zeros(64)}, "head": jnp.zeros((64, 10))}
+        >>> print(ts.describe(model, depth=1))
+        path         leaves  params     bytes
+        -----------  ------  ------  --------
+        ['encoder']       2   4,160  16.2 KiB
+        ['head']          1     640   2.5 KiB
+        -----------  ------  ------  --------
+        total             3   4,800  18.8 KiB
     """
     if isinstance(tree_or_structure, Structure):
         structure = tree_or_structure
     else:
         structure = structure_of(tree_or_structure)
-    return table(structure, max_rows)
+    if depth is None:
+        return Description(table(structure, max_rows), lambda: html_table(structure, max_rows))
+    by_depth: int = depth
+    return Description(
+        depth_table(structure, by_depth, max_rows), lambda: html_depth_table(structure, by_depth, max_rows)
+    )

@@ -2,6 +2,7 @@
 
 import dataclasses
 import inspect
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -94,6 +95,8 @@ class Mismatch:
                 f"expected {e}, got one that prints the same but is not equal (a value loaded from JSON is known "
                 "by its repr only)."
             )
+        if isinstance(e, FieldValue) and e == a:
+            return f"expected {e}, got another value that prints the same (the two are not equal)."
         return f"expected {e}, got {a}."
 
 
@@ -122,6 +125,14 @@ def _shape_what(m: Mismatch) -> str:
 def _constraints(shape: Any) -> str:
     text = constraints_text(shape) if isinstance(shape, tuple) else ""
     return f"({text})" if text else "(none)"
+
+
+class FieldValue(str):
+    """A static field's value, in words, as a `Mismatch` holds it (`"8"`, `"'sgd'"`, `"relu"`):
+    the mismatch is about node data (a framework's static field), not about a leaf or a container.
+    Equal to the plain string."""
+
+    __slots__ = ()
 
 
 def _print_alike(m: Mismatch) -> bool:
@@ -300,12 +311,17 @@ def fix_for(m: Mismatch) -> str:
         return "It varies over more manual axes than expected: reduce it (e.g. `jax.lax.psum`) or expect those axes."
     if m.kind == "sharding":
         return f"Reshard it with `jax.sharding.reshard(x, {_spec(m.expected)})`."
+    if isinstance(m.expected, FieldValue) or isinstance(m.actual, FieldValue):
+        return "A static field is part of the tree structure (node data, not a leaf): build both with the same value."
     if m.actual is None:
         return "Add this entry."
     if m.expected is None:
         return "Remove this entry."
     if _print_alike(m):
-        return "JSON brings back only str, int, float, bool and None static leaves as themselves."
+        return (
+            "JSON brings back str, int, float, bool and None static leaves, and functions and classes of imported "
+            "modules, as themselves."
+        )
     return "Make both trees use the same containers (same node types, keys and lengths)."
 
 
@@ -333,8 +349,72 @@ def mismatch_line(m: Mismatch) -> Line:
 
 
 def format_mismatches(header: str, mismatches: Sequence[Mismatch]) -> str:
-    """`header` plus one sentence (or one bullet per mismatch) with its fix."""
-    return format_report(header, [mismatch_line(m) for m in mismatches], "differences")
+    """`header` plus one sentence (or one bullet per mismatch) with its fix; entries missing (or
+    extra) at consecutive indices under one node are one line (`layers: entries 12-15 missing`)."""
+    return format_report(header, _lines(mismatches), "differences")
+
+
+def listing_message(
+    header: str, mismatches: Sequence[Mismatch], rule: str, what: Callable[[Mismatch], str], limit: int = 20
+) -> str:
+    """`header`, then each mismatch as one line, `what(m)` telling it (entries at consecutive
+    indices merged, at most `limit` lines), then `rule`, the one fix they share."""
+    lines = _lines(mismatches, what)
+    if len(lines) == 1:
+        where, told, _ = lines[0]
+        return f"{header}: {_clip(where, _MAX_WHERE)}: {told}\n\n{rule}"
+    bullets = [f"  * {_clip(where, _MAX_WHERE)}: {told}" for where, told, _ in lines[:limit]]
+    if len(lines) > limit:
+        bullets.append(f"  * ... and {len(lines) - limit} more (every one is on the exception's `.mismatches`)")
+    return f"{header}; {len(mismatches)} differences:\n\n" + "\n".join(bullets) + f"\n\n{rule}"
+
+
+_INDEXED: Final = re.compile(r"(?P<parent>.*)\[(?P<quote>'?)(?P<n>[0-9]+)(?P=quote)\]")
+
+
+def _entry(m: Mismatch) -> tuple[str, str, int, bool] | None:
+    """`(where the parent is, quote, index, missing)` for a missing or extra entry at an integer
+    index (`[12]`, or a dict key `['12']`, as orbax writes layer numbers), else None."""
+    if m.kind != "structure" or (m.expected is None) == (m.actual is None):
+        return None
+    found = _INDEXED.fullmatch(m.path)
+    if found is None:
+        return None
+    return m.root + found["parent"], found["quote"], int(found["n"]), m.actual is None
+
+
+def _lines(mismatches: Sequence[Mismatch], what: Callable[[Mismatch], str] | None = None) -> list[Line]:
+    lines: list[Line] = []
+    i = 0
+    while i < len(mismatches):
+        first = _entry(mismatches[i])
+        run = 1
+        while first is not None and i + run < len(mismatches):
+            entry = _entry(mismatches[i + run])
+            if entry is None or entry[:2] != first[:2] or entry[3] != first[3] or entry[2] != first[2] + run:
+                break
+            run += 1
+        if run == 1 or first is None:
+            m = mismatches[i]
+            lines.append(mismatch_line(m) if what is None else (m.where, what(m), ""))
+        else:
+            lines.append(_range_line(first, mismatches[i : i + run]))
+        i += run
+    return lines
+
+
+def _range_line(first: tuple[str, str, int, bool], run: Sequence[Mismatch]) -> Line:
+    where, quote, n, missing = first
+    span = f"{quote}{n}{quote}-{quote}{n + len(run) - 1}{quote}"
+    described = [m.expected if missing else m.actual for m in run]
+    each = "each" if all(d == described[0] for d in described) else "the first"
+    if missing:
+        return (
+            where,
+            f"entries {span} missing ({len(run)} of them); {each} expected {described[0]}.",
+            "Add these entries.",
+        )
+    return where, f"entries {span} unexpected ({len(run)} of them); {each} {described[0]}.", "Remove these entries."
 
 
 def format_report(header: str, lines: Sequence[Line], noun: str) -> str:

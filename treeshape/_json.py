@@ -51,8 +51,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from . import _compat
-from ._leaf import is_symbolic, key_dtype, key_dtypes, manual_axis_sets, symbolic_scopes
+from . import _compat, _nodes
+from ._leaf import is_symbolic, jax_dtype, key_dtype, key_dtypes, manual_axis_sets, symbolic_scopes
 
 
 VERSION: Final = 1
@@ -176,16 +176,77 @@ def _encode_node(node_type: type, aux: Any, n: int, path: str) -> str:
         entry = {"type": "defaultdict", "factory": name, "keys": _dict_keys(keys, where)}
     elif _is_namedtuple(node_type):
         entry = {"type": "namedtuple", "name": _type_name(node_type), "n": n}
+    elif (described := _nodes.record(node_type, aux)) is not None:  # framework nodes and dataclasses, by name
+        kind, parts = described
+        entry = {"type": kind, "name": _type_name(node_type), "n": n, **_encode_parts(parts, where)}
     elif isinstance(node_type, type) and dataclasses.is_dataclass(node_type):
         entry = {"type": "dataclass", "name": _type_name(node_type), "n": n, "aux": _plain_data(aux, where)}
     else:
         raise TypeError(
             f"treeshape.Structure.to_json: the pytree node at {where} is a {node_type.__qualname__}, which JSON "
-            "cannot describe: only dicts (also OrderedDict and defaultdict), lists, tuples, None, namedtuples "
-            "and dataclasses registered as pytree nodes are supported. Pickle the Structure instead (trusted "
-            "data only)."
+            "cannot describe: only dicts (also OrderedDict and defaultdict), lists, tuples, None, namedtuples, "
+            "dataclasses registered as pytree nodes (flax.struct too), flax.nnx modules, variables and states, "
+            "and equinox modules are supported. Pickle the Structure instead (trusted data only)."
         )
     return _encode(entry)
+
+
+def _encode_parts(parts: dict[str, Any], where: str) -> dict[str, Any]:
+    """A framework node's parts (`_nodes.record`) as JSON: keys as they are, values by `_value`."""
+    out: dict[str, Any] = {}
+    for part, value in parts.items():
+        if part == "keys":
+            out[part] = _dict_keys(value, where)
+        elif part == "static":  # [[name, value], ...]: nnx names may be integers (an nnx.List's items)
+            out[part] = [[name, _value(item)] for name, item in value]
+        elif part == "fields":
+            out[part] = {name: _value(item) for name, item in value.items()}
+        elif part == "aux":
+            out[part] = _plain_data(value, where)
+        else:
+            out[part] = _value(value)
+    return out
+
+
+def _value(x: Any) -> Any:
+    """A node-data value as JSON: plain data as itself, tuples, lists and dicts tagged, a dtype by
+    name, a function or class by `module:qualname`, anything else by its repr (no memory address)."""
+    kind = type(x)
+    if kind in (str, bool, type(None)) or (kind is int and abs(x) < _MAX_INT_VALUE):
+        return x
+    if kind is float and math.isfinite(x):
+        return x
+    if kind is tuple or kind is list:
+        return {kind.__name__: [_value(item) for item in x]}
+    if kind is dict and all(type(k) in (str, int) for k in x):
+        return {"dict": [[k, _value(v)] for k, v in x.items()]}
+    if isinstance(x, np.dtype) and jax_dtype(x):
+        return {"dtype": _dtype_name(x)}
+    name = object_name(x)
+    if name is not None:
+        return {"name": name}
+    if kind is StaticRepr:
+        return {"repr": x.text, "type": x.type_name}
+    return {"repr": _nodes.plain_repr(x), "type": _type_name(kind)}
+
+
+def object_name(x: Any) -> str | None:
+    """`"module:qualname"` of a function or class that this name finds again in `sys.modules`
+    (so loading gives back the same object), else None."""
+    module, qualname = getattr(x, "__module__", None), getattr(x, "__qualname__", None)
+    if not (isinstance(module, str) and isinstance(qualname, str)) or not (callable(x) or isinstance(x, type)):
+        return None
+    name = f"{module}:{qualname}"
+    try:
+        if _NAME.fullmatch(name) and _lookup(name, "") is x:
+            return name
+    except _Malformed:
+        pass
+    namespace = getattr(sys.modules.get(module), "__dict__", {})  # a lambda bound to a module global
+    for attribute, value in list(namespace.items()):
+        if value is x and _NAME.fullmatch(f"{module}:{attribute}"):
+            return f"{module}:{attribute}"
+    return None
 
 
 def _child_keys(node: jtu.PyTreeDef, node_type: type, aux: Any, n: int, leaves: Sequence[Any], first: int) -> list[str]:
@@ -200,6 +261,9 @@ def _child_keys(node: jtu.PyTreeDef, node_type: type, aux: Any, n: int, leaves: 
     keys = _compat.namedtuple_keys(node_type)
     if keys is not None:
         return [jtu.keystr((key,)) for key in keys]
+    split = _nodes.split(node_type, aux)  # a framework node names its children in its node data
+    if split is not None and split.children is not None and len(split.children) == n:
+        return [jtu.keystr((key,)) for key in split.children]
     # Any other node (a registered dataclass) names its children as its registration says.
     keyed, _ = _compat.flatten_one_level_with_keys(node.unflatten(leaves[first : first + node.num_leaves]))
     return [jtu.keystr((key,)) for key, _ in keyed]
@@ -345,7 +409,10 @@ def _static_record(path: str, leaf: Any) -> dict[str, Any]:
         text = repr(leaf)
     except Exception:  # a user object whose repr raises: still describable by its type
         text = f"<{type(leaf).__qualname__} object (its repr raised)>"
-    record.update(static=text, type=_type_name(type(leaf)))
+    record.update(static=_nodes.without_address(text), type=_type_name(type(leaf)))
+    name = object_name(leaf)
+    if name is not None:  # a function or class: found again by this name when loading, if imported
+        record["name"] = name
     kind = type(leaf)
     if (
         kind in (str, bool, type(None))
@@ -582,14 +649,113 @@ def _node(entry: Any, where: str) -> tuple[Any, int, list[str] | None]:
         if n != len(fields):
             _fail(f"{where}.n", f"{_type_name(cls)} has {len(fields)} fields, not {n}")
         return (cls, None), n, [f".{name}" for name in fields]
-    if kind == "dataclass":
+    if kind == "dataclass" and "fields" not in entry:  # node data as a tuple (written before fields by name)
         cls = _lookup_type(_get(entry, "name", where), f"{where}.name")
         if not dataclasses.is_dataclass(cls):
             _fail(f"{where}.name", f"{_type_name(cls)} is not a dataclass")
         aux = _data(_get(entry, "aux", where), f"{where}.aux")
         n = _int(_get(entry, "n", where), f"{where}.n")
         return (cls, aux), n, _check_dataclass_node(cls, aux, n, where)
+    if kind in _FRAMEWORK_KINDS:
+        return _framework_node(kind, entry, where)
     return _fail(f"{where}.type", f"unknown node type {_short_repr(kind)}")
+
+
+_FRAMEWORK_KINDS: Final = (
+    _nodes.DATACLASS,
+    _nodes.NNX,
+    _nodes.NNX_VARIABLE,
+    _nodes.KEYED,
+    _nodes.NNX_INTERNAL,
+    _nodes.EQUINOX,
+)
+_PARTS: Final = {
+    _nodes.DATACLASS: ("fields",),
+    _nodes.NNX: ("keys", "static"),
+    _nodes.NNX_VARIABLE: ("fields",),
+    _nodes.KEYED: ("keys",),
+    _nodes.NNX_INTERNAL: ("aux",),
+    _nodes.EQUINOX: ("fields", "wrapper"),
+}
+
+
+def _framework_node(kind: str, entry: dict[str, Any], where: str) -> tuple[Any, int, list[str]]:
+    """A node whose data `_nodes` writes by name (a flax.nnx or equinox module, a registered
+    dataclass): its values decoded here, its node data rebuilt and checked by `_nodes`."""
+    cls = _lookup_type(_get(entry, "name", where), f"{where}.name")
+    n = _int(_get(entry, "n", where), f"{where}.n")
+    parts: dict[str, Any] = {}
+    for part in _PARTS[kind]:
+        at = f"{where}.{part}"
+        if part == "wrapper":
+            if part in entry:
+                parts[part] = _decode_value(entry[part], at)
+        elif part == "keys":
+            parts[part] = _list(_get(entry, part, where), at)
+        elif part == "static":
+            pairs = _list(_get(entry, part, where), at)
+            parts[part] = [list(_pair(pair, f"{at}[{i}]")) for i, pair in enumerate(pairs)]
+        elif part == "fields":
+            fields = _get(entry, part, where)
+            if type(fields) is not dict:
+                _fail(at, f"expected an object, got {_short_repr(fields)}")
+            parts[part] = {name: _decode_value(value, f"{at}.{name}") for name, value in fields.items()}
+        else:
+            parts[part] = _data(_get(entry, part, where), at)
+    try:
+        aux, keys = _nodes.rebuild(kind, cls, parts, n)
+    except (ValueError, TypeError, KeyError) as err:
+        _fail(where, f"cannot rebuild this {_type_name(cls)}: {err}")
+    return (cls, aux), n, [jtu.keystr((key,)) for key in keys]
+
+
+def _pair(x: Any, where: str) -> tuple[Any, Any]:
+    """A `[name, value]` pair of an nnx node's static attributes, its value decoded."""
+    if type(x) is not list or len(x) != 2:
+        _fail(where, f"expected [name, value], got {_short_repr(x)}")
+    return x[0], _decode_value(x[1], f"{where}[1]")
+
+
+def _decode_value(x: Any, where: str) -> Any:
+    """A node-data value written by `_value`: nothing is evaluated, a name is looked up among the
+    modules already imported, and a value kept by its repr comes back as a `StaticRepr`."""
+    if type(x) in (str, bool, int, float, type(None)):
+        return x
+    if type(x) is dict and set(x) == {"repr", "type"}:
+        type_name = _str(x["type"], f"{where}.type")
+        if not _NAME.fullmatch(type_name):
+            _fail(f"{where}.type", f"expected a name 'module:qualname', got {_short_repr(type_name)}")
+        return StaticRepr(type_name, _str(x["repr"], f"{where}.repr"))
+    if type(x) is dict and len(x) == 1:
+        [(tag, value)] = x.items()
+        if tag in ("tuple", "list"):
+            items = [_decode_value(item, f"{where}[{i}]") for i, item in enumerate(_list(value, f"{where}.{tag}"))]
+            return tuple(items) if tag == "tuple" else items
+        if tag == "dict":
+            pairs = [_dict_item(item, f"{where}.dict[{i}]") for i, item in enumerate(_list(value, f"{where}.dict"))]
+            if len({(type(k), k) for k, _ in pairs}) != len(pairs):
+                _fail(f"{where}.dict", "dict keys must be unique")
+            return dict(pairs)
+        if tag == "dtype":
+            return _dtype(value, f"{where}.dtype")
+        if tag == "name":
+            return _named(value, f"{where}.name")
+    return _fail(where, f"expected a value as to_json writes node data, got {_short_repr(x)}")
+
+
+def _named(name: Any, where: str) -> Any:
+    """The function or class `name` (`"module:qualname"`, or `"module:global"` for a lambda bound
+    to a module global), from a module already imported."""
+    found = _lookup(name, where)
+    if not (callable(found) or isinstance(found, type)):
+        _fail(where, f"{name} is not a function or class")
+    return found
+
+
+def _dict_item(x: Any, where: str) -> tuple[Any, Any]:
+    if type(x) is not list or len(x) != 2 or type(x[0]) not in (str, int):
+        _fail(where, f"expected [key, value] with a string or integer key, got {_short_repr(x)}")
+    return x[0], _decode_value(x[1], f"{where}[1]")
 
 
 def _check_dataclass_node(cls: type, aux: Any, n: int, where: str) -> list[str]:
@@ -786,6 +952,12 @@ def _static(record: dict[str, Any], where: str) -> Any:
         return value
     if type_name == "builtins:float" and text in ("nan", "inf", "-inf"):
         return float(text)
+    if "name" in record:  # a function or class: itself if its module is imported, else known by its repr
+        try:
+            return _named(record["name"], f"{where}.name")
+        except _Malformed:
+            if not _NAME.fullmatch(_str(record["name"], f"{where}.name")):
+                raise
     return StaticRepr(type_name, text)
 
 

@@ -655,7 +655,9 @@ class Structure:
 
         A JSON object with a top-level `"version"`, the tree's nodes in
         pre-order (`"treedef"`: `"*"` for a leaf, `null` for `None`, and
-        dicts, lists, tuples and namedtuples by name), and one record per leaf
+        dicts, lists, tuples and namedtuples by name; registered dataclasses
+        such as `flax.struct`'s, flax.nnx modules, variables and states, and
+        equinox modules with their static fields by name), and one record per leaf
         (`"leaves"`, what `treeshape inspect --json` prints): `path`, `shape`,
         `dtype` and `weak_type`, plus the `sharding` (a `NamedSharding`'s spec
         and abstract mesh) and `vma` (manual axes) where a leaf has them.
@@ -670,9 +672,9 @@ class Structure:
 
         Raises:
             TypeError: the tree holds something JSON cannot describe: a dict
-                key that is not a `str` or `int`, or a custom pytree node
-                whose node data is not plain data (numbers, strings, `None`
-                and tuples or lists of these).
+                key that is not a `str` or `int`, or a custom pytree node of
+                another kind (a `jax.tree_util.Partial`, a class registered
+                with its own flatten function).
 
         Examples:
             >>> import jax.numpy as jnp

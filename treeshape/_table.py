@@ -19,6 +19,7 @@ from ._json import StaticRepr
 from ._leaf import (
     axes_str,
     count_text,
+    dim_sum,
     human_bytes,
     leaf_nbytes,
     leaf_size,
@@ -364,3 +365,92 @@ def html_grid(headers: Sequence[str], rows: Sequence[Sequence[str]], right: int 
         f'<table class="{esc(css_class)}" style="{_CSS}">'
         f"<thead>{cells(headers, 'th')}</thead><tbody>{body}</tbody></table>"
     )
+
+
+# -- memory by module: one row per path prefix (`ts.describe(..., depth=N)`) --------------
+@dataclasses.dataclass
+class _Group:
+    """The leaves under one path prefix: how many, their elements, bytes and bytes per device."""
+
+    path: str
+    leaves: int = 0
+    params: Any = 0
+    nbytes: Any = 0
+    per_device: Any = 0
+
+
+def _groups(structure: Described, depth: int) -> tuple[list[_Group], bool]:
+    """One group per path prefix of `depth` keys (a leaf shallower than that is its own), in tree
+    order; and whether some leaf is split over devices."""
+    if type(depth) is not int or depth < 0:
+        raise ValueError(f"depth must be an int >= 0 (how many keys of each path make a row), got {depth!r}")
+    flat, _ = jtu.tree_flatten_with_path(jtu.tree_unflatten(structure.treedef, structure.leaves))
+    groups: list[_Group] = []
+    head: tuple[Any, ...] | None = None
+    split = False
+    for (keys, _), leaf in zip(flat, structure.leaves, strict=True):
+        if keys[:depth] != head or not groups:
+            head = keys[:depth]
+            groups.append(_Group(jtu.keystr(head) or _ROOT))
+        group = groups[-1]
+        group.leaves += 1
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            group.params = _add(group.params, math.prod(leaf.shape))
+            group.nbytes = _add(group.nbytes, leaf_nbytes(leaf))
+            group.per_device = _add(group.per_device, per_device_nbytes(leaf))
+            split = split or (leaf.sharding is not None and is_partitioned(leaf))
+    return groups, split
+
+
+def _add(a: Any, b: Any) -> Any:
+    """`a + b` for sizes: ints, or expressions (perhaps of several symbolic scopes)."""
+    return a + b if type(a) is int and type(b) is int else dim_sum((a, b))
+
+
+def _group_cells(
+    structure: Described, depth: int, max_rows: int | None
+) -> tuple[list[str], list[list[str]], int | None, str]:
+    """The headers and rows (the total last) of the table by path prefix, where the rows are cut
+    (`max_rows`), and the line that says how many rows the cut hides."""
+    if max_rows is not None and max_rows < 0:
+        raise ValueError(f"max_rows must be None or >= 0, got {max_rows}")
+    groups, split = _groups(structure, depth)
+    headers = ["path", "leaves", "params", "bytes"] + ([_PER_DEVICE] if split else [])
+
+    def cells(g: _Group) -> list[str]:
+        row = [g.path, count_text(g.leaves), count_text(g.params), human_bytes(g.nbytes)]
+        return row + ([human_bytes(g.per_device)] if split else [])
+
+    shown: list[_Group] = groups
+    cut_at: int | None = None
+    more = ""
+    if max_rows is not None and len(groups) > max_rows:
+        cut_at = (max_rows + 1) // 2
+        hidden = len(groups) - max_rows
+        more = f"... {hidden:,} more {'row' if hidden == 1 else 'rows'}"
+        shown = [*groups[:cut_at], *groups[len(groups) - (max_rows - cut_at) :]]
+    total = _Group("total", len(structure.leaves))
+    total.params, total.nbytes, _ = _totals(structure.leaves)
+    total.per_device = structure.nbytes_per_device
+    return headers, [*map(cells, shown), cells(total)], cut_at, more
+
+
+def depth_table(structure: Described, depth: int, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
+    """The leaves, elements and bytes of `structure` by path prefix of `depth` keys, as text."""
+    headers, rows, cut_at, more = _group_cells(structure, depth, max_rows)
+    lines = grid(headers, rows, right=len(headers) - 1).split("\n")
+    lines = [*lines[:-2], lines[-1], lines[-2]]  # the rule above the total row
+    if cut_at is not None:
+        lines.insert(2 + cut_at, more)
+    return "\n".join(lines)
+
+
+def html_depth_table(structure: Described, depth: int, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
+    """[depth_table][] as HTML."""
+    headers, rows, cut_at, more = _group_cells(structure, depth, max_rows)
+    page = html_grid(headers, rows, right=len(headers) - 1, css_class="treeshape-structure")
+    if cut_at is None:
+        return page
+    row_start = [i for i in range(len(page)) if page.startswith("<tr>", i)][1 + cut_at]  # after the header row
+    line = f'<tr><td colspan="{len(headers)}"{_LEFT}>{html.escape(more)}</td></tr>'
+    return page[:row_start] + line + page[row_start:]
