@@ -97,41 +97,34 @@ def scale_diff(cfg: Config) -> list[Row]:
     m = N_FLAT_QUICK if cfg.quick else N_FLAT
     flat = [sds_leaf(i) for i in range(m)]
     longer = [*flat, sds_leaf(m)]
-
-    def fresh_list() -> list[Any]:
-        ts.clear_cache()
-        return list(flat)
-
-    check_one_mismatch(ts.structure_of(fresh_list()).diff(longer), f"[{m}]", "structure")
-    t = compare(
-        per_call(fresh_list, lambda f: paths_floor(f, longer)),
-        per_call(fresh_list, lambda f: ts.structure_of(f).diff(longer)),
-        cfg,
-        reps=11,
-    )
     note = f"structure_of inside the timing; the one mismatch: structure at [{m}]"
-    rows.append(
-        timed_row(f"12 structure_of(flat).diff(longer), {k(m)}-leaf list vs flatten_with_path", t, at_most(3), note)
-    )
+    name = f"12 structure_of(flat).diff(longer), {k(m)}-leaf list vs flatten_with_path"
+    rows.append(_list_row(name, flat, longer, f"[{m}]", "structure", note, cfg))
 
     # Symbolic dimensions: every leaf has the batch size `b`, which diff binds once (to 8) across the list.
     (b,) = jax.export.symbolic_shape("b")
     symbolic = [jax.ShapeDtypeStruct((b, i % 7 + 1), jnp.float32) for i in range(m)]
     batch = [jax.ShapeDtypeStruct((8, i % 7 + 1), jnp.float32) for i in range(m)]
     batch[m // 2] = jax.ShapeDtypeStruct((9, m // 2 % 7 + 1), jnp.float32)  # b = 9 here: the one mismatch
+    note = f"structure_of inside the timing; b bound to 8 once; the one mismatch: shape at [{m // 2}] (b = 9)"
+    name = f"12 structure_of(symbolic).diff(batch), {k(m)} leaves f32[b,n] vs flatten_with_path"
+    rows.append(_list_row(name, symbolic, batch, f"[{m // 2}]", "shape", note, cfg))
+    return rows
 
-    def fresh_symbolic() -> list[Any]:
+
+def _list_row(name: str, leaves: list[Any], other: list[Any], path: str, kind: str, note: str, cfg: Config) -> Row:
+    """`ts.structure_of(a new list of leaves).diff(other)` vs `tree_flatten_with_path` of both, once
+    checked to find the one mismatch of `kind` at `path`."""
+
+    def fresh_list() -> list[Any]:
         ts.clear_cache()
-        return list(symbolic)
+        return list(leaves)
 
-    check_one_mismatch(ts.structure_of(fresh_symbolic()).diff(batch), f"[{m // 2}]", "shape")
+    check_one_mismatch(ts.structure_of(fresh_list()).diff(other), path, kind)
     t = compare(
-        per_call(fresh_symbolic, lambda f: paths_floor(f, batch)),
-        per_call(fresh_symbolic, lambda f: ts.structure_of(f).diff(batch)),
+        per_call(fresh_list, lambda f: paths_floor(f, other)),
+        per_call(fresh_list, lambda f: ts.structure_of(f).diff(other)),
         cfg,
         reps=11,
     )
-    note = f"structure_of inside the timing; b bound to 8 once; the one mismatch: shape at [{m // 2}] (b = 9)"
-    name = f"12 structure_of(symbolic).diff(batch), {k(m)} leaves f32[b,n] vs flatten_with_path"
-    rows.append(timed_row(name, t, at_most(3), note))
-    return rows
+    return timed_row(name, t, at_most(3), note)
