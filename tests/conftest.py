@@ -19,6 +19,8 @@ import treeshape as ts  # noqa: E402
 _HEALTH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=_HEALTH)
 settings.register_profile("thorough", max_examples=2000, deadline=None, suppress_health_check=_HEALTH)
+# CI's second and third passes (x64, the floor release): half as many.
+settings.register_profile("ci-repeat", max_examples=100, deadline=None, suppress_health_check=_HEALTH)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
