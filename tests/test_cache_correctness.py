@@ -360,14 +360,14 @@ def _alive(refs):
 
 def test_closures_in_frozen_configs_and_slotted_callables_are_not_kept_alive():
     refs = []
-    for i in range(500):
+    for i in range(50):
         payload = np.full(100, i)
         act = lambda y, payload=payload: y * payload[0]  # noqa: B023 - a distinct closure each time
         cfg = _Cfg(act)
         refs += [weakref.ref(act), weakref.ref(cfg), weakref.ref(payload)]
         s = ts.out_structure(lambda x, c: c.act(x) + c.width, jnp.ones(2, jnp.float32), cfg)
         assert s.tree.shape == (2,)
-    for _ in range(500):
+    for _ in range(50):
         fn = _SlottedCallable()
         refs.append(weakref.ref(fn.payload))
         assert ts.out_structure(fn, jnp.ones(2)).tree.shape == (2,)
