@@ -154,6 +154,25 @@ def test_upcast_accepts_a_structure_and_keeps_matching_leaves():
     assert target.matches(out)
 
 
+def test_upcast_of_shape_dtype_structs_gives_shape_dtype_structs():
+    mesh = jax.make_mesh((8,), ("i",))
+    sharding = jax.NamedSharding(mesh, jax.sharding.PartitionSpec("i"))
+    tree = {
+        "w": jax.ShapeDtypeStruct((8, 3), jnp.bfloat16, sharding=sharding),
+        "lr": jax.ShapeDtypeStruct((), jnp.float32, weak_type=True),
+        "b": jax.ShapeDtypeStruct((3,), jnp.float32),
+    }
+    like = {"w": jnp.zeros((8, 3), jnp.float32), "lr": jnp.zeros((), jnp.bfloat16), "b": jnp.zeros(3, jnp.float32)}
+    out = ts.upcast(tree, like, policy="promote")
+    assert out["w"] == jax.ShapeDtypeStruct((8, 3), jnp.float32, sharding=sharding)  # the sharding kept
+    assert out["lr"] == jax.ShapeDtypeStruct((), jnp.bfloat16)  # a weak leaf takes the target's dtype
+    assert out["b"] is tree["b"]
+    assert ts.structure_of(like).diff(out) == []
+    assert ts.upcast(out, like, policy="promote")["w"] is out["w"]  # idempotent
+    with pytest.raises(ts.StructureMismatchError, match=re.escape("tree['w']: expected dtype float32, got bfloat16")):
+        ts.upcast(tree, like)  # policy="weak" keeps a strong bf16 leaf
+
+
 def test_upcast_structure_and_shape_errors():
     like = {"a": jnp.zeros(3, jnp.float32), "b": jnp.zeros(2, jnp.float32)}
     with pytest.raises(ts.StructureMismatchError) as info:

@@ -225,8 +225,9 @@ def upcast(tree: PyTree, like: Structure | PyTree, *, policy: str = "weak") -> P
 
     Args:
         tree: A pytree of arrays, tracers or Python scalars (static leaves are
-            kept and must equal `like`'s), or a [treeshape.Structure][] (then
-            the result is the converted Structure).
+            kept and must equal `like`'s; `jax.ShapeDtypeStruct` leaves come
+            back as `ShapeDtypeStruct`s of the new dtypes), or a
+            [treeshape.Structure][] (then the result is the converted Structure).
         like: A [treeshape.Structure][] or a pytree of arrays or
             `jax.ShapeDtypeStruct`s with the same structure and shapes.
         policy: Which leaves may change dtype:
@@ -306,8 +307,11 @@ def upcast(tree: PyTree, like: Structure | PyTree, *, policy: str = "weak") -> P
         [want for want, c in zip(target.leaves, converted, strict=True) if c],
         "upcast",
     )
-    out = [
-        convert(x, want.dtype, want.weak_type) if c else x
-        for x, want, c in zip(leaves, target.leaves, converted, strict=True)
-    ]
+    out = [_convert_leaf(x, want) if c else x for x, want, c in zip(leaves, target.leaves, converted, strict=True)]
     return jtu.tree_unflatten(source.treedef, out)
+
+
+def _convert_leaf(x: Any, want: jax.ShapeDtypeStruct) -> Any:
+    if isinstance(x, jax.ShapeDtypeStruct):  # abstract in, abstract out (its sharding kept), as for a Structure
+        return x.update(dtype=want.dtype, weak_type=want.weak_type)
+    return convert(x, want.dtype, want.weak_type)
