@@ -119,7 +119,7 @@ def compiles():
 # otherwise (`JAX_CHECK_TRACER_LEAKS=0`: CI's x64 pass, since leaks do not depend
 # on the dtype width and the checker turns JAX's caches off, which makes every
 # eager operation compile again and the suite three times slower).
-_CHECK_LEAKS = os.environ.get("JAX_CHECK_TRACER_LEAKS", "1").lower() not in ("0", "false")
+_CHECK_LEAKS = jax.config.jax_check_tracer_leaks if "JAX_CHECK_TRACER_LEAKS" in os.environ else True
 
 
 @pytest.fixture(autouse=True)
