@@ -149,3 +149,44 @@ def test_the_structures_guides_framework_models_run_and_print_what_they_show(cap
         for code, shown in pairs:
             exec(compile(code, "<docs example>", "exec"), namespace)
             assert capsys.readouterr().out == shown
+
+
+# -- the fit guide's search examples and the cost / fit commands shown in the guides ------------
+_SECONDS = re.compile(r"\d+\.\d+ s$", flags=re.MULTILINE)
+
+
+def test_the_fit_guides_search_examples_print_what_they_show(capsys):
+    """The python blocks of the section on the search, each followed by what it prints
+    (the progress lines on stderr, their seconds aside)."""
+    import jax.numpy as jnp
+
+    page = (ROOT / "docs" / "guide" / "fit.md").read_text()
+    section = page.split("\nWhen the peak does not grow in a line", 1)[1].split("\n## ", 1)[0]
+    pairs = _PRINTS.findall(section)
+    assert len(pairs) == 2
+    namespace = {"jax": jax, "jnp": jnp, "ts": ts}
+    with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
+        for code, shown in pairs:
+            exec(compile(code, "<docs example>", "exec"), namespace)
+            out, err = capsys.readouterr()
+            assert _SECONDS.sub("... s", out + err) == _SECONDS.sub("... s", shown), code
+    ts.clear_cache()
+
+
+_CONSOLE = re.compile(r"^```console\n\$ treeshape ((?:cost|fit) [^\n]*)\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
+
+
+def test_the_cost_and_fit_commands_in_the_guides_print_what_they_show(capsys):
+    import shlex
+
+    from treeshape._cli import main
+
+    shown = [m for page in ("cli.md", "fit.md") for m in _CONSOLE.findall((ROOT / "docs" / "guide" / page).read_text())]
+    assert len(shown) >= 6
+    with jax.enable_x64(False):
+        for command, output in shown:
+            status = main(shlex.split(command))
+            out, err = capsys.readouterr()
+            assert (out or err) == output, command
+            assert status == (2 if err else 0)
+            ts.clear_cache()

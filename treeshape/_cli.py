@@ -3,7 +3,8 @@
 
 Every failure is one line on stderr (`treeshape: error: ...`, control
 characters escaped) and a non-zero exit status: 2 for bad input on the command
-line (usage, a malformed spec, an unknown module or attribute), 1 for an error
+line (usage, a malformed spec, an unknown module or attribute, a budget or
+sizes that `fit` cannot use), worded with what to type instead, 1 for an error
 raised by the user's code (while importing the module, calling the function,
 or showing its output), `SystemExit` included. `--traceback` adds the Python
 traceback. `KeyboardInterrupt` is left alone.
@@ -79,11 +80,15 @@ keys (leaves, parameters, bytes), or with --json every leaf as JSON; for cost,
 the table of ts.Cost (FLOPs, bytes accessed, and per device the bytes of
 arguments, outputs, temporaries, aliased buffers and the peak); for fit,
 the table of ts.Fit (the size, the peak there, the budget, the probes' line
-and the number of programs compiled).
+and the number of programs compiled), with progress on stderr when it is a
+terminal (--progress, --no-progress). For cost and fit, --json prints one
+JSON object of the ts.Cost or ts.Fit fields instead.
 
 exit status: 0 on success, 2 for bad command-line input (usage, specs,
-unknown module or attribute), 1 when the module or the function raises
-(SystemExit included) or its output cannot be shown.
+unknown module or attribute, a spec larger than XLA counts in 63 bits,
+symbolic dimensions in cost, a budget nothing fits or a dimension out of
+range in fit), 1 when the module or the function raises (SystemExit
+included) or its output cannot be shown.
 """
 
 

@@ -143,6 +143,11 @@ def _bytes(n: float | None) -> str:
     return "not reported" if n is None else human_bytes(round(n))
 
 
+def _bytes_exact(n: int) -> str:
+    """`800 B`, or `1.0 MiB (1,049,856 B)`."""
+    return human_bytes(n) if n < 1024 else f"{human_bytes(n)} ({n:,} B)"
+
+
 def _percent(fraction: float) -> str:
     return f"{fraction * 100:g}%"
 
@@ -584,10 +589,11 @@ def largest_fit(
 
     def report(n: int, peak: int, lo: int, hi: int) -> None:
         if progress and n in seconds:
-            verdict = "fits" if peak <= limit else f"over the {human_bytes(limit)} limit"
+            verdict = "fits" if peak <= limit else f"over the limit of {limit:,} B"
             answer = "none" if lo < 1 else f"{lo}" if hi - lo <= 1 or lo == max_size else f"in {lo}..{hi - 1}"
             print(
-                f"treeshape.largest_fit: {dim}={n}: peak {human_bytes(peak)}, {verdict}; the answer is {answer}; "
+                f"treeshape.largest_fit: {dim}={n}: peak {_bytes_exact(peak)}, {verdict}; the answer is "
+                f"{answer}; "
                 f"{seconds[n]:.2f} s",
                 file=sys.stderr,
                 flush=True,
@@ -628,8 +634,8 @@ def largest_fit(
     if progress:
         after = "is max_size: the budget was not reached" if fit.capped else f"{dim}={size + 1} does not"
         print(
-            f"treeshape.largest_fit: {dim}={size} fits (peak {human_bytes(known[size])} of a "
-            f"{human_bytes(limit)} limit) and {after}; {fit.compiles} programs compiled in "
+            f"treeshape.largest_fit: {dim}={size} fits (peak {known[size]:,} B, limit {limit:,} B) and {after}; "
+            f"{fit.compiles} programs compiled in "
             f"{time.perf_counter() - start:.1f} s",
             file=sys.stderr,
             flush=True,
