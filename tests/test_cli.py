@@ -2,6 +2,7 @@
 `main(argv)` in-process for the rest. Functions to inspect live in
 `tests/cli_fixtures.py`."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -187,6 +188,57 @@ BAD_INPUTS = {
         ["inspect", "cli_fixtures:terminal_error", "f32[3]"],
         1,
         r"calling cli_fixtures:terminal_error failed: ValueError: \x1b[31mred\x1b[0m alert (rerun",
+    ),
+    "spec_too_big_for_xla": (
+        ["cost", "jax.numpy:sin", "f32[4611686018427387904]"],
+        2,
+        "spec 'f32[4611686018427387904]' has 4,611,686,018,427,387,904 elements (18,446,744,073,709,551,616 bytes), "
+        "more than XLA can count in 63 bits (2**63 - 1): use smaller sizes",
+    ),
+    "spec_elements_too_many_for_xla": (
+        ["inspect", "cli_fixtures:echo", "(u8[2], u8[3037000500,3037000500])"],
+        2,
+        "spec 'u8[3037000500,3037000500]' has 9,223,372,037,000,250,000 elements",
+    ),
+    "free_dimension_in_cost": (
+        ["cost", "jax.numpy:matmul", "f32[b,784]", "f32[784,10]"],
+        2,
+        "spec 'f32[b,784]' has the symbolic dimension b, and treeshape cost compiles concrete sizes only: give sizes "
+        "(f32[8,784] for b=8), or find the largest that fits with treeshape fit ... --dim b --budget 16GiB",
+    ),
+    "free_dimensions_in_cost": (
+        ["cost", "jax.numpy:add", "x1=f32[3,1]", "x2=(f32[2*s+1,t])"],
+        2,
+        "spec 'x2=(f32[2*s+1,t])' has the symbolic dimensions s, t, and treeshape cost compiles concrete sizes only: "
+        "give sizes (f32[17,8] for s=8, t=8), or find the largest that fits with treeshape fit ... --dim s",
+    ),
+    "budget_nothing_fits": (
+        ["fit", "jax.numpy:matmul", "f32[b,784]", "f32[784,10]", "--dim", "b", "--budget", "1KiB"],
+        2,
+        "even b=1 does not fit: its peak is ",
+    ),
+    "negative_dimension": (
+        ["fit", "jax.numpy:multiply", "f32[b-8,784]", "f32[784]", "--dim", "b", "--budget", "1MiB"],
+        2,
+        "at b=1, spec 'f32[b-8,784]' has a negative size ((b - 8, 784) gives (-7, 784)): the search starts at b=1: "
+        "write it so that b counts from 1 (an offset such as b+7, not a difference such as b-8)",
+    ),
+    "max_size_too_big_for_xla": (
+        ["fit", "jax.numpy:multiply", "f32[b,1099511627776,1024]", "f32[1024]", "--dim", "b", "--budget", "1MiB"],
+        2,
+        "at b=1048576, spec 'f32[b,1099511627776,1024]' has 1,180,591,620,717,411,303,424 elements "
+        "(4,722,366,482,869,645,213,696 bytes), more than XLA can count in 63 bits (2**63 - 1): pass --max-size 2047 "
+        "or less",
+    ),
+    "error_in_function_cost": (
+        ["cost", "cli_fixtures:fails", "f32[3]"],
+        1,
+        "calling cli_fixtures:fails failed: ValueError: fixture failure",
+    ),
+    "error_in_function_fit": (
+        ["fit", "cli_fixtures:fails", "f32[b]", "--dim", "b", "--budget", "1MiB"],
+        1,
+        "calling cli_fixtures:fails failed: ValueError: fixture failure",
     ),
     "abstract_axis": (
         ["inspect", "jax.nn:softmax", "f32[4,10]", "axis=i32[]"],
@@ -403,6 +455,93 @@ def test_main_help_documents_the_spec_language(capsys):
         assert text in out
     assert main(["inspect", "--help"]) == 0
     assert "DTYPE[DIMS]" in capsys.readouterr().out
+
+
+# -- cost and fit: --json, progress ------------------------------------------------------
+def _sds(shape):
+    return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+def test_cost_json_is_the_costs_fields(capsys):
+    import treeshape as ts
+
+    assert main(["cost", "jax.numpy:matmul", "f32[8,784]", "f32[784,10]", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and len(out.splitlines()) == 1
+    cost = ts.cost(jnp.matmul, _sds((8, 784)), _sds((784, 10)))
+    assert json.loads(out) == dataclasses.asdict(cost)
+    assert json.loads(out)["peak_bytes"] == (8 * 784 + 784 * 10 + 8 * 10) * 4
+    assert list(json.loads(out)) == [field.name for field in dataclasses.fields(cost)]  # in the fields' order
+
+
+def test_fit_json_nests_the_cost(capsys):
+    import treeshape as ts
+
+    (b,) = jax.export.symbolic_shape("b")
+    argv = ["fit", "jax.numpy:matmul", "f32[b,784]", "f32[784,10]", "--dim", "b", "--budget", "1MiB", "--json"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and len(out.splitlines()) == 1
+    fit = ts.largest_fit(jnp.matmul, _sds((b, 784)), _sds((784, 10)), dim="b", budget=2**20)
+    data = json.loads(out)
+    assert data == {**dataclasses.asdict(fit), "compiles": data["compiles"]}  # asked again: from the cache
+    assert data["cost"]["peak_bytes"] <= 2**20 and (data["monotone"], data["capped"]) == (True, False)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Buffer:
+    shape: tuple
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _FutureCost:
+    flops: float
+    exact_flops: bool
+    buffers: tuple
+    note: object
+
+
+def test_json_writes_fields_added_later(capsys, monkeypatch):
+    """A field that is not JSON data itself (a tuple of dataclasses, a float JSON has no
+    number for, another object) is written as data all the same."""
+    import treeshape as ts
+
+    future = _FutureCost(float("nan"), False, (_Buffer((8, 10), 320), _Buffer((), 4)), jnp.dtype("float32"))
+    monkeypatch.setattr(ts, "cost", lambda fn, *args, **kwargs: future)
+    assert main(["cost", "jax.numpy:matmul", "f32[8,784]", "f32[784,10]", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "flops": "nan",
+        "exact_flops": False,
+        "buffers": [{"shape": [8, 10], "nbytes": 320}, {"shape": [], "nbytes": 4}],
+        "note": "float32",
+    }
+
+
+FIT = ["fit", "jax.numpy:matmul", "f32[b,784]", "f32[784,10]", "--dim", "b", "--budget", "1MiB"]
+
+
+def test_fit_progress_goes_to_stderr():
+    quiet = run(*FIT)  # stderr is a pipe, not a terminal: no progress
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    shown = run(*FIT, "--progress", "--json")
+    assert shown.returncode == 0
+    lines = shown.stderr.splitlines()
+    compiles = json.loads(shown.stdout)["compiles"]
+    assert len(lines) == compiles + 1
+    assert all(line.startswith("treeshape.largest_fit: b=") for line in lines)
+    assert lines[0].startswith("treeshape.largest_fit: b=1: peak ")
+    assert " fits (peak " in lines[-1] and f"; {compiles} programs compiled in " in lines[-1]
+    assert json.loads(shown.stdout)["size"] == json.loads(run(*FIT, "--json").stdout)["size"]
+
+
+@pytest.mark.parametrize("option, shown", [([], True), (["--no-progress"], False), (["--progress"], True)])
+def test_fit_progress_by_default_on_a_terminal(capsys, monkeypatch, option, shown):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main([*FIT, *option]) == 0
+    err = capsys.readouterr().err
+    assert ("treeshape.largest_fit: b=" in err) is shown
+    assert (err == "") is not shown
 
 
 def test_main_version(capsys):

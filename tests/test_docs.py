@@ -149,3 +149,72 @@ def test_the_structures_guides_framework_models_run_and_print_what_they_show(cap
         for code, shown in pairs:
             exec(compile(code, "<docs example>", "exec"), namespace)
             assert capsys.readouterr().out == shown
+
+
+# -- the fit guide's search examples and the cost / fit commands shown in the guides ------------
+_SECONDS = re.compile(r"\d+\.\d+ s$", flags=re.MULTILINE)
+_FIGURES = re.compile(r"[\d,.]*\d")
+
+
+def _same_xla_as_the_guides():
+    """Whether this XLA gives the figure the fit guide shows for its layer at b=1 (68,096 B).
+    The guides' figures are those of the XLA they were written with; another (the floor
+    release's) lays out and pads buffers differently, so its figures, and the sizes its
+    searches try, differ."""
+    import jax.numpy as jnp
+
+    w, x = jax.ShapeDtypeStruct((256, 64), jnp.float32), jax.ShapeDtypeStruct((1, 256), jnp.float32)
+    return ts.cost(lambda w, x: jnp.tanh(x @ w), w, x).peak_bytes == 68_096
+
+
+def _assert_shows(got, shown, exact, what):
+    """`got` is what the guide shows (seconds aside); with another XLA, its first and last
+    lines are, figures aside."""
+    got, shown = _SECONDS.sub("... s", got), _SECONDS.sub("... s", shown)
+    if exact:
+        assert got == shown, what
+    else:
+        masked = lambda line: " ".join(_FIGURES.sub("#", line).split())  # noqa: E731
+        ends = lambda text: [masked(line) for line in (text.splitlines()[0], text.splitlines()[-1])]  # noqa: E731
+        assert ends(got) == ends(shown), what
+
+
+def test_the_fit_guides_search_examples_print_what_they_show(capsys):
+    """The python blocks of the section on the search, each followed by what it prints
+    (the progress lines on stderr)."""
+    import jax.numpy as jnp
+
+    exact = _same_xla_as_the_guides()
+    page = (ROOT / "docs" / "guide" / "fit.md").read_text()
+    section = page.split("\nWhen the peak does not grow in a line", 1)[1].split("\n## ", 1)[0]
+    pairs = _PRINTS.findall(section)
+    assert len(pairs) == 2
+    namespace = {"jax": jax, "jnp": jnp, "ts": ts}
+    ts.clear_cache()
+    with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
+        for code, shown in pairs:
+            exec(compile(code, "<docs example>", "exec"), namespace)
+            out, err = capsys.readouterr()
+            _assert_shows(out + err, shown, exact, code)
+    ts.clear_cache()
+
+
+_CONSOLE = re.compile(r"^```console\n\$ treeshape ((?:cost|fit) [^\n]*)\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
+
+
+def test_the_cost_and_fit_commands_in_the_guides_print_what_they_show(capsys):
+    import shlex
+
+    from treeshape._cli import main
+
+    exact = _same_xla_as_the_guides()
+    shown = [m for page in ("cli.md", "fit.md") for m in _CONSOLE.findall((ROOT / "docs" / "guide" / page).read_text())]
+    assert len(shown) >= 6
+    with jax.enable_x64(False):
+        for command, output in shown:
+            ts.clear_cache()
+            status = main(shlex.split(command))
+            out, err = capsys.readouterr()
+            _assert_shows(out or err, output, exact, command)
+            assert status == (2 if err else 0)
+    ts.clear_cache()

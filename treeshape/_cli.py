@@ -3,7 +3,8 @@
 
 Every failure is one line on stderr (`treeshape: error: ...`, control
 characters escaped) and a non-zero exit status: 2 for bad input on the command
-line (usage, a malformed spec, an unknown module or attribute), 1 for an error
+line (usage, a malformed spec, an unknown module or attribute, a budget or
+sizes that `fit` cannot use), worded with what to type instead, 1 for an error
 raised by the user's code (while importing the module, calling the function,
 or showing its output), `SystemExit` included. `--traceback` adds the Python
 traceback. `KeyboardInterrupt` is left alone.
@@ -17,6 +18,7 @@ import argparse
 import decimal
 import importlib
 import json
+import math
 import os
 import re
 import sys
@@ -78,11 +80,15 @@ keys (leaves, parameters, bytes), or with --json every leaf as JSON; for cost,
 the table of ts.Cost (FLOPs, bytes accessed, and per device the bytes of
 arguments, outputs, temporaries, aliased buffers and the peak); for fit,
 the table of ts.Fit (the size, the peak there, the budget, the probes' line
-and the number of programs compiled).
+and the number of programs compiled), with progress on stderr when it is a
+terminal (--progress, --no-progress). For cost and fit, --json prints one
+JSON object of the ts.Cost or ts.Fit fields instead.
 
 exit status: 0 on success, 2 for bad command-line input (usage, specs,
-unknown module or attribute), 1 when the module or the function raises
-(SystemExit included) or its output cannot be shown.
+unknown module or attribute, a spec larger than XLA counts in 63 bits,
+symbolic dimensions in cost, a budget nothing fits or a dimension out of
+range in fit), 1 when the module or the function raises (SystemExit
+included) or its output cannot be shown.
 """
 
 
@@ -190,6 +196,16 @@ def _parser() -> _Parser:
         "--margin", type=float, default=0.0, metavar="FRACTION", help="the fraction of the budget to keep free"
     )
     fit.add_argument("--max-size", type=int, default=2**20, metavar="N", help="the largest size to try")
+    fit.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="print a line per size compiled to stderr (default: when stderr is a terminal)",
+    )
+    for subparser, what in ((cost, "ts.Cost"), (fit, "ts.Fit")):
+        subparser.add_argument(
+            "--json", action="store_true", help=f"print one JSON object of the {what} fields instead of a table"
+        )
     for subparser in (demo, inspect, cost, fit):
         # Accepted after the subcommand too; SUPPRESS keeps the main parser's value.
         subparser.add_argument(
@@ -381,8 +397,56 @@ def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
 def _cost(args: argparse.Namespace, stdout: TextIO) -> int:
     import treeshape as ts
 
-    print(str(_call_target(args, ts.cost)), file=stdout)
+    from ._dims import bind_leaves, free_names
+    from ._leaf import short_dtype, short_shape
+    from ._spec import abstract_leaves
+
+    positional, keywords = _arguments(args.specs)
+    for text, value in zip(args.specs, [*positional, *keywords.values()], strict=True):
+        leaves = abstract_leaves(value)
+        names = free_names(leaves)
+        if names:
+            free = [leaf for leaf in leaves if free_names([leaf])][0]
+            bound = bind_leaves([free], dict.fromkeys(names, 8))[0][0]
+            example = f"{short_dtype(bound.dtype)}{short_shape(bound.shape)}"
+            dims = "s " + ", ".join(names) if len(names) > 1 else " " + names[0]
+            raise _Fail(
+                f"spec {text!r} has the symbolic dimension{dims}, and treeshape cost compiles concrete sizes only: "
+                f"give sizes ({example} for {', '.join(f'{name}=8' for name in names)}), or find the largest that "
+                f"fits with treeshape fit ... --dim {names[0]} --budget 16GiB",
+                2,
+            )
+    _print(_call_target(args, ts.cost), args.json, stdout)
     return 0
+
+
+def _print(result: Any, as_json: bool, stdout: TextIO) -> None:
+    """`result` (a `Cost` or `Fit`) as its table, or as one JSON object of its fields."""
+    print(json.dumps(_json_data(result)) if as_json else str(result), file=stdout)
+
+
+def _json_data(value: Any) -> Any:
+    """`value` as JSON data: a dataclass as an object of its fields by name (recursively,
+    so that fields added later appear by themselves), tuples and lists as arrays, numbers,
+    strings, booleans and `None` as they are; a float that JSON cannot hold (nan, inf) and
+    anything else as its `str`."""
+    import dataclasses
+    import math
+    import numbers
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: _json_data(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_json_data(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _json_data(item) for key, item in value.items()}
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value) if math.isfinite(value) else str(value)
+    return str(value)
 
 
 # -- fit -------------------------------------------------------------------------------
@@ -420,14 +484,31 @@ def parse_bytes(text: str) -> int:
     return amount
 
 
+def _amount(n: int) -> str:
+    """`512 B`, or `36.8 KiB (37,712 B)`."""
+    from ._leaf import human_bytes
+
+    return human_bytes(n) if n < 1024 else f"{human_bytes(n)} ({n:,} B)"
+
+
+def _at_least(n: int) -> str:
+    """A `--budget` of at least `n` bytes in the largest binary unit it reaches, rounded up
+    to a tenth: `36.9KiB` for 37,712."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        size = _UNITS[unit.lower()]
+        if n >= size:
+            return f"{math.ceil(n * 10 / size) / 10:g}{unit}"
+    return str(n)
+
+
 def _fit(args: argparse.Namespace, stdout: TextIO) -> int:
     import jax
-    import jax.tree_util as jtu
 
     import treeshape as ts
 
     from ._dims import free_names
-    from ._fit import check_arguments, check_names
+    from ._fit import BudgetError, SizeError, bind_at, check_arguments, check_names, largest_allowed
+    from ._spec import abstract_leaves
 
     try:
         budget = None if args.budget is None else parse_bytes(args.budget)
@@ -440,18 +521,57 @@ def _fit(args: argparse.Namespace, stdout: TextIO) -> int:
             f"--budget is required: the device ({device.platform}) reports no memory limit; e.g. --budget 16GiB", 2
         )
     positional, keywords = _arguments(args.specs)
+    texts = [
+        text
+        for text, value in zip(args.specs, [*positional, *keywords.values()], strict=True)
+        for _ in abstract_leaves(value)
+    ]  # the spec of each abstract leaf
+    leaves = [leaf for value in [*positional, *keywords.values()] for leaf in abstract_leaves(value)]
+    names = free_names(leaves)
+    dim = args.dim
     try:
-        check_arguments(args.dim, budget, args.margin, args.max_size)
-        check_names(args.dim, free_names(jtu.tree_leaves((positional, keywords))), command_line=True)
+        check_arguments(dim, budget, args.margin, args.max_size)
+        check_names(dim, names, command_line=True)
+        for n in (1, args.max_size):
+            bind_at(dim, n, names, leaves)
+    except SizeError as err:
+        spec = "the specs" if err.index is None else f"spec {texts[err.index]!r}"
+        if err.n == 1:
+            fix = f"the search starts at {dim}=1: write {'them' if err.index is None else 'it'} so that {dim} counts "
+            fix += f"from 1 (an offset such as {dim}+7, not a difference such as {dim}-8)"
+        else:
+            fix = f"pass --max-size {largest_allowed(dim, args.max_size, names, leaves)} or less"
+        raise _Fail(f"at {dim}={err.n}, {spec} {err}: {fix}", 2) from err
     except (TypeError, ValueError) as err:
-        raise _Fail(str(err), 2) from err
+        raise _Fail(str(err).removeprefix("treeshape.largest_fit: "), 2) from err
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
 
     def fit(fn: Callable[..., Any], *positional: Any, **keywords: Any) -> Any:
         return ts.largest_fit(
-            fn, *positional, dim=args.dim, budget=budget, margin=args.margin, max_size=args.max_size, **keywords
+            fn,
+            *positional,
+            dim=dim,
+            budget=budget,
+            margin=args.margin,
+            max_size=args.max_size,
+            progress=progress,
+            **keywords,
         )
 
-    print(str(_call_target(args, fit)), file=stdout)
+    try:
+        result = _call_target(args, fit)
+    except _Fail as err:
+        cause = err.__cause__
+        if isinstance(cause, BudgetError):
+            needed = math.ceil(cause.peak / (1 - args.margin))  # the least budget whose limit holds the peak
+            raise _Fail(
+                f"even {dim}=1 does not fit: its peak is {_amount(cause.peak)} per device, over the limit of "
+                f"{_amount(cause.limit)}: pass --budget {_at_least(needed)} or more"
+                f"{' (or a smaller --margin)' if args.margin else ''}",
+                2,
+            ) from cause
+        raise
+    _print(result, args.json, stdout)
     return 0
 
 

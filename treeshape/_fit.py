@@ -12,36 +12,35 @@ The search (`_search`) keeps a bracket: `lo`, the largest size compiled that fit
 `hi`, the smallest size above it compiled that does not (`max_size + 1` until one is
 found), and compiles only sizes strictly between them; it ends when `hi == lo + 1` (or
 `lo == max_size`), so the answer fits and the next size was compiled and does not. Sizes
-are chosen by lines through compiled peaks: a line that is right lands on the answer
-`n`, and the next line, through `n`, on `n + 1`, so a program whose peak is linear in
-the size takes 4 compilations (sizes 1, 64, `n`, `n + 1`). For other curves (steps from
-padding, a quadratic in a sequence length) the lines are safeguarded: doubling after
-`_LINE_STEPS` of them while no size is known not to fit, then the Illinois rule and the
-ITP method's projection, so that the search never takes more than
-`2 * ceil(log2(max_size)) + 10` compilations.
+are guessed from compiled peaks (`_guess`): a line through sizes 1 and 64 that is right
+says where the peak passes the budget, so a program whose peak is linear in the size
+takes 4 compilations (sizes 1, 64, `n + 1`, `n`); a power law through the bracket's ends
+follows a quadratic, and plateaus (padding) are split at round sizes. Each guess is held
+in a window that bounds the search for any curve at `ceil(log2(max_size)) + 4`
+compilations, 3 more than bisection (the proof is `_search`'s docstring).
 """
 
 import dataclasses
+import html
 import math
 import numbers
+import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 from ._cost import Cost, cost_of, exact, prepare
 from ._dims import bind_leaves, check_sizes, free_names
 from ._infer import Call, abstract_inputs, check_callable, input_path
-from ._leaf import human_bytes
+from ._leaf import human_bytes, too_big
 from ._table import grid, html_grid
 
 
 # The second probe: large enough that XLA's small-size effects (minimum buffer sizes,
 # other kernels for a single row) do not distort the line, small enough to compile fast.
 _SECOND_PROBE: Final = 64
-# Sizes chosen by a line before the search falls back to doubling, while no size is
-# known not to fit.
-_LINE_STEPS: Final = 4
-# Compilations allowed beyond bisection's once the answer is bracketed.
-_SLACK: Final = 4
+# Compilations allowed beyond bisection's (`1 + ceil(log2(max_size))`, size 1 included).
+_SLACK: Final = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +61,11 @@ class Fit:
         compiles: How many programs the search compiled (cached sizes compile nothing).
         margin: The fraction of `budget` kept free: the peak at `n` is at most
             `(1 - margin) * budget`.
+        monotone: `False` where a size compiled has a smaller peak than a smaller size
+            compiled (XLA took a cheaper path above some size): then a size larger than
+            `n + 1` may fit too, unseen. `True` otherwise.
+        capped: `True` where the search stopped at `max_size` (which fits): the budget
+            was not reached, and a larger `max_size` may fit more.
 
     Examples:
         >>> import treeshape as ts
@@ -93,6 +97,21 @@ class Fit:
     budget: int
     compiles: int
     margin: float = dataclasses.field(default=0.0, kw_only=True)
+    monotone: bool = dataclasses.field(default=True, kw_only=True)
+    capped: bool = dataclasses.field(default=False, kw_only=True)
+
+    def _notes(self) -> list[str]:
+        notes = []
+        if self.capped:
+            notes.append(
+                f"the budget was not reached: {self.dim}={self.size} is max_size, and a larger max_size may fit more"
+            )
+        if not self.monotone:
+            notes.append(
+                f"the peak falls somewhere as {self.dim} grows (a size compiled has a smaller peak than a smaller "
+                f"one): a {self.dim} larger than {self.size + 1} may fit too"
+            )
+        return notes
 
     def _rows(self) -> list[tuple[str, str, str]]:
         limit = _limit(self.budget, self.margin)
@@ -110,10 +129,11 @@ class Fit:
         return rows
 
     def __str__(self) -> str:
-        return grid(_HEADERS, self._rows(), right=1)
+        return "\n".join([grid(_HEADERS, self._rows(), right=1), *(f"note: {note}" for note in self._notes())])
 
     def _repr_html_(self) -> str:
-        return html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-fit")
+        notes = "".join(f"<p>note: {html.escape(note)}</p>" for note in self._notes())
+        return html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-fit") + notes
 
 
 _HEADERS: Final = ("largest fit", "value", "exact")
@@ -121,6 +141,11 @@ _HEADERS: Final = ("largest fit", "value", "exact")
 
 def _bytes(n: float | None) -> str:
     return "not reported" if n is None else human_bytes(round(n))
+
+
+def _bytes_exact(n: int) -> str:
+    """`800 B`, or `1.0 MiB (1,049,856 B)`."""
+    return human_bytes(n) if n < 1024 else f"{human_bytes(n)} ({n:,} B)"
 
 
 def _percent(fraction: float) -> str:
@@ -204,78 +229,207 @@ def check_names(dim: str, names: Sequence[str], command_line: bool = False) -> N
 
 # -- the search --------------------------------------------------------------------
 class _Bracket:
-    """The search's state: the peaks compiled so far, `lo` (the largest size compiled that
-    fits) and `hi` (the smallest size above `lo` compiled that does not; `max_size + 1`
-    until there is one). Sizes are compiled strictly between them only."""
+    """The search's state: the peaks compiled so far (`known`, in the order compiled),
+    `lo` (the largest size compiled that fits), `hi` (the smallest size above `lo`
+    compiled that does not; `max_size + 1` until there is one) and `left`, how many
+    more sizes the search may compile."""
 
     def __init__(self, peak_at: Callable[[int], int], limit: int, max_size: int) -> None:
-        self.peak_at, self.limit = peak_at, limit
+        self.peak_at, self.limit, self.max_size = peak_at, limit, max_size
         self.known = {1: peak_at(1)}
         self.lo, self.hi = 1, max_size + 1
+        self.left = (max_size - 1).bit_length() + _SLACK  # ceil(log2(max_size)) + _SLACK
 
-    def compile(self, n: int) -> bool:
-        """Compile size `n` (in `(lo, hi)`); whether it fits."""
+    def compile(self, n: int) -> None:
+        """Compile size `n` (in `(lo, hi)`)."""
         self.known[n] = peak = self.peak_at(n)
         if peak <= self.limit:
             self.lo = n
-            return True
-        self.hi = n
-        return False
+        else:
+            self.hi = n
+        self.left -= 1
 
-    def clamp(self, n: int) -> int:
-        return min(max(n, self.lo + 1), self.hi - 1)
+    def spare(self) -> int:
+        """Compilations left beyond the `ceil(log2(hi - lo))` that bisection would need."""
+        return self.left - (self.hi - self.lo - 1).bit_length()
 
 
-def _search(peak_at: Callable[[int], int], limit: int, max_size: int) -> tuple[int, dict[int, int]]:
+def _search(
+    peak_at: Callable[[int], int],
+    limit: int,
+    max_size: int,
+    on_step: Callable[[int, int, int, int], None] | None = None,
+) -> tuple[int, dict[int, int]]:
     """The size `n` in `1..max_size` with `peak_at(n) <= limit` and `peak_at(n + 1) > limit`
-    (or `n == max_size`), and every peak compiled on the way. Size 1 must fit.
+    (or `n == max_size`), and the peak of every size compiled on the way, in order. Size 1
+    must fit. `on_step(n, peak, lo, hi)` is called after each size compiled past size 1.
 
-    1. Probes: size 1 and `_SECOND_PROBE`.
-    2. Until a size does not fit: the line through the two largest sizes that fit says
-       where the peak reaches `limit` (`_LINE_STEPS` times), then doubling.
-    3. Between `lo` and `hi`: the line through both (regula falsi, with the Illinois
-       rule: an end kept twice in a row counts half, so that the sizes do not creep up
-       from one side; and where `lo` was kept twice and `hi > 4 * lo`, at least their
-       geometric mean, for curves that bend up), held within `[hi - 2**k, lo + 2**k]`
-       for a `k` that drops by one each step (the projection of the ITP method), so that
-       this phase takes at most `ceil(log2(hi - lo)) + _SLACK` compilations whatever
-       the curve.
+    Each step compiles one size strictly between `lo` and `hi`, so no size is compiled
+    twice. The size is the one `_guess` picks, held inside a window that bounds the number
+    of compilations whatever the curve. The invariant is `hi - lo <= 2**left`, with `left`
+    the compilations the search may still make. It holds at the start: `hi - lo =
+    max_size <= 2**ceil(log2(max_size)) <= 2**left`. A step compiles a size `n` in
+    `[hi - 2**(left - 1), lo + 2**(left - 1)]`; that window is not empty (it is `2**left -
+    (hi - lo) >= 0` wide) and, while `hi - lo >= 2`, holds a size strictly between `lo`
+    and `hi` (`left >= 1` then, so each end is at least one size inside). Whether `n`
+    fits or not, the new bracket (`lo..n` or `n..hi`) is at most `2**(left - 1)` wide,
+    with `left - 1` compilations left: the invariant holds again. So when `left` reaches
+    0, `hi - lo <= 1` and the search has ended. With size 1, that is at most
+    `1 + ceil(log2(max_size)) + _SLACK` compilations: `_SLACK` more than bisection, for
+    guesses that miss. Where the guesses are right the window never binds; where they
+    are wrong it closes in on the middle (once `hi - lo == 2**left`, the midpoint alone).
     """
     s = _Bracket(peak_at, limit, max_size)
-    if max_size > 1:
-        s.compile(min(_SECOND_PROBE, max_size))
-    steps = 0
-    while s.hi - s.lo > 1 and s.hi > max_size:
-        a, b = sorted(n for n in s.known if n <= s.lo)[-2:]  # every size compiled that fits is <= lo
-        rise, run = s.known[b] - s.known[a], b - a
-        if steps >= _LINE_STEPS:
-            n = 2 * s.lo
-        elif rise <= 0:  # no growth: try the largest size
-            n = max_size
-        else:
-            n = s.lo + (limit - s.known[s.lo]) * run // rise
-        s.compile(s.clamp(n))
-        steps += 1
-    if s.hi - s.lo <= 1:
-        return s.lo, s.known
-    k = math.ceil(math.log2(s.hi - s.lo)) + _SLACK  # the bracket is at most 2**k wide
-    weight_lo = weight_hi = 1  # Illinois: an end kept twice in a row counts half as much
-    last: bool | None = None
     while s.hi - s.lo > 1:
-        below = (limit - s.known[s.lo]) * weight_hi  # >= 0: how far lo's peak is under the limit
-        above = (s.known[s.hi] - limit) * weight_lo  # > 0: how far hi's is over
-        n = s.lo + below * (s.hi - s.lo) // (below + above)
-        if weight_hi > 1 and s.hi > 4 * s.lo:  # a curve that bends up (a quadratic) far from hi
-            n = max(n, math.isqrt(s.lo * s.hi))
-        k -= 1
-        n = min(max(n, s.hi - 2**k), s.lo + 2**k)  # leaves a bracket at most 2**k wide
-        fits = s.compile(s.clamp(n))
-        if fits:
-            weight_lo, weight_hi = 1, weight_hi * 2 if last else 1
-        else:
-            weight_lo, weight_hi = weight_lo * 2 if last is False else 1, 1
-        last = fits
+        reach = 2 ** (s.left - 1)  # the bracket after this step is at most this wide
+        n = min(max(_guess(s), s.hi - reach, s.lo + 1), s.lo + reach, s.hi - 1)
+        s.compile(n)
+        if on_step is not None:
+            on_step(n, s.known[n], s.lo, s.hi)
     return s.lo, s.known
+
+
+def _guess(s: _Bracket) -> int:
+    """The size to compile next, from the peaks compiled so far (`_search` holds it in its
+    window).
+
+    1. The second probe, `_SECOND_PROBE`.
+    2. Until a size does not fit: one past where the line through the two largest sizes
+       that fit reaches the limit, so that a line that is right is checked by that size
+       (which does not fit) and then the size before it (`max_size` if the peak does
+       not grow). A line that proved short (a curve that bends down) gives way to the
+       power law through those sizes, or to doubling, whichever is further.
+    3. Between `lo` and `hi`: where the curve `peak(1) + c * (n**p - 1)` through both
+       reaches the limit (a line for `p == 1`, as for most programs; `p` near 2 for
+       attention scores quadratic in a sequence length); `lo + 1` when that is `lo`.
+       Where `hi` moved twice in a row, `lo` may be stale (a kink between them, where
+       XLA changes kernels): the line through the two sizes compiled last, if lower.
+       Where the guess is next to an end whose peak another size shares (a plateau:
+       padding to a tile), the roundest size in the bracket instead (the edges of
+       padding are multiples of powers of two). With little to spare
+       (`_Bracket.spare() <= 1`), an eighth of the way toward the nearer end, so that
+       the outcome expected leaves the shorter side.
+    """
+    known, lo, hi, limit = s.known, s.lo, s.hi, s.limit
+    if len(known) == 1:
+        return _SECOND_PROBE
+    if hi > s.max_size:  # no size is known not to fit: every size compiled fits
+        a, b = sorted(known)[-2:]
+        rise = known[b] - known[a]
+        if rise <= 0:  # no growth: try the largest size
+            return s.max_size
+        n = b + (limit - known[b]) * (b - a) // rise
+        if len(known) > 2 and n > b:  # the last line was short
+            n = max(n, _power_law(known[1], a, known[a], b, known[b], limit) or n, 2 * b)
+        return n + 1
+    line = lo + (limit - known[lo]) * (hi - lo) // (known[hi] - known[lo])
+    curve = _power_law(known[1], lo, known[lo], hi, known[hi], limit)
+    n = line if curve is None or abs(curve - line) <= 2 else curve  # where it is a line, the exact integer one
+    a, b = list(known)[-2:]
+    if a > 1 and known[a] > known[b] > limit:
+        # `hi` moved twice, so `lo` may be stale (a kink between them, as where XLA changes
+        # kernels): the line through the two sizes compiled last, where it is lower.
+        n = min(n, max(b + (limit - known[b]) * (b - a) // (known[b] - known[a]), lo))
+    on_plateau = [any(m != end and known[m] == known[end] for m in known) for end in (lo, hi)]
+    if (on_plateau[0] and min(n, line) <= lo + 1) or (on_plateau[1] and max(n, line) >= hi - 1):
+        return _roundest(lo, hi)
+    if n <= lo:
+        return lo + 1
+    if s.spare() <= 1 and lo + 1 < n < hi - 1:
+        return n + max(1, (n - lo) // 8) if n - lo <= hi - n else n - max(1, (hi - n) // 8)
+    return n
+
+
+def _power_law(peak_1: int, lo: int, peak_lo: int, hi: int, peak_hi: int, limit: int) -> int | None:
+    """Where `peak(n) = peak_1 + c * (n**p - 1)`, through `(lo, peak_lo)` and `(hi, peak_hi)`,
+    reaches `limit` (rounded down); `None` where no such curve rises through them."""
+    if not (1 < lo < hi and peak_1 < peak_lo < peak_hi):
+        return None
+    log_lo, log_hi = math.log(lo), math.log(hi)
+    target = math.log((peak_hi - peak_1) / (peak_lo - peak_1))
+
+    def ratio(p: float) -> float:  # log((hi**p - 1) / (lo**p - 1)), increasing in p
+        return math.log(math.expm1(p * log_hi)) - math.log(math.expm1(p * log_lo))
+
+    a, b = 1e-3, 8.0
+    try:
+        if not ratio(a) < target < ratio(b):
+            return None
+        for _ in range(60):  # bisection of p, to float precision
+            a, b = (a, (a + b) / 2) if ratio((a + b) / 2) >= target else ((a + b) / 2, b)
+        p = (a + b) / 2
+        x = 1 + (limit - peak_1) / (peak_lo - peak_1) * math.expm1(p * log_lo)
+        return math.floor(math.exp(min(math.log(x) / p, 60.0)))
+    except (OverflowError, ValueError):
+        return None
+
+
+def _roundest(lo: int, hi: int) -> int:
+    """The roundest size strictly between `lo` and `hi` (`hi - lo >= 2`): the multiple of
+    the largest power of two."""
+    a, b = lo + 1, hi - 1
+    step = 1 << b.bit_length()
+    while -(-a // step) * step > b:
+        step //= 2
+    return -(-a // step) * step
+
+
+# -- sizes the shapes allow -------------------------------------------------------------
+class SizeError(ValueError):
+    """A size of the searched dimension that the inputs' shapes do not allow. The message
+    says why, without the function's name or the fix (the callers word those); `index` is
+    the input leaf at fault (`None` for a broken constraint)."""
+
+    def __init__(self, message: str, n: int, index: int | None) -> None:
+        super().__init__(message)
+        self.n, self.index = n, index
+
+
+def bind_at(dim: str, n: int, names: Sequence[str], leaves: Sequence[Any]) -> list[Any]:
+    """`leaves` with `dim` bound to `n`.
+
+    Raises:
+        SizeError: `n` breaks a constraint of the dimension's symbolic scope, or makes a
+            size negative, or an array XLA cannot count (which would end the process).
+    """
+    try:
+        sizes = check_sizes({dim: n}, names, leaves, "largest_fit")
+    except ValueError as e:
+        raise SizeError(str(e).removeprefix("treeshape.largest_fit: "), n, None) from None
+    bound, negative = bind_leaves(leaves, sizes)
+    if negative:
+        i = negative[0]
+        raise SizeError(f"has a negative size ({leaves[i].shape} gives {bound[i].shape})", n, i)
+    for i, leaf in enumerate(bound):
+        big = too_big(leaf.shape, leaf.dtype) if leaf is not leaves[i] else None
+        if big is not None:
+            raise SizeError(
+                f"has {big[0]:,} elements ({big[1]:,} bytes), more than XLA can count in 63 bits (2**63 - 1)", n, i
+            )
+    return bound
+
+
+def largest_allowed(dim: str, max_size: int, names: Sequence[str], leaves: Sequence[Any]) -> int:
+    """The largest size in `1..max_size` that `bind_at` allows, size 1 allowed (for a fix
+    to suggest: the sizes an array grows with are allowed up to some size)."""
+    lo, hi = 1, max_size
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        try:
+            bind_at(dim, mid, names, leaves)
+        except SizeError:
+            hi = mid - 1
+        else:
+            lo = mid
+    return lo
+
+
+class BudgetError(ValueError):
+    """Even size 1 does not fit the budget: `peak` bytes per device over `limit`."""
+
+    def __init__(self, message: str, peak: int, limit: int) -> None:
+        super().__init__(message)
+        self.peak, self.limit = peak, limit
 
 
 # -- the public function -------------------------------------------------------
@@ -289,6 +443,7 @@ def largest_fit(
     max_size: int = 2**20,
     donate_argnums: int | Sequence[int] = (),
     donate_argnames: str | Iterable[str] = (),
+    progress: bool = False,
     **kwargs: Any,
 ) -> Fit:
     """Find the largest size of dimension `dim` for which `fn`'s compiled program fits `budget`.
@@ -302,19 +457,20 @@ def largest_fit(
     `jax.ShapeDtypeStruct((b, 784), jnp.float32)`, or a Structure of such leaves).
 
     The answer is XLA's, not an extrapolation: the program is compiled at `n`, which fits,
-    and at `n + 1`, which does not (unless `n == max_size`). Two probes (sizes 1 and 64)
-    give a line, `fixed_bytes + per_unit_bytes * n`, which says where to look; the
-    compilations at the sizes it picks check it. A program whose peak is linear in `n`
-    takes 4 compilations (at most 8); one whose peak has steps or grows faster than
-    linearly gets a few more, and never more than `2 * ceil(log2(max_size)) + 10` (50).
-    Each size's `Cost` is cached as `cost` caches it, so asking again compiles nothing.
+    and at `n + 1`, which does not (unless `n == max_size`). The search compiles size 1
+    first, then 64: the line through them, `fixed_bytes + per_unit_bytes * n`, says
+    where to look, and the compilations at the sizes it picks check it. A program whose
+    peak is linear in `n` takes at most 4 compilations; one whose peak has steps or grows
+    faster than linearly a few more, and any program at most `ceil(log2(max_size)) + 4`
+    (24 for the default `max_size`), 3 more than a plain bisection. Each size's `Cost` is
+    cached as `cost` caches it, so asking again compiles nothing.
 
     The search compiles only sizes between the largest size seen to fit and the smallest
     above it seen not to, so `n` is the largest size it saw fit, next to one that does
     not. When the peak grows with the size (as it does for almost every program), that
-    is the largest size that fits. Where XLA's peak falls somewhere as the size grows
-    (another layout at a larger size), a larger size past one that does not fit may fit
-    too, unseen.
+    is the largest size that fits. Where a size compiled has a smaller peak than a smaller
+    one (another layout at a larger size), `Fit.monotone` is `False`: a larger size past
+    one that does not fit may fit too, unseen.
 
     Args:
         fn: Any callable `cost` takes.
@@ -328,20 +484,26 @@ def largest_fit(
         max_size: The largest size to consider.
         donate_argnums: As for `cost`.
         donate_argnames: As for `cost`.
+        progress: Print one line to standard error per size compiled (the size, its
+            peak, the range the answer is known to be in, seconds), and a summary line
+            at the end.
         **kwargs: As `args`.
 
     Returns:
-        A [treeshape.Fit][]: the size, the `Cost` there, the probes' line, the budget and
-        the number of programs compiled.
+        A [treeshape.Fit][]: the size, the `Cost` there, the probes' line, the budget, the
+        number of programs compiled, and whether the peaks seen grew with the size and
+        the search stopped at `max_size`.
 
     Raises:
-        TypeError: `fn` is not callable, or `dim`, `budget`, `margin` or `max_size` has the
-            wrong type.
+        TypeError: `fn` is not callable, or `dim`, `budget`, `margin`, `max_size` or
+            `progress` has the wrong type.
         ValueError: `budget`, `margin` or `max_size` is out of range; `dim` is not a free
             dimension of the inputs, or others are free too; no `budget` is given and the
             device reports no limit; the program does not fit even at size 1 (the message
             gives its peak and the limit); a size breaks a constraint of the dimension's
-            symbolic scope; or the backend reports no memory figures.
+            symbolic scope, makes an input's size negative or too large for XLA to count
+            (63 bits), checked before anything compiles; or the backend reports no memory
+            figures.
 
     Errors raised by `fn` itself propagate unchanged.
 
@@ -356,13 +518,18 @@ def largest_fit(
         >>> w2 = jax.ShapeDtypeStruct((256, 10), jnp.float32)
         >>> x = jax.ShapeDtypeStruct((b, 784), jnp.float32)
         >>> fit = ts.largest_fit(mlp, w1, w2, x, dim="b", budget=2**20)  # 1 MiB
-        >>> fit.size, fit.cost.peak_bytes, fit.compiles <= 8
-        (56, 1048256, True)
+        >>> fit.size, fit.cost.peak_bytes, fit.compiles <= 8, fit.monotone, fit.capped
+        (56, 1048256, True, True, False)
         >>> ts.cost(mlp, w1, w2, jax.ShapeDtypeStruct((57, 784), jnp.float32)).peak_bytes > 2**20
         True
     """
+    start = time.perf_counter()
     check_callable(fn, "largest_fit")
     check_arguments(dim, budget, margin, max_size)
+    if not isinstance(progress, bool):
+        raise TypeError(
+            f"treeshape.largest_fit: progress must be True or False, got {type(progress).__name__} {progress!r}."
+        )
     max_size = int(max_size)
     call, donated = prepare(fn, args, kwargs, donate_argnums, donate_argnames, "largest_fit")
     leaves = abstract_inputs(call.bound_leaves + call.call_leaves, call.treedef, "largest_fit")
@@ -370,37 +537,33 @@ def largest_fit(
     check_names(dim, names)
     n_bound = len(call.bound_leaves)
     costs: dict[int, Cost] = {}
-    compiles = 0
+    seconds: dict[int, float] = {}  # how long each size compiled in this call took
 
-    def bind_at(n: int) -> list[Any]:
+    def bind(n: int) -> list[Any]:
         """The leaves with `dim` bound to `n`; an error at a size the shapes do not allow."""
-        if n == 1:
-            fix = f"The search starts at {dim}=1, so the shapes must allow it: write them so that {dim} counts from 1"
-            fix += f" (an offset such as `{dim} + 7`, not a difference such as `{dim} - 8` or a lower bound)."
-        else:
-            fix = f"The search tries sizes up to max_size={max_size}: pass a max_size that the shapes allow."
         try:
-            sizes = check_sizes({dim: n}, names, leaves, "largest_fit")
-        except ValueError as e:
-            raise ValueError(f"{e} {fix}") from None
-        bound, negative = bind_leaves(leaves, sizes)
-        if negative:
-            i = negative[0]
-            raise ValueError(
-                f"treeshape.largest_fit: at {dim}={n}, {input_path(leaves, call.treedef, i)} has a negative size "
-                f"({leaves[i].shape} gives {bound[i].shape}). {fix}"
-            )
-        return bound
+            return bind_at(dim, n, names, leaves)
+        except SizeError as e:
+            where = "" if e.index is None else f"at {dim}={n}, {input_path(leaves, call.treedef, e.index)} "
+            if n == 1:
+                fix = f"The search starts at {dim}=1, so the shapes must allow it: write them so that {dim} counts "
+                fix += f"from 1 (an offset such as `{dim} + 7`, not a difference such as `{dim} - 8` or a lower bound)."
+            else:
+                largest = largest_allowed(dim, max_size, names, leaves)
+                fix = f"The search tries sizes up to max_size={max_size}: pass max_size={largest}, which they allow."
+            raise ValueError(f"treeshape.largest_fit: {where}{str(e).rstrip('.')}. {fix}") from None
 
-    bind_at(max_size)  # before compiling anything
+    bind(1)
+    bind(max_size)  # before compiling anything
 
     def cost_at(n: int) -> Cost:
-        nonlocal compiles
         if n not in costs:
-            bound = bind_at(n)
+            bound = bind(n)
             call_n = Call(call.core, bound[:n_bound], call.bound_treedef, bound[n_bound:], call.call_treedef)
+            began = time.perf_counter()
             costs[n], compiled = cost_of(call_n, donated)
-            compiles += compiled
+            if compiled:
+                seconds[n] = time.perf_counter() - began
         return costs[n]
 
     first = cost_at(1)
@@ -424,21 +587,60 @@ def largest_fit(
             )
         return peak
 
+    def report(n: int, peak: int, lo: int, hi: int) -> None:
+        if progress and n in seconds:
+            verdict = "fits" if peak <= limit else f"over the limit of {limit:,} B"
+            answer = "none" if lo < 1 else f"{lo}" if hi - lo <= 1 or lo == max_size else f"in {lo}..{hi - 1}"
+            print(
+                f"treeshape.largest_fit: {dim}={n}: peak {_bytes_exact(peak)}, {verdict}; the answer is "
+                f"{answer}; "
+                f"{seconds[n]:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
     peak = peak_at(1)
     if peak > limit:
+        report(1, peak, 0, 1)
         kept = f" less a {_percent(margin)} margin" if margin else ""
-        raise ValueError(
+        raise BudgetError(
             f"treeshape.largest_fit: even {dim}=1 does not fit: peak {human_bytes(peak)} ({peak:,} B) per device > "
             f"limit {human_bytes(limit)} ({limit:,} B: budget {human_bytes(budget)}{kept}). Raise the budget, "
-            "shard over more devices, donate buffers (donate_argnums) or shrink the program."
+            "shard over more devices, donate buffers (donate_argnums) or shrink the program.",
+            peak,
+            limit,
         )
-    size, known = _search(peak_at, limit, max_size)
+    report(1, peak, 1, max_size + 1)
+    size, known = _search(peak_at, limit, max_size, report)
     probe = min(_SECOND_PROBE, max_size)
     fixed = per_unit = None
     if probe > 1:
         per_unit = (known[probe] - known[1]) / (probe - 1)
         fixed = known[1] - per_unit
-    return Fit(dim, size, costs[size], fixed, per_unit, budget, compiles, margin=margin)
+    ordered = sorted(known)
+    monotone = all(known[a] <= known[b] for a, b in zip(ordered, ordered[1:], strict=False))
+    fit = Fit(
+        dim,
+        size,
+        costs[size],
+        fixed,
+        per_unit,
+        budget,
+        len(seconds),
+        margin=margin,
+        monotone=monotone,
+        capped=size == max_size,
+    )
+    if progress:
+        after = "is max_size: the budget was not reached" if fit.capped else f"{dim}={size + 1} does not"
+        print(
+            f"treeshape.largest_fit: {dim}={size} fits (peak {known[size]:,} B, limit {limit:,} B) and {after}; "
+            f"{fit.compiles} programs compiled in "
+            f"{time.perf_counter() - start:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    return fit
 
 
 # `Fit.__module__` is "treeshape", so doctest would not find its docstring in this module.

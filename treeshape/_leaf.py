@@ -372,6 +372,18 @@ def leaf_nbytes(leaf: jax.ShapeDtypeStruct) -> int:
     return size * itemsize
 
 
+# XLA counts elements and bytes in int64: an array past this makes it abort the process.
+MAX_COUNT: Final = 2**63 - 1
+
+
+def too_big(shape: tuple[Any, ...], dtype: Any) -> tuple[int, int] | None:
+    """`(elements, bytes)` of an array whose element count or byte size passes
+    `MAX_COUNT` (symbolic dimensions counted as 1, their least size), else `None`."""
+    count = math.prod(1 if is_symbolic(d) else d for d in shape)
+    nbytes = count * (key_data_bytes(dtype) if is_key_dtype(dtype) else np.dtype(dtype).itemsize)
+    return (count, nbytes) if max(count, nbytes) > MAX_COUNT else None
+
+
 # -- symbolic dimensions -----------------------------------------------------------------
 # A dimension is an int, or a `jax.export` dimension expression (`b`, `2*b + 1`) of a
 # symbolic scope that may constrain it (`b >= 4`). Two expressions of different scopes

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from . import _compat
 from ._compat import JaxFeatureMissing
-from ._leaf import key_dtype, key_tags, long_dtype_name
+from ._leaf import key_dtype, key_tags, long_dtype_name, too_big
 
 
 SPEC_EXAMPLE: Final = "f32[8,784]"
@@ -118,6 +118,18 @@ def _shape(dims: str, spec: str, names: Names) -> tuple[Any, ...]:
     return tuple(shape)
 
 
+def _check_size(shape: tuple[Any, ...], dtype: Any, spec: str) -> None:
+    """Refuse an array XLA cannot count (it would abort the process when compiling it)."""
+    big = too_big(shape, dtype)
+    if big is not None:
+        count, nbytes = big
+        least = " at least" if any(_compat.is_symbolic(d) for d in shape) else ""
+        raise SpecError(
+            f"spec {_quoted(spec)} has{least} {count:,} elements ({nbytes:,} bytes), more than XLA can count in "
+            "63 bits (2**63 - 1): use smaller sizes"
+        )
+
+
 def _check_64_bit(dtype: Any, spec: str) -> None:
     canonical = jax.dtypes.canonicalize_dtype(dtype)
     if canonical != dtype:
@@ -135,6 +147,7 @@ def _array(weak: str, name: str, dims: str, spec: str, names: Names) -> jax.Shap
         )
     shape = _shape(dims, spec, names)
     _check_64_bit(dtype, spec)
+    _check_size(shape, dtype, spec)
     return jax.ShapeDtypeStruct(shape, dtype, weak_type=bool(weak))
 
 
@@ -152,7 +165,9 @@ def _key(weak: str, name: str, dims: str, spec: str, names: Names) -> jax.ShapeD
             f"default), {', '.join(f'key<{tag}>' for tag in tags[1:])}, or an implementation's name "
             "(key<threefry2x32>)"
         ) from err
-    return jax.ShapeDtypeStruct(_shape(dims, spec, names), dtype)
+    shape = _shape(dims, spec, names)
+    _check_size(shape, dtype, spec)
+    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 def _single(spec: str, names: Names) -> Any:

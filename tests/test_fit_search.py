@@ -1,0 +1,261 @@
+"""The search behind `ts.largest_fit`: its answer and its number of compilations, over
+peak curves of every shape (lines, steps, quadratics, sawtooth, constant, random and an
+adversary that answers so as to keep the larger half), through the search's internal
+seam with a fake peak function, and over real programs through `ts.largest_fit`, whose
+compilations the `compiles` fixture counts from JAX's own monitoring events."""
+
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import given, strategies as st
+
+import treeshape as ts
+from treeshape._fit import _search
+
+
+F32 = jnp.float32
+(B,) = jax.export.symbolic_shape("b")
+
+
+def bound(max_size):
+    """At most `ceil(log2(max_size)) + 4` compilations, size 1 included."""
+    return math.ceil(math.log2(max_size)) + 4 if max_size > 1 else 1
+
+
+def run(peak, limit, max_size):
+    """`_search` on `peak`, checked: size 1 first, no size twice, the answer fits next to
+    a size that does not (or is max_size). Returns the size and the sizes compiled."""
+    asked = []
+
+    def peak_at(n):
+        assert 1 <= n <= max_size
+        asked.append(n)
+        return peak(n)
+
+    size, known = _search(peak_at, limit, max_size)
+    assert asked[0] == 1 and len(asked) == len(set(asked)) == len(known)
+    assert known == {n: peak(n) for n in asked}
+    assert peak(size) <= limit
+    assert size == max_size or (size + 1 in known and peak(size + 1) > limit)
+    assert len(asked) <= bound(max_size), (len(asked), bound(max_size))
+    return size, asked
+
+
+def limits(draw, peak, max_size):
+    """A limit that size 1 fits: a peak hit exactly (at 1, at max_size, at a size drawn),
+    or a value between peaks."""
+    kind = draw(st.sampled_from(["at 1", "at max_size", "at a size", "between"]))
+    if kind == "at 1":
+        return peak(1)
+    if kind == "at max_size":
+        return max(peak(1), peak(max_size))
+    n = draw(st.integers(1, max_size))
+    return max(peak(1), peak(n) + (draw(st.integers(0, max(0, peak(n) // 2))) if kind == "between" else 0))
+
+
+@st.composite
+def curves(draw):
+    """`(name, peak, limit, max_size)` for a curve of a drawn family."""
+    max_size = draw(st.one_of(st.just(2**20), st.integers(1, 2**24)))
+    fixed = draw(st.integers(0, 10**9))
+    per = draw(st.integers(1, 10**4))
+    family = draw(st.sampled_from(["linear", "steps", "pow2 steps", "quadratic", "cubic", "sawtooth", "constant"]))
+    if family == "linear":
+        peak = lambda n: fixed + per * n  # noqa: E731
+    elif family == "steps":  # padding to a tile of `tile` rows
+        tile = draw(st.sampled_from([8, 64, 128, 1000]))
+        peak = lambda n: fixed + per * n + per * tile * -(-n // tile)  # noqa: E731
+    elif family == "pow2 steps":  # padding to a power of two
+        peak = lambda n: fixed + per * (1 << (n - 1).bit_length())  # noqa: E731
+    elif family == "quadratic":
+        quad = draw(st.integers(1, 100))
+        peak = lambda n: fixed + per * n + quad * n * n  # noqa: E731
+    elif family == "cubic":
+        peak = lambda n: fixed + n**3  # noqa: E731
+    elif family == "sawtooth":  # not monotone
+        period = draw(st.integers(2, 1000))
+        peak = lambda n: fixed + per * n + per * 50 * ((n * 37) % period)  # noqa: E731
+    else:
+        peak = lambda n: fixed  # noqa: E731
+    return family, peak, limits(draw, peak, max_size), max_size
+
+
+@given(curves())
+def test_every_curve_is_answered_within_the_bound(curve):
+    family, peak, limit, max_size = curve
+    size, asked = run(peak, limit, max_size)
+    if family == "linear":
+        assert len(asked) <= 4
+        assert size == min(max_size, (limit - peak(0)) // (peak(1) - peak(0)))
+    if family == "constant":
+        assert size == max_size and len(asked) <= 3  # sizes 1, 64 and max_size
+
+
+@given(st.integers(1, 2**30), st.data())
+def test_random_peaks_are_answered_within_the_bound(max_size, data):
+    """Peaks drawn at random as the search asks (monotone or not): any curve at all."""
+    monotone = data.draw(st.booleans())
+    drawn = {}
+
+    def peak(n):
+        if n not in drawn:
+            if monotone:
+                below = max((p for m, p in drawn.items() if m < n), default=0)
+                above = min((p for m, p in drawn.items() if m > n), default=below + 10**6)
+                drawn[n] = data.draw(st.integers(below, above))
+            else:
+                drawn[n] = data.draw(st.integers(0, 10**6))
+        return drawn[n]
+
+    limit = max(peak(1), data.draw(st.integers(0, 10**6)))
+    run(peak, limit, max_size)
+
+
+@pytest.mark.parametrize("max_size", [1, 2, 3, 64, 65, 1000, 2**20, 2**20 + 1, 2**40])
+def test_an_adversary_that_keeps_the_larger_half(max_size):
+    """Each size fits or not so as to leave the wider bracket: the worst case of any search.
+    The bound holds, 3 above bisection's count."""
+    lo, hi = 1, max_size + 1
+
+    def peak(n):
+        nonlocal lo, hi
+        if n == 1:
+            return 0
+        if hi - n >= n - lo:
+            lo = n
+            return 0
+        hi = n
+        return 2
+
+    _, asked = run(peak, 1, max_size)
+    assert len(asked) >= 1 + math.ceil(math.log2(max_size))  # no search does better against it: bisection's count
+
+
+def test_the_default_max_size_is_answered_in_at_most_24_for_steps():
+    """Padding to a power of two, the budget between two steps: 24 at most where the
+    search of 0.3 took 27."""
+    peak = lambda n: 4096 * (1 << (n - 1).bit_length())  # noqa: E731
+    for answer in (2**k for k in range(6, 20)):
+        size, asked = run(peak, 4096 * answer + 1000, 2**20)
+        assert size == answer
+
+
+def test_a_line_is_answered_in_four():
+    """Sizes 1, 64, the size past where the line reaches the budget, and the one before."""
+    peak = lambda n: 1000 + 800 * n  # noqa: E731
+    size, asked = run(peak, 1000 + 800 * 70_000 + 799, 2**20)
+    assert size == 70_000
+    assert asked == [1, 64, 70_001, 70_000]
+
+
+# -- real programs through ts.largest_fit --------------------------------------------
+def oracle_peak(f, *args):
+    m = jax.jit(f).lower(*args).compile().memory_analysis()
+    return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+
+
+def padded(x):
+    """Rows padded to a multiple of 64: a peak with steps."""
+    return jnp.pad(x, ((0, -x.shape[0] % 64), (0, 0))) * 2
+
+
+def outer(x):
+    """A peak quadratic in the size."""
+    return x[:, None] * x[None, :]
+
+
+def double(x):
+    return 2 * x
+
+
+@pytest.mark.parametrize(
+    "f, inputs, budget",
+    [
+        (double, lambda n: (jax.ShapeDtypeStruct((n, 100), F32),), 123_457),
+        (padded, lambda n: (jax.ShapeDtypeStruct((n, 16), F32),), 10**8),
+        (padded, lambda n: (jax.ShapeDtypeStruct((n, 16), F32),), 1_100_000),
+        (outer, lambda n: (jax.ShapeDtypeStruct((n,), F32),), 10**8),
+    ],
+    ids=["linear", "steps-large", "steps-small", "quadratic"],
+)
+def test_real_programs_within_the_bound(compiles, f, inputs, budget):
+    fit = ts.largest_fit(f, *inputs(B), dim="b", budget=budget)
+    assert fit.compiles == len(compiles) <= 24
+    if f is double:
+        assert fit.compiles == 4
+    assert oracle_peak(f, *inputs(fit.size)) == fit.cost.peak_bytes <= budget
+    assert oracle_peak(f, *inputs(fit.size + 1)) > budget
+    assert (fit.monotone, fit.capped) == (True, False)
+
+
+def test_a_program_that_fits_at_max_size_is_capped(compiles):
+    fit = ts.largest_fit(double, jax.ShapeDtypeStruct((B, 100), F32), dim="b", budget=10**9, max_size=5000)
+    assert (fit.size, fit.capped, fit.monotone, fit.compiles, len(compiles)) == (5000, True, True, 3, 3)
+
+
+def test_a_cheaper_path_above_some_size_is_not_monotone():
+    """Where a larger size compiled has a smaller peak than a smaller one, `monotone` is
+    False; XLA's own peaks say so."""
+
+    def saw(x):
+        n = x.shape[0]
+        return x * 2, jnp.ones(((n * 37) % 101) * 64, F32) * x.sum()
+
+    inputs = lambda n: (jax.ShapeDtypeStruct((n,), F32),)  # noqa: E731
+    fit = ts.largest_fit(saw, *inputs(B), dim="b", budget=20_000, max_size=3000)
+    assert not fit.monotone
+    assert "may fit too" in str(fit)
+
+
+def test_progress_is_one_line_per_compilation_and_a_summary(capsys, compiles):
+    fit = ts.largest_fit(double, jax.ShapeDtypeStruct((B, 100), F32), dim="b", budget=123_457, progress=True)
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and len(lines) == fit.compiles + 1 == len(compiles) + 1 == 5
+    assert lines[0].startswith("treeshape.largest_fit: b=1: peak 800 B, fits; the answer is in 1..1048576; ")
+    assert lines[1].startswith(
+        "treeshape.largest_fit: b=64: peak 50.0 KiB (51,200 B), fits; the answer is in 64..1048576; "
+    )
+    assert lines[2].startswith(
+        "treeshape.largest_fit: b=155: peak 121.1 KiB (124,000 B), over the limit of 123,457 B; the answer is in "
+        "64..154; "
+    )
+    assert lines[3].startswith("treeshape.largest_fit: b=154: peak 120.3 KiB (123,200 B), fits; the answer is 154; ")
+    assert all(re.search(r"; \d+\.\d\d s$", line) for line in lines[:4])
+    assert re.fullmatch(
+        r"treeshape.largest_fit: b=154 fits \(peak 123,200 B, limit 123,457 B\) and b=155 does not; "
+        r"4 programs compiled in \d+\.\d s",
+        lines[4],
+    )
+    again = ts.largest_fit(double, jax.ShapeDtypeStruct((B, 100), F32), dim="b", budget=123_457, progress=True)
+    assert again.compiles == 0 and len(capsys.readouterr().err.splitlines()) == 1  # the summary alone
+    ts.largest_fit(double, jax.ShapeDtypeStruct((B, 100), F32), dim="b", budget=123_456)
+    assert capsys.readouterr() == ("", "")
+
+
+def test_progress_when_nothing_fits(capsys):
+    with pytest.raises(ValueError, match="even b=1 does not fit"):
+        ts.largest_fit(double, jax.ShapeDtypeStruct((B, 100), F32), dim="b", budget=100, progress=True)
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("treeshape.largest_fit: b=1: peak 800 B, over the limit of 100 B; the answer is none; ")
+
+
+def test_progress_must_be_a_bool():
+    with pytest.raises(TypeError, match="progress must be True or False, got str 'yes'"):
+        ts.largest_fit(double, jax.ShapeDtypeStruct((B, 100), F32), dim="b", budget=10**6, progress="yes")
+
+
+def test_sizes_xla_cannot_count_are_refused_before_compiling(compiles):
+    big = jax.ShapeDtypeStruct((B, 2**40, 1024), F32)
+    message = (
+        "treeshape.largest_fit: at b=1048576, args[0] has 1,180,591,620,717,411,303,424 elements "
+        "(4,722,366,482,869,645,213,696 bytes), more than XLA can count in 63 bits (2**63 - 1). The search tries "
+        "sizes up to max_size=1048576: pass max_size=2047, which they allow."
+    )
+    with pytest.raises(ValueError) as info:
+        ts.largest_fit(lambda x: x * 2, big, dim="b", budget=10**9)
+    assert str(info.value) == message
+    assert compiles == []
