@@ -356,6 +356,12 @@ def _input_fix(m: Mismatch, before: Trace) -> str:
             "(an `nnx.Variable` / an array field)."
         )
     e, a = str(m.expected), str(m.actual)
+    if e.startswith("the static value ") != a.startswith("the static value ") and "None" not in (e, a):
+        return (
+            f"It was {m.expected} at {at} and is {m.actual} now: a non-array argument is static (under "
+            "`eqx.filter_jit`, or marked static), traced anew for each value, and an array is traced by its "
+            "type. Pass an array every time (`jnp.asarray(x)`)."
+        )
     if e.startswith("the static value ") and a.startswith("the static value "):
         return (
             "A static argument (`static_argnums` / `static_argnames`, or a non-array under `eqx.filter_jit`) "
@@ -426,7 +432,7 @@ class _Watched:
         # function's attributes onto the jitted one, so `jax.jit(watched).traces` works.
         self.traces: list[Trace] = self._history.traces
         self.retraces: list[Retrace] = self._history.retraces
-        self._name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+        self._name = getattr(fn, "__name__", None) or type(fn).__name__
         try:
             self._hash = hash((_Watched, fn, max_traces))
         except TypeError:
