@@ -149,3 +149,15 @@ def test_the_structures_guides_framework_models_run_and_print_what_they_show(cap
         for code, shown in pairs:
             exec(compile(code, "<docs example>", "exec"), namespace)
             assert capsys.readouterr().out == shown
+
+
+def test_the_retraces_guide_prints_what_it_shows(capsys):
+    blocks = _blocks_with_output("guide/retraces.md")
+    assert sum(shown is not None for _, shown in blocks) >= 6
+    namespace: dict = {}
+    with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
+        for code, shown in blocks:
+            exec(compile(code, "<docs example>", "exec"), namespace)
+            printed = capsys.readouterr().out
+            if shown is not None:
+                assert printed == shown, code

@@ -365,7 +365,8 @@ def _input_fix(m: Mismatch, before: Trace) -> str:
     if e.startswith("the static value ") and a.startswith("the static value "):
         return (
             "A static argument (`static_argnums` / `static_argnames`, or a non-array under `eqx.filter_jit`) "
-            "traces anew for each value: keep it fixed, or pass it as an array if it changes from call to call."
+            "traces anew for each value: keep it fixed, or pass it as an array (`jnp.asarray(x)`) if it changes "
+            "from call to call."
         )
     if m.actual is None:
         return f"It was there at {at} and is missing now: pass the same keys on every call."
