@@ -435,3 +435,17 @@ def test_bad_arguments_say_what_is_expected():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="max_traces"):
             ts.watch(_ident(), max_traces=bad)
+
+
+def test_safe_under_every_transformation(in_context, request):
+    watched = ts.watch(lambda y: y * 2)
+    x = jnp.arange(3.0)
+    out = in_context(watched, x)
+    expected = in_context(lambda y: y * 2, x)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected))
+    for trace in watched.traces:
+        [leaf] = trace.inputs.leaves
+        assert isinstance(leaf, jax.ShapeDtypeStruct) and leaf.shape == (3,)
+    # Custom rules run eagerly at top level (nothing is traced there), as plain calls do.
+    eager = {"top", "custom_jvp", "custom_vjp_fwd", "custom_vjp_bwd"}
+    assert (len(watched.traces) == 0) == (request.node.callspec.params["in_context"] in eager)

@@ -81,6 +81,8 @@ class Retrace:
             `"setting"`, the path names it), or, when inputs and settings are
             those of `closest`, kind `"function"` (JAX saw a new function) or
             `"cache"` (JAX's caches were cleared since).
+        name: The watched function's `__name__`, as the report names it.
+        where: The user's `"file.py:LINE"` that made this trace's call.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -502,7 +504,8 @@ def watch(fn: Callable[..., Any], /, *, max_traces: int | None = None) -> Callab
     Args:
         fn: The function to watch (what you would pass to `jax.jit`).
         max_traces: If given, the trace after the `max_traces`-th raises
-            [treeshape.RetraceError][], from inside that trace.
+            [treeshape.RetraceError][], from inside that trace (traces
+            counted over every watch of `fn`, which share one history).
 
     Returns:
         A callable like `fn`, with `.traces` (a list of [treeshape.Trace][])
