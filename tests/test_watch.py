@@ -449,3 +449,44 @@ def test_safe_under_every_transformation(in_context, request):
     # Custom rules run eagerly at top level (nothing is traced there), as plain calls do.
     eager = {"top", "custom_jvp", "custom_vjp_fwd", "custom_vjp_bwd"}
     assert (len(watched.traces) == 0) == (request.node.callspec.params["in_context"] in eager)
+
+
+def test_watches_of_one_function_are_one_function_to_a_cache_that_holds_one(compiles):
+    def step(x):
+        return x * 2
+
+    jitted = eqx.filter_jit(ts.watch(step))
+    jitted(_A)
+    assert ts.watch(step) == ts.watch(step) and hash(ts.watch(step)) == hash(ts.watch(step))
+    assert ts.watch(step) != ts.watch(step, max_traces=3)
+    assert _compiles_of(compiles, lambda: eqx.filter_jit(ts.watch(step))(_A)) == 0  # as eqx.filter_jit(step)
+    assert len(ts.watch(step).traces) == 1
+
+
+class _Unhashable(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, x):
+        return self.w * x
+
+
+def test_a_callable_module_is_watched_by_identity_without_its_eq_or_hash():
+    model = _Unhashable(jnp.ones(3))
+    watched = ts.watch(model)
+    hash(watched)
+    assert watched == ts.watch(model) and watched != ts.watch(_Unhashable(jnp.ones(3)))
+    jax.jit(watched)(_A)
+    jax.jit(watched)(_A.astype(np.int32))
+    assert [(m.where, m.kind) for m in watched.retraces[0].mismatches] == [("args[0]", "dtype")]
+
+
+def test_a_bound_method_shares_the_history_of_its_function_and_instance():
+    class Trainer:
+        def step(self, x):
+            return x + 1
+
+    trainer = Trainer()
+    jax.jit(ts.watch(trainer.step))(_A)
+    jax.jit(ts.watch(trainer.step))(_B)
+    assert len(ts.watch(trainer.step).traces) == 2
+    assert ts.watch(Trainer().step).traces == []

@@ -152,11 +152,18 @@ _HISTORIES: dict[tuple[int, ...], tuple[tuple["weakref.ref[Any]", ...], _History
 _HISTORIES_LOCK: Final = threading.Lock()
 
 
+def _identity(fn: Callable[..., Any]) -> tuple[int, ...]:
+    """`fn` by identity: a bound method (made afresh on each attribute access) by its
+    function and instance."""
+    objects = (fn.__func__, fn.__self__) if isinstance(fn, types.MethodType) else (fn,)
+    return tuple(id(obj) for obj in objects)
+
+
 def _history(fn: Callable[..., Any]) -> _History:
     """The history of `fn`, weakly keyed by it (by its function and instance, for a
     bound method, which is made afresh on each attribute access)."""
     objects = (fn.__func__, fn.__self__) if isinstance(fn, types.MethodType) else (fn,)
-    key = tuple(id(obj) for obj in objects)
+    key = _identity(fn)
 
     def forget(_: Any) -> None:
         with _HISTORIES_LOCK:
@@ -436,10 +443,10 @@ class _Watched:
         self.traces: list[Trace] = self._history.traces
         self.retraces: list[Retrace] = self._history.retraces
         self._name = getattr(fn, "__name__", None) or type(fn).__name__
-        try:
-            self._hash = hash((_Watched, fn, max_traces))
-        except TypeError:
-            self._hash = id(self)
+        # Told by identity (a bound method by its function and instance), as the history is:
+        # the function's own `__eq__` and `__hash__` are never called.
+        self._identity = _identity(fn) + (max_traces,)
+        self._hash = hash(self._identity)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not _compat.at_top_level():  # a trace: JAX calls this only when it traces
@@ -466,16 +473,13 @@ class _Watched:
             )
 
     def __eq__(self, other: object) -> bool:
-        # Equal watches of one function are one function to JAX's caches, as the
-        # function itself is: watching never adds a trace.
+        # Watches of one function are one function to a cache that holds an earlier
+        # one (`eqx.filter_jit` keys on its static function): a new watch adds no trace.
         if other is self:
             return True
-        return (
-            type(other) is _Watched
-            and other._hash == self._hash
-            and other._fn == self._fn
-            and other._max_traces == self._max_traces
-        )
+        if type(other) is not _Watched or other._hash != self._hash:
+            return False
+        return other._identity == self._identity  # ids of objects both hold alive: the same objects
 
     def __hash__(self) -> int:
         return self._hash
