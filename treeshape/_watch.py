@@ -152,17 +152,19 @@ _HISTORIES: dict[tuple[int, ...], tuple[tuple["weakref.ref[Any]", ...], _History
 _HISTORIES_LOCK: Final = threading.Lock()
 
 
+def _parts(fn: Callable[..., Any]) -> tuple[Any, ...]:
+    """What identifies `fn`: itself, or for a bound method (made afresh on each attribute
+    access) its function and instance."""
+    return (fn.__func__, fn.__self__) if isinstance(fn, types.MethodType) else (fn,)
+
+
 def _identity(fn: Callable[..., Any]) -> tuple[int, ...]:
-    """`fn` by identity: a bound method (made afresh on each attribute access) by its
-    function and instance."""
-    objects = (fn.__func__, fn.__self__) if isinstance(fn, types.MethodType) else (fn,)
-    return tuple(id(obj) for obj in objects)
+    return tuple(id(part) for part in _parts(fn))
 
 
 def _history(fn: Callable[..., Any]) -> _History:
-    """The history of `fn`, weakly keyed by it (by its function and instance, for a
-    bound method, which is made afresh on each attribute access)."""
-    objects = (fn.__func__, fn.__self__) if isinstance(fn, types.MethodType) else (fn,)
+    """The history of `fn`, weakly keyed by its parts."""
+    objects = _parts(fn)
     key = _identity(fn)
 
     def forget(_: Any) -> None:
