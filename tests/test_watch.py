@@ -490,3 +490,29 @@ def test_a_bound_method_shares_the_history_of_its_function_and_instance():
     jax.jit(ts.watch(trainer.step))(_B)
     assert len(ts.watch(trainer.step).traces) == 2
     assert ts.watch(Trainer().step).traces == []
+
+
+def test_a_trace_that_raised_is_not_recorded_and_the_next_one_is_told_by_its_inputs():
+    def step(x):
+        if x.shape == (4,):
+            raise ValueError("no batches of 4")
+        return x
+
+    watched = ts.watch(step)
+    jitted = jax.jit(watched)
+    jitted(_A)
+    with pytest.raises(ValueError, match="no batches of 4"):  # the user's own error, unchanged
+        jitted(_B)
+    assert len(watched.traces) == 1
+    jitted(_A.astype(np.int32))
+    assert [m.kind for m in watched.retraces[0].mismatches] == ["dtype"]
+    assert watched.retraces[0].index == 1
+
+
+def test_a_trace_over_max_traces_is_refused_each_time_and_not_recorded():
+    jitted = jax.jit(ts.watch(_ident(), max_traces=1))
+    jitted(_A)
+    for _ in range(2):  # JAX keeps nothing of a failed trace: the next call traces again
+        with pytest.raises(ts.RetraceError):
+            jitted(_B)
+    assert len(jitted.traces) == 1 and jitted.retraces == []

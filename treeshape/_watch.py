@@ -16,7 +16,7 @@ import threading
 import types
 import weakref
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import jax
 import jax.tree_util as jtu
@@ -432,6 +432,15 @@ def _retrace(name: str, history: _History, now: Trace, generation: int) -> Retra
 
 
 # -- the wrapper ---------------------------------------------------------------------
+class _Seen(NamedTuple):
+    """What one trace saw, before it is known to succeed."""
+
+    inputs: Structure
+    settings: dict[str, Any]
+    where: str
+    generation: int  # JAX's cache generation (`_cache_generation`)
+
+
 class _Watched:
     """`fn`, recording each trace (see `watch`)."""
 
@@ -451,28 +460,37 @@ class _Watched:
         self._hash = hash(self._identity)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not _compat.at_top_level():  # a trace: JAX calls this only when it traces
-            self._record(args, kwargs)
-        return self._fn(*args, **kwargs)
+        if _compat.at_top_level():  # not a trace (JAX calls this only when it traces)
+            return self._fn(*args, **kwargs)
+        seen = _Seen(_inputs(args, kwargs), _settings(), _call_site(), _cache_generation())
+        if self._max_traces is not None:
+            self._check_max_traces(seen, self._max_traces)
+        out = self._fn(*args, **kwargs)
+        self._record(seen)  # only a trace that succeeded: JAX keeps nothing of one that raised
+        return out
 
-    def _record(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        inputs, settings, where = _inputs(args, kwargs), _settings(), _call_site()
-        generation = _cache_generation()
+    def _check_max_traces(self, seen: "_Seen", max_traces: int) -> None:
         history = self._history
         with history.lock:
-            trace = Trace(len(history.traces), inputs, settings, where)
-            retrace = _retrace(self._name, history, trace, generation) if history.traces else None
+            if len(history.traces) < max_traces:
+                return
+            trace = Trace(len(history.traces), seen.inputs, seen.settings, seen.where)
+            retrace = _retrace(self._name, history, trace, seen.generation)
+        times = "once" if max_traces == 1 else f"{max_traces} times"
+        raise RetraceError(
+            f"treeshape.watch: `{self._name}` may be traced at most {times} (max_traces={max_traces}), "
+            f"and this is trace {trace.index + 1}.\n\n{retrace}",
+            retrace,
+        )
+
+    def _record(self, seen: "_Seen") -> None:
+        history = self._history
+        with history.lock:
+            trace = Trace(len(history.traces), seen.inputs, seen.settings, seen.where)
+            if history.traces:
+                history.retraces.append(_retrace(self._name, history, trace, seen.generation))
             history.traces.append(trace)
-            history.generations.append(generation)
-            if retrace is not None:
-                history.retraces.append(retrace)
-        if retrace is not None and self._max_traces is not None and trace.index >= self._max_traces:
-            times = "once" if self._max_traces == 1 else f"{self._max_traces} times"
-            raise RetraceError(
-                f"treeshape.watch: `{self._name}` may be traced at most {times} (max_traces={self._max_traces}), "
-                f"and this is trace {trace.index + 1}.\n\n{retrace}",
-                retrace,
-            )
+            history.generations.append(seen.generation)
 
     def __eq__(self, other: object) -> bool:
         # Watches of one function are one function to a cache that holds an earlier
@@ -499,7 +517,9 @@ def watch(fn: Callable[..., Any], /, *, max_traces: int | None = None) -> Callab
     Use it inside any jit (`jax.jit(ts.watch(step))`, `eqx.filter_jit`,
     `nnx.jit`, or as a decorator under them). The wrapper calls `fn`
     unchanged, adds nothing to the compiled program, and is not called at all
-    once JAX has compiled it. Watches of the same `fn` share one history.
+    once JAX has compiled it. Watches of the same `fn` share one history. A
+    trace that raised (in `fn`, or `RetraceError`) is not recorded: JAX keeps
+    nothing of it, so the next call traces again.
 
     JAX traces again for a new input type (shape, dtype, weak type, sharding
     under explicit mesh axes), a new static value or tree structure, a new
