@@ -265,7 +265,7 @@ def _mesh_text(value: Any) -> str:
     return "no mesh" if value is None else repr(value)
 
 
-def _setting_fix(name: str, before: Any, now: Any) -> str:
+def _setting_fix(name: str) -> str:
     if name == "mesh":
         return (
             "JAX traces a function anew for each mesh set with `jax.set_mesh` (its axis names, sizes and types "
@@ -296,7 +296,7 @@ def _setting_mismatches(before: dict[str, Any], now: dict[str, Any]) -> list[Mis
             same = e is a
         if not same:
             shown = (_mesh_text(e), _mesh_text(a)) if name == "mesh" else (repr(e), repr(a))
-            found.append(Mismatch(name, "setting", shown[0], shown[1], root="", fix=_setting_fix(name, e, a)))
+            found.append(Mismatch(name, "setting", shown[0], shown[1], root="", fix=_setting_fix(name)))
     if len(found) > 1:  # the whole key (releases without its names) only when no named part tells
         found = [m for m in found if m.path != "jax_trace_context"]
     return found
@@ -304,8 +304,8 @@ def _setting_mismatches(before: dict[str, Any], now: dict[str, Any]) -> list[Mis
 
 def _rooted(m: Mismatch) -> Mismatch:
     """A mismatch inside `(args, kwargs)` as `args[0]['lr']` / `kwargs['x']`."""
-    root, rest = ("args", m.path[3:]) if m.path.startswith("[0]") else ("kwargs", m.path[3:])
-    return dataclasses.replace(m, path=rest, root=root)
+    root = "args" if m.path.startswith("[0]") else "kwargs"
+    return dataclasses.replace(m, path=m.path[3:], root=root)
 
 
 def _sharding_mismatches(before: Structure, now: Structure) -> list[Mismatch]:
@@ -329,19 +329,20 @@ def _spec(leaf: jax.ShapeDtypeStruct) -> Any:
     return jax.sharding.PartitionSpec(*entries, *[None] * (len(leaf.shape) - len(entries)))
 
 
-def _input_fix(m: Mismatch, before: Trace) -> str:
-    """The remedy for one difference in the inputs, as a user acts on it in a training loop."""
+def _input_fix(m: Mismatch, before: Trace, dtype: Any) -> str:
+    """The remedy for one difference in the inputs, as a user acts on it in a training loop
+    (`dtype`: the leaf's dtype now, if it is an array)."""
     at = f"trace {before.index}"
     if m.kind == "weak_type":
+        made = f"`jnp.asarray(x, jnp.{dtype})`"
         if m.expected:
             return (
                 f"It was a Python scalar (weakly typed) at {at} and is an array now: JAX traces the two apart. Make "
-                "it an array from the start (`jnp.asarray(x, jnp.float32)` where the state is built), so every step "
-                "passes the same type."
+                f"it an array from the start ({made} where the state is built), so every step passes the same type."
             )
         return (
             f"It was an array at {at} and is a Python scalar (weakly typed) now: JAX traces the two apart. Pass an "
-            "array every time (`jnp.asarray(x, dtype)`), not a Python number."
+            f"array every time ({made}), not a Python number."
         )
     if m.kind == "dtype":
         return (
@@ -396,11 +397,13 @@ def _input_fix(m: Mismatch, before: Trace) -> str:
 
 def _differences(before: Trace, now: Trace) -> list[Mismatch]:
     found = _setting_mismatches(before.settings, now.settings)
-    inputs = diff_structures(before.inputs, now.inputs, "tree")
-    if before.inputs.treedef == now.inputs.treedef or not inputs:
-        inputs += _sharding_mismatches(before.inputs, now.inputs)
-    for m in inputs:
-        found.append(dataclasses.replace(_rooted(m), fix=_input_fix(m, before)))
+    inputs = diff_structures(before.inputs, now.inputs, "tree") + _sharding_mismatches(before.inputs, now.inputs)
+    if inputs:
+        dtypes = {
+            path: getattr(leaf, "dtype", None) for path, leaf in zip(now.inputs.paths, now.inputs.leaves, strict=True)
+        }
+        for m in inputs:
+            found.append(dataclasses.replace(_rooted(m), fix=_input_fix(m, before, dtypes.get(m.path))))
     return found
 
 
