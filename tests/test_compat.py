@@ -92,6 +92,24 @@ def test_tracing_context_changes_with_every_setting_that_changes_tracing():
     hash(base)
 
 
+def test_trace_settings_name_the_settings_jax_keys_its_tracing_cache_on():
+    base = _compat.trace_settings()
+    assert base["jax_enable_x64"] == jax.config.jax_enable_x64
+    assert _compat.trace_settings() == base
+    for name, context in (
+        ("jax_enable_x64", jax.enable_x64(not jax.config.jax_enable_x64)),
+        ("jax_numpy_dtype_promotion", jax.numpy_dtype_promotion("strict")),
+        ("jax_numpy_rank_promotion", jax.numpy_rank_promotion("raise")),
+        ("jax_default_matmul_precision", jax.default_matmul_precision("highest")),
+    ):
+        with context:
+            settings = _compat.trace_settings()
+        changed = {key for key in base if settings.get(key) != base[key]}
+        assert name in changed and changed <= {name, "jax_trace_context"}
+    # The whole key, by name or (releases without its names) as one more entry: nothing missed.
+    assert "jax_trace_context" in base or len(base) == len(_compat.tracing_context()[0])
+
+
 def test_abstractify_gives_one_aval_for_every_kind_of_array_input():
     class Duck:
         shape, dtype = (3,), np.dtype("float32")

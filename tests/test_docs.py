@@ -218,3 +218,15 @@ def test_the_cost_and_fit_commands_in_the_guides_print_what_they_show(capsys):
             _assert_shows(out or err, output, exact, command)
             assert status == (2 if err else 0)
     ts.clear_cache()
+
+
+def test_the_retraces_guide_prints_what_it_shows(capsys):
+    blocks = _blocks_with_output("guide/retraces.md")
+    assert sum(shown is not None for _, shown in blocks) >= 6
+    namespace: dict = {}
+    with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
+        for code, shown in blocks:
+            exec(compile(code, "<docs example>", "exec"), namespace)
+            printed = capsys.readouterr().out
+            if shown is not None:
+                assert printed == shown, code

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ._prefix import check_prefix as check_prefix
     from ._settle import settle as settle
     from ._structure import Structure as Structure
+    from ._watch import Retrace as Retrace, RetraceError as RetraceError, Trace as Trace, watch as watch
     from ._weak import (
         is_weak as is_weak,
         strip_weak_type as strip_weak_type,
@@ -52,9 +53,12 @@ __all__ = [
     "Fit",
     "Mismatch",
     "PrecisionWarning",
+    "Retrace",
+    "RetraceError",
     "StaticRepr",
     "Structure",
     "StructureMismatchError",
+    "Trace",
     "cache_info",
     "carry_structure",
     "check_prefix",
@@ -70,6 +74,7 @@ __all__ = [
     "strip_weak_type",
     "structure_of",
     "upcast",
+    "watch",
     "weak_paths",
     "while_carry",
 ]
@@ -83,9 +88,12 @@ _MODULES = {
     "Fit": "._fit",
     "Mismatch": "._errors",
     "PrecisionWarning": "._errors",
+    "Retrace": "._watch",
+    "RetraceError": "._watch",
     "StaticRepr": "._json",
     "Structure": "._structure",
     "StructureMismatchError": "._errors",
+    "Trace": "._watch",
     "cache_info": "._infer",
     "carry_structure": "._carry",
     "check_prefix": "._prefix",
@@ -101,6 +109,7 @@ _MODULES = {
     "strip_weak_type": "._weak",
     "structure_of": "._infer",
     "upcast": "._weak",
+    "watch": "._watch",
     "weak_paths": "._weak",
     "while_carry": "._carry",
 }

@@ -83,6 +83,43 @@ def tracing_context() -> tuple[Any, ...]:
     )
 
 
+# Settings that change what tracing gives, for a release whose trace-context key has no names.
+_NAMED_SETTINGS: Final = (
+    "jax_enable_x64",
+    "jax_default_device",
+    "jax_numpy_dtype_promotion",
+    "jax_numpy_rank_promotion",
+    "jax_default_matmul_precision",
+    "jax_explicit_x64_dtypes",
+    "jax_debug_key_reuse",
+    "jax_threefry_partitionable",
+    "jax_softmax_custom_jvp",
+)
+
+
+def trace_settings() -> dict[str, Any]:
+    """JAX's own tracing-cache key (`config.trace_context()`, as `tracing_context` reads
+    it) by setting name: `{"jax_enable_x64": False, "abstract_mesh_context_manager": ...,
+    "axis_env_state": ..., ...}`.
+
+    `jax.jit` traces a function again when any of these changes. There is no public
+    equivalent. From jaxlib 0.8.1 the key's names come with it; before, the settings
+    above are read by name, and the whole key is one more entry, `"jax_trace_context"`,
+    so a change of any other part of it is still seen.
+    """
+    values = _config.trace_context()
+    names = getattr(_config, "trace_context_names", None)
+    if names is not None:
+        try:
+            return dict(zip(names(), values, strict=True))
+        except (NotImplementedError, ValueError):  # a jaxlib without the names
+            pass
+    states = _config.config_states
+    settings = {name: states[name].value for name in _NAMED_SETTINGS if name in states}
+    settings["jax_trace_context"] = values
+    return settings
+
+
 def abstractify(x: Any) -> Any:
     """The abstract value JAX traces for an array-like input: the same function
     `jax.eval_shape` applies to arrays, NumPy arrays, `ShapeDtypeStruct`s and

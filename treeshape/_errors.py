@@ -25,7 +25,10 @@ class Mismatch:
             in `Structure.paths` and `ts.weak_paths` (`"['w']"`, `""` for the
             root itself).
         kind: One of `"structure"`, `"shape"`, `"dtype"`, `"weak_type"`,
-            `"vma"`, `"sharding"` (loop carries under explicit mesh axes).
+            `"vma"`, `"sharding"` (loop carries and `ts.watch` under explicit
+            mesh axes), and, for a retrace `ts.watch` reports, `"setting"` (a
+            JAX setting, named by `path`), `"function"` (the same inputs and
+            settings, a new function) or `"cache"` (JAX's caches were cleared).
         expected: The expected value: a shape tuple, a dtype, a weak flag, a
             frozenset of manual axes, a `PartitionSpec` (for `"sharding"`,
             one entry per dimension), or (for `"structure"`) a description of
@@ -40,6 +43,9 @@ class Mismatch:
             no leaf of the tree determines.
         constraint: For a `"shape"` mismatch: the constraint of the
             symbolic scope that the tree's sizes break (`"b >= 4"`), else `""`.
+        fix: The remedy in words, where the producer works it out from more
+            than the mismatch itself (`ts.watch` sets it for each mismatch it
+            reports); `""` when the message derives it from the mismatch.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -63,6 +69,7 @@ class Mismatch:
     root: str = dataclasses.field(default="tree", kw_only=True)
     dims: tuple[tuple[str, int | None, str], ...] = dataclasses.field(default=(), kw_only=True)
     constraint: str = dataclasses.field(default="", kw_only=True)
+    fix: str = dataclasses.field(default="", kw_only=True)
 
     @property
     def where(self) -> str:
@@ -70,7 +77,7 @@ class Mismatch:
         return self.root + self.path
 
     def __str__(self) -> str:
-        return f"{self.where}: {self.what}"
+        return f"{self.where}: {self.what}" if self.where else self.what[:1].upper() + self.what[1:]
 
     @property
     def what(self) -> str:
@@ -86,6 +93,10 @@ class Mismatch:
             return f"expected a leaf varying over manual axes {_axes(e)}, got {_axes(a)}."
         if self.kind == "sharding":
             return f"expected sharding {_spec(e)}, got {_spec(a)}."
+        if self.kind == "setting":
+            return f"expected {e}, got {a}."
+        if self.kind in ("function", "cache"):
+            return f"traced again with the inputs and settings of the trace at {e} (this trace is at {a})."
         if a is None:
             return f"missing; expected {e}."
         if e is None:
@@ -345,7 +356,7 @@ def first_few(items: Sequence[str], total: int | None = None, unit: str = "") ->
 
 
 def mismatch_line(m: Mismatch) -> Line:
-    return (m.where, m.what, fix_for(m))
+    return (m.where, m.what, m.fix or fix_for(m))
 
 
 def format_mismatches(header: str, mismatches: Sequence[Mismatch]) -> str:

@@ -25,6 +25,7 @@ MODULES = (
     "scale_json",  # 14 scale_json (group: scale)
     "cost",  # 15 cost
     "fit",  # 16 fit
+    "watch",  # 17 watch
 )
 
 for _name in MODULES:
