@@ -129,13 +129,25 @@ def fields(data: bytes | memoryview) -> Message:
     out: Message = {}
     i, end = 0, len(view)
     while i < end:
-        key, i = _varint(view, i)
+        key = view[i]  # one byte for field numbers below 16, the common case
+        if key < 0x80:
+            i += 1
+        else:
+            key, i = _varint(view, i)
         wire = key & 7
         value: Any
         if wire == 0:
-            value, i = _varint(view, i)
+            value = view[i]
+            if value < 0x80:
+                i += 1
+            else:
+                value, i = _varint(view, i)
         elif wire == 2:
-            n, i = _varint(view, i)
+            n = view[i]
+            if n < 0x80:
+                i += 1
+            else:
+                n, i = _varint(view, i)
             value, i = view[i : i + n], i + n
         elif wire == 1:
             value, i = int.from_bytes(view[i : i + 8], "little"), i + 8
@@ -143,7 +155,11 @@ def fields(data: bytes | memoryview) -> Message:
             value, i = int.from_bytes(view[i : i + 4], "little"), i + 4
         else:
             raise ValueError(f"protobuf wire type {wire} at byte {i}")
-        out.setdefault(key >> 3, []).append(value)
+        field = key >> 3
+        if field in out:
+            out[field].append(value)
+        else:
+            out[field] = [value]
     return out
 
 
@@ -218,8 +234,12 @@ class _Instruction:
     called: list[int]
     parameter: int
     tuple_index: int
-    metadata: Message
+    raw_metadata: memoryview | None
     computation: int = 0
+
+    @property
+    def metadata(self) -> Message:
+        return {} if self.raw_metadata is None else fields(self.raw_metadata)
 
 
 def _instruction(data: memoryview) -> _Instruction:
@@ -233,7 +253,7 @@ def _instruction(data: memoryview) -> _Instruction:
         called=ints(m, F.INSTRUCTION_CALLED),
         parameter=_int(m, F.INSTRUCTION_PARAMETER_NUMBER),
         tuple_index=_int(m, F.INSTRUCTION_TUPLE_INDEX),
-        metadata=_sub(m, F.INSTRUCTION_METADATA),
+        raw_metadata=m[F.INSTRUCTION_METADATA][-1] if F.INSTRUCTION_METADATA in m else None,
     )
 
 
@@ -250,6 +270,10 @@ class _Module:
     @staticmethod
     def read(data: bytes) -> "_Module":
         m = fields(data)
+        sequences = {}
+        for entry in _sub(m, F.MODULE_SCHEDULE).get(F.SCHEDULE_SEQUENCES, ()):
+            em = fields(entry)
+            sequences[_int(em, 1)] = ints(_sub(em, 2), F.SEQUENCE_INSTRUCTION_IDS)
         instructions: dict[int, _Instruction] = {}
         roots: dict[int, int] = {}
         parameters: dict[int, dict[int, int]] = {}
@@ -258,16 +282,14 @@ class _Module:
             cid = _int(cm, F.COMPUTATION_ID)
             roots[cid] = _int(cm, F.COMPUTATION_ROOT_ID)
             params = parameters[cid] = {}
+            if cid not in sequences:  # fusions, reductions' regions: no live ranges of their own
+                continue
             for raw in cm.get(F.COMPUTATION_INSTRUCTIONS, ()):
                 ins = _instruction(raw)
                 ins.computation = cid
                 instructions[ins.id] = ins
                 if ins.opcode == "parameter":
                     params[ins.parameter] = ins.id
-        sequences = {}
-        for entry in _sub(m, F.MODULE_SCHEDULE).get(F.SCHEDULE_SEQUENCES, ()):
-            em = fields(entry)
-            sequences[_int(em, 1)] = ints(_sub(em, 2), F.SEQUENCE_INSTRUCTION_IDS)
         aliases = []
         for a in _sub(m, F.MODULE_ALIASES).get(F.ALIAS_ENTRIES, ()):
             am = fields(a)
@@ -523,16 +545,20 @@ def _peak(values: list[_Value], end_time: int) -> tuple[int, list[tuple[_Value, 
 
 # -- reading a compiled program -------------------------------------------------------------
 def read(
-    compiled: Any, argument_paths: Sequence[str | None], output_paths: Sequence[str], donated: frozenset[int]
+    compiled: Any,
+    assignment: bytes | None,
+    argument_paths: Sequence[str | None],
+    output_paths: Sequence[str],
+    donated: frozenset[int],
 ) -> Reading | None:
     """The buffers live at the peak of `compiled` and what became of its donated arguments;
     None where the release or backend does not give the buffer assignment or the module.
 
-    `argument_paths[i]` names the program's argument `i` as the user passed it (None for a
-    value the program closes over), `output_paths[k]` its output `k`; `donated` holds the
-    positions of the donated arguments.
+    `assignment` is XLA's buffer assignment (`_compat.memory_analysis`), `argument_paths[i]`
+    names the program's argument `i` as the user passed it (None for a value the program
+    closes over), `output_paths[k]` its output `k`; `donated` holds the positions of the
+    donated arguments.
     """
-    assignment = _compat.buffer_assignment(compiled)
     module_bytes = _compat.optimized_module(compiled)
     kept = _compat.kept_arguments(compiled, len(argument_paths))
     if assignment is None or module_bytes is None or kept is None:

@@ -125,7 +125,8 @@ def cost_analysis(compiled: Any) -> dict[str, Any]:
 
 def memory_analysis(compiled: Any) -> dict[str, Any]:
     """The per-device bytes of a compiled program (`argument`, `output`, `temp`, `alias`), each
-    as the backend reports it (possibly negative, a sentinel) or `None` when it does not.
+    as the backend reports it (possibly negative, a sentinel) or `None` when it does not; and
+    `buffer_assignment`, XLA's buffer assignment (see `Fields`), or `None`.
 
     `memory_analysis()` returns a `CompiledMemoryStats` whose `*_size_in_bytes` fields name
     these figures on every supported release (`None` from a backend without the analysis).
@@ -136,7 +137,10 @@ def memory_analysis(compiled: Any) -> dict[str, Any]:
         stats = None
     if isinstance(stats, (list, tuple)):  # one entry per program, as cost_analysis once was
         stats = stats[0] if stats else None
-    return {name: getattr(stats, field, None) for name, field in _MEMORY_FIELDS.items()}
+    figures = {name: getattr(stats, field, None) for name, field in _MEMORY_FIELDS.items()}
+    assignment = getattr(stats, "serialized_buffer_assignment_proto", None)
+    figures["buffer_assignment"] = assignment if isinstance(assignment, bytes) and assignment else None
+    return figures
 
 
 # -- what is at a compiled program's peak (`Cost.buffers`) ---------------------------------
@@ -223,19 +227,6 @@ PRIMITIVE_TYPES: Final = {
     22: "uint4", 23: "float8_e4m3b11fnuz", 24: "float8_e5m2fnuz", 25: "float8_e4m3fnuz", 26: "int2",
     27: "uint2", 28: "float8_e4m3", 29: "float8_e3m4", 30: "float4_e2m1fn", 31: "float8_e8m0fnu",
 }  # fmt: skip
-
-
-def buffer_assignment(compiled: Any) -> bytes | None:
-    """XLA's buffer assignment of a compiled program (a serialized `xla.BufferAssignmentProto`),
-    or None where the backend does not give it."""
-    try:
-        stats = compiled.memory_analysis()
-    except Exception:
-        return None
-    if isinstance(stats, (list, tuple)):
-        stats = stats[0] if stats else None
-    data = getattr(stats, "serialized_buffer_assignment_proto", None)
-    return data if isinstance(data, bytes) and data else None
 
 
 def optimized_module(compiled: Any) -> bytes | None:

@@ -404,7 +404,7 @@ def _read(
     peak = None
     if argument is not None and output is not None and temp is not None and alias is not None:
         peak = argument + output + temp - alias
-    reading = _buffers.read(compiled, argument_paths, output_paths, donated)
+    reading = _buffers.read(compiled, memory["buffer_assignment"], argument_paths, output_paths, donated)
     return Cost(
         flops=_figure(analysis.get("flops")),
         bytes_accessed=_bytes(analysis.get("bytes accessed")),
