@@ -18,8 +18,13 @@ import re
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import treeshape as ts
 
 
 HERE = pathlib.Path(__file__).parent
@@ -162,3 +167,178 @@ def test_live_set_is_xla_s(costed, name):
     assert sorted((b["nbytes"], _shape_of(b)) for b in ours["buffers"]) == sorted((n, v.shape) for v, n in listed)
     sizes = [b["nbytes"] for b in ours["buffers"]]
     assert sizes == sorted(sizes, reverse=True)
+
+
+@pytest.mark.parametrize("name", [p for p in PROGRAMS if p != "cast_step"])  # cast_step: no temporaries
+def test_ops_and_sources_are_the_program_metadata_s(costed, name):
+    """A temporary's op is the op_name XLA's optimized HLO gives an instruction of the program;
+    its source is the line of `buffer_programs.py` that made it."""
+    reports, dump = costed
+    *_, hlo = read_dump(dump, name)
+    names = set(op_names(hlo).values())
+    temporaries = [b for b in reports[name]["buffers"] if b["kind"] == "temporary" and b["op"] is not None]
+    assert temporaries
+    for b in temporaries:
+        assert b["op"] in names
+        assert b["op"].startswith(f"jit({name})/")
+        assert b["path"] is None
+    sources = [b["source"] for b in temporaries if b["source"] is not None]
+    assert sources and all(re.fullmatch(r"buffer_programs\.py:\d+", s) for s in sources)
+
+
+def test_equinox_module_names_are_in_ops(costed):
+    reports, _ = costed
+    ops = [b["op"] for b in reports["eqx_grads"]["buffers"] if b["op"]]
+    assert any("eqx.nn.Linear" in op for op in ops)
+
+
+def test_arguments_and_outputs_are_named_by_their_paths(costed):
+    reports, _ = costed
+    params = {f"layer{i}": {"w": 0, "b": 0} for i in range(3)}
+    inputs = {"args[0]" + jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+    optax_buffers = reports["optax_step"]["buffers"]
+    arguments = {b["path"] for b in optax_buffers if b["kind"] == "argument"}
+    assert arguments <= inputs | {"args[1][0].count", "args[2]", "args[3]"} | {
+        f"args[1][0].{m}" + p[len("args[0]") :] for m in ("mu", "nu") for p in inputs
+    }
+    outputs = [b["path"] for b in optax_buffers if b["kind"] == "output"]
+    assert any(p.startswith("out[0]['layer") for p in outputs)
+    assert all(p == "out" or p.startswith("out[") for p in outputs)
+    nnx_paths = {b["path"] for b in reports["nnx_grads"]["buffers"] if b["path"]}
+    assert any(p.startswith("args[0]['encoder']['kernel']") or p.startswith("args[0]['decoder']") for p in nnx_paths)
+
+
+def test_donated_state_is_reused_leaf_by_leaf(costed):
+    reports, _ = costed
+    r = reports["optax_step"]
+    assert len(r["donation"]) == 3 * 2 * 3 + 1  # params, mu and nu of 3 layers (w, b), and the count
+    assert all(reused and reason is None for _, reused, _, reason in r["donation"].values())
+    assert r["donation"]["args[0]['layer1']['w']"][2] == "out[0]['layer1']['w']"
+    assert r["donation"]["args[1][0].count"][2] == "out[1][0].count"
+    leaf_bytes = 3 * (256 * 256 + 256) * 4 * 3 + 4  # f32 params, mu, nu; an int32 count
+    assert r["alias_bytes"] == leaf_bytes
+
+
+def test_donation_that_cannot_be_reused_says_why(costed):
+    reports, _ = costed
+    r = reports["cast_step"]
+    assert set(r["donation"]) == {"args[0]['w']", "args[0]['b']"}
+    for key, (path, reused, output, reason) in r["donation"].items():
+        assert path == key and not reused and output is None
+        assert "no output has its shape and dtype" in reason
+    assert r["alias_bytes"] == 0
+    assert {b["path"]: b["donated"] for b in r["buffers"] if b["kind"] == "argument"} == {
+        "args[0]['w']": False,
+        "args[0]['b']": False,
+        "args[1]": None,
+    }
+
+
+# -- in this process -------------------------------------------------------------------------
+def _step(w, x):
+    return jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
+
+
+W, X = jax.ShapeDtypeStruct((128, 256), jnp.float32), jax.ShapeDtypeStruct((64, 128), jnp.float32)
+
+
+def test_unused_and_taken_donations_say_why():
+    c = ts.cost(lambda w, v: v * 2, W, jnp.zeros(3), donate_argnums=0)
+    assert not c.donation["args[0]"].reused
+    assert "does not use it" in c.donation["args[0]"].reason
+    with pytest.warns(UserWarning, match="donated buffers were not usable"):  # JAX's own, as jax.jit warns
+        c = ts.cost(lambda a, b: a + b, jnp.zeros(3), jnp.zeros(3), donate_argnums=(0, 1))
+    assert [d.reused for d in c.donation.values()] == [True, False]
+    assert "already reuses another donated input" in c.donation["args[1]"].reason
+    assert c.alias_bytes == 12
+    assert ts.cost(_step, W, X).donation == {}
+
+
+def test_an_output_of_another_sharding_is_named():
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+    replicated = jax.ShapeDtypeStruct((256, 512), jnp.float32, sharding=NamedSharding(mesh, P()))
+
+    def reshard(w):
+        return jax.lax.with_sharding_constraint(w * 2, NamedSharding(mesh, P("d", None)))
+
+    c = ts.cost(reshard, replicated, donate_argnums=0)
+    d = c.donation["args[0]"]
+    assert (d.reused, d.output) == (False, None)
+    assert "(out) has another sharding" in d.reason
+    assert c.alias_bytes == 0
+
+
+def test_breakdown_groups_as_describe_does():
+    params = {"enc": {"w": W, "b": jax.ShapeDtypeStruct((256,), jnp.float32)}, "head": W}
+
+    def loss(p, x):
+        return jnp.sum(jnp.tanh(x @ p["enc"]["w"] + p["enc"]["b"]) @ p["head"].T)
+
+    c = ts.cost(jax.grad(loss), params, X)
+    total = sum(b.nbytes for b in c.buffers)
+    assert total == c.live_peak_bytes <= c.peak_bytes
+    rows = [line.split() for line in c.breakdown().splitlines()[2:-2]]  # between the rules
+    assert sum(int(row[-3]) for row in rows) == len(c.buffers)
+    assert c.breakdown().splitlines()[-1].split()[1] == str(len(c.buffers))
+    by_arg = str(c.breakdown(depth=1))
+    assert "args[0] " in by_arg and "args[0]['enc']" not in by_arg
+    two = str(c.breakdown(depth=2))
+    assert "args[0]['enc']" in two and "args[0]['enc']['w']" not in two
+    assert ts.cost(jax.grad(loss), params, X).breakdown(depth=1) == by_arg
+    assert c.breakdown(depth=0).splitlines()[-1].split()[-2:] == c.breakdown().splitlines()[-1].split()[-2:]
+    assert "<table" in c.breakdown(depth=1)._repr_html_()
+    with pytest.raises(ValueError, match="depth must be"):
+        c.breakdown(depth=-1)
+
+
+def test_str_adds_the_five_largest_buffers():
+    c = ts.cost(_step, W, X)
+    text = str(c)
+    assert text.startswith("per device")
+    largest = text.split("\n\n", 1)[1]
+    assert f"of {len(c.buffers)} buffers live at the peak" in largest
+    assert "args[0]" in largest and "f32[128,256]" in largest
+    assert "<table" in c._repr_html_() and "args[0]" in c._repr_html_()
+
+
+def test_a_cost_built_by_hand_has_no_buffers():
+    c = ts.Cost(1.0, 2, 3, 4, 5, 0, 12, None)
+    assert (c.buffers, c.donation, c.live_peak_bytes) == (None, None, None)
+    assert "buffers" not in str(c)
+    with pytest.raises(ValueError, match="no buffers"):
+        c.breakdown()
+
+
+def test_checkpoint_shrinks_what_a_scan_over_layers_keeps():
+    def block(x, p):
+        return x + jax.nn.gelu(x @ p["up"]) @ p["down"]
+
+    def make_step(layer):
+        def loss(params, x):
+            x, _ = jax.lax.scan(lambda x, p: (layer(x, p), None), x, params)
+            return jnp.mean(x**2)
+
+        return jax.grad(loss)
+
+    params = {
+        "up": jax.ShapeDtypeStruct((4, 64, 256), jnp.float32),
+        "down": jax.ShapeDtypeStruct((4, 256, 64), jnp.float32),
+    }
+    x = jax.ShapeDtypeStruct((256, 64), jnp.float32)
+    plain = ts.cost(make_step(block), params, x)
+    remat = ts.cost(make_step(jax.checkpoint(block)), params, x)
+    assert remat.live_peak_bytes < plain.live_peak_bytes
+    kept = lambda c: [b for b in c.buffers if b.kind == "temporary" and b.shape == (4, 256, 256)]  # noqa: E731
+    assert kept(plain) and not kept(remat)  # the wide activations of every layer, kept for the backward pass
+    assert all("/while" in b.op for b in kept(plain))
+
+
+def test_inside_jit_a_closed_over_value_has_no_path():
+    @jax.jit
+    def outer(w, x):
+        c = ts.cost(lambda x: jnp.tanh(x @ w), x)
+        assert c.buffers is not None and c.live_peak_bytes > 0
+        assert {b.path for b in c.buffers if b.kind == "argument"} <= {"args[0]", None}
+        return x
+
+    outer(jnp.zeros((128, 256)), jnp.zeros((64, 128)))
