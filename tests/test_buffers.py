@@ -459,3 +459,18 @@ def test_inside_jit_a_closed_over_value_has_no_path():
         return x
 
     outer(jnp.zeros((128, 256)), jnp.zeros((64, 128)))
+
+
+def _mlp(w1, w2, x):
+    return jnp.tanh(x @ w1) @ w2
+
+
+def test_largest_fit_names_what_fills_the_budget():
+    w1, w2 = jax.ShapeDtypeStruct((784, 512), jnp.float32), jax.ShapeDtypeStruct((512, 10), jnp.float32)
+    x = jax.ShapeDtypeStruct((jax.export.symbolic_shape("b")[0], 784), jnp.float32)
+    fit = ts.largest_fit(_mlp, w1, w2, x, dim="b", budget=4 * 2**20)
+    largest = str(fit).split("\n\n", 1)[1]
+    assert f"of {len(fit.cost.buffers)} buffers live at the peak" in largest
+    assert f"f32[{fit.size},784]" in largest and "args[2]" in largest
+    with pytest.raises(ValueError, match=r"Largest at the peak: args\[0\] \(f32\[784,512\], 1.5 MiB\), args\[1\]"):
+        ts.largest_fit(_mlp, w1, w2, x, dim="b", budget=2**20)

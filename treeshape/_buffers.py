@@ -20,6 +20,7 @@ import dataclasses
 import os
 import re
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
@@ -563,6 +564,22 @@ def read(
     kept = _compat.kept_arguments(compiled, len(argument_paths))
     if assignment is None or module_bytes is None or kept is None:
         return None
+    try:
+        return _read(compiled, assignment, module_bytes, kept, argument_paths, output_paths, donated)
+    except (ValueError, IndexError, KeyError) as err:  # a module this reader does not know: say nothing
+        warnings.warn(f"treeshape: could not read the buffers of this program ({err!r})", RuntimeWarning, stacklevel=2)
+        return None
+
+
+def _read(
+    compiled: Any,
+    assignment: bytes,
+    module_bytes: bytes,
+    kept: list[int],
+    argument_paths: Sequence[str | None],
+    output_paths: Sequence[str],
+    donated: frozenset[int],
+) -> Reading:
     module = _Module.read(module_bytes)
     values, allocations = _assignment(assignment)
     end_time, sets = _live_ranges(module, values)
@@ -593,7 +610,10 @@ def read(
         elif allocations[v.allocation].constant or ins.opcode == "constant":
             buffers.append(Buffer(nbytes, shape.dims, dtype, "constant"))
         else:
-            op = _str(ins.metadata, F.METADATA_OP_NAME) or None
+            name = _str(ins.metadata, F.METADATA_OP_NAME)
+            # JAX names the program's operations `jit(fn)/...`; a copy XLA makes of a parameter
+            # keeps the parameter's name (`dynamic[2]`): that is XLA's own buffer.
+            op = name if name.startswith(_compat.JIT_OP_PREFIXES) else None
             source = frames.source(ins.metadata) if op else None
             buffers.append(Buffer(nbytes, shape.dims, dtype, "temporary", op=op, source=source))
     buffers.sort(key=lambda b: -b.nbytes)
@@ -856,6 +876,17 @@ def largest(buffers: Sequence[Buffer], live_peak_bytes: int | None, n: int) -> s
 
 def largest_html(buffers: Sequence[Buffer], live_peak_bytes: int | None, n: int) -> str:
     return html_grid(_LARGEST_HEADERS, _largest_rows(buffers, n), right=1, css_class="treeshape-cost")
+
+
+def named(buffers: Sequence[Buffer], n: int = 3) -> str:
+    """The `n` largest buffers in words, for a message: `args[0]['w'] (f32[512,512], 1.0 MiB), ...`."""
+    parts = []
+    for b in buffers[:n]:
+        dtype = short_dtype(b.dtype) if isinstance(b.dtype, np.dtype) else str(b.dtype)
+        label = _label(b)
+        label = "a buffer of XLA's own" if label == _XLA_OWN else label
+        parts.append(f"{label} ({dtype}{short_shape(b.shape)}, {human_bytes(b.nbytes)})")
+    return ", ".join(parts)
 
 
 # The public classes report module `treeshape`, so doctest would not look for their examples here.

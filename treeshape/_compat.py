@@ -229,6 +229,11 @@ PRIMITIVE_TYPES: Final = {
 }  # fmt: skip
 
 
+# How JAX names an operation of a jitted function in the program's metadata: the function's
+# `jit(name)` (`pjit(name)` in older releases) and the path of transformations and scopes.
+JIT_OP_PREFIXES: Final = ("jit(", "pjit(")
+
+
 def optimized_module(compiled: Any) -> bytes | None:
     """The compiled (optimized, scheduled) program as a serialized `xla.HloModuleProto`, or
     None where there is not exactly one. `runtime_executable()` is public in `jax.stages`."""

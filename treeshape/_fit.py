@@ -27,6 +27,7 @@ import numbers
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
+from . import _buffers
 from ._cost import Cost, cost_of, exact, prepare
 from ._dims import bind_leaves, check_sizes, free_names
 from ._infer import Call, abstract_inputs, check_callable, input_path
@@ -110,10 +111,16 @@ class Fit:
         return rows
 
     def __str__(self) -> str:
-        return grid(_HEADERS, self._rows(), right=1)
+        text = grid(_HEADERS, self._rows(), right=1)
+        if self.cost.buffers:  # what fills the budget at this size
+            text += "\n\n" + _buffers.largest(self.cost.buffers, self.cost.live_peak_bytes, 5)
+        return text
 
     def _repr_html_(self) -> str:
-        return html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-fit")
+        page = html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-fit")
+        if self.cost.buffers:
+            page += _buffers.largest_html(self.cost.buffers, self.cost.live_peak_bytes, 5)
+        return page
 
 
 _HEADERS: Final = ("largest fit", "value", "exact")
@@ -431,6 +438,7 @@ def largest_fit(
             f"treeshape.largest_fit: even {dim}=1 does not fit: peak {human_bytes(peak)} ({peak:,} B) per device > "
             f"limit {human_bytes(limit)} ({limit:,} B: budget {human_bytes(budget)}{kept}). Raise the budget, "
             "shard over more devices, donate buffers (donate_argnums) or shrink the program."
+            + (f" Largest at the peak: {_buffers.named(first.buffers)}." if first.buffers else "")
         )
     size, known = _search(peak_at, limit, max_size)
     probe = min(_SECOND_PROBE, max_size)
