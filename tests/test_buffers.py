@@ -474,3 +474,20 @@ def test_largest_fit_names_what_fills_the_budget():
     assert f"f32[{fit.size},784]" in largest and "args[2]" in largest
     with pytest.raises(ValueError, match=r"Largest at the peak: args\[0\] \(f32\[784,512\], 1.5 MiB\), args\[1\]"):
         ts.largest_fit(_mlp, w1, w2, x, dim="b", budget=2**20)
+
+
+def test_command_line_lists_the_largest_buffers(capsys):
+    from treeshape._cli import main
+
+    expected = ts.cost(
+        jnp.matmul, jax.ShapeDtypeStruct((8, 784), jnp.float32), jax.ShapeDtypeStruct((784, 10), jnp.float32)
+    )
+    assert main(["cost", "jax.numpy:matmul", "f32[8,784]", "f32[784,10]"]) == 0
+    assert capsys.readouterr().out.strip() == str(expected)
+    assert main(["cost", "jax.numpy:matmul", "f32[8,784]", "f32[784,10]", "--buffers", "1"]) == 0
+    one = capsys.readouterr().out.strip()
+    assert one.split("\n\n")[1].splitlines()[0] == "1 of 3 buffers live at the peak: 30.6 KiB of 55.4 KiB"
+    assert one.splitlines()[-2].startswith("args[1]              argument  f32[784,10]")
+    assert main(["cost", "jax.numpy:matmul", "f32[8,784]", "f32[784,10]", "--buffers", "0"]) == 0
+    assert "buffers" not in capsys.readouterr().out
+    assert main(["cost", "jax.numpy:matmul", "f32[8,784]", "f32[784,10]", "--buffers", "-1"]) == 2

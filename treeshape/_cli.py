@@ -169,6 +169,13 @@ def _parser() -> _Parser:
         "device the bytes of arguments, outputs, temporaries and the peak.",
         "mypkg.model:train_step",
     )
+    cost.add_argument(
+        "--buffers",
+        type=_depth,
+        default=5,
+        metavar="N",
+        help="list the N largest buffers live at the peak under the figures (default 5; 0: none)",
+    )
     fit = _call_parser(
         sub,
         "fit",
@@ -381,7 +388,7 @@ def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
 def _cost(args: argparse.Namespace, stdout: TextIO) -> int:
     import treeshape as ts
 
-    print(str(_call_target(args, ts.cost)), file=stdout)
+    print(_call_target(args, ts.cost)._text(args.buffers), file=stdout)
     return 0
 
 

@@ -169,9 +169,13 @@ class Cost:
         return rows
 
     def __str__(self) -> str:
+        return self._text(5)
+
+    def _text(self, n_buffers: int) -> str:
+        """The table of figures, and under it the `n_buffers` largest buffers at the peak."""
         text = grid(_HEADERS, self._rows(), right=1)
-        if self.buffers:
-            text += "\n\n" + _buffers.largest(self.buffers, self.live_peak_bytes, 5)
+        if self.buffers and n_buffers:
+            text += "\n\n" + _buffers.largest(self.buffers, self.live_peak_bytes, n_buffers)
         return text
 
     def _repr_html_(self) -> str:
