@@ -11,9 +11,11 @@ Live ranges follow XLA's own `HloLiveRange` on the flattened schedule (a `while`
 condition and body, a `call`'s or `conditional`'s computations, placed before the
 instruction): a value lives from its defining instruction (a computation's parameters
 from the start of that computation) to its last use or position (a computation's root:
-to the end of that computation); an entry parameter that no output reuses lives to the
-end. The live set is taken at the step where the distinct bytes live, per allocation
-the union of the (offset, size) of the live values, are the most.
+to the end of that computation; a while's operand: until its loop starts); an entry
+parameter that no output reuses lives to the end. `tests/test_buffers.py` checks these
+live ranges against those XLA writes with `--xla_dump_to`. The live set is taken at the
+step where the distinct bytes live, per allocation the union of the (offset, size) of the
+live values, are the most.
 """
 
 import dataclasses
