@@ -31,6 +31,7 @@ import numpy as np
 
 from . import _compat
 from ._compat import Fields as F
+from ._display import Description
 from ._leaf import human_bytes, short_dtype, short_shape
 from ._table import grid, html_grid
 
@@ -848,8 +849,6 @@ _BREAKDOWN_HEADERS: Final = ("group", "buffers", "bytes")
 
 def breakdown(buffers: Sequence[Buffer], depth: int | None) -> str:
     """The buffers grouped to `depth` levels, largest group first, as [Cost.breakdown][]."""
-    from ._display import Description
-
     rows = _breakdown_rows(buffers, depth)
     lines = grid(_BREAKDOWN_HEADERS, rows, right=2).split("\n")
     text = "\n".join([*lines[:-2], lines[-1], lines[-2]])  # the rule above the total row
