@@ -464,7 +464,9 @@ def cost(
     The program is compiled for the abstract values of the inputs (nothing runs and no
     input memory is allocated) and XLA's cost and memory analyses are read: FLOPs,
     bytes accessed, and per device the bytes of the arguments, outputs, temporaries and
-    donated (aliased) buffers, and their sum, the peak.
+    donated (aliased) buffers, and their sum, the peak; and XLA's buffer assignment, for
+    the buffers live at the peak step of the program's schedule (`Cost.buffers`,
+    `Cost.breakdown`) and what became of each donated input (`Cost.donation`).
 
     Inputs are taken as [treeshape.out_structure][] takes them: arrays, tracers,
     `jax.ShapeDtypeStruct`s, NumPy arrays and Python scalars are abstract (typed as JAX
