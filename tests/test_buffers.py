@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import treeshape as ts
@@ -491,3 +492,46 @@ def test_command_line_lists_the_largest_buffers(capsys):
     assert main(["cost", "jax.numpy:matmul", "f32[8,784]", "f32[784,10]", "--buffers", "0"]) == 0
     assert "buffers" not in capsys.readouterr().out
     assert main(["cost", "jax.numpy:matmul", "f32[8,784]", "f32[784,10]", "--buffers", "-1"]) == 2
+
+
+@settings(max_examples=15)  # each example compiles a program
+@given(
+    batch=st.integers(1, 64),
+    widths=st.lists(st.integers(1, 96), min_size=2, max_size=5),
+    donate=st.booleans(),
+)
+def test_the_live_set_adds_up_whatever_the_mlp(batch, widths, donate):
+    params = [
+        {"w": jax.ShapeDtypeStruct((a, b), jnp.float32), "b": jax.ShapeDtypeStruct((b,), jnp.float32)}
+        for a, b in zip(widths[:-1], widths[1:], strict=False)
+    ]
+
+    def sgd(params, x):
+        def loss(params):
+            h = x
+            for p in params:
+                h = jnp.tanh(h @ p["w"] + p["b"])
+            return jnp.sum(h**2)
+
+        grads = jax.grad(loss)(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+    c = ts.cost(sgd, params, jax.ShapeDtypeStruct((batch, widths[0]), jnp.float32), donate_argnums=0 if donate else ())
+    sizes = [b.nbytes for b in c.buffers]
+    assert sum(sizes) == c.live_peak_bytes <= c.peak_bytes
+    assert sizes == sorted(sizes, reverse=True) and all(n > 0 for n in sizes)
+    leaves = {f"args[0][{i}]['{k}']" for i in range(len(params)) for k in "wb"}
+    for b in c.buffers:
+        assert b.path is None or b.path in leaves | {"args[1]", "out"} or b.path.startswith("out[")
+        assert (b.donated is not None) == (donate and b.kind == "argument" and b.path in leaves)
+    if donate:
+        assert set(c.donation) == leaves
+        reused = [p for p, d in c.donation.items() if d.reused]
+        assert c.alias_bytes == sum(4 * np.prod(eval_shape_of(params, p)) for p in reused)
+    else:
+        assert c.donation == {}
+
+
+def eval_shape_of(params, path):
+    (i, key) = re.fullmatch(r"args\[0\]\[(\d+)\]\['(\w)'\]", path).groups()
+    return params[int(i)][key].shape
