@@ -365,7 +365,7 @@ def test_unused_and_taken_donations_say_why():
     assert not c.donation["args[0]"].reused
     assert "does not use it" in c.donation["args[0]"].reason
     with pytest.warns(UserWarning, match="donated buffers were not usable"):  # JAX's own, as jax.jit warns
-        c = ts.cost(lambda a, b: a + b, jnp.zeros(3), jnp.zeros(3), donate_argnums=(0, 1))
+        c = ts.cost(lambda a, b: a + b, jnp.zeros(3, jnp.float32), jnp.zeros(3, jnp.float32), donate_argnums=(0, 1))
     assert [d.reused for d in c.donation.values()] == [True, False]
     assert "already reuses another donated input" in c.donation["args[1]"].reason
     assert c.alias_bytes == 12
