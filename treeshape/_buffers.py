@@ -526,16 +526,27 @@ def _uncovered(spans: list[tuple[int, int]], lo: int, hi: int) -> int:
 
 
 def _peak(values: list[_Value], end_time: int) -> tuple[int, list[tuple[_Value, int]]]:
-    """The live set at the earliest step with the most distinct bytes live. The sum of the
-    live values' sizes bounds the distinct bytes from above, so steps are tried by that sum,
-    largest first, until no step left can beat the best found."""
+    """The live set at the earliest step with the most distinct bytes live.
+
+    Per allocation, the live values' sizes summed (and at most the allocation's extent)
+    bound its distinct bytes from above; steps are tried by the bound, largest first,
+    until no step left can beat the best found."""
     if not values:
         return 0, []
-    delta = np.zeros(end_time + 2, dtype=np.int64)
+    by_allocation: dict[int, list[_Value]] = {}
     for v in values:
-        delta[v.start] += v.size
-        delta[v.end + 1] -= v.size
-    bound = np.cumsum(delta)[: end_time + 1]
+        by_allocation.setdefault(v.allocation, []).append(v)
+    alone = np.zeros(end_time + 2, dtype=np.int64)  # allocations of one value each
+    bound = np.zeros(end_time + 1, dtype=np.int64)
+    for group in by_allocation.values():
+        delta = alone if len(group) == 1 else np.zeros(end_time + 2, dtype=np.int64)
+        for v in group:
+            delta[v.start] += v.size
+            delta[v.end + 1] -= v.size
+        if len(group) > 1:  # values that may share bytes: no more than the bytes they span
+            extent = max(v.offset + v.size for v in group) - min(v.offset for v in group)
+            bound += np.minimum(np.cumsum(delta)[: end_time + 1], extent)
+    bound += np.cumsum(alone)[: end_time + 1]
     best_bytes, best_t = -1, 0
     best: list[tuple[_Value, int]] = []
     for t in sorted(range(end_time + 1), key=lambda t: (-bound[t], t)):
