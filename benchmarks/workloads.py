@@ -250,3 +250,43 @@ def adam_inputs(param_dtype: str) -> tuple[AdamCarry, Batch]:
         jnp.asarray(rng.standard_normal((SCAN_STEPS, ADAM_BATCH, ADAM_SIZES[-1]), np.float32)),
     )
     return init, xs
+
+
+# -- a GPT-2-small-sized train step (the "Will it fit?" guide's model, one device) -----------
+GPT2 = {"vocab": 50_304, "d_model": 768, "layers": 12, "heads": 12, "d_ff": 3_072, "batch": 8, "seq": 1_024}
+
+
+def gpt2_step_inputs(layers: int = 12) -> tuple[Callable[..., Any], Any, Any]:
+    """`(train_step, state, batch)`: an AdamW train step of a 124M-parameter decoder (GPT-2
+    small's sizes, `layers` layers), its state and a token batch, all abstract."""
+    import optax  # a test extra, needed by this workload only
+
+    c = {**GPT2, "layers": layers}
+    d, f = c["d_model"], c["d_ff"]
+    sds = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
+    layer = {"qkv": sds(d, 3 * d), "out": sds(d, d), "up": sds(d, f), "down": sds(f, d), "norm": sds(2, d)}
+    params = {"embed": sds(c["vocab"], d), "pos": sds(c["seq"], d), "layers": [layer] * layers, "norm": sds(d)}
+    tx = optax.adamw(3e-4, weight_decay=0.1)
+
+    def norm(x: jax.Array, scale: jax.Array) -> jax.Array:
+        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+
+    def loss_fn(params: Any, tokens: jax.Array) -> jax.Array:
+        b, t = tokens.shape
+        x = params["embed"][tokens] + params["pos"][:t]
+        for p in params["layers"]:
+            q, k, v = jnp.split(norm(x, p["norm"][0]) @ p["qkv"], 3, axis=-1)
+            heads = lambda y: y.reshape(b, t, c["heads"], d // c["heads"])  # noqa: E731
+            attended = jax.nn.dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
+            x = x + attended.reshape(b, t, d) @ p["out"]
+            x = x + jax.nn.gelu(norm(x, p["norm"][1]) @ p["up"]) @ p["down"]
+        logits = norm(x, params["norm"]) @ params["embed"].T
+        return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], tokens[:, 1:]).mean()
+
+    def train_step(state: Any, tokens: jax.Array) -> tuple[Any, jax.Array]:
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"], tokens)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, loss
+
+    state = {"params": params, "opt_state": jax.eval_shape(tx.init, params)}
+    return train_step, state, jax.ShapeDtypeStruct((c["batch"], c["seq"]), jnp.int32)

@@ -302,3 +302,31 @@ def test_a_dimension_expression_is_an_abstract_weak_integer_for_jax():
     assert _compat.is_symbolic(b) and not _compat.is_symbolic(3)
     assert jax.eval_shape(lambda: b) == jax.ShapeDtypeStruct((), jax.dtypes.canonicalize_dtype(int), weak_type=True)
     assert _compat.abstractify(b) == jax.typeof(jnp.asarray(1))  # what tracing gives it: ~int32[] (x64: ~int64[])
+
+
+def test_kept_arguments_leave_out_what_the_program_does_not_use():
+    compiled = jax.jit(lambda a, b, c: a + c).lower(1.0, 2.0, 3.0).compile()
+    assert _compat.kept_arguments(compiled, 3) == [0, 2]
+    assert _compat.kept_arguments(object(), 3) is None
+
+
+@pytest.mark.parametrize(
+    "dtype", [jnp.bool_, jnp.int8, jnp.int32, jnp.uint8, jnp.float16, jnp.bfloat16, jnp.float32, jnp.complex64]
+)
+def test_the_compiled_program_gives_its_buffer_assignment_and_module(dtype):
+    """XLA's messages read with the field numbers of `_compat.Fields`: the entry parameter of
+    this dtype and shape, its logical buffer and its allocation."""
+    from treeshape._buffers import _assignment, _Module
+
+    compiled = jax.jit(lambda x: (x, x.sum())).lower(jax.ShapeDtypeStruct((3, 5), dtype)).compile()
+    assignment = _compat.memory_analysis(compiled)["buffer_assignment"]
+    module = _compat.optimized_module(compiled)
+    assert isinstance(assignment, bytes) and isinstance(module, bytes)
+    m = _Module.read(module)
+    (parameter,) = [m.instructions[i] for i in m.parameters[m.entry].values()]
+    assert (parameter.opcode, parameter.parameter) == ("parameter", 0)
+    assert (parameter.shape.dtype, parameter.shape.dims) == (np.dtype(dtype).name, (3, 5))
+    assert m.sequences[m.entry][0] in m.instructions and m.roots[m.entry] in m.instructions
+    values, allocations = _assignment(assignment)
+    (value,) = [v for v in values.values() if v.instruction == parameter.id]
+    assert value.size == 15 * np.dtype(dtype).itemsize and allocations[value.allocation].entry_parameter

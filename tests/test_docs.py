@@ -230,3 +230,22 @@ def test_the_retraces_guide_prints_what_it_shows(capsys):
             printed = capsys.readouterr().out
             if shown is not None:
                 assert printed == shown, code
+
+
+def test_the_fit_guides_peak_section_runs_and_prints_what_it_shows(capsys):
+    """The buffers, ops and peaks it shows; its breakdown tables are jax 0.10.2's (the
+    floor's XLA makes one more small buffer of its own and no output at that step)."""
+    page = (ROOT / "docs" / "guide" / "fit.md").read_text()
+    section = page.split("\n## What is at the peak", 1)[1].split("\n## ", 1)[0]
+    pairs = _PRINTS.findall(section)
+    assert len(pairs) == 3
+    namespace: dict = {}
+    with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
+        for code, shown in pairs:
+            exec(compile(code, "<docs example>", "exec"), namespace)
+            printed = capsys.readouterr().out
+            if "breakdown" not in code or jax.__version__ == "0.10.2":
+                assert printed == shown, code
+            else:
+                assert printed.splitlines()[2] == shown.splitlines()[2], code  # the largest group
+    ts.clear_cache()

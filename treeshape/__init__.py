@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 # conftest must still be able to configure JAX (JAX_PLATFORMS, JAX_ENABLE_X64,
 # XLA_FLAGS) before JAX is imported. Type checkers read the imports below.
 if TYPE_CHECKING:
+    from ._buffers import Buffer as Buffer, Donation as Donation
     from ._cache import CacheInfo as CacheInfo
     from ._carry import (
         carry_structure as carry_structure,
@@ -47,9 +48,11 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "Buffer",
     "CacheInfo",
     "CarryMismatchError",
     "Cost",
+    "Donation",
     "Fit",
     "Mismatch",
     "PrecisionWarning",
@@ -82,9 +85,11 @@ __version__ = importlib.metadata.version("treeshape")
 
 # Where each public name lives (the imports above, for the interpreter).
 _MODULES = {
+    "Buffer": "._buffers",
     "CacheInfo": "._cache",
     "CarryMismatchError": "._errors",
     "Cost": "._cost",
+    "Donation": "._buffers",
     "Fit": "._fit",
     "Mismatch": "._errors",
     "PrecisionWarning": "._errors",

@@ -175,6 +175,13 @@ def _parser() -> _Parser:
         "device the bytes of arguments, outputs, temporaries and the peak.",
         "mypkg.model:train_step",
     )
+    cost.add_argument(
+        "--buffers",
+        type=_depth,
+        default=5,
+        metavar="N",
+        help="list the N largest buffers live at the peak under the figures (default 5; 0: none)",
+    )
     fit = _call_parser(
         sub,
         "fit",
@@ -416,13 +423,22 @@ def _cost(args: argparse.Namespace, stdout: TextIO) -> int:
                 f"fits with treeshape fit ... --dim {names[0]} --budget 16GiB",
                 2,
             )
-    _print(_call_target(args, ts.cost), args.json, stdout)
+    _print(_call_target(args, ts.cost), args.json, stdout, args.buffers)
     return 0
 
 
-def _print(result: Any, as_json: bool, stdout: TextIO) -> None:
-    """`result` (a `Cost` or `Fit`) as its table, or as one JSON object of its fields."""
-    print(json.dumps(_json_data(result)) if as_json else str(result), file=stdout)
+def _print(result: Any, as_json: bool, stdout: TextIO, n_buffers: int | None = None) -> None:
+    """`result` (a `Cost` or `Fit`) as its table, or as one JSON object of its fields; for a
+    `Cost`, with its `n_buffers` largest buffers at the peak."""
+    if n_buffers is None:
+        print(json.dumps(_json_data(result)) if as_json else str(result), file=stdout)
+    elif as_json:
+        data = _json_data(result)
+        if isinstance(data.get("buffers"), list):
+            data["buffers"] = data["buffers"][:n_buffers]
+        print(json.dumps(data), file=stdout)
+    else:
+        print(result._text(n_buffers), file=stdout)
 
 
 def _json_data(value: Any) -> Any:

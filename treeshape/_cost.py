@@ -26,7 +26,8 @@ from typing import Any, Final
 import jax
 import jax.tree_util as jtu
 
-from . import _cache, _compat
+from . import _buffers, _cache, _compat
+from ._buffers import Buffer, Donation
 from ._cache import COST_CACHE, Key
 from ._infer import (
     Call,
@@ -36,6 +37,7 @@ from ._infer import (
     check_inputs,
     has_value,
     input_path,
+    input_paths,
     is_abstract,
     is_output_array,
     note_abstract_scalars,
@@ -65,6 +67,16 @@ class Cost:
             every backend; `None` if one of the four is unknown).
         device_bytes: The device's memory limit where the backend reports one
             (GPUs, TPUs), else `None` (CPU).
+        buffers: The [treeshape.Buffer][]s live on one device at the step of the
+            program's schedule with the most distinct bytes live, largest first; `None`
+            where the release or backend does not give XLA's buffer assignment.
+        donation: Each donated input leaf by path: a [treeshape.Donation][] that says
+            which output reuses it, or why none does (`{}` when nothing is donated;
+            `None` as for `buffers`).
+        live_peak_bytes: The bytes of `buffers` (at most `peak_bytes`).
+
+    Two Costs are equal when their figures are (`buffers` and `donation` name the
+    inputs as they were passed, by position or keyword).
 
     Examples:
         >>> import treeshape as ts
@@ -96,6 +108,51 @@ class Cost:
     alias_bytes: int | None
     peak_bytes: int | None
     device_bytes: int | None
+    _: dataclasses.KW_ONLY
+    # Compared as figures: the same program asked with inputs passed otherwise (by keyword)
+    # has the same figures and buffers of other paths.
+    buffers: tuple[Buffer, ...] | None = dataclasses.field(default=None, compare=False)
+    donation: dict[str, Donation] | None = dataclasses.field(default=None, compare=False)
+    live_peak_bytes: int | None = None
+
+    def breakdown(self, depth: int | None = None) -> str:
+        """The buffers at the peak grouped by input path, output path or module, with
+        their bytes: arguments by their paths, outputs by `out` paths, temporaries by
+        their `op` without its outermost `jit(...)`, each to `depth` levels (as
+        [treeshape.describe][] groups a tree; `None`: a row per buffer), largest first.
+
+        Args:
+            depth: How many keys of a path (or levels of an op) make a group.
+
+        Returns:
+            The table, a `str` that a notebook shows as HTML.
+
+        Raises:
+            ValueError: `depth` is not None or an int >= 0, or the buffers are unknown.
+
+        Examples:
+            >>> import jax.numpy as jnp
+            >>> import treeshape as ts
+            >>> def loss(params, x):
+            ...     return jnp.tanh(x @ params["w1"]) @ params["w2"]
+            >>> params = {"w1": jnp.zeros((512, 1024)), "w2": jnp.zeros((1024, 8))}
+            >>> c = ts.cost(loss, params, jnp.zeros((64, 512)))
+            >>> print(c.breakdown(depth=1))
+            group    buffers      bytes
+            -------  -------  ---------
+            args[0]        2    2.0 MiB
+            tanh           1  256.0 KiB
+            args[1]        1  128.0 KiB
+            out            1    2.0 KiB
+            -------  -------  ---------
+            total          5    2.4 MiB
+        """
+        if self.buffers is None:
+            raise ValueError(
+                "treeshape: this Cost has no buffers: the JAX release or backend that compiled it does not "
+                "give XLA's buffer assignment"
+            )
+        return _buffers.breakdown(self.buffers, depth)
 
     def _rows(self) -> list[tuple[str, str, str]]:
         rows = [("flops", _count(self.flops), exact(self.flops))]
@@ -112,10 +169,20 @@ class Cost:
         return rows
 
     def __str__(self) -> str:
-        return grid(_HEADERS, self._rows(), right=1)
+        return self._text(5)
+
+    def _text(self, n_buffers: int) -> str:
+        """The table of figures, and under it the `n_buffers` largest buffers at the peak."""
+        text = grid(_HEADERS, self._rows(), right=1)
+        if self.buffers and n_buffers:
+            text += "\n\n" + _buffers.largest(self.buffers, self.live_peak_bytes, n_buffers)
+        return text
 
     def _repr_html_(self) -> str:
-        return html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-cost")
+        page = html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-cost")
+        if self.buffers:
+            page += _buffers.largest_html(self.buffers, self.live_peak_bytes, 5)
+        return page
 
 
 _HEADERS: Final = ("per device", "value", "exact")
@@ -262,7 +329,12 @@ def _program(
         full = [next(it) if a else x for x, a in zip(leaves, abstract, strict=True)]
         (bound, bound_kw), (args, kwargs) = jtu.tree_unflatten(treedef, full)
         out = core(*bound, *args, **{**bound_kw, **kwargs})
-        return [x for x in jtu.tree_leaves(out) if is_output_array(x, kind_of(type(x)))]
+        flat = [(p, x) for p, x in jtu.tree_flatten_with_path(out)[0] if is_output_array(x, kind_of(type(x)))]
+        output_paths[:] = ["out" + jtu.keystr(p) for p, _ in flat]
+        return [x for _, x in flat]
+
+    output_paths: list[str] = []
+    program.output_paths = output_paths  # type: ignore[attr-defined]  # filled when traced
 
     name = getattr(core, "__name__", None)
     program.__name__ = program.__qualname__ = name if isinstance(name, str) else "fn"
@@ -299,12 +371,14 @@ def _compile(
     arguments = [_lowering_argument(x) for x, a in zip(leaves, abstract, strict=True) if a]
     dynamic = [i for i, a in enumerate(abstract) if a]
     donate = tuple(j for j, i in enumerate(dynamic) if i in donated)
+    paths: list[str | None] = list(input_paths(leaves, treedef, dynamic))
     if _compat.at_top_level():
         lowered = jax.jit(program, donate_argnums=donate).lower(*arguments)
     else:
         converted, hoisted = _hoist_tracers(program, arguments)
         lowered = jax.jit(converted, donate_argnums=donate).lower(*arguments, *hoisted)
-    return _read(lowered.compile())
+        paths += [None] * len(hoisted)  # values fn closes over
+    return _read(lowered.compile(), paths, program.output_paths, frozenset(donate))  # type: ignore[attr-defined]
 
 
 def _figure(x: Any) -> float | None:
@@ -319,13 +393,22 @@ def _bytes(x: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _read(compiled: Any) -> Cost:
+def _read(
+    compiled: Any,
+    argument_paths: Sequence[str | None] = (),
+    output_paths: Sequence[str] = (),
+    donated: frozenset[int] = frozenset(),
+) -> Cost:
+    """The figures of a compiled program, and what is at its peak (`_buffers.read`):
+    `argument_paths` name its arguments, `output_paths` its outputs, `donated` holds the
+    positions of the donated arguments."""
     analysis = _compat.cost_analysis(compiled)
     memory = _compat.memory_analysis(compiled)
     argument, output, temp, alias = (_bytes(memory[k]) for k in ("argument", "output", "temp", "alias"))
     peak = None
     if argument is not None and output is not None and temp is not None and alias is not None:
         peak = argument + output + temp - alias
+    reading = _buffers.read(compiled, memory["buffer_assignment"], argument_paths, output_paths, donated)
     return Cost(
         flops=_figure(analysis.get("flops")),
         bytes_accessed=_bytes(analysis.get("bytes accessed")),
@@ -335,6 +418,9 @@ def _read(compiled: Any) -> Cost:
         alias_bytes=alias,
         peak_bytes=peak,
         device_bytes=_device_limit(compiled),
+        buffers=None if reading is None else reading.buffers,
+        donation=None if reading is None else reading.donation,
+        live_peak_bytes=None if reading is None else reading.live_peak_bytes,
     )
 
 
@@ -378,7 +464,9 @@ def cost(
     The program is compiled for the abstract values of the inputs (nothing runs and no
     input memory is allocated) and XLA's cost and memory analyses are read: FLOPs,
     bytes accessed, and per device the bytes of the arguments, outputs, temporaries and
-    donated (aliased) buffers, and their sum, the peak.
+    donated (aliased) buffers, and their sum, the peak; and XLA's buffer assignment, for
+    the buffers live at the peak step of the program's schedule (`Cost.buffers`,
+    `Cost.breakdown`) and what became of each donated input (`Cost.donation`).
 
     Inputs are taken as [treeshape.out_structure][] takes them: arrays, tracers,
     `jax.ShapeDtypeStruct`s, NumPy arrays and Python scalars are abstract (typed as JAX

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
+from . import _buffers
 from ._cost import Cost, cost_of, exact, prepare
 from ._dims import bind_leaves, check_sizes, free_names
 from ._infer import Call, abstract_inputs, check_callable, input_path
@@ -129,11 +130,17 @@ class Fit:
         return rows
 
     def __str__(self) -> str:
-        return "\n".join([grid(_HEADERS, self._rows(), right=1), *(f"note: {note}" for note in self._notes())])
+        text = grid(_HEADERS, self._rows(), right=1)
+        if self.cost.buffers and not self.capped:  # what fills the budget at this size
+            text += "\n\n" + _buffers.largest(self.cost.buffers, self.cost.live_peak_bytes, 5)
+        return "\n".join([text, *(f"note: {note}" for note in self._notes())])
 
     def _repr_html_(self) -> str:
         notes = "".join(f"<p>note: {html.escape(note)}</p>" for note in self._notes())
-        return html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-fit") + notes
+        page = html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-fit")
+        if self.cost.buffers and not self.capped:
+            page += _buffers.largest_html(self.cost.buffers, self.cost.live_peak_bytes, 5)
+        return page + notes
 
 
 _HEADERS: Final = ("largest fit", "value", "exact")
@@ -606,7 +613,8 @@ def largest_fit(
         raise BudgetError(
             f"treeshape.largest_fit: even {dim}=1 does not fit: peak {human_bytes(peak)} ({peak:,} B) per device > "
             f"limit {human_bytes(limit)} ({limit:,} B: budget {human_bytes(budget)}{kept}). Raise the budget, "
-            "shard over more devices, donate buffers (donate_argnums) or shrink the program.",
+            "shard over more devices, donate buffers (donate_argnums) or shrink the program."
+            + (f" Largest at the peak: {_buffers.named(first.buffers)}." if first.buffers else ""),
             peak,
             limit,
         )

@@ -4,7 +4,7 @@ import functools as ft
 import inspect
 import itertools
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, NamedTuple
 
 import jax
@@ -150,6 +150,19 @@ def input_path(leaves: list[Any], treedef: jtu.PyTreeDef, i: int) -> str:
         "args" if keys[1] == jtu.SequenceKey(0) else "kwargs"
     )
     return root + jtu.keystr(tuple(keys[2:]))
+
+
+def input_paths(leaves: list[Any], treedef: jtu.PyTreeDef, which: Sequence[int]) -> list[str]:
+    """[input_path][] of each leaf in `which`, flattening the call once."""
+    flat = jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, leaves))[0]
+    out = []
+    for i in which:
+        keys = flat[i][0]
+        root = ("the bound " if keys[0] == jtu.SequenceKey(0) else "") + (
+            "args" if keys[1] == jtu.SequenceKey(0) else "kwargs"
+        )
+        out.append(root + jtu.keystr(tuple(keys[2:])))
+    return out
 
 
 def abstract_inputs(leaves: list[Any], treedef: jtu.PyTreeDef, fn_name: str = "out_structure") -> list[Any]:

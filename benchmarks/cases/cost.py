@@ -16,15 +16,18 @@ hit and 0 misses of the cost cache.
 """
 
 import functools as ft
+import statistics
+import time
 from typing import Any
 
 import jax
 
 import treeshape as ts
+from treeshape import _buffers, _compat
 from treeshape._cache import COST_CACHE
 
-from harness import Config, Row, case, compare, faster, repeat, timed_row
-from workloads import mlp, mlp_inputs
+from harness import Config, Row, at_most, case, compare, faster, repeat, timed_row
+from workloads import gpt2_step_inputs, mlp, mlp_inputs
 
 
 @case("cost")
@@ -48,4 +51,39 @@ def cost(cfg: Config) -> list[Row]:
     if got != (1, 0):
         row.add_note(f"WARNING: expected 1 cost-cache hit and 0 misses per call, got {got[0]} and {got[1]}")
         row.cache_ok = False
+    return [row]
+
+
+@case("cost_buffers")
+def cost_buffers(cfg: Config) -> list[Row]:
+    """15b. Reading the buffers at the peak vs the compilation they come from (GPT-2-small train step).
+
+    What `Cost.buffers` / `Cost.donation` add to an uncached `ts.cost`: `_buffers.read` of a
+    compiled program (decoding XLA's buffer assignment and optimized module, live ranges,
+    the peak step, donations) vs `jax.jit(step, donate_argnums=0).lower(...).compile()` of it,
+    an AdamW train step of a 124M-parameter decoder (2 layers in --quick mode). The
+    baseline is fair: it is the compilation every uncached `ts.cost` runs anyway. Goal:
+    reading adds under 10% to it. A cached answer reads nothing (case 15's rows). The
+    compilation is timed once (JAX keeps a compiled module by its text: a second is a hit),
+    the reading 7 times (median).
+    """
+    step, state, tokens = gpt2_step_inputs(layers=2 if cfg.quick else 12)
+    leaves = jax.tree.leaves((state, tokens))
+    arguments = [f"args{i}" for i in range(len(leaves))]
+    outputs = [f"out{i}" for i in range(len(leaves))]
+    donated = frozenset(range(len(leaves) - 1))
+    # One compilation: JAX caches a compiled module by its text, so a second one would be a hit.
+    start = time.perf_counter()
+    compiled = jax.jit(step, donate_argnums=0).lower(state, tokens).compile()
+    compile_time = time.perf_counter() - start
+    assignment = _compat.memory_analysis(compiled)["buffer_assignment"]
+    read_times = []
+    for _ in range(cfg.reps(7)):
+        start = time.perf_counter()
+        reading = _buffers.read(compiled, assignment, arguments, outputs, donated)
+        read_times.append(time.perf_counter() - start)
+    assert reading is not None and reading.live_peak_bytes > 0
+    name = f"15b reading the peak's buffers vs compiling, GPT-2-small step ({len(leaves)} leaves)"
+    row = Row(name, compile_time, statistics.median(read_times), at_most(0.1, "adds <10%"))
+    row.detail["buffers"] = len(reading.buffers)
     return [row]

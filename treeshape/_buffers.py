@@ -1,0 +1,905 @@
+"""What is at a compiled program's peak: its buffers, the live set at the peak step of its
+schedule, and what became of donated inputs (`Cost.buffers`, `Cost.donation`).
+
+Read from what XLA returns with the compiled program, nothing runs: the buffer assignment
+(every logical buffer, its size, defining instruction and place in an allocation) and the
+optimized, scheduled module (instructions, operands, schedule, metadata, input/output
+aliases). Both are protobuf messages; a small reader of the wire format below decodes
+them with the field numbers that `_compat.Fields` pins.
+
+Live ranges follow XLA's own `HloLiveRange` on the flattened schedule (a `while`'s
+condition and body, a `call`'s or `conditional`'s computations, placed before the
+instruction): a value lives from its defining instruction (a computation's parameters
+from the start of that computation) to its last use or position (a computation's root:
+to the end of that computation; a while's operand: until its loop starts); an entry
+parameter that no output reuses lives to the end. `tests/test_buffers.py` checks these
+live ranges against those XLA writes with `--xla_dump_to`. The live set is taken at the
+step where the distinct bytes live, per allocation the union of the (offset, size) of the
+live values, are the most.
+"""
+
+import dataclasses
+import os
+import re
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any, Final
+
+import jax
+import numpy as np
+
+from . import _compat
+from ._compat import Fields as F
+from ._display import Description
+from ._leaf import human_bytes, short_dtype, short_shape
+from ._table import grid, html_grid
+
+
+@dataclasses.dataclass(frozen=True)
+class Buffer:
+    """One buffer live at a compiled program's peak, on one device.
+
+    Attributes:
+        nbytes: Its bytes on one device (bytes it shares with a buffer listed before it,
+            as an in-place result shares its operand's, are counted there).
+        shape: Its shape on one device.
+        dtype: Its dtype (a NumPy dtype; `"tuple"` for XLA's table of a tuple's buffers).
+        kind: `"argument"`, `"output"`, `"temporary"` or `"constant"`.
+        path: An argument's input path (`args[0]['params']['w']`), an output's `out`
+            path (`out[1]['mu']`), else None.
+        op: For a temporary, the operation that makes it, as JAX names it in the
+            program's metadata (`jit(step)/transpose(jvp(MLP))/layers_1/dot_general`);
+            None for XLA's own buffers (a copy), arguments and outputs.
+        source: `"file.py:LINE"` of the user's code that made it, where known.
+        donated: For an argument: True if donated and reused for an output, False if
+            donated and not reused, None if not donated.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> c = ts.cost(lambda w, x: jnp.tanh(x @ w), jnp.zeros((256, 512)), jnp.zeros((32, 256)))
+        >>> b = c.buffers[0]
+        >>> b.kind, b.path, b.shape, b.nbytes
+        ('argument', 'args[0]', (256, 512), 524288)
+    """
+
+    __module__ = "treeshape"
+
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: Any
+    kind: str
+    path: str | None = None
+    op: str | None = None
+    source: str | None = None
+    donated: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Donation:
+    """What became of one donated input leaf.
+
+    Attributes:
+        path: The input's path (`args[0]['params']['w']`).
+        reused: Whether XLA reused its memory for an output.
+        output: That output's path (`out[0]['params']['w']`), else None.
+        reason: Where it was not reused, why, and what to do; else None.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> c = ts.cost(lambda w: (w * 2, w.sum()), jnp.zeros((64, 64)), donate_argnums=0)
+        >>> c.donation["args[0]"]
+        Donation(path='args[0]', reused=True, output='out[0]', reason=None)
+    """
+
+    __module__ = "treeshape"
+
+    path: str
+    reused: bool
+    output: str | None = None
+    reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """What `read` found: the live set at the peak, its bytes, and the donations."""
+
+    buffers: tuple[Buffer, ...]
+    live_peak_bytes: int
+    donation: dict[str, Donation]
+
+
+# -- protobuf wire format ---------------------------------------------------------------
+Message = dict[int, list[Any]]  # field number -> values (ints, or memoryviews of nested bytes)
+
+
+def _varint(data: memoryview, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = data[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i
+        shift += 7
+
+
+def fields(data: bytes | memoryview) -> Message:
+    """One message's fields: varints and fixed-width values as ints, length-delimited ones
+    (strings, nested messages, packed numbers) as memoryviews, each list in wire order."""
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    out: Message = {}
+    i, end = 0, len(view)
+    while i < end:
+        key = view[i]  # one byte for field numbers below 16, the common case
+        if key < 0x80:
+            i += 1
+        else:
+            key, i = _varint(view, i)
+        wire = key & 7
+        value: Any
+        if wire == 0:
+            value = view[i]
+            if value < 0x80:
+                i += 1
+            else:
+                value, i = _varint(view, i)
+        elif wire == 2:
+            n = view[i]
+            if n < 0x80:
+                i += 1
+            else:
+                n, i = _varint(view, i)
+            value, i = view[i : i + n], i + n
+        elif wire == 1:
+            value, i = int.from_bytes(view[i : i + 8], "little"), i + 8
+        elif wire == 5:
+            value, i = int.from_bytes(view[i : i + 4], "little"), i + 4
+        else:
+            raise ValueError(f"protobuf wire type {wire} at byte {i}")
+        field = key >> 3
+        if field in out:
+            out[field].append(value)
+        else:
+            out[field] = [value]
+    return out
+
+
+def ints(message: Message, field: int) -> list[int]:
+    """A repeated integer field, packed or not (int64s as two's complement)."""
+    out: list[int] = []
+    for value in message.get(field, ()):
+        if isinstance(value, int):
+            out.append(value)
+            continue
+        i = 0
+        while i < len(value):
+            n, i = _varint(value, i)
+            out.append(n)
+    return [n - (1 << 64) if n >= 1 << 63 else n for n in out]
+
+
+def _int(message: Message, field: int, default: int = 0) -> int:
+    values = message.get(field)
+    if not values:
+        return default
+    n = values[-1]
+    return int(n - (1 << 64) if n >= 1 << 63 else n)
+
+
+def _str(message: Message, field: int) -> str:
+    values = message.get(field)
+    return bytes(values[-1]).decode("utf-8", "replace") if values else ""
+
+
+def _sub(message: Message, field: int) -> Message:
+    values = message.get(field)
+    return fields(values[-1]) if values else {}
+
+
+# -- the module -------------------------------------------------------------------------
+Index = tuple[int, ...]
+
+
+@dataclasses.dataclass
+class _Shape:
+    dtype: str
+    dims: tuple[int, ...]
+    tuple_shapes: "list[_Shape]"
+
+    @staticmethod
+    def read(message: Message) -> "_Shape":
+        kind = _int(message, F.SHAPE_ELEMENT_TYPE)
+        dtype = _compat.PRIMITIVE_TYPES.get(kind, f"xla type {kind}")
+        subs = [_Shape.read(fields(s)) for s in message.get(F.SHAPE_TUPLE_SHAPES, ())]
+        return _Shape(dtype, tuple(ints(message, F.SHAPE_DIMENSIONS)), subs)
+
+    def at(self, index: Index) -> "_Shape":
+        shape = self
+        for i in index:
+            shape = shape.tuple_shapes[i]
+        return shape
+
+    def indices(self, prefix: Index = ()) -> Iterator[Index]:
+        yield prefix
+        for i, sub in enumerate(self.tuple_shapes):
+            yield from sub.indices((*prefix, i))
+
+
+@dataclasses.dataclass
+class _Instruction:
+    id: int
+    name: str
+    opcode: str
+    shape: _Shape
+    operands: list[int]
+    called: list[int]
+    parameter: int
+    tuple_index: int
+    raw_metadata: memoryview | None
+    computation: int = 0
+
+    @property
+    def metadata(self) -> Message:
+        return {} if self.raw_metadata is None else fields(self.raw_metadata)
+
+
+def _instruction(data: memoryview) -> _Instruction:
+    m = fields(data)
+    return _Instruction(
+        id=_int(m, F.INSTRUCTION_ID),
+        name=_str(m, F.INSTRUCTION_NAME),
+        opcode=_str(m, F.INSTRUCTION_OPCODE),
+        shape=_Shape.read(_sub(m, F.INSTRUCTION_SHAPE)),
+        operands=ints(m, F.INSTRUCTION_OPERANDS),
+        called=ints(m, F.INSTRUCTION_CALLED),
+        parameter=_int(m, F.INSTRUCTION_PARAMETER_NUMBER),
+        tuple_index=_int(m, F.INSTRUCTION_TUPLE_INDEX),
+        raw_metadata=m[F.INSTRUCTION_METADATA][-1] if F.INSTRUCTION_METADATA in m else None,
+    )
+
+
+@dataclasses.dataclass
+class _Module:
+    instructions: dict[int, _Instruction]
+    roots: dict[int, int]  # computation -> root instruction
+    parameters: dict[int, dict[int, int]]  # computation -> parameter number -> instruction
+    sequences: dict[int, list[int]]  # scheduled computation -> instruction ids in order
+    entry: int
+    aliases: list[tuple[Index, int]]  # (output index, parameter number)
+    frames: Message
+
+    @staticmethod
+    def read(data: bytes) -> "_Module":
+        m = fields(data)
+        sequences = {}
+        for entry in _sub(m, F.MODULE_SCHEDULE).get(F.SCHEDULE_SEQUENCES, ()):
+            em = fields(entry)
+            sequences[_int(em, 1)] = ints(_sub(em, 2), F.SEQUENCE_INSTRUCTION_IDS)
+        instructions: dict[int, _Instruction] = {}
+        roots: dict[int, int] = {}
+        parameters: dict[int, dict[int, int]] = {}
+        for c in m.get(F.MODULE_COMPUTATIONS, ()):
+            cm = fields(c)
+            cid = _int(cm, F.COMPUTATION_ID)
+            roots[cid] = _int(cm, F.COMPUTATION_ROOT_ID)
+            params = parameters[cid] = {}
+            if cid not in sequences:  # fusions, reductions' regions: no live ranges of their own
+                continue
+            for raw in cm.get(F.COMPUTATION_INSTRUCTIONS, ()):
+                ins = _instruction(raw)
+                ins.computation = cid
+                instructions[ins.id] = ins
+                if ins.opcode == "parameter":
+                    params[ins.parameter] = ins.id
+        aliases = []
+        for a in _sub(m, F.MODULE_ALIASES).get(F.ALIAS_ENTRIES, ()):
+            am = fields(a)
+            aliases.append((tuple(ints(am, F.ALIAS_OUTPUT_INDEX)), _int(am, F.ALIAS_PARAMETER)))
+        return _Module(
+            instructions, roots, parameters, sequences, _int(m, F.MODULE_ENTRY_ID), aliases,
+            _sub(m, F.MODULE_STACK_FRAMES),
+        )  # fmt: skip
+
+
+# -- live ranges ------------------------------------------------------------------------
+_FLATTENED: Final = frozenset({"call", "conditional"})
+
+
+def _flatten(module: _Module) -> tuple[list[int], dict[int, tuple[int, int]]]:
+    """The flattened schedule (instruction ids) and each computation's span in it, as
+    XLA's `HloLiveRange` flattens it."""
+    order: list[int] = []
+    spans: dict[int, tuple[int, int]] = {}
+
+    def visit(computation: int) -> None:
+        if computation in spans or computation not in module.sequences:
+            return
+        start = len(order)
+        spans[computation] = (start, start)  # guards against cycles
+        for iid in module.sequences[computation]:
+            ins = module.instructions.get(iid)
+            if ins is None:
+                continue
+            if ins.opcode in _FLATTENED:
+                for c in ins.called:
+                    visit(c)
+            elif ins.opcode == "while":
+                body, condition = _while_parts(module, ins)
+                visit(condition)
+                visit(body)
+            order.append(iid)
+        spans[computation] = (start, len(order))
+
+    visit(module.entry)
+    return order, spans
+
+
+def _while_parts(module: _Module, ins: _Instruction) -> tuple[int, int]:
+    """A while's (body, condition): the condition's root is a `pred[]`."""
+    a, b = ins.called[0], ins.called[1]
+    root_a = module.instructions.get(module.roots.get(a, -1))
+    if root_a is not None and root_a.shape.dtype == "bool" and not root_a.shape.dims and not root_a.shape.tuple_shapes:
+        return b, a
+    return a, b
+
+
+@dataclasses.dataclass
+class _Value:
+    id: int
+    size: int
+    instruction: int
+    index: Index
+    allocation: int = -1
+    offset: int = 0
+    start: int = -1
+    end: int = -1
+
+
+def _callers(module: _Module, order: list[int]) -> dict[int, _Instruction]:
+    """The instruction that calls each flattened computation (a while's body and condition,
+    a call's or a conditional's computations)."""
+    callers: dict[int, _Instruction] = {}
+    for iid in order:
+        ins = module.instructions[iid]
+        if ins.opcode in _FLATTENED or ins.opcode == "while":
+            for c in ins.called:
+                callers.setdefault(c, ins)
+    return callers
+
+
+def _value_sets(
+    module: _Module, order: list[int], defined: dict[tuple[int, Index], int]
+) -> dict[int, dict[Index, set[int]]]:
+    """Which values each scheduled instruction holds at each shape index: its own where it
+    defines one, else what flows into it (tuples, get-tuple-element, bitcasts, loops, calls)."""
+    sets: dict[int, dict[Index, set[int]]] = {}
+    callers = _callers(module, order)
+    empty: set[int] = set()
+
+    def at(iid: int, index: Index) -> set[int]:
+        return sets.get(iid, {}).get(index, empty)
+
+    def inflow(ins: _Instruction, index: Index) -> set[int]:
+        op = ins.opcode
+        if op == "parameter":
+            caller = callers.get(ins.computation)
+            if caller is None:
+                return empty
+            if caller.opcode == "while":
+                return at(caller.operands[0], index) if caller.operands else empty
+            if caller.opcode == "conditional":
+                branch = caller.called.index(ins.computation)
+                return at(caller.operands[branch + 1], index) if branch + 1 < len(caller.operands) else empty
+            return at(caller.operands[ins.parameter], index) if ins.parameter < len(caller.operands) else empty
+        if op == "get-tuple-element":
+            return at(ins.operands[0], (ins.tuple_index, *index))
+        if op == "tuple":
+            return at(ins.operands[index[0]], index[1:]) if index else empty
+        if op == "while":  # what the body returns (its parameter holds what comes in)
+            body, _ = _while_parts(module, ins)
+            return at(module.roots.get(body, -1), index)
+        if op in _FLATTENED:
+            return set().union(*(at(module.roots.get(c, -1), index) for c in ins.called))
+        return at(ins.operands[0], index) if ins.operands else empty
+
+    for iid in order:
+        ins = module.instructions[iid]
+        held: dict[Index, set[int]] = {}
+        for index in ins.shape.indices():
+            value = defined.get((iid, index))
+            held[index] = {value} if value is not None else set(inflow(ins, index))
+        sets[iid] = held
+    return sets
+
+
+def _live_ranges(module: _Module, values: dict[int, _Value]) -> tuple[int, dict[int, dict[Index, set[int]]]]:
+    """Set each value's live range (start, end) on the flattened schedule, as XLA's
+    `HloLiveRange` does; return the schedule's end time and the values each instruction holds."""
+    order, spans = _flatten(module)
+    time = {iid: t for t, iid in enumerate(order)}
+    defined = {(v.instruction, v.index): v.id for v in values.values()}
+    sets = _value_sets(module, order, defined)
+    end_time = len(order)
+    aliased = {p for _, p in module.aliases}
+    root_of = {root: c for c, root in module.roots.items()}
+    for v in values.values():
+        t = time.get(v.instruction)
+        if t is None:
+            continue
+        ins = module.instructions[v.instruction]
+        v.start = spans[ins.computation][0] if ins.opcode == "parameter" else t
+        v.end = t
+        if ins.opcode == "parameter" and ins.computation == module.entry and ins.parameter not in aliased:
+            v.end = end_time
+    for iid in order:
+        t = time[iid]
+        ins = module.instructions[iid]
+        computation = root_of.get(iid)
+        position_time = spans[computation][1] if computation in spans else t
+        for held in sets[iid].values():
+            for vid in held:
+                v = values[vid]
+                if v.start >= 0 and position_time > v.end:
+                    v.end = position_time
+        if ins.opcode == "call" and all(c in spans for c in ins.called):
+            continue  # its uses are those of the called computation's instructions
+        use_time = t
+        if ins.opcode == "while":  # a while's operand is used until its loop starts
+            use_time = min((spans[c][0] for c in ins.called if c in spans), default=t)
+        for operand in ins.operands:
+            for held in sets.get(operand, {}).values():
+                for vid in held:
+                    v = values[vid]
+                    if v.start >= 0 and use_time > v.end:
+                        v.end = use_time
+    return end_time, sets
+
+
+# -- the buffer assignment -----------------------------------------------------------------
+@dataclasses.dataclass
+class _Allocation:
+    index: int
+    size: int
+    entry_parameter: bool
+    constant: bool
+    thread_local: bool
+
+
+def _assignment(data: bytes) -> tuple[dict[int, _Value], dict[int, _Allocation]]:
+    m = fields(data)
+    values: dict[int, _Value] = {}
+    for raw in m.get(F.LOGICAL_BUFFERS, ()):
+        b = fields(raw)
+        at = _sub(b, F.BUFFER_DEFINED_AT)
+        vid = _int(b, F.BUFFER_ID)
+        values[vid] = _Value(
+            vid, _int(b, F.BUFFER_SIZE), _int(at, F.LOCATION_INSTRUCTION_ID), tuple(ints(at, F.LOCATION_SHAPE_INDEX))
+        )
+    allocations: dict[int, _Allocation] = {}
+    for raw in m.get(F.BUFFER_ALLOCATIONS, ()):
+        a = fields(raw)
+        index = _int(a, F.ALLOCATION_INDEX)
+        allocations[index] = _Allocation(
+            index,
+            _int(a, F.ALLOCATION_SIZE),
+            bool(_int(a, F.ALLOCATION_ENTRY_PARAMETER)),
+            bool(_int(a, F.ALLOCATION_CONSTANT)),
+            bool(_int(a, F.ALLOCATION_THREAD_LOCAL)),
+        )
+        for assigned in a.get(F.ALLOCATION_ASSIGNED, ()):
+            s = fields(assigned)
+            v = values.get(_int(s, F.ASSIGNED_BUFFER_ID))
+            if v is not None:
+                v.allocation, v.offset, v.size = index, _int(s, F.ASSIGNED_OFFSET), _int(s, F.ASSIGNED_SIZE)
+    return values, allocations
+
+
+def _live_at(values: list[_Value], t: int) -> tuple[int, list[tuple[_Value, int]]]:
+    """The distinct bytes live at step `t` and the values that hold them, each with the bytes
+    it adds (per allocation, the value defined last first)."""
+    live = sorted((v for v in values if v.start <= t <= v.end), key=lambda v: (-v.start, -v.id))
+    covered: dict[int, list[tuple[int, int]]] = {}
+    total = 0
+    listed = []
+    for v in live:
+        spans = covered.setdefault(v.allocation, [])
+        new = _uncovered(spans, v.offset, v.offset + v.size)
+        if new:
+            spans.append((v.offset, v.offset + v.size))
+            total += new
+            listed.append((v, new))
+    return total, listed
+
+
+def _uncovered(spans: list[tuple[int, int]], lo: int, hi: int) -> int:
+    """How many bytes of [lo, hi) none of `spans` covers."""
+    cuts = sorted((max(a, lo), min(b, hi)) for a, b in spans if a < hi and b > lo)
+    free, at = 0, lo
+    for a, b in cuts:
+        if a > at:
+            free += a - at
+        at = max(at, b)
+    return free + max(0, hi - at)
+
+
+def _peak(values: list[_Value], end_time: int) -> tuple[int, list[tuple[_Value, int]]]:
+    """The live set at the earliest step with the most distinct bytes live.
+
+    Per allocation, the live values' sizes summed (and at most the allocation's extent)
+    bound its distinct bytes from above; steps are tried by the bound, largest first,
+    until no step left can beat the best found."""
+    if not values:
+        return 0, []
+    by_allocation: dict[int, list[_Value]] = {}
+    for v in values:
+        by_allocation.setdefault(v.allocation, []).append(v)
+    alone = np.zeros(end_time + 2, dtype=np.int64)  # allocations of one value each
+    bound = np.zeros(end_time + 1, dtype=np.int64)
+    for group in by_allocation.values():
+        delta = alone if len(group) == 1 else np.zeros(end_time + 2, dtype=np.int64)
+        for v in group:
+            delta[v.start] += v.size
+            delta[v.end + 1] -= v.size
+        if len(group) > 1:  # values that may share bytes: no more than the bytes they span
+            extent = max(v.offset + v.size for v in group) - min(v.offset for v in group)
+            bound += np.minimum(np.cumsum(delta)[: end_time + 1], extent)
+    bound += np.cumsum(alone)[: end_time + 1]
+    best_bytes, best_t = -1, 0
+    best: list[tuple[_Value, int]] = []
+    for t in sorted(range(end_time + 1), key=lambda t: (-bound[t], t)):
+        if bound[t] < best_bytes or (bound[t] == best_bytes and t > best_t):
+            break
+        total, listed = _live_at(values, t)
+        if total > best_bytes or (total == best_bytes and t < best_t):
+            best_bytes, best_t, best = total, t, listed
+    return best_bytes, best
+
+
+# -- reading a compiled program -------------------------------------------------------------
+def read(
+    compiled: Any,
+    assignment: bytes | None,
+    argument_paths: Sequence[str | None],
+    output_paths: Sequence[str],
+    donated: frozenset[int],
+) -> Reading | None:
+    """The buffers live at the peak of `compiled` and what became of its donated arguments;
+    None where the release or backend does not give the buffer assignment or the module.
+
+    `assignment` is XLA's buffer assignment (`_compat.memory_analysis`), `argument_paths[i]`
+    names the program's argument `i` as the user passed it (None for a value the program
+    closes over), `output_paths[k]` its output `k`; `donated` holds the positions of the
+    donated arguments.
+    """
+    module_bytes = _compat.optimized_module(compiled)
+    kept = _compat.kept_arguments(compiled, len(argument_paths))
+    if assignment is None or module_bytes is None or kept is None:
+        return None
+    try:
+        return _read(compiled, assignment, module_bytes, kept, argument_paths, output_paths, donated)
+    except (ValueError, IndexError, KeyError) as err:  # a module this reader does not know: say nothing
+        warnings.warn(f"treeshape: could not read the buffers of this program ({err!r})", RuntimeWarning, stacklevel=2)
+        return None
+
+
+def _read(
+    compiled: Any,
+    assignment: bytes,
+    module_bytes: bytes,
+    kept: list[int],
+    argument_paths: Sequence[str | None],
+    output_paths: Sequence[str],
+    donated: frozenset[int],
+) -> Reading:
+    module = _Module.read(module_bytes)
+    values, allocations = _assignment(assignment)
+    end_time, sets = _live_ranges(module, values)
+    live = [
+        v
+        for v in values.values()
+        if v.start >= 0 and v.allocation in allocations and not allocations[v.allocation].thread_local
+    ]
+    peak, listed = _peak(live, end_time)
+    entry_root = module.instructions.get(module.roots.get(module.entry, -1))
+    outputs = _outputs(module, entry_root, values, sets)
+    reused = {kept[p]: index for index, p in module.aliases if p < len(kept)}
+    frames = _Frames(module)
+    buffers = []
+    for v, nbytes in listed:
+        ins = module.instructions[v.instruction]
+        shape = ins.shape.at(v.index)
+        dtype = _dtype(shape.dtype)
+        if ins.opcode == "parameter" and ins.computation == module.entry:
+            arg = kept[ins.parameter] if ins.parameter < len(kept) else -1
+            path = argument_paths[arg] if 0 <= arg < len(argument_paths) else None
+            was = (arg in reused) if arg in donated else None
+            buffers.append(Buffer(nbytes, shape.dims, dtype, "argument", path, donated=was))
+        elif v.id in outputs:
+            index = outputs[v.id]
+            path = "out" if not index and entry_root is not None and entry_root.shape.tuple_shapes else None
+            buffers.append(Buffer(nbytes, shape.dims, dtype, "output", path or _output_path(index, output_paths)))
+        elif allocations[v.allocation].constant or ins.opcode == "constant":
+            buffers.append(Buffer(nbytes, shape.dims, dtype, "constant"))
+        else:
+            name = _str(ins.metadata, F.METADATA_OP_NAME)
+            # JAX names the program's operations `jit(fn)/...`; a copy XLA makes of a parameter
+            # keeps the parameter's name (`dynamic[2]`): that is XLA's own buffer.
+            op = name if name.startswith(_compat.JIT_OP_PREFIXES) else None
+            source = frames.source(ins.metadata) if op else None
+            buffers.append(Buffer(nbytes, shape.dims, dtype, "temporary", op=op, source=source))
+    buffers.sort(key=lambda b: -b.nbytes)
+    donation = _donations(module, compiled, kept, reused, argument_paths, output_paths, donated, sets, values)
+    return Reading(tuple(buffers), peak, donation)
+
+
+def _dtype(name: str) -> Any:
+    try:
+        return np.dtype(getattr(jax.numpy, name)) if hasattr(jax.numpy, name) else name
+    except TypeError:
+        return name
+
+
+def _outputs(
+    module: _Module, root: _Instruction | None, values: dict[int, _Value], sets: dict[int, dict[Index, set[int]]]
+) -> dict[int, Index]:
+    """The values the program returns (other than its arguments), each by its index in the result."""
+    if root is None:
+        return {}
+    out: dict[int, Index] = {}
+    for index, held in sets.get(root.id, {}).items():
+        for vid in held:
+            if module.instructions[values[vid].instruction].opcode != "parameter":
+                out.setdefault(vid, index)
+    return out
+
+
+def _output_path(index: Index, output_paths: Sequence[str]) -> str:
+    if not index:
+        return output_paths[0] if len(output_paths) == 1 else "out"
+    return output_paths[index[0]] if index[0] < len(output_paths) else "out"
+
+
+# Packages whose frames are not the user's code: the op is told by the user's line that led to it.
+_LIBRARIES: Final = ("jax", "jaxlib", "flax", "equinox", "optax", "chex", "treeshape")
+
+
+def _library_dirs() -> tuple[str, ...]:
+    dirs = []
+    for name in _LIBRARIES:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if isinstance(file, str):
+            dirs.append(os.path.dirname(file) + os.sep)
+    return tuple(dirs)
+
+
+class _Frames:
+    """Source locations of instructions: the module's stack frame index (jax 0.9 and newer)
+    or the metadata's own file and line (before)."""
+
+    def __init__(self, module: _Module) -> None:
+        frames = module.frames
+        self._files = [bytes(f).decode("utf-8", "replace") for f in frames.get(F.FRAMES_FILE_NAMES, ())]
+        self._locations = frames.get(F.FRAMES_LOCATIONS, [])
+        self._frames = frames.get(F.FRAMES_FRAMES, [])
+        self._libraries = _library_dirs()
+
+    def _user(self, file: str) -> bool:
+        return bool(file) and not file.startswith(self._libraries)
+
+    def source(self, metadata: Message) -> str | None:
+        frame = _int(metadata, F.METADATA_STACK_FRAME)
+        seen = set()
+        while 0 < frame <= len(self._frames) and frame not in seen:
+            seen.add(frame)
+            fm = fields(self._frames[frame - 1])
+            location = _int(fm, F.FRAME_LOCATION)
+            if 0 < location <= len(self._locations):
+                lm = fields(self._locations[location - 1])
+                file_id = _int(lm, F.LOCATION_FILE)
+                file = self._files[file_id - 1] if 0 < file_id <= len(self._files) else ""
+                if self._user(file):
+                    return f"{os.path.basename(file)}:{_int(lm, F.LOCATION_LINE)}"
+            frame = _int(fm, F.FRAME_PARENT)
+        file = _str(metadata, F.METADATA_SOURCE_FILE)
+        if self._user(file):
+            return f"{os.path.basename(file)}:{_int(metadata, F.METADATA_SOURCE_LINE)}"
+        return None
+
+
+def _donations(
+    module: _Module,
+    compiled: Any,
+    kept: list[int],
+    reused: dict[int, Index],
+    argument_paths: Sequence[str | None],
+    output_paths: Sequence[str],
+    donated: frozenset[int],
+    sets: dict[int, dict[Index, set[int]]],
+    values: dict[int, _Value],
+) -> dict[str, Donation]:
+    """Each donated argument by path: the output that reuses it, or why none does."""
+    entry = module.instructions.get(module.roots.get(module.entry, -1))
+    if entry is None:
+        return {}
+    if entry.shape.tuple_shapes:
+        results = [(k, s) for k, s in enumerate(entry.shape.tuple_shapes)]
+    else:
+        results = [(0, entry.shape)]
+    parameters = module.parameters.get(module.entry, {})
+    position = {arg: p for p, arg in enumerate(kept)}
+    taken = {index[0] if index else 0 for index in reused.values()}
+    in_shardings, out_shardings = _shardings(compiled)
+    root_sets = sets.get(entry.id, {})
+    out: dict[str, Donation] = {}
+    for arg in sorted(donated):
+        path = argument_paths[arg] if arg < len(argument_paths) else None
+        if path is None:
+            continue
+        if arg in reused:
+            index = reused[arg]
+            out[path] = Donation(path, True, _output_path(index, output_paths))
+            continue
+        if arg not in position:
+            reason = (
+                "fn does not use it, so jax.jit leaves it out of the program and there is no buffer "
+                "to reuse: drop the donation, or the argument"
+            )
+            out[path] = Donation(path, False, reason=reason)
+            continue
+        param = module.instructions[parameters[position[arg]]]
+        own = {vid for held in sets.get(param.id, {}).values() for vid in held}
+        shape = param.shape
+        same = [k for k, s in results if s.dtype == shape.dtype and s.dims == shape.dims]
+        unchanged = [k for k, _ in results if root_sets.get((k,) if entry.shape.tuple_shapes else (), set()) & own]
+        what = f"{_short(shape.dtype)}[{','.join(map(str, shape.dims))}]"
+        if unchanged:
+            reason = (
+                f"it is also an output, unchanged ({_output_path((unchanged[0],), output_paths)} returns it as "
+                "it is), so that output is its buffer already: nothing is saved by donating it"
+            )
+        elif not same:
+            resharded = _resharded(compiled, arg, in_shardings, out_shardings)
+            if resharded is not None:
+                reason = (
+                    f"the output of its shape and dtype ({_output_path((resharded,), output_paths)}) has another "
+                    "sharding, so its buffer on each device has another size: give that output the input's "
+                    "sharding (out_shardings, or jax.lax.with_sharding_constraint)"
+                )
+            else:
+                reason = (
+                    f"no output has its shape and dtype ({what} on each device): XLA reuses a donated buffer "
+                    "only for an output of the same shape and dtype"
+                )
+        elif all(k in taken for k in same):
+            names = ", ".join(_output_path((k,), output_paths) for k in same)
+            reason = f"every output of its shape and dtype ({names}) already reuses another donated input"
+        else:
+            reason = "XLA did not reuse it (its buffer is still needed when the output is written)"
+        out[path] = Donation(path, False, reason=reason)
+    return out
+
+
+def _short(dtype: str) -> str:
+    d = _dtype(dtype)
+    return short_dtype(d) if isinstance(d, np.dtype) else dtype
+
+
+def _shardings(compiled: Any) -> tuple[list[Any], list[Any]]:
+    try:
+        ins = jax.tree_util.tree_leaves(compiled.input_shardings)
+        outs = jax.tree_util.tree_leaves(compiled.output_shardings)
+    except Exception:
+        return [], []
+    return ins, outs
+
+
+def _resharded(compiled: Any, arg: int, ins: list[Any], outs: list[Any]) -> int | None:
+    """An output with the argument's global shape and dtype but another sharding, if any."""
+    try:
+        arg_info = jax.tree_util.tree_leaves(compiled.args_info)[arg]
+        out_info = jax.tree_util.tree_leaves(compiled.out_info)
+    except Exception:
+        return None
+    shape, dtype = getattr(arg_info, "shape", None), getattr(arg_info, "dtype", None)
+    for k, o in enumerate(out_info):
+        if o.shape == shape and o.dtype == dtype and k < len(outs) and arg < len(ins):
+            if not ins[arg].is_equivalent_to(outs[k], len(shape)):
+                return k
+    return None
+
+
+# -- tables -----------------------------------------------------------------------------------
+_KEY: Final = re.compile(r"\[(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\]]*)\]|\.[A-Za-z_]\w*")
+_XLA_OWN: Final = "(XLA's own)"
+
+
+def _label(b: Buffer) -> str:
+    return b.path or b.op or ("(constant)" if b.kind == "constant" else _XLA_OWN)
+
+
+def _without_jit(op: str) -> str:
+    """`op` without its outermost `jit(...)` name (the implementer's)."""
+    head, _, rest = op.partition("/")
+    return rest if head.startswith(("jit(", "pjit(")) and rest else op
+
+
+def _group(b: Buffer, depth: int | None) -> str:
+    """The group of `b` to `depth` levels: a path's root (`args`, `out`) and first `depth`
+    keys, or an op's first `depth` levels after its outermost `jit(...)`."""
+    if b.path is not None:
+        if depth is None:
+            return b.path
+        first = _KEY.search(b.path)
+        root = b.path if first is None else b.path[: first.start()]
+        return root + "".join(_KEY.findall(b.path[len(root) :])[:depth])
+    if b.op is not None:
+        op = _without_jit(b.op.split(";")[0])  # a fusion's metadata may join several ops
+        return op if depth is None else "/".join(op.split("/")[: max(depth, 1)])
+    return "(constants)" if b.kind == "constant" else _XLA_OWN
+
+
+def _breakdown_rows(buffers: Sequence[Buffer], depth: int | None) -> list[list[str]]:
+    if depth is not None and (type(depth) is not int or depth < 0):
+        raise ValueError(f"depth must be None or an int >= 0 (how many levels make a group), got {depth!r}")
+    groups: dict[str, list[int]] = {}
+    for b in buffers:
+        g = groups.setdefault(_group(b, depth), [0, 0])
+        g[0] += 1
+        g[1] += b.nbytes
+    ordered = sorted(groups.items(), key=lambda kv: -kv[1][1])
+    rows = [[name, f"{n:,}", human_bytes(nbytes)] for name, (n, nbytes) in ordered]
+    rows.append(["total", f"{len(buffers):,}", human_bytes(sum(b.nbytes for b in buffers))])
+    return rows
+
+
+_BREAKDOWN_HEADERS: Final = ("group", "buffers", "bytes")
+
+
+def breakdown(buffers: Sequence[Buffer], depth: int | None) -> str:
+    """The buffers grouped to `depth` levels, largest group first, as [Cost.breakdown][]."""
+    rows = _breakdown_rows(buffers, depth)
+    lines = grid(_BREAKDOWN_HEADERS, rows, right=2).split("\n")
+    text = "\n".join([*lines[:-2], lines[-1], lines[-2]])  # the rule above the total row
+    return Description(text, lambda: html_grid(_BREAKDOWN_HEADERS, rows, right=2, css_class="treeshape-cost"))
+
+
+_LARGEST_HEADERS: Final = ("largest at the peak", "kind", "shape", "bytes")
+
+
+def _largest_rows(buffers: Sequence[Buffer], n: int) -> list[list[str]]:
+    rows = []
+    for b in buffers[:n]:
+        dtype = short_dtype(b.dtype) if isinstance(b.dtype, np.dtype) else str(b.dtype)
+        rows.append([_label(b), b.kind, f"{dtype}{short_shape(b.shape)}", human_bytes(b.nbytes)])
+    return rows
+
+
+def largest(buffers: Sequence[Buffer], live_peak_bytes: int | None, n: int) -> str:
+    """The `n` largest buffers at the peak, as a small table under a line that says their share."""
+    shown = sum(b.nbytes for b in buffers[:n])
+    head = f"{min(n, len(buffers))} of {len(buffers)} buffers live at the peak: {human_bytes(shown)}"
+    if live_peak_bytes:
+        head += f" of {human_bytes(live_peak_bytes)}"
+    return head + "\n" + grid(_LARGEST_HEADERS, _largest_rows(buffers, n), right=1)
+
+
+def largest_html(buffers: Sequence[Buffer], live_peak_bytes: int | None, n: int) -> str:
+    return html_grid(_LARGEST_HEADERS, _largest_rows(buffers, n), right=1, css_class="treeshape-cost")
+
+
+def named(buffers: Sequence[Buffer], n: int = 3) -> str:
+    """The `n` largest buffers in words, for a message: `args[0]['w'] (f32[512,512], 1.0 MiB), ...`."""
+    parts = []
+    for b in buffers[:n]:
+        dtype = short_dtype(b.dtype) if isinstance(b.dtype, np.dtype) else str(b.dtype)
+        label = _label(b)
+        label = "a buffer of XLA's own" if label == _XLA_OWN else label
+        parts.append(f"{label} ({dtype}{short_shape(b.shape)}, {human_bytes(b.nbytes)})")
+    return ", ".join(parts)
+
+
+# The public classes report module `treeshape`, so doctest would not look for their examples here.
+__test__ = {"Buffer": Buffer, "Donation": Donation}
