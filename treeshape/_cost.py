@@ -19,6 +19,7 @@ it closes over, in an LRU cache of 4096 entries while tracer-leak checking is of
 """
 
 import dataclasses
+import html
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
@@ -42,6 +43,7 @@ from ._infer import (
     split_call,
 )
 from ._leaf import ARRAY, DIM, OTHER, SDS, from_aval, human_bytes, is_duck_array, kind_of
+from ._loops import NO_LOOPS, LoopCorrection, loop_correction
 from ._structure import Structure
 from ._table import grid, html_grid
 
@@ -65,13 +67,19 @@ class Cost:
             every backend; `None` if one of the four is unknown).
         device_bytes: The device's memory limit where the backend reports one
             (GPUs, TPUs), else `None` (CPU).
+        exact_flops: Whether `flops` and `bytes_accessed` count every loop body
+            (`lax.scan`, `fori_loop`, `while_loop`) as often as it runs. XLA's analysis
+            counts a body once; `ts.cost` multiplies it by its trip count where the
+            compiled program knows it. `False` where one is not known (a `while_loop` on
+            a traced condition) or a body's cost cannot be had alone: that body is then
+            counted once, and the table says so.
 
     Examples:
         >>> import treeshape as ts
         >>> c = ts.Cost(flops=64.0, bytes_accessed=384, argument_bytes=256, output_bytes=128,
         ...             temp_bytes=0, alias_bytes=128, peak_bytes=256, device_bytes=None)
-        >>> c.peak_bytes
-        256
+        >>> c.peak_bytes, c.exact_flops
+        (256, True)
         >>> print(c)
         per device      value         exact
         --------------  ------------  -----
@@ -84,6 +92,17 @@ class Cost:
         peak            256 B            256
         device memory   not reported
         --------------  ------------  -----
+
+        A program with a loop whose trip count is known only when it runs:
+
+        >>> import jax, jax.numpy as jnp
+        >>> def until_small(x):
+        ...     return jax.lax.while_loop(lambda x: x.sum() > 1.0, lambda x: (x @ x) / 2, x)
+        >>> c = ts.cost(until_small, jnp.zeros((16, 16)))
+        >>> c.exact_flops
+        False
+        >>> print(str(c).splitlines()[-1])
+        flops and bytes accessed count a loop body once: its trip count is not known when compiling
     """
 
     __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
@@ -96,6 +115,7 @@ class Cost:
     alias_bytes: int | None
     peak_bytes: int | None
     device_bytes: int | None
+    exact_flops: bool = dataclasses.field(default=True, kw_only=True)
 
     def _rows(self) -> list[tuple[str, str, str]]:
         rows = [("flops", _count(self.flops), exact(self.flops))]
@@ -112,13 +132,16 @@ class Cost:
         return rows
 
     def __str__(self) -> str:
-        return grid(_HEADERS, self._rows(), right=1)
+        table = grid(_HEADERS, self._rows(), right=1)
+        return table if self.exact_flops else f"{table}\n{_COUNTED_ONCE}"
 
     def _repr_html_(self) -> str:
-        return html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-cost")
+        table = html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-cost")
+        return table if self.exact_flops else f"{table}<p>{html.escape(_COUNTED_ONCE)}</p>"
 
 
 _HEADERS: Final = ("per device", "value", "exact")
+_COUNTED_ONCE: Final = "flops and bytes accessed count a loop body once: its trip count is not known when compiling"
 _UNKNOWN: Final = "not reported"
 
 
@@ -300,11 +323,12 @@ def _compile(
     dynamic = [i for i, a in enumerate(abstract) if a]
     donate = tuple(j for j, i in enumerate(dynamic) if i in donated)
     if _compat.at_top_level():
-        lowered = jax.jit(program, donate_argnums=donate).lower(*arguments)
+        traced = jax.jit(program, donate_argnums=donate).trace(*arguments)
     else:
         converted, hoisted = _hoist_tracers(program, arguments)
-        lowered = jax.jit(converted, donate_argnums=donate).lower(*arguments, *hoisted)
-    return _read(lowered.compile())
+        traced = jax.jit(converted, donate_argnums=donate).trace(*arguments, *hoisted)
+    compiled = traced.lower().compile()
+    return _read(compiled, loop_correction(traced.jaxpr, devices=len(_devices(compiled))))
 
 
 def _figure(x: Any) -> float | None:
@@ -319,22 +343,25 @@ def _bytes(x: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _read(compiled: Any) -> Cost:
+def _read(compiled: Any, loops: LoopCorrection = NO_LOOPS) -> Cost:
+    """The figures of `compiled`, each loop body's FLOPs and bytes counted as often as it runs."""
     analysis = _compat.cost_analysis(compiled)
     memory = _compat.memory_analysis(compiled)
     argument, output, temp, alias = (_bytes(memory[k]) for k in ("argument", "output", "temp", "alias"))
     peak = None
     if argument is not None and output is not None and temp is not None and alias is not None:
         peak = argument + output + temp - alias
+    flops, accessed = _figure(analysis.get("flops")), _figure(analysis.get("bytes accessed"))
     return Cost(
-        flops=_figure(analysis.get("flops")),
-        bytes_accessed=_bytes(analysis.get("bytes accessed")),
+        flops=None if flops is None else flops + loops.flops,
+        bytes_accessed=None if accessed is None else int(accessed + loops.bytes_accessed),
         argument_bytes=argument,
         output_bytes=output,
         temp_bytes=temp,
         alias_bytes=alias,
         peak_bytes=peak,
         device_bytes=_device_limit(compiled),
+        exact_flops=loops.exact,
     )
 
 

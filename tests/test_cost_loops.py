@@ -1,0 +1,267 @@
+"""`ts.cost` counts each loop body as often as it runs: its `flops` against XLA's own analysis
+of the same program with the loop unrolled (a Python loop, or `unroll=True`), the oracle,
+for `scan`, `fori_loop` and counted `while_loop`s, nested, and under `checkpoint`, `vmap`,
+`grad`, `shard_map` and `cond`; `exact_flops` where a trip count is not known."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import treeshape as ts
+
+
+F32 = jnp.float32
+W = jax.ShapeDtypeStruct((128, 128), F32)
+
+
+def unrolled(f, *args):
+    """XLA's (flops, bytes accessed) for `jax.jit(f)` on these arguments: the oracle."""
+    analysis = jax.jit(f).lower(*args).compile().cost_analysis()
+    if isinstance(analysis, list):  # older releases: one dict per program
+        analysis = analysis[0]
+    return analysis["flops"], analysis["bytes accessed"]
+
+
+def assert_counts_as_unrolled(c, oracle):
+    flops, accessed = oracle
+    assert c.exact_flops
+    assert c.flops == pytest.approx(flops, rel=0.02)
+    assert accessed / 2 <= c.bytes_accessed <= 2 * accessed
+
+
+def step(c, w):
+    return jnp.tanh(c @ w)
+
+
+def scanned(w):
+    return lax.scan(lambda c, _: (step(c, w), None), w, length=20)[0]
+
+
+def python_loop(w, n=20):
+    c = w
+    for _ in range(n):
+        c = step(c, w)
+    return c
+
+
+# -- the loops -------------------------------------------------------------------------
+def test_a_scan_counts_its_body_length_times():
+    c = ts.cost(scanned, W)
+    once = ts.cost(lambda w: step(w, w), W).flops
+    assert c.flops > 19 * once  # XLA alone reports one step
+    assert_counts_as_unrolled(c, unrolled(python_loop, W))
+    full = lambda w: lax.scan(lambda c, _: (step(c, w), None), w, length=20, unroll=True)[0]  # noqa: E731
+    assert unrolled(full, W) == pytest.approx(unrolled(python_loop, W), rel=0.02)
+    assert_counts_as_unrolled(ts.cost(full, W), unrolled(python_loop, W))
+
+
+@pytest.mark.parametrize("unroll", [2, 3, 7], ids=lambda u: f"unroll={u}")
+def test_a_partly_unrolled_scan(unroll):
+    f = lambda w: lax.scan(lambda c, _: (step(c, w), None), w, length=20, unroll=unroll)[0]  # noqa: E731
+    assert_counts_as_unrolled(ts.cost(f, W), unrolled(python_loop, W))
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [
+        pytest.param(lambda w: lax.fori_loop(0, 20, lambda i, c: step(c, w), w), id="fori-int-bounds"),
+        pytest.param(lambda w: lax.fori_loop(jnp.int32(0), jnp.int32(20), lambda i, c: step(c, w), w), id="fori-array"),
+        pytest.param(
+            lambda w: lax.while_loop(lambda s: s[0] < 20, lambda s: (s[0] + 1, step(s[1], w)), (0, w))[1], id="while-lt"
+        ),
+        pytest.param(
+            lambda w: lax.while_loop(lambda s: 40 > s[0], lambda s: (s[0] + 2, step(s[1], w)), (1, w))[1],
+            id="while-flipped-step-2",
+        ),
+        pytest.param(
+            lambda w: lax.while_loop(lambda s: s[0] >= 1, lambda s: (s[0] - 1, step(s[1], w)), (20, w))[1],
+            id="while-counting-down",
+        ),
+        pytest.param(
+            lambda w: lax.while_loop(lambda s: s[0] != 20, lambda s: (s[0] + 1, step(s[1], w)), (0, w))[1],
+            id="while-ne",
+        ),
+    ],
+)
+def test_counted_loops(loop):
+    assert_counts_as_unrolled(ts.cost(loop, W), unrolled(python_loop, W))
+
+
+def test_a_loop_bound_closed_over_under_jit():
+    n = jnp.int32(20)
+    c = ts.cost(lambda w: lax.fori_loop(0, n, lambda i, c: step(c, w), w), W)
+    assert_counts_as_unrolled(c, unrolled(python_loop, W))
+
+
+def test_nested_loops_multiply():
+    def nested(w):
+        inner = lambda c: lax.fori_loop(0, 4, lambda i, c: step(c, w), c)  # noqa: E731
+        return lax.scan(lambda c, _: (inner(c), None), w, length=5)[0]
+
+    assert_counts_as_unrolled(ts.cost(nested, W), unrolled(python_loop, W))
+
+
+def test_a_zero_length_scan_counts_nothing():
+    f = lambda w: lax.scan(lambda c, _: (step(c, w), None), w, length=0)[0]  # noqa: E731
+    c = ts.cost(f, W)
+    assert c.exact_flops and c.flops is None  # XLA removes the loop: a copy, no FLOPs
+    assert c.bytes_accessed == jax.jit(f).lower(W).compile().cost_analysis()["bytes accessed"] == 2 * 128 * 128 * 4
+
+
+def test_a_while_loop_on_a_traced_condition_is_counted_once_and_says_so():
+    def until_small(w):
+        return lax.while_loop(lambda c: jnp.sum(c) > 1.0, lambda c: step(c, w), w)
+
+    c = ts.cost(until_small, W)
+    once = unrolled(until_small, W)
+    assert not c.exact_flops
+    assert c.flops == once[0] and c.bytes_accessed == once[1]
+    assert "count a loop body once" in str(c).splitlines()[-1]
+    assert "count a loop body once" in c._repr_html_()
+    assert "count a loop body once" not in str(ts.cost(scanned, W))
+
+
+def test_a_trip_count_passed_as_an_argument_is_not_known():
+    c = ts.cost(lambda w, n: lax.fori_loop(0, n, lambda i, c: step(c, w), w), W, 20)
+    assert not c.exact_flops
+
+
+def test_a_loop_in_a_cond_branch():
+    def f(p, w):
+        return lax.cond(p, scanned, lambda w: w * 2, w)
+
+    def twin(p, w):
+        return lax.cond(p, python_loop, lambda w: w * 2, w)
+
+    assert_counts_as_unrolled(ts.cost(f, True, W), unrolled(twin, True, W))
+
+
+# -- under transformations -----------------------------------------------------------
+def test_scan_under_checkpoint():
+    f = jax.checkpoint(scanned)
+    assert_counts_as_unrolled(ts.cost(f, W), unrolled(jax.checkpoint(python_loop), W))
+
+
+def test_scan_under_vmap():
+    xs = jax.ShapeDtypeStruct((4, 128, 128), F32)
+    assert_counts_as_unrolled(ts.cost(jax.vmap(scanned), xs), unrolled(jax.vmap(python_loop), xs))
+
+
+def test_scan_under_grad_counts_the_transposed_scan():
+    loss = lambda f: lambda w: jnp.sum(f(w) ** 2)  # noqa: E731
+    c = ts.cost(jax.grad(loss(scanned)), W)
+    assert_counts_as_unrolled(c, unrolled(jax.grad(loss(python_loop)), W))
+
+
+def test_scan_under_checkpoint_under_grad_counts_the_recomputation():
+    # Unrolled, XLA merges the recomputed forward pass with the first one (`unroll=True`
+    # alike); a rolled scan runs it again: the oracle is the gradient plus one forward pass.
+    loss = lambda f: lambda w: jnp.sum(f(w) ** 2)  # noqa: E731
+    c = ts.cost(jax.grad(loss(jax.checkpoint(scanned))), W)
+    (grad_flops, grad_bytes), (fwd_flops, fwd_bytes) = (
+        unrolled(jax.grad(loss(python_loop)), W),
+        unrolled(python_loop, W),
+    )
+    assert_counts_as_unrolled(c, (grad_flops + fwd_flops, grad_bytes + fwd_bytes))
+
+
+def test_cost_inside_a_transformation():
+    found = []
+
+    @jax.jit
+    def outer(w):
+        found.append(ts.cost(lambda x: lax.scan(lambda c, _: (step(c, w), None), x, length=20)[0], w))
+        return w
+
+    outer(jnp.zeros((128, 128), F32))
+    assert_counts_as_unrolled(found[0], unrolled(lambda x, w: python_loop(w) + 0 * x, W, W))
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def test_scan_under_shard_map(mesh):
+    spec = dict(mesh=mesh, in_specs=(P("i"), P()), out_specs=P("i"))
+    body = lambda x, w: lax.scan(lambda c, _: (step(c, w), None), x, length=20)[0]  # noqa: E731
+
+    def twin(x, w):
+        for _ in range(20):
+            x = step(x, w)
+        return x
+
+    x = jax.ShapeDtypeStruct((8 * 128, 128), F32, sharding=NamedSharding(mesh, P("i")))
+    c = ts.cost(jax.shard_map(body, **spec), x, W)
+    assert_counts_as_unrolled(c, unrolled(jax.shard_map(twin, **spec), x, W))
+
+
+def test_a_collective_in_a_scan_under_shard_map(mesh):
+    spec = dict(mesh=mesh, in_specs=(P("i"), P()), out_specs=P("i"))
+
+    def layer(c, w):
+        return jnp.tanh(c @ w) + lax.psum(jnp.sum(c), "i")
+
+    body = lambda x, w: lax.scan(lambda c, _: (layer(c, w), None), x, length=20)[0]  # noqa: E731
+
+    def twin(x, w):
+        for _ in range(20):
+            x = layer(x, w)
+        return x
+
+    x = jax.ShapeDtypeStruct((8 * 128, 128), F32, sharding=NamedSharding(mesh, P("i")))
+    c = ts.cost(jax.shard_map(body, **spec), x, W)
+    assert_counts_as_unrolled(c, unrolled(jax.shard_map(twin, **spec), x, W))
+
+
+def test_a_loop_partitioned_by_xla_is_not_exact(mesh):
+    x = jax.ShapeDtypeStruct((128, 128), F32, sharding=NamedSharding(mesh, P("i")))
+    c = ts.cost(scanned, x)
+    assert not c.exact_flops
+    assert c.flops == unrolled(scanned, x)[0]
+
+
+# -- a scan-over-layers model against its Python-loop twin -----------------------------
+LAYERS, D, BATCH = 12, 256, 32
+
+
+def layer(x, p):
+    return x + jax.nn.gelu(x @ p["w1"] + p["b1"]) @ p["w2"]
+
+
+def scan_model(params, x, unroll=1):
+    return lax.scan(lambda x, p: (layer(x, p), None), x, params, unroll=unroll)[0]
+
+
+def loop_model(params, x):
+    for i in range(LAYERS):
+        x = layer(x, jax.tree.map(lambda a, i=i: a[i], params))
+    return x
+
+
+def loss(model):
+    return lambda params, x: jnp.mean(model(params, x) ** 2)
+
+
+PARAMS = {
+    "w1": jax.ShapeDtypeStruct((LAYERS, D, 4 * D), F32),
+    "b1": jax.ShapeDtypeStruct((LAYERS, 4 * D), F32),
+    "w2": jax.ShapeDtypeStruct((LAYERS, 4 * D, D), F32),
+}
+X = jax.ShapeDtypeStruct((BATCH, D), F32)
+
+
+def test_a_scan_over_layers_model_costs_as_its_python_loop_twin():
+    c = ts.cost(loss(scan_model), PARAMS, X)
+    assert_counts_as_unrolled(c, unrolled(loss(loop_model), PARAMS, X))
+    assert ts.cost(loss(scan_model), PARAMS, X) == c  # from the cache
+
+
+def test_a_scan_over_layers_train_step_costs_as_its_unrolled_twin():
+    # Under grad, the Python loop's `a[i]` transposes to a zero-padded gradient per layer,
+    # which adds work the scan does not do: the twin is the scan unrolled.
+    c = ts.cost(jax.value_and_grad(loss(scan_model)), PARAMS, X)
+    twin = jax.value_and_grad(loss(lambda p, x: scan_model(p, x, unroll=True)))
+    assert_counts_as_unrolled(c, unrolled(twin, PARAMS, X))
