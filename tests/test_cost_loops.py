@@ -253,6 +253,27 @@ def test_a_collective_in_a_scan_under_shard_map(mesh):
     assert_counts_as_unrolled(c, unrolled(jax.shard_map(twin, **spec), x, W))
 
 
+def test_loops_on_an_explicit_mesh_are_counted_per_device():
+    mesh = jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Explicit,))
+    x = jax.ShapeDtypeStruct((8 * 32, 128), F32, sharding=NamedSharding(mesh, P("i")))
+    w = jax.ShapeDtypeStruct((128, 128), F32, sharding=NamedSharding(mesh, P()))
+    f = lambda x, w: lax.scan(lambda c, _: (step(c, w), None), x, length=20)[0]  # noqa: E731
+    c = ts.cost(f, x, w)
+    assert_counts_as_unrolled(c, unrolled(_loop, x, w))
+    assert c.flops < ts.cost(f, x.update(sharding=None), w.update(sharding=None)).flops / 4  # per device
+    params = {k: v.update(sharding=NamedSharding(mesh, P())) for k, v in PARAMS.items()}
+    xs = jax.ShapeDtypeStruct((8 * BATCH, D), F32, sharding=NamedSharding(mesh, P("i")))
+    with jax.set_mesh(mesh):
+        c = ts.cost(loss(scan_model), params, xs)
+        assert_counts_as_unrolled(c, unrolled(loss(lambda p, x: scan_model(p, x, unroll=True)), params, xs))
+
+
+def _loop(x, w, n=20):
+    for _ in range(n):
+        x = step(x, w)
+    return x
+
+
 def test_a_loop_partitioned_by_xla_is_not_exact(mesh):
     x = jax.ShapeDtypeStruct((128, 128), F32, sharding=NamedSharding(mesh, P("i")))
     c = ts.cost(scanned, x)

@@ -102,7 +102,7 @@ class Cost:
         >>> c.exact_flops
         False
         >>> print(str(c).splitlines()[-1])
-        flops and bytes accessed count a loop body once: its trip count is not known when compiling
+        flops and bytes accessed count a loop body once: its trip count or its cost per run is unknown
     """
 
     __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
@@ -141,7 +141,7 @@ class Cost:
 
 
 _HEADERS: Final = ("per device", "value", "exact")
-_COUNTED_ONCE: Final = "flops and bytes accessed count a loop body once: its trip count is not known when compiling"
+_COUNTED_ONCE: Final = "flops and bytes accessed count a loop body once: its trip count or its cost per run is unknown"
 _UNKNOWN: Final = "not reported"
 
 
@@ -328,7 +328,7 @@ def _compile(
         converted, hoisted = _hoist_tracers(program, arguments)
         traced = jax.jit(converted, donate_argnums=donate).trace(*arguments, *hoisted)
     compiled = traced.lower().compile()
-    return _read(compiled, loop_correction(traced.jaxpr, devices=len(_devices(compiled))))
+    return _read(compiled, loop_correction(traced.jaxpr, _shardings(compiled)))
 
 
 def _figure(x: Any) -> float | None:
@@ -365,14 +365,18 @@ def _read(compiled: Any, loops: LoopCorrection = NO_LOOPS) -> Cost:
     )
 
 
-def _devices(compiled: Any) -> list[Any]:
+def _shardings(compiled: Any) -> list[Any]:
     shardings: list[Any] = []
     for part in ("input_shardings", "output_shardings"):
         try:
             shardings += jtu.tree_leaves(getattr(compiled, part))
         except Exception:
             continue
-    devices = {d for s in shardings if isinstance(s, jax.sharding.Sharding) for d in s.device_set}
+    return shardings
+
+
+def _devices(compiled: Any) -> list[Any]:
+    devices = {d for s in _shardings(compiled) if isinstance(s, jax.sharding.Sharding) for d in s.device_set}
     return sorted(devices, key=lambda d: d.id) if devices else [jax.devices()[0]]
 
 

@@ -17,6 +17,7 @@ Where a trip count is not known when compiling, or a body cannot be compiled alo
 body stays counted once and the correction says it is not exact.
 """
 
+import contextlib
 import dataclasses
 import math
 import operator
@@ -63,6 +64,7 @@ class _Body:
     extra_runs: int
     manual: _Manual | None
     scan: tuple[int, int, int] | None  # a scan's (consts, carries, length)
+    mesh: Any = None  # the mesh of a body whose values all have Explicit shardings on it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +82,7 @@ class _Walk:
     """What walking a program found: its loop terms, and whether every count is known."""
 
     multi_device: bool
+    mesh: Any  # the program's mesh, where its inputs or outputs are on one
     exact: bool = True
 
     def terms(self, jaxpr: jex.Jaxpr, known: dict[Any, int], runs: int, manual: _Manual | None) -> list[_Term]:
@@ -111,10 +114,14 @@ class _Walk:
         manual: _Manual | None,
         scan: tuple[int, int, int] | None = None,
     ) -> list[_Term]:
+        mesh = None
         if manual is None and self.multi_device:
-            # A body partitioned by XLA across devices: its per-device cost is XLA's choice.
-            self.exact = False
-            return []
+            if not _explicit(body, self.mesh):
+                # A body XLA partitions across devices as it sees fit: its cost per device
+                # is known only inside the program.
+                self.exact = False
+                return []
+            mesh = self.mesh
         if trips is None:
             self.exact = False
             return self.terms(body.jaxpr, _consts(body), runs, manual)
@@ -122,7 +129,7 @@ class _Walk:
         if trips == 0:  # XLA removes a loop that never runs (and so counts nothing)
             return found
         if trips != counted and runs:
-            found.append(_Body(body, runs * (trips - counted), manual, scan))
+            found.append(_Body(body, runs * (trips - counted), manual, scan, mesh))
         return found + self.terms(body.jaxpr, _consts(body), runs * trips, manual)
 
     def _scan(self, eqn: Any, known: dict[Any, int], runs: int, manual: _Manual | None) -> list[_Term]:
@@ -140,6 +147,20 @@ class _Walk:
 
 # Equations whose jaxprs XLA does not see as HLO loops (a Pallas kernel is a custom call).
 _OPAQUE: Final = frozenset({"pallas_call", "custom_call"})
+
+
+def _explicit(body: jex.ClosedJaxpr, mesh: Any) -> bool:
+    """Whether every value of `body` has an Explicit sharding on `mesh` (every axis of which
+    is Explicit), so that the body compiled alone is partitioned as in the program."""
+    if not isinstance(mesh, jax.sharding.Mesh):
+        return False
+    if any(t != jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+        return False
+    for aval in (*body.in_avals, *body.out_avals):
+        on = getattr(getattr(aval, "sharding", None), "mesh", None)
+        if on is None or on.axis_names != mesh.axis_names or tuple(on.axis_sizes) != tuple(mesh.axis_sizes):
+            return False
+    return True
 
 
 def _consts(closed: jex.ClosedJaxpr) -> dict[Any, int]:
@@ -314,11 +335,12 @@ def _defining(jaxpr: jex.Jaxpr, var: Any) -> Any:
 
 
 # -- what one run of a body costs -----------------------------------------------------
-def _scan_step(body: _Body) -> tuple[Callable[..., Any], list[Any]]:
+def _scan_step(body: _Body) -> tuple[Callable[..., Any], list[Any], list[tuple[int, ...]]]:
     """One step of a scan as its loop runs it: the body reading its slice of each scanned
-    input at a step index, with the types of its arguments (the whole scanned inputs, and
-    the index last). Its stacked outputs are left as the step's own: XLA's analysis counts
-    a slice written in place as the whole buffer, which the loop does not touch."""
+    input at a step index, the types of its arguments (a scanned input's per step, and the
+    index last) and their shapes (a scanned input's whole). Its stacked outputs are left as
+    the step's own: XLA's analysis counts a slice written in place as the whole buffer,
+    which the loop does not touch."""
     run = jex.jaxpr_as_fun(body.jaxpr)
     assert body.scan is not None
     n_consts, n_carry, length = body.scan
@@ -330,15 +352,27 @@ def _scan_step(body: _Body) -> tuple[Callable[..., Any], list[Any]]:
         return list(run(*args[:head], *(lax.dynamic_index_in_dim(x, i, keepdims=False) for x in xs)))
 
     index = jax.ShapeDtypeStruct((), np.dtype(np.int32))
-    stacked = [a.update(shape=(length, *a.shape)) for a in avals[head:]]
-    return step, [*avals[:head], *stacked, index]
+    shapes = [a.shape for a in avals[:head]] + [(length, *a.shape) for a in avals[head:]] + [()]
+    return step, [*avals, index], shapes
+
+
+def _on_mesh(aval: Any, shape: tuple[int, ...], mesh: Any) -> jax.ShapeDtypeStruct:
+    """An argument of `shape` placed on `mesh` as `aval`'s Explicit sharding says (a scanned
+    input's leading axis, which the aval of its step does not have, not split)."""
+    spec = tuple(getattr(getattr(aval, "sharding", None), "spec", None) or ())
+    sharding = NamedSharding(mesh, P(*([None] * (len(shape) - len(spec))), *spec))
+    return jax.ShapeDtypeStruct(shape, aval.dtype, weak_type=aval.weak_type, sharding=sharding)
 
 
 def _body_program(body: _Body) -> tuple[Callable[..., Any], list[Any]]:
     """The body as a program of its own, and its arguments' types: inside a `shard_map` over
     the same mesh where it sits in one, each value that varies over manual axes given a
     leading axis of their size, split over them (so each device sees the body's own type)."""
-    whole, avals = _scan_step(body) if body.scan is not None else (jex.jaxpr_as_fun(body.jaxpr), body.jaxpr.in_avals)
+    if body.scan is not None:
+        whole, avals, shapes = _scan_step(body)
+    else:
+        whole, avals = jex.jaxpr_as_fun(body.jaxpr), body.jaxpr.in_avals
+        shapes = [a.shape for a in avals]
     # Only the outputs the body computes, each once: an input passed through, or a value
     # returned twice, is one buffer in the loop, where a program of its own would copy it.
     inner = body.jaxpr.jaxpr
@@ -353,8 +387,12 @@ def _body_program(body: _Body) -> tuple[Callable[..., Any], list[Any]]:
         outs = whole(*args)
         return [outs[k] for k in keep]
 
+    if body.mesh is not None:
+        return run, [_on_mesh(a, shape, body.mesh) for a, shape in zip(avals, shapes, strict=True)]
     if body.manual is None:
-        return run, [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+        return run, [
+            jax.ShapeDtypeStruct(shape, a.dtype, weak_type=a.weak_type) for a, shape in zip(avals, shapes, strict=True)
+        ]
     mesh, manual = body.manual.mesh, body.manual
 
     def axes_of(aval: Any) -> tuple[str, ...]:
@@ -374,27 +412,39 @@ def _body_program(body: _Body) -> tuple[Callable[..., Any], list[Any]]:
     program = jax.shard_map(
         local,
         mesh=mesh,
-        in_specs=tuple(spec(ax, len(a.shape)) for ax, a in zip(in_axes, avals, strict=True)),
+        in_specs=tuple(spec(ax, len(shape)) for ax, shape in zip(in_axes, shapes, strict=True)),
         out_specs=[spec(ax, len(a.shape)) for ax, a in zip(out_axes, out_avals, strict=True)],
         axis_names=set(manual.axes),
         check_vma=manual.check_vma,
     )
     concrete = isinstance(mesh, jax.sharding.Mesh)
     arguments = []
-    for ax, a in zip(in_axes, avals, strict=True):
-        shape = (math.prod(mesh.shape[n] for n in ax), *a.shape) if ax else a.shape
-        sharding = NamedSharding(mesh, spec(ax, len(a.shape))) if concrete else None
-        arguments.append(jax.ShapeDtypeStruct(shape, a.dtype, weak_type=a.weak_type, sharding=sharding))
+    for ax, a, shape in zip(in_axes, avals, shapes, strict=True):
+        sharding = NamedSharding(mesh, spec(ax, len(shape))) if concrete else None
+        whole_shape = (math.prod(mesh.shape[n] for n in ax), *shape) if ax else shape
+        arguments.append(jax.ShapeDtypeStruct(whole_shape, a.dtype, weak_type=a.weak_type, sharding=sharding))
     return program, arguments
 
 
-def _body_cost(body: _Body) -> tuple[float, float] | None:
-    """XLA's (flops, bytes accessed) of one run of `body`, or None where it cannot be compiled
-    alone (a collective over axes it cannot be given) or the backend does not say."""
+def _cost_of_runs(bodies: Sequence[_Body]) -> tuple[float, float] | None:
+    """XLA's (flops, bytes accessed) of one run of each of `bodies`, summed: one program that
+    runs them side by side (on separate inputs, so XLA shares nothing between them). None
+    where one cannot be compiled alone or the backend does not say."""
+    programs = [_body_program(body) for body in bodies]
+
+    def side_by_side(*args: Any) -> list[Any]:
+        outs, start = [], 0
+        for program, arguments in programs:
+            outs.append(program(*args[start : start + len(arguments)]))
+            start += len(arguments)
+        return outs
+
+    mesh = bodies[0].mesh
     try:
-        program, arguments = _body_program(body)
-        analysis = _compat.cost_analysis(jax.jit(program).lower(*arguments).compile())
-    except Exception:  # our own program of the user's body: any failure means "not known"
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+            lowered = jax.jit(side_by_side).lower(*(a for _, arguments in programs for a in arguments))
+            analysis = _compat.cost_analysis(lowered.compile())
+    except Exception:  # our own program of the user's bodies: any failure means "not known"
         return None
     flops, accessed = analysis.get("flops", 0.0), analysis.get("bytes accessed")
     if not isinstance(accessed, (int, float)) or not isinstance(flops, (int, float)):
@@ -402,42 +452,56 @@ def _body_cost(body: _Body) -> tuple[float, float] | None:
     return float(flops), float(accessed)
 
 
+def _missed(terms: list[_Term]) -> tuple[float, float, bool]:
+    """The (flops, bytes, exact) that XLA's analysis misses for `terms`: each distinct body
+    once with all its extra runs, the bodies with as many extra runs compiled together."""
+    runs: dict[tuple[int, _Manual | None, Any], tuple[_Body, int]] = {}
+    flops = accessed = 0.0
+    exact = True
+    for term in terms:
+        if isinstance(term, _Branches):
+            f, b, e = max((_missed(branch) for branch in term.branches), key=lambda fbe: fbe[0])
+            flops, accessed, exact = flops + f, accessed + b, exact and e
+            continue
+        key = (id(term.jaxpr.jaxpr), term.manual, term.mesh)
+        runs[key] = (term, runs[key][1] + term.extra_runs if key in runs else term.extra_runs)
+    groups: dict[tuple[int, _Manual | None, Any], list[_Body]] = {}
+    for body, extra in runs.values():
+        groups.setdefault((extra, body.manual, body.mesh), []).append(body)
+    for (extra, _, _), bodies in groups.items():
+        parts = [_cost_of_runs(bodies)]
+        if parts[0] is None and len(bodies) > 1:  # which one fails: the others still count
+            parts = [_cost_of_runs([body]) for body in bodies]
+        for part in parts:
+            if part is None:
+                exact = False
+            else:
+                flops, accessed = flops + extra * part[0], accessed + extra * part[1]
+    return flops, accessed, exact
+
+
 # -- the public entry ---------------------------------------------------------------------
-def loop_correction(closed: jex.ClosedJaxpr, *, devices: int = 1) -> LoopCorrection:
+def loop_correction(closed: jex.ClosedJaxpr, shardings: Sequence[Any] = ()) -> LoopCorrection:
     """What XLA's cost analysis of the program `closed` misses by counting each loop body once.
 
     Args:
         closed: The traced program (`jax.jit(f).trace(*args).jaxpr`).
-        devices: How many devices the program is compiled for. A loop outside `shard_map`
-            in a program over several devices is partitioned by XLA, so its per-device
-            body cost is not known: it is left counted once, and the answer is not exact.
+        shardings: The compiled program's input and output shardings. Over several
+            devices, a loop outside `shard_map` is counted where all its values have
+            Explicit shardings (its body is then compiled alone on the same mesh); else
+            XLA partitions it as it sees fit, its cost per device is not known alone,
+            and it is left counted once (not exact).
 
     Returns:
-        The FLOPs and bytes to add, each body compiled once (a body that appears several
-        times is compiled once), and whether every trip count and body cost was known.
+        The FLOPs and bytes to add, and whether every trip count and body cost was known.
+        Each distinct body is compiled once, and the bodies that run as many more times
+        as XLA counts them in one program (a scan and its transpose under `grad`).
     """
-    walk = _Walk(multi_device=devices > 1)
+    devices = {d for s in shardings if isinstance(s, jax.sharding.Sharding) for d in s.device_set}
+    meshes = [s.mesh for s in shardings if isinstance(s, NamedSharding) and isinstance(s.mesh, jax.sharding.Mesh)]
+    walk = _Walk(multi_device=len(devices) > 1, mesh=meshes[0] if meshes else None)
     terms = walk.terms(closed.jaxpr, _consts(closed), 1, None)
     if not terms:
         return LoopCorrection(exact=walk.exact) if not walk.exact else NO_LOOPS
-    costs: dict[tuple[int, _Manual | None], tuple[float, float] | None] = {}
-
-    def total(terms: list[_Term]) -> tuple[float, float]:
-        flops = accessed = 0.0
-        for term in terms:
-            if isinstance(term, _Branches):
-                f, b = max((total(branch) for branch in term.branches), key=lambda fb: fb[0])
-            else:
-                key = (id(term.jaxpr.jaxpr), term.manual)
-                if key not in costs:
-                    costs[key] = _body_cost(term)
-                cost = costs[key]
-                if cost is None:
-                    walk.exact = False
-                    continue
-                f, b = cost[0] * term.extra_runs, cost[1] * term.extra_runs
-            flops, accessed = flops + f, accessed + b
-        return flops, accessed
-
-    flops, accessed = total(terms)
-    return LoopCorrection(flops, accessed, walk.exact)
+    flops, accessed, exact = _missed(terms)
+    return LoopCorrection(flops, accessed, exact and walk.exact)
