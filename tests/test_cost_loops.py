@@ -3,9 +3,12 @@ of the same program with the loop unrolled (a Python loop, or `unroll=True`), th
 for `scan`, `fori_loop` and counted `while_loop`s, nested, and under `checkpoint`, `vmap`,
 `grad`, `shard_map` and `cond`; `exact_flops` where a trip count is not known."""
 
+import operator
+
 import jax
 import jax.numpy as jnp
 import pytest
+from hypothesis import given, settings, strategies as st
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -87,6 +90,44 @@ def test_a_partly_unrolled_scan(unroll):
 )
 def test_counted_loops(loop):
     assert_counts_as_unrolled(ts.cost(loop, W), unrolled(python_loop, W))
+
+
+_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "!=": operator.ne}
+
+
+def _runs(start, by, end, op, limit=200):
+    """How often `i = start; while i OP end: i += by` runs its body (None: more than `limit`)."""
+    i, n = start, 0
+    while _OPS[op](i, end):
+        i, n = i + by, n + 1
+        if n > limit:
+            return None
+    return n
+
+
+@settings(max_examples=max(10, settings().max_examples // 10))  # each example compiles three programs
+@given(
+    start=st.integers(-20, 20),
+    by=st.integers(-5, 5).filter(bool),
+    end=st.integers(-20, 20),
+    op=st.sampled_from(list(_OPS)),
+    bound_in_carry=st.booleans(),
+)
+def test_a_counted_while_loop_runs_its_body_as_python_does(start, by, end, op, bound_in_carry):
+    m = jax.ShapeDtypeStruct((16, 16), F32)
+
+    def loop(w):
+        if bound_in_carry:  # a bound the body keeps, as fori_loop with array bounds makes it
+            cond = lambda s: _OPS[op](s[0], s[1])  # noqa: E731
+            return lax.while_loop(cond, lambda s: (s[0] + by, s[1], s[2] @ w), (start, end, w))[2]
+        return lax.while_loop(lambda s: _OPS[op](s[0], end), lambda s: (s[0] + by, s[1] @ w), (start, w))[1]
+
+    c = ts.cost(loop, m)
+    runs = _runs(start, by, end, op)
+    assert c.exact_flops == (runs is not None)
+    if runs is not None:
+        one = 2 * 16**3
+        assert (c.flops or 0.0) == pytest.approx(runs * one, abs=one / 2 + 64)  # None: XLA removed the loop
 
 
 def test_a_loop_bound_closed_over_under_jit():
@@ -323,3 +364,14 @@ def test_a_scan_over_layers_train_step_costs_as_its_unrolled_twin():
     c = ts.cost(jax.value_and_grad(loss(scan_model)), PARAMS, X)
     twin = jax.value_and_grad(loss(lambda p, x: scan_model(p, x, unroll=True)))
     assert_counts_as_unrolled(c, unrolled(twin, PARAMS, X))
+
+
+def test_the_bodies_compile_once_and_the_answer_is_cached(compiles):
+    step = jax.value_and_grad(loss(scan_model))  # a scan and its transpose, 11 runs more each
+    first = ts.cost(step, PARAMS, X)
+    assert len(compiles) == 2  # the program, and both bodies in one more
+    assert ts.cost(step, PARAMS, X) == first
+    assert len(compiles) == 2
+    compiles.clear()
+    ts.cost(loss(lambda p, x: scan_model(p, x, unroll=True)), PARAMS, X)
+    assert len(compiles) == 1  # no loop left to count
