@@ -136,6 +136,25 @@ def test_a_loop_bound_closed_over_under_jit():
     assert_counts_as_unrolled(c, unrolled(python_loop, W))
 
 
+def test_a_loop_in_a_jitted_helper_with_its_bound_passed_in():
+    @jax.jit
+    def helper(w, n):
+        return lax.fori_loop(0, n, lambda i, c: step(c, w), w)
+
+    assert_counts_as_unrolled(ts.cost(lambda w: helper(w, jnp.int32(20)), W), unrolled(python_loop, W))
+
+
+@pytest.mark.parametrize("kind", ["custom_jvp", "custom_vjp"])
+def test_a_loop_in_a_custom_derivative_rule(kind):
+    if kind == "custom_jvp":
+        f = jax.custom_jvp(scanned)
+        f.defjvp(lambda primals, tangents: (scanned(*primals), tangents[0]))
+    else:
+        f = jax.custom_vjp(scanned)
+        f.defvjp(lambda w: (scanned(w), None), lambda _, g: (g,))
+    assert_counts_as_unrolled(ts.cost(f, W), unrolled(python_loop, W))
+
+
 def test_nested_loops_multiply():
     def nested(w):
         inner = lambda c: lax.fori_loop(0, 4, lambda i, c: step(c, w), c)  # noqa: E731
