@@ -155,6 +155,27 @@ def test_a_loop_in_a_custom_derivative_rule(kind):
     assert_counts_as_unrolled(ts.cost(f, W), unrolled(python_loop, W))
 
 
+def test_a_scan_that_splits_a_random_key():
+    key = jax.random.key(0)  # a constant of the program, as a closed-over key is
+
+    def dropout_steps(w):
+        def body(carry, _):
+            c, k = carry
+            k, sub = jax.random.split(k)
+            return (step(c, w) * jax.random.bernoulli(sub, 0.9, c.shape), k), None
+
+        return lax.scan(body, (w, key), length=20)[0][0]
+
+    def twin(w):
+        c, k = w, key
+        for _ in range(20):
+            k, sub = jax.random.split(k)
+            c = step(c, w) * jax.random.bernoulli(sub, 0.9, c.shape)
+        return c
+
+    assert_counts_as_unrolled(ts.cost(dropout_steps, W), unrolled(twin, W))
+
+
 def test_nested_loops_multiply():
     def nested(w):
         inner = lambda c: lax.fori_loop(0, 4, lambda i, c: step(c, w), c)  # noqa: E731

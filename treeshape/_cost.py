@@ -409,7 +409,10 @@ def cost(
     The program is compiled for the abstract values of the inputs (nothing runs and no
     input memory is allocated) and XLA's cost and memory analyses are read: FLOPs,
     bytes accessed, and per device the bytes of the arguments, outputs, temporaries and
-    donated (aliased) buffers, and their sum, the peak.
+    donated (aliased) buffers, and their sum, the peak. XLA counts a loop body once;
+    here each body of a `lax.scan`, `fori_loop` or `while_loop` whose trip count the
+    program knows counts as often as it runs (each body is compiled once more, alone,
+    for its figures), and `Cost.exact_flops` says whether every one did.
 
     Inputs are taken as [treeshape.out_structure][] takes them: arrays, tracers,
     `jax.ShapeDtypeStruct`s, NumPy arrays and Python scalars are abstract (typed as JAX

@@ -8,10 +8,10 @@ loop bodies), finds each loop's trip count where the compiled program knows it (
 `length`; a `while` whose condition compares a counter stepped by a constant with a
 constant bound, as `fori_loop` with array bounds and a hand-written counted loop make),
 compiles each loop body alone for its abstract inputs (inside a `shard_map` over the same
-mesh where it sits in one), and returns `sum(runs_not_counted * body_cost)`, for `ts.cost`
-to add to XLA's figures. A body nested in a loop is counted for every run of its enclosing
-loops. A loop in a `cond` branch is counted as XLA counts a conditional: the most costly
-branch.
+mesh where it sits in one; on the program's mesh where all its axes are Explicit), and
+returns `sum(runs_not_counted * body_cost)`, for `ts.cost` to add to XLA's figures. A body
+nested in a loop is counted for every run of its enclosing loops. A loop in a `cond`
+branch is counted as XLA counts a conditional: the most costly branch.
 
 Where a trip count is not known when compiling, or a body cannot be compiled alone, that
 body stays counted once and the correction says it is not exact.
@@ -26,6 +26,7 @@ from typing import Any, Final
 
 import jax
 import jax.extend.core as jex
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -174,7 +175,7 @@ def _is_int_scalar(x: Any) -> bool:
     if isinstance(x, int):
         return True
     shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
-    if shape != () or dtype is None or not np.issubdtype(dtype, np.integer):
+    if shape != () or dtype is None or not jnp.issubdtype(dtype, np.integer):
         return False
     return not isinstance(x, jax.core.Tracer)
 
@@ -204,7 +205,7 @@ def _propagate(eqn: Any, known: dict[Any, int]) -> None:
         return
     out = eqn.outvars[0]
     aval = getattr(out, "aval", None)
-    if getattr(aval, "shape", None) != () or not np.issubdtype(getattr(aval, "dtype", np.float32), np.integer):
+    if getattr(aval, "shape", None) != () or not jnp.issubdtype(getattr(aval, "dtype", np.float32), np.integer):
         return
     values = [_value(a, known) for a in eqn.invars]
     if all(v is not None for v in values):
