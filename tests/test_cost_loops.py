@@ -257,7 +257,7 @@ def test_cost_inside_a_transformation():
         return w
 
     outer(jnp.zeros((128, 128), F32))
-    assert_counts_as_unrolled(found[0], unrolled(lambda x, w: python_loop(w) + 0 * x, W, W))
+    assert_counts_as_unrolled(found[0], unrolled(_loop, W, W))
 
 
 # The contexts of conftest's `in_context` but `shard_map`: `ts.cost` inside a shard_map body
@@ -302,7 +302,9 @@ def mesh():
     return jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Auto,))
 
 
-def test_scan_under_shard_map(mesh):
+@pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
+def test_scan_under_shard_map(axis_type):
+    mesh = jax.make_mesh((8,), ("i",), axis_types=(getattr(jax.sharding.AxisType, axis_type),))
     spec = dict(mesh=mesh, in_specs=(P("i"), P()), out_specs=P("i"))
     body = lambda x, w: lax.scan(lambda c, _: (step(c, w), None), x, length=20)[0]  # noqa: E731
 
@@ -312,8 +314,9 @@ def test_scan_under_shard_map(mesh):
         return x
 
     x = jax.ShapeDtypeStruct((8 * 128, 128), F32, sharding=NamedSharding(mesh, P("i")))
-    c = ts.cost(jax.shard_map(body, **spec), x, W)
-    assert_counts_as_unrolled(c, unrolled(jax.shard_map(twin, **spec), x, W))
+    w = jax.ShapeDtypeStruct((128, 128), F32, sharding=NamedSharding(mesh, P()))
+    c = ts.cost(jax.shard_map(body, **spec), x, w)
+    assert_counts_as_unrolled(c, unrolled(jax.shard_map(twin, **spec), x, w))
 
 
 def test_a_collective_in_a_scan_under_shard_map(mesh):
