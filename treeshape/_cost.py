@@ -326,9 +326,12 @@ def _compile(
         traced = jax.jit(program, donate_argnums=donate).trace(*arguments)
     else:
         converted, hoisted = _hoist_tracers(program, arguments)
-        traced = jax.jit(converted, donate_argnums=donate).trace(*arguments, *hoisted)
+        arguments = [*arguments, *hoisted]
+        traced = jax.jit(converted, donate_argnums=donate).trace(*arguments)
     compiled = traced.lower().compile()
-    return _read(compiled, loop_correction(traced.jaxpr, _shardings(compiled)))
+    analysis = _compat.cost_analysis(compiled)
+    reported = (_figure(analysis.get("flops")), _figure(analysis.get("bytes accessed")))
+    return _read(compiled, loop_correction(traced.jaxpr, _shardings(compiled), arguments=arguments, reported=reported))
 
 
 def _figure(x: Any) -> float | None:

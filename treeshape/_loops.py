@@ -11,7 +11,10 @@ compiles each loop body alone for its abstract inputs (inside a `shard_map` over
 mesh where it sits in one; on the program's mesh where all its axes are Explicit), and
 returns `sum(runs_not_counted * body_cost)`, for `ts.cost` to add to XLA's figures. A body
 nested in a loop is counted for every run of its enclosing loops. A loop in a `cond`
-branch is counted as XLA counts a conditional: the most costly branch.
+branch is counted as XLA counts a conditional: the most costly branch. A scan that XLA
+partitions across devices as it sees fit (`Auto` mesh axes) has a cost per device only
+inside the program: the program is compiled once more with that scan unrolled twice, and
+the difference is one run of its body.
 
 Where a trip count is not known when compiling, or a body cannot be compiled alone, that
 body stays counted once and the correction says it is not exact.
@@ -85,6 +88,9 @@ class _Walk:
     multi_device: bool
     mesh: Any  # the program's mesh, where its inputs or outputs are on one
     exact: bool = True
+    depth: int = 0  # how many loops or conditionals hold the equations being walked
+    # Scans that XLA partitions, outside any loop: (equation, extra runs, length % 2).
+    partitioned: list[tuple[Any, int, int]] = dataclasses.field(default_factory=list)
 
     def terms(self, jaxpr: jex.Jaxpr, known: dict[Any, int], runs: int, manual: _Manual | None) -> list[_Term]:
         """The loop terms of `jaxpr`, run `runs` times, with the scalar values `known`."""
@@ -96,7 +102,9 @@ class _Walk:
             elif name == "while":
                 found += self._while(eqn, known, runs, manual)
             elif name == "cond":
+                self.depth += 1
                 branches = tuple(self.terms(b.jaxpr, _consts(b), runs, manual) for b in eqn.params["branches"])
+                self.depth -= 1
                 if any(branches):
                     found.append(_Branches(branches))
             elif name not in _OPAQUE:
@@ -114,24 +122,38 @@ class _Walk:
         runs: int,
         manual: _Manual | None,
         scan: tuple[int, int, int] | None = None,
+        eqn: Any = None,
     ) -> list[_Term]:
         mesh = None
         if manual is None and self.multi_device:
             if not _explicit(body, self.mesh):
                 # A body XLA partitions across devices as it sees fit: its cost per device
-                # is known only inside the program.
-                self.exact = False
+                # is known only inside the program, from the program with the scan
+                # unrolled twice (a scan outside other loops, without loops inside).
+                if scan is not None and trips is not None and trips >= 2 and counted == 1 and self.depth == 0:
+                    self.partitioned.append((eqn, runs * (trips - 1), trips % 2))
+                    if _holds_loops(body.jaxpr):
+                        self.exact = False
+                else:
+                    self.exact = False
                 return []
             mesh = self.mesh
-        if trips is None:
-            self.exact = False
-            return self.terms(body.jaxpr, _consts(body), runs, manual)
-        found: list[_Term] = []
-        if trips == 0:  # XLA removes a loop that never runs (and so counts nothing)
-            return found
-        if trips != counted and runs:
-            found.append(_Body(body, runs * (trips - counted), manual, scan, mesh))
-        return found + self.terms(body.jaxpr, _consts(body), runs * trips, manual)
+        self.depth += 1
+        try:
+            if trips is None:
+                self.exact = False
+                return self.terms(body.jaxpr, _consts(body), runs, manual)
+            found: list[_Term] = []
+            if trips == 0:
+                # XLA removes a scan that never runs (and counts nothing); whether it
+                # removes such a `while` (or counts its body once) depends on the release.
+                self.exact = self.exact and scan is not None
+                return found
+            if trips != counted and runs:
+                found.append(_Body(body, runs * (trips - counted), manual, scan, mesh))
+            return found + self.terms(body.jaxpr, _consts(body), runs * trips, manual)
+        finally:
+            self.depth -= 1
 
     def _scan(self, eqn: Any, known: dict[Any, int], runs: int, manual: _Manual | None) -> list[_Term]:
         length, unroll = int(eqn.params["length"]), eqn.params.get("unroll", 1)
@@ -140,7 +162,7 @@ class _Walk:
         per_step = length if unroll is True or not unroll else min(max(int(unroll), 1), max(length, 1))
         counted = per_step + length % per_step if length else 0
         scan = (eqn.params["num_consts"], eqn.params["num_carry"], length)
-        return self._loop(eqn.params["jaxpr"], length, counted, runs, manual, scan)
+        return self._loop(eqn.params["jaxpr"], length, counted, runs, manual, scan, eqn)
 
     def _while(self, eqn: Any, known: dict[Any, int], runs: int, manual: _Manual | None) -> list[_Term]:
         return self._loop(eqn.params["body_jaxpr"], _trip_count(eqn, known), 1, runs, manual)
@@ -162,6 +184,16 @@ def _explicit(body: jex.ClosedJaxpr, mesh: Any) -> bool:
         if on is None or on.axis_names != mesh.axis_names or tuple(on.axis_sizes) != tuple(mesh.axis_sizes):
             return False
     return True
+
+
+def _holds_loops(jaxpr: jex.Jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("scan", "while"):
+            return True
+        branches = eqn.params.get("branches", ()) if eqn.primitive.name == "cond" else ()
+        if any(_holds_loops(sub.jaxpr) for sub in (*_sub_jaxprs(eqn), *branches)):
+            return True
+    return False
 
 
 def _consts(closed: jex.ClosedJaxpr) -> dict[Any, int]:
@@ -481,8 +513,66 @@ def _missed(terms: list[_Term]) -> tuple[float, float, bool]:
     return flops, accessed, exact
 
 
+# -- scans partitioned by XLA: the program again, each such scan unrolled twice --------------
+def _unrolled_twice(closed: jex.ClosedJaxpr, scans: set[int]) -> jex.ClosedJaxpr:
+    """`closed` with each scan equation whose id is in `scans` unrolled twice (two copies
+    of its body per run of its loop, which XLA counts twice), wherever it sits."""
+
+    def rewrite(jaxpr: jex.Jaxpr) -> jex.Jaxpr:
+        eqns = []
+        for eqn in jaxpr.eqns:
+            if id(eqn) in scans:
+                eqn = eqn.replace(params={**eqn.params, "unroll": 2})
+            elif eqn.primitive.name not in _OPAQUE and eqn.primitive.name not in ("scan", "while", "cond"):
+                params: dict[str, Any] = {}
+                for name, value in eqn.params.items():
+                    if isinstance(value, jex.ClosedJaxpr):
+                        params[name] = jex.ClosedJaxpr(rewrite(value.jaxpr), value.consts)
+                    elif isinstance(value, jex.Jaxpr):
+                        params[name] = rewrite(value)
+                if params:
+                    eqn = eqn.replace(params={**eqn.params, **params})
+            eqns.append(eqn)
+        rewritten: jex.Jaxpr = jaxpr.replace(eqns=eqns)
+        return rewritten
+
+    return jex.ClosedJaxpr(rewrite(closed.jaxpr), closed.consts)
+
+
+def _partitioned_missed(
+    closed: jex.ClosedJaxpr, scans: list[tuple[Any, int, int]], arguments: Sequence[Any], reported: tuple[Any, Any]
+) -> tuple[float, float, bool]:
+    """What XLA misses of scans it partitions: per group of scans with as many extra runs
+    (and as many body copies left over), the program compiled again with them unrolled
+    twice, whose figures exceed the program's by one run of each body (two, for an odd
+    length: its copy left over)."""
+    flops = accessed = 0.0
+    exact = True
+    groups: dict[tuple[int, int], set[int]] = {}
+    for eqn, extra, odd in scans:
+        groups.setdefault((extra, odd), set()).add(id(eqn))
+    for (extra, odd), ids in groups.items():
+        try:
+            variant = _unrolled_twice(closed, ids)
+            analysis = _compat.cost_analysis(jax.jit(jex.jaxpr_as_fun(variant)).lower(*arguments).compile())
+            once_f = float(analysis["flops"]) - reported[0]
+            once_b = float(analysis["bytes accessed"]) - reported[1]
+        except Exception:  # our own program of the user's jaxpr: any failure means "not known"
+            exact = False
+            continue
+        flops += extra * max(once_f, 0.0) / (1 + odd)
+        accessed += extra * max(once_b, 0.0) / (1 + odd)
+    return flops, accessed, exact
+
+
 # -- the public entry ---------------------------------------------------------------------
-def loop_correction(closed: jex.ClosedJaxpr, shardings: Sequence[Any] = ()) -> LoopCorrection:
+def loop_correction(
+    closed: jex.ClosedJaxpr,
+    shardings: Sequence[Any] = (),
+    *,
+    arguments: Sequence[Any] = (),
+    reported: tuple[float | None, float | None] = (None, None),
+) -> LoopCorrection:
     """What XLA's cost analysis of the program `closed` misses by counting each loop body once.
 
     Args:
@@ -490,8 +580,13 @@ def loop_correction(closed: jex.ClosedJaxpr, shardings: Sequence[Any] = ()) -> L
         shardings: The compiled program's input and output shardings. Over several
             devices, a loop outside `shard_map` is counted where all its values have
             Explicit shardings (its body is then compiled alone on the same mesh); else
-            XLA partitions it as it sees fit, its cost per device is not known alone,
-            and it is left counted once (not exact).
+            XLA partitions it as it sees fit, and its cost per device is known only
+            inside the program: a scan outside other loops is then counted from the
+            program compiled again with it unrolled twice (for `arguments`, compared
+            with `reported`); any other such loop is left counted once (not exact).
+        arguments: The program's arguments as it was lowered (`ShapeDtypeStruct`s with
+            their shardings), one per input of `closed`.
+        reported: XLA's (flops, bytes accessed) of the program.
 
     Returns:
         The FLOPs and bytes to add, and whether every trip count and body cost was known.
@@ -502,7 +597,13 @@ def loop_correction(closed: jex.ClosedJaxpr, shardings: Sequence[Any] = ()) -> L
     meshes = [s.mesh for s in shardings if isinstance(s, NamedSharding) and isinstance(s.mesh, jax.sharding.Mesh)]
     walk = _Walk(multi_device=len(devices) > 1, mesh=meshes[0] if meshes else None)
     terms = walk.terms(closed.jaxpr, _consts(closed), 1, None)
-    if not terms:
+    if not terms and not walk.partitioned:
         return LoopCorrection(exact=walk.exact) if not walk.exact else NO_LOOPS
     flops, accessed, exact = _missed(terms)
+    if walk.partitioned:
+        if None in reported or len(arguments) != len(closed.jaxpr.invars):
+            exact = False
+        else:
+            f, b, e = _partitioned_missed(closed, walk.partitioned, arguments, reported)
+            flops, accessed, exact = flops + f, accessed + b, exact and e
     return LoopCorrection(flops, accessed, exact and walk.exact)
