@@ -187,13 +187,11 @@ def _explicit(body: jex.ClosedJaxpr, mesh: Any) -> bool:
 
 
 def _holds_loops(jaxpr: jex.Jaxpr) -> bool:
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name in ("scan", "while"):
-            return True
-        branches = eqn.params.get("branches", ()) if eqn.primitive.name == "cond" else ()
-        if any(_holds_loops(sub.jaxpr) for sub in (*_sub_jaxprs(eqn), *branches)):
-            return True
-    return False
+    """Whether `jaxpr` runs a loop, at any depth (`cond` branches included)."""
+    return any(
+        eqn.primitive.name in ("scan", "while") or any(_holds_loops(sub.jaxpr) for sub in _sub_jaxprs(eqn))
+        for eqn in jaxpr.eqns
+    )
 
 
 def _consts(closed: jex.ClosedJaxpr) -> dict[Any, int]:
