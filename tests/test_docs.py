@@ -1,7 +1,8 @@
 """The docs cover the public API: every name in `treeshape.__all__` has a
 `::: treeshape.NAME` line in docs/api/*.md (optax's coverage check), and every
-page in mkdocs.yml's nav exists, and the examples of the caching guide and of the
-sharding guide's first section run and print what their comments say. `mkdocs
+page in mkdocs.yml's nav exists, and the examples of the caching guide, of the
+sharding guide's first section and of the fit guide's Loops section run and print
+what they say. `mkdocs
 build --strict` checks the rest."""
 
 import pathlib
@@ -248,4 +249,17 @@ def test_the_fit_guides_peak_section_runs_and_prints_what_it_shows(capsys):
                 assert printed == shown, code
             else:
                 assert printed.splitlines()[2] == shown.splitlines()[2], code  # the largest group
+    ts.clear_cache()
+
+
+def test_the_fit_guides_loops_section_prints_what_it_shows(capsys):
+    page = (ROOT / "docs" / "guide" / "fit.md").read_text()
+    section = page.split("\n## Loops\n", 1)[1]
+    pairs = _PRINTS.findall(section)
+    assert len(pairs) == 2
+    namespace: dict = {}
+    with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
+        for code, shown in pairs:
+            exec(compile(code, "<docs example>", "exec"), namespace)
+            assert capsys.readouterr().out == shown
     ts.clear_cache()

@@ -19,6 +19,7 @@ it closes over, in an LRU cache of 4096 entries while tracer-leak checking is of
 """
 
 import dataclasses
+import html
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
@@ -44,6 +45,7 @@ from ._infer import (
     split_call,
 )
 from ._leaf import ARRAY, DIM, OTHER, SDS, from_aval, human_bytes, is_duck_array, kind_of
+from ._loops import NO_LOOPS, LoopCorrection, loop_correction
 from ._structure import Structure
 from ._table import grid, html_grid
 
@@ -67,6 +69,12 @@ class Cost:
             every backend; `None` if one of the four is unknown).
         device_bytes: The device's memory limit where the backend reports one
             (GPUs, TPUs), else `None` (CPU).
+        exact_flops: Whether `flops` and `bytes_accessed` count every loop body
+            (`lax.scan`, `fori_loop`, `while_loop`) as often as it runs. XLA's analysis
+            counts a body once; `ts.cost` multiplies it by its trip count where the
+            compiled program knows it. `False` where one is not known (a `while_loop` on
+            a traced condition) or a body's cost cannot be had alone: that body is then
+            counted once, and the table says so.
         buffers: The [treeshape.Buffer][]s live on one device at the step of the
             program's schedule with the most distinct bytes live, largest first; `None`
             where the release or backend does not give XLA's buffer assignment.
@@ -82,8 +90,8 @@ class Cost:
         >>> import treeshape as ts
         >>> c = ts.Cost(flops=64.0, bytes_accessed=384, argument_bytes=256, output_bytes=128,
         ...             temp_bytes=0, alias_bytes=128, peak_bytes=256, device_bytes=None)
-        >>> c.peak_bytes
-        256
+        >>> c.peak_bytes, c.exact_flops
+        (256, True)
         >>> print(c)
         per device      value         exact
         --------------  ------------  -----
@@ -96,6 +104,17 @@ class Cost:
         peak            256 B            256
         device memory   not reported
         --------------  ------------  -----
+
+        A program with a loop whose trip count is known only when it runs:
+
+        >>> import jax, jax.numpy as jnp
+        >>> def until_small(x):
+        ...     return jax.lax.while_loop(lambda x: x.sum() > 1.0, lambda x: (x @ x) / 2, x)
+        >>> c = ts.cost(until_small, jnp.zeros((16, 16)))
+        >>> c.exact_flops
+        False
+        >>> print(str(c).splitlines()[-1])
+        flops and bytes accessed count a loop body once: its trip count or its cost per run is unknown
     """
 
     __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
@@ -114,6 +133,7 @@ class Cost:
     buffers: tuple[Buffer, ...] | None = dataclasses.field(default=None, compare=False)
     donation: dict[str, Donation] | None = dataclasses.field(default=None, compare=False)
     live_peak_bytes: int | None = None
+    exact_flops: bool = True
 
     def breakdown(self, depth: int | None = None) -> str:
         """The buffers at the peak grouped by input path, output path or module, with
@@ -174,18 +194,23 @@ class Cost:
     def _text(self, n_buffers: int) -> str:
         """The table of figures, and under it the `n_buffers` largest buffers at the peak."""
         text = grid(_HEADERS, self._rows(), right=1)
+        if not self.exact_flops:
+            text += f"\n{_COUNTED_ONCE}"
         if self.buffers and n_buffers:
             text += "\n\n" + _buffers.largest(self.buffers, self.live_peak_bytes, n_buffers)
         return text
 
     def _repr_html_(self) -> str:
         page = html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-cost")
+        if not self.exact_flops:
+            page += f"<p>{html.escape(_COUNTED_ONCE)}</p>"
         if self.buffers:
             page += _buffers.largest_html(self.buffers, self.live_peak_bytes, 5)
         return page
 
 
 _HEADERS: Final = ("per device", "value", "exact")
+_COUNTED_ONCE: Final = "flops and bytes accessed count a loop body once: its trip count or its cost per run is unknown"
 _UNKNOWN: Final = "not reported"
 
 
@@ -373,12 +398,18 @@ def _compile(
     donate = tuple(j for j, i in enumerate(dynamic) if i in donated)
     paths: list[str | None] = list(input_paths(leaves, treedef, dynamic))
     if _compat.at_top_level():
-        lowered = jax.jit(program, donate_argnums=donate).lower(*arguments)
+        traced = jax.jit(program, donate_argnums=donate).trace(*arguments)
     else:
         converted, hoisted = _hoist_tracers(program, arguments)
-        lowered = jax.jit(converted, donate_argnums=donate).lower(*arguments, *hoisted)
+        arguments = [*arguments, *hoisted]
         paths += [None] * len(hoisted)  # values fn closes over
-    return _read(lowered.compile(), paths, program.output_paths, frozenset(donate))  # type: ignore[attr-defined]
+        traced = jax.jit(converted, donate_argnums=donate).trace(*arguments)
+    compiled = traced.lower().compile()
+    analysis = _compat.cost_analysis(compiled)
+    reported = (_figure(analysis.get("flops")), _figure(analysis.get("bytes accessed")))
+    loops = loop_correction(traced.jaxpr, _shardings(compiled), arguments=arguments, reported=reported)
+    output_paths = program.output_paths  # type: ignore[attr-defined]
+    return _read(compiled, paths, output_paths, frozenset(donate), loops)
 
 
 def _figure(x: Any) -> float | None:
@@ -398,10 +429,12 @@ def _read(
     argument_paths: Sequence[str | None] = (),
     output_paths: Sequence[str] = (),
     donated: frozenset[int] = frozenset(),
+    loops: LoopCorrection = NO_LOOPS,
 ) -> Cost:
-    """The figures of a compiled program, and what is at its peak (`_buffers.read`):
-    `argument_paths` name its arguments, `output_paths` its outputs, `donated` holds the
-    positions of the donated arguments."""
+    """The figures of a compiled program, each loop body's FLOPs and bytes counted as often
+    as it runs (`loops`), and what is at its peak (`_buffers.read`): `argument_paths` name
+    its arguments, `output_paths` its outputs, `donated` holds the positions of the donated
+    arguments."""
     analysis = _compat.cost_analysis(compiled)
     memory = _compat.memory_analysis(compiled)
     argument, output, temp, alias = (_bytes(memory[k]) for k in ("argument", "output", "temp", "alias"))
@@ -409,9 +442,10 @@ def _read(
     if argument is not None and output is not None and temp is not None and alias is not None:
         peak = argument + output + temp - alias
     reading = _buffers.read(compiled, memory["buffer_assignment"], argument_paths, output_paths, donated)
+    flops, accessed = _figure(analysis.get("flops")), _figure(analysis.get("bytes accessed"))
     return Cost(
-        flops=_figure(analysis.get("flops")),
-        bytes_accessed=_bytes(analysis.get("bytes accessed")),
+        flops=None if flops is None else flops + loops.flops,
+        bytes_accessed=None if accessed is None else int(accessed + loops.bytes_accessed),
         argument_bytes=argument,
         output_bytes=output,
         temp_bytes=temp,
@@ -421,17 +455,22 @@ def _read(
         buffers=None if reading is None else reading.buffers,
         donation=None if reading is None else reading.donation,
         live_peak_bytes=None if reading is None else reading.live_peak_bytes,
+        exact_flops=loops.exact,
     )
 
 
-def _devices(compiled: Any) -> list[Any]:
+def _shardings(compiled: Any) -> list[Any]:
     shardings: list[Any] = []
     for part in ("input_shardings", "output_shardings"):
         try:
             shardings += jtu.tree_leaves(getattr(compiled, part))
         except Exception:
             continue
-    devices = {d for s in shardings if isinstance(s, jax.sharding.Sharding) for d in s.device_set}
+    return shardings
+
+
+def _devices(compiled: Any) -> list[Any]:
+    devices = {d for s in _shardings(compiled) if isinstance(s, jax.sharding.Sharding) for d in s.device_set}
     return sorted(devices, key=lambda d: d.id) if devices else [jax.devices()[0]]
 
 
@@ -466,7 +505,10 @@ def cost(
     bytes accessed, and per device the bytes of the arguments, outputs, temporaries and
     donated (aliased) buffers, and their sum, the peak; and XLA's buffer assignment, for
     the buffers live at the peak step of the program's schedule (`Cost.buffers`,
-    `Cost.breakdown`) and what became of each donated input (`Cost.donation`).
+    `Cost.breakdown`) and what became of each donated input (`Cost.donation`). XLA counts a loop body once;
+    here each body of a `lax.scan`, `fori_loop` or `while_loop` whose trip count the
+    program knows counts as often as it runs (each body is compiled once more, alone,
+    for its figures), and `Cost.exact_flops` says whether every one did.
 
     Inputs are taken as [treeshape.out_structure][] takes them: arrays, tracers,
     `jax.ShapeDtypeStruct`s, NumPy arrays and Python scalars are abstract (typed as JAX
