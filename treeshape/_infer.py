@@ -221,7 +221,7 @@ def _evaluate(
         return Structure(out_treedef, tuple(out_leaves))
     out_info: list[Any] = []
 
-    args, kwargs, bound_named = _dynamic_arguments(core, leaves, abstract, treedef)
+    args, kwargs, bound_named = dynamic_arguments(core, leaves, abstract, treedef)
     order = list(bound_named)
 
     def traced(args: Any, kwargs: Any, **bound_named: Any) -> list[Any]:
@@ -276,21 +276,31 @@ _TRACED = object()
 _CALL_PARAMETERS: Final = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY) for name in ("args", "kwargs")]
 
 
-def _dynamic_arguments(
+def dynamic_arguments(
     core: Callable[..., Any], leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef
 ) -> tuple[Any, Any, dict[str, Any]]:
     """The abstract leaves grouped as the call was written: a tuple over the
-    positional arguments and a dict over the keyword arguments (each the leaf
-    itself, or a list of an argument's abstract leaves), and the bound ones by
-    the name of the parameter they are bound to (`n` for `partial(f, n=...)`,
-    `f`'s parameter name for a positional one), so that JAX's messages name
-    them as the user wrote them. Flattened in that order (bound first), they
-    give the abstract leaves in order."""
+    positional arguments and a dict over the keyword arguments (each argument's
+    own tree with its static leaves as `None`, or where that tree cannot be
+    rebuilt so, a list of its abstract leaves), and the bound ones by the name
+    of the parameter they are bound to (`n` for `partial(f, n=...)`, `f`'s
+    parameter name for a positional one), so that JAX's messages name them as
+    the user wrote them (`args[0]['params']['w']`). Flattened in that order
+    (bound first), they give the abstract leaves in order."""
     it = iter(zip(leaves, abstract, strict=True))
 
     def group(td: jtu.PyTreeDef) -> Any:
-        part = [x for x, a in itertools.islice(it, td.num_leaves) if a]
-        return part[0] if jtu.treedef_is_leaf(td) and part else part
+        items = list(itertools.islice(it, td.num_leaves))
+        part = [x for x, a in items if a]
+        if jtu.treedef_is_leaf(td):
+            return part[0] if part else part
+        try:  # `None` is a node without leaves: the abstract leaves keep their paths
+            tree = jtu.tree_unflatten(td, [x if a else None for x, a in items])
+            if len(jtu.tree_leaves(tree)) == len(part):
+                return tree
+        except Exception:  # a node type that cannot hold None
+            pass
+        return part
 
     (bound_td, bound_kw_td), (args_td, kwargs_td) = (td.children() for td in treedef.children())
     params = _parameter_names(core) if bound_td.num_leaves else []
@@ -551,12 +561,7 @@ def _with_bound_values(
     `int()`): they are passed concrete, as `jax.eval_shape` passes them, and the
     answer is cached by those values (small arrays only) on top of the abstract key,
     looked up first with `look_up` (not on the first call, whose miss is counted)."""
-    value_key: Key | None = None
-    if key is not None:
-        try:
-            value_key = Key((NEEDS_CONCRETE, key, *(_value_key(x) for x in bound_leaves)))
-        except Exception:  # too large, not addressable here, deleted: answered uncached
-            value_key = None
+    value_key = None if key is None else bound_value_key(key, bound_leaves)
     if look_up:  # else this call's miss is counted already (and the entry cannot be there yet)
         hit = CACHE.get(value_key) if value_key is not None else None
         if hit is not None:
@@ -568,6 +573,15 @@ def _with_bound_values(
     if value_key is not None and _may_hold(bound_treedef, call_treedef, structure):
         CACHE.put(value_key, structure, refs)
     return structure
+
+
+def bound_value_key(key: Key, bound_leaves: list[Any]) -> Key | None:
+    """The key of a call whose bound arrays are passed concrete: `key` with their values
+    (None where one is too large or not addressable here: answered uncached)."""
+    try:
+        return Key((NEEDS_CONCRETE, key, *(_value_key(x) for x in bound_leaves)))
+    except Exception:
+        return None
 
 
 def _value_key(x: Any) -> Any:
