@@ -340,7 +340,8 @@ def _program(core: Callable[..., Any], values: list[Any], abstract: list[bool], 
         inputs = jtu.tree_unflatten(treedef, [next(it) if a else x for x, a in zip(values, abstract, strict=True)])
         (bound_args, bound_kw), (call_args, call_kw) = inputs
         out = core(*bound_args, *call_args, **{**bound_kw, **call_kw})
-        return _arrays(out) + _arrays([x for x in jtu.tree_leaves(inputs, is_leaf=_is_nnx) if _is_nnx(x)])
+        # in `nnx.jit`'s order (the inputs' state, then the output): XLA's buffer plan follows it
+        return _arrays([x for x in jtu.tree_leaves(inputs, is_leaf=_is_nnx) if _is_nnx(x)]) + _arrays(out)
 
     name = getattr(core, "__name__", None)
     program.__name__ = program.__qualname__ = name if isinstance(name, str) else "fn"
@@ -469,7 +470,8 @@ def _on_one_device(converted: Callable[..., list[Any]], inputs: list[Any], out_t
     def each_device(*flat: Any) -> list[Any]:
         flat = tuple(_compat.pcast_varying(x, a) if a else x for x, a in zip(flat, in_axes, strict=True))
         out = converted(*flat)
-        return [y[None] if a else y for y, a in zip(out, out_axes, strict=True)]  # one block per device
+        # a varying output is each device's block of a global array, along its first dimension
+        return [y[None] if a and not y.ndim else y for y, a in zip(out, out_axes, strict=True)]
 
     each_device.__name__ = each_device.__qualname__ = converted.__name__
     out_specs = [P(a) if a else P() for a in out_axes]
