@@ -150,6 +150,29 @@ def test_an_nnx_step_that_updates_in_place_costs_as_nnx_jit_compiles_it():
     assert int(opt.step[...]) == 0  # the modules passed in are left unchanged
 
 
+class Noisy(nnx.Module):
+    """Dropout draws from its own `Rngs` (a counter updated in place) and batch norm
+    updates its running statistics: both are state the step updates."""
+
+    def __init__(self):
+        self.linear = nnx.Linear(64, 64, rngs=nnx.Rngs(0))
+        self.drop = nnx.Dropout(0.5, rngs=nnx.Rngs(1))
+        self.norm = nnx.BatchNorm(64, rngs=nnx.Rngs(0))
+
+    def __call__(self, x):
+        return self.norm(self.drop(self.linear(x)))
+
+
+def test_rng_counters_and_batch_statistics_are_outputs_too():
+    def forward(model, x):
+        return model(x)
+
+    model = Noisy()
+    c = ts.cost(forward, model, X)
+    assert figures(c) == own(nnx.jit(forward).lower(model, X).compile())
+    assert c.output_bytes > 16 * 64 * 4 + 2 * 64 * 4  # the output and the new statistics, at least
+
+
 def test_an_abstract_nnx_model_costs_the_same():
     model = _model()
     opt = _optimizer(model)

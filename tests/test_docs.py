@@ -1,8 +1,9 @@
 """The docs cover the public API: every name in `treeshape.__all__` has a
 `::: treeshape.NAME` line in docs/api/*.md (optax's coverage check), and every
 page in mkdocs.yml's nav exists, and the examples of the caching guide and of the
-sharding guide's first section run and print what their comments say. `mkdocs
-build --strict` checks the rest."""
+sharding guide's first section run and print what their comments say, and so do
+the framework models of the structures guide and the train step of the fit guide.
+`mkdocs build --strict` checks the rest."""
 
 import pathlib
 import re
@@ -144,6 +145,18 @@ def test_the_structures_guides_framework_models_run_and_print_what_they_show(cap
     section = page.split("\n## Framework models", 1)[1].split("\n## ", 1)[0]
     pairs = _PRINTS.findall(section)
     assert len(pairs) == 5
+    namespace: dict = {}
+    with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
+        for code, shown in pairs:
+            exec(compile(code, "<docs example>", "exec"), namespace)
+            assert capsys.readouterr().out == shown
+
+
+def test_the_fit_guides_train_step_prints_what_it_shows(capsys):
+    page = (ROOT / "docs" / "guide" / "fit.md").read_text()
+    section = page.split("\n## A train step as you run it", 1)[1].split("\n## ", 1)[0]
+    pairs = _PRINTS.findall(section)
+    assert len(pairs) == 3
     namespace: dict = {}
     with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
         for code, shown in pairs:

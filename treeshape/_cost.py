@@ -1,11 +1,20 @@
-"""`cost`: what `jax.jit(fn)` needs for inputs of these abstract values, from XLA's own
-analysis of the compiled program (compiled, never run, and cached like `out_structure`).
+"""`cost`: what the program the user's own jit compiles needs for inputs of these
+abstract values, from XLA's own analysis of it (compiled, never run, and cached like
+`out_structure`).
 
 How a call flows: the inputs are split, flattened, checked and keyed by `_infer`'s own
-code (`split_call`, `call_key`); one program is traced whose positional arguments are the
-abstract leaves (static ones closed over, as `out_structure` passes them), lowered with
-`jax.jit` (donated leaves as `donate_argnums`) and compiled; its analyses are read through
-`_compat` and kept as a `Cost`: figures only, never the compiled program.
+code (`split_call`, `call_key`); shardings over an abstract mesh are placed on a concrete
+mesh; one program is traced in one place (`_compile`: `jax.jit(...).trace`, then
+`.lower()` and `.compile()`), and its analyses are read through `_compat` (`_read`) and
+kept as a `Cost`: figures only, never the compiled program.
+
+The program is the one the user runs. A `jax.jit` wrapper is traced by itself (its
+donation, static arguments and shardings). Otherwise `_program` is jitted: `fn` as a
+function of the abstract leaves (static ones closed over, as `out_structure` passes
+them), named as the user wrote the inputs so that JAX's messages name them, returning
+the state of the flax.nnx objects among its inputs after the call (a step that updates
+them in place, as `nnx.jit` makes that state outputs) and then the output's arrays; the
+donation of jitted wrappers it calls (`eqx.filter_jit`, `nnx.jit`) is added to `cost`'s.
 
 Under a transformation (`jit`, `vmap`, `grad`, a loop body), the program is first traced
 alone with `jax.make_jaxpr`; every constant of that trace that is a tracer of an enclosing
@@ -15,7 +24,9 @@ of the type it has at this level (per example under `vmap`), and the other const
 that closes over a tracer is ever lowered. `jax.closure_convert` is not used for this: it
 hoists only the values that may carry a derivative (so not an integer tracer, nor a value
 batched by `vmap` at top level), and it keeps each function it converts, with the values
-it closes over, in an LRU cache of 4096 entries while tracer-leak checking is off.
+it closes over, in an LRU cache of 4096 entries while tracer-leak checking is off. Inside
+`shard_map`, that trace is replayed inside a `shard_map` of the same manual axes over this
+process's devices, which compiles each device's program (local shapes).
 """
 
 import contextlib
@@ -634,19 +645,31 @@ def cost(
     `jax.tree_util.Partial` and tracers that `fn` closes over are arguments of the
     program; concrete arrays a closure holds are its constants, as `jax.jit` makes them.
 
+    The program is the one the user's own jit compiles: a `jax.jit`-wrapped `fn` is
+    costed as that wrapper compiles it (its own `donate_argnums` / `donate_argnames`,
+    static arguments and in/out shardings; donation given here is added to it), and so
+    are `eqx.filter_jit` and `nnx.jit` wrappers' donations. A function that updates
+    flax.nnx modules or optimizers in place (`opt.update(model, grads)`, returning only
+    the loss) is costed as `nnx.jit` compiles it: the state of the nnx objects among the
+    inputs is an output of the program. The objects passed in are left unchanged.
+    Shardings over a `jax.sharding.AbstractMesh` (a Structure from JSON, or planned on
+    one) are placed on the `jax.set_mesh` mesh with the same axes, else on a mesh of
+    this process's devices of that shape.
+
     Safe at top level and inside `jit`, `vmap` (the figures of the per-example program),
-    `grad` and loop bodies: a tracer of an enclosing transformation is never lowered,
-    and none escapes. Answers are cached as `out_structure`'s are (by the callable, the
-    abstract inputs, the static values, the tracing context; here also the input
-    shardings and the donation): a `functools.partial` built afresh on each call
-    compiles nothing the second time. The cache holds figures only, never a compiled
+    `grad`, loop bodies and `shard_map` (the figures of one device's program, local
+    shapes): a tracer of an enclosing transformation is never lowered, and none escapes.
+    Answers are cached as `out_structure`'s are (by the callable, the abstract inputs,
+    the static values, the tracing context; here also the input shardings and the
+    donation): a `functools.partial` built afresh on each call compiles nothing the
+    second time, also where `fn` needs its bound arrays as values. The cache holds figures only, never a compiled
     program; [treeshape.clear_cache][] empties it too.
 
     Args:
         fn: Any callable `out_structure` takes.
         *args: Pytrees of abstract inputs, static values or Structures.
         donate_argnums: Positional arguments whose buffers the program may reuse for its
-            outputs, as `jax.jit` takes them.
+            outputs, as `jax.jit` takes them (also parameters of `fn` passed by keyword).
         donate_argnames: The same by parameter name (a keyword argument, or a positional
             one through `fn`'s signature); may be given with `donate_argnums`.
         **kwargs: As `args`.
@@ -657,7 +680,8 @@ def cost(
     Raises:
         TypeError: `fn` is not callable, or a donation is not ints / strings.
         ValueError: a leaf has symbolic dimensions (bind them with `Structure.bind`),
-            or a donation names no argument.
+            a donation names no argument, an abstract mesh has more devices than this
+            process, or inside `shard_map`, `fn` uses a collective over the manual axes.
 
     Errors raised by `fn` itself propagate unchanged.
 
@@ -673,6 +697,13 @@ def cost(
         8388608.0
         >>> c.device_bytes is None  # the CPU reports no memory limit
         True
+
+        A jitted step is costed as its wrapper compiles it, donation included:
+
+        >>> import jax
+        >>> sgd = jax.jit(lambda w, g: w - 0.1 * g, donate_argnums=0)
+        >>> ts.cost(sgd, jnp.zeros((256, 512)), jnp.zeros((256, 512))).alias_bytes
+        524288
     """
     check_callable(fn, "cost")
     call, donated = prepare(fn, args, kwargs, donate_argnums, donate_argnames, "cost")
