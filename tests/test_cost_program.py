@@ -173,6 +173,17 @@ def test_rng_counters_and_batch_statistics_are_outputs_too():
     assert c.output_bytes > 16 * 64 * 4 + 2 * 64 * 4  # the output and the new statistics, at least
 
 
+def test_a_module_both_updated_and_returned_is_one_output():
+    def shift(model, x):
+        model.l1.bias[...] = model.l1.bias[...] + 1.0
+        return model, model(x)
+
+    model = _model()
+    c = ts.cost(shift, model, X)
+    assert figures(c) == own(nnx.jit(shift).lower(model, X).compile())
+    assert c.output_bytes < 2 * STATE_NNX
+
+
 def test_an_abstract_nnx_model_costs_the_same():
     model = _model()
     opt = _optimizer(model)

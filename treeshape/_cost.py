@@ -351,8 +351,7 @@ def _program(core: Callable[..., Any], values: list[Any], abstract: list[bool], 
         inputs = jtu.tree_unflatten(treedef, [next(it) if a else x for x, a in zip(values, abstract, strict=True)])
         (bound_args, bound_kw), (call_args, call_kw) = inputs
         out = core(*bound_args, *call_args, **{**bound_kw, **call_kw})
-        # in `nnx.jit`'s order (the inputs' state, then the output): XLA's buffer plan follows it
-        return _arrays([x for x in jtu.tree_leaves(inputs, is_leaf=_is_nnx) if _is_nnx(x)]) + _arrays(out)
+        return _outputs([x for x in jtu.tree_leaves(inputs, is_leaf=_is_nnx) if _is_nnx(x)], out)
 
     name = getattr(core, "__name__", None)
     program.__name__ = program.__qualname__ = name if isinstance(name, str) else "fn"
@@ -370,12 +369,28 @@ def _program(core: Callable[..., Any], values: list[Any], abstract: list[bool], 
     return _Program(program, args, named, owners)
 
 
-def _arrays(tree: Any) -> list[Any]:
-    return [x for x in jtu.tree_leaves(tree) if is_output_array(x, kind_of(type(x)))]
+def _outputs(state: list[Any], out: Any) -> list[Any]:
+    """The program's outputs as `nnx.jit` orders them (the inputs' flax.nnx objects, then
+    the output; XLA's buffer plan follows the order), each nnx `Variable` once (an object
+    both updated and returned is one output, as `nnx.jit` shares it)."""
+    seen: set[int] = set()
+    found: list[Any] = []
+    for x in jtu.tree_leaves((state, out), is_leaf=_is_variable):
+        if _is_variable(x):
+            if id(x) not in seen:
+                seen.add(id(x))
+                found += [y for y in jtu.tree_leaves(x) if is_output_array(y, kind_of(type(y)))]
+        elif is_output_array(x, kind_of(type(x))):
+            found.append(x)
+    return found
 
 
 def _is_nnx(x: Any) -> bool:
     return _nodes.kind(type(x)) in (_nodes.NNX, _nodes.NNX_VARIABLE)
+
+
+def _is_variable(x: Any) -> bool:
+    return _nodes.kind(type(x)) == _nodes.NNX_VARIABLE
 
 
 def _donated_arguments(donated: frozenset[int], treedef: jtu.PyTreeDef, kwarg_names: list[str]) -> set[_Arg]:
