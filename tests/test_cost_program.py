@@ -59,8 +59,9 @@ BATCH_BYTES = 32 * 256 * 4
 
 
 # -- a jitted step ---------------------------------------------------------------------
-def test_a_jitted_step_keeps_its_own_donation():
-    jitted = jax.jit(step, donate_argnums=0)
+@pytest.mark.parametrize("donation", [{"donate_argnums": 0}, {"donate_argnames": "state"}])
+def test_a_jitted_step_keeps_its_own_donation(donation):
+    jitted = jax.jit(step, **donation)
     c = ts.cost(jitted, STATE, BATCH)
     assert figures(c) == own(jitted.lower(STATE, BATCH).compile())
     assert c.alias_bytes == STATE_BYTES
@@ -306,6 +307,9 @@ def test_an_abstract_mesh_is_costed_on_a_concrete_one(kind):
         with jax.set_mesh(concrete):
             assert figures(ts.cost(_matmul, s)) == expected  # on the mesh set
     assert ts.cost(_matmul, planned).argument_bytes == (512 * 128 // 8 + 64 * 512) * 4
+    other = jax.make_mesh((2, 4), ("data", "model"), axis_types=(kind, kind))
+    with jax.set_mesh(other):  # a mesh with other axes: costed on this process's devices all the same
+        assert figures(ts.cost(_matmul, planned)) == expected
 
 
 def test_an_abstract_mesh_larger_than_this_process():

@@ -279,12 +279,15 @@ def _local(x: Any) -> Any:
 
 
 # -- abstract meshes -------------------------------------------------------------------
-def _on_concrete_meshes(values: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef) -> list[Any]:
+def _on_concrete_meshes(values: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef) -> tuple[list[Any], Any]:
     """The leaves with every sharding over an abstract mesh placed on a concrete mesh of
     the same axes: the `jax.set_mesh` mesh or one of the call's own (as `zeros()` places
-    them), else a mesh of this process's devices (`_local_mesh`)."""
+    them), else a mesh of this process's devices (`_local_mesh`); and that last mesh, if
+    one was made and the `jax.set_mesh` mesh has other axes (it is then set instead while
+    the program is traced: JAX refuses values on a mesh other than the one set)."""
     meshes: tuple[Any, ...] | None = None
     out = list(values)
+    local = None
     for i, (x, a) in enumerate(zip(values, abstract, strict=True)):
         if not (a and kind_of(type(x)) == SDS and _sharding.abstract_mesh_of(x.sharding) is not None):
             continue
@@ -296,8 +299,10 @@ def _on_concrete_meshes(values: list[Any], abstract: list[bool], treedef: jtu.Py
             if mesh is None:  # more devices than this process has
                 raise _too_few_devices(x.sharding.mesh, len(jax.devices()), input_path(values, treedef, i))
             sharding = jax.sharding.NamedSharding(mesh, x.sharding.spec, memory_kind=x.sharding.memory_kind)
+            local = local or mesh
         out[i] = x.update(sharding=sharding)
-    return out
+    current = _compat.current_mesh()
+    return out, None if local is None or current.empty or _sharding.same_axes(current, local) else local
 
 
 def _local_mesh(abstract: Any) -> Any:
@@ -548,8 +553,9 @@ def _compile(
 ) -> Cost:
     per_device = _in_shard_map()
     values = [_lowering_argument(x) if a else x for x, a in zip(leaves, abstract, strict=True)]
+    mesh = None
     if _compat.at_top_level():  # a tracer's sharding is on the mesh of its trace
-        values = _on_concrete_meshes(values, abstract, treedef)
+        values, mesh = _on_concrete_meshes(values, abstract, treedef)
     kwarg_names = list(treedef.children()[1].children()[1].node_data()[1] or ())
     wanted = _donated_arguments(donated, treedef, kwarg_names)
     jitted: Any
@@ -567,7 +573,9 @@ def _compile(
         program = _program(core, values, abstract, treedef)
         jitted, flat = _hoist_tracers(program, wanted)
         args, named = tuple(flat), {}
-    with _manual_axes_dropped(per_device):
+    with _manual_axes_dropped(per_device), contextlib.ExitStack() as context:
+        if mesh is not None:
+            context.enter_context(jax.set_mesh(mesh))
         traced = jitted.trace(*args, **named)
         if jitted is not core and _compat.at_top_level():
             inner = _inner_donations(traced.jaxpr, program.owners)
