@@ -259,6 +259,19 @@ def test_inside_shard_map_the_figures_are_one_devices_program():
     assert found[0].argument_bytes == (4 * 16 + 16 * 16) * 4
 
 
+def test_inside_a_shard_map_over_some_axes_the_figures_are_one_devices_program():
+    mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+    found = []
+
+    def body(x):
+        found.append(ts.cost(lambda a: jnp.tanh(a @ a.T) + x.sum(), x))  # x: (8, 64) on each device
+        return x
+
+    spread = jax.shard_map(body, mesh=mesh, in_specs=P("a"), out_specs=P("a"), axis_names={"a"})
+    jax.jit(spread)(jax.device_put(jnp.ones((16, 64), F32), NamedSharding(mesh, P("a"))))
+    assert figures(found[0]) == _local_oracle(lambda a, x: jnp.tanh(a @ a.T) + x.sum(), (8, 64), (8, 64))
+
+
 @pytest.mark.parametrize(
     ("f", "name"),
     [
@@ -367,3 +380,19 @@ def test_largest_fit_messages_name_the_users_inputs():
         ts.largest_fit(
             lambda x, n: jnp.zeros(int(n)) + x.sum(), jax.ShapeDtypeStruct((b,), F32), 3.0, dim="b", budget=1e6
         )
+
+
+# -- every context ------------------------------------------------------------------------
+def test_in_every_context_the_figures_are_those_of_the_program_at_that_level(in_context):
+    found = []
+
+    def f(x):
+        c = ts.cost(lambda a: jnp.sin(a) * x, x)  # x as an argument and closed over
+        found.append((isinstance(x, jax.core.Tracer), figures(c)))
+        return x
+
+    in_context(f, jnp.ones(8, F32))
+    traced = _local_oracle(lambda a, x: jnp.sin(a) * x, (8,), (8,))  # a tracer closed over: an argument
+    constant = own(jax.jit(lambda a: jnp.sin(a) * jnp.ones(8, F32)).lower(jnp.ones(8, F32)).compile())
+    assert found
+    assert all(c == (traced if is_tracer else constant) for is_tracer, c in found)

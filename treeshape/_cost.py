@@ -458,7 +458,7 @@ def _hoist_tracers(program: _Program, donated: set[_Arg]) -> tuple[Any, list[Any
 
     converted.__name__ = converted.__qualname__ = program.fn.__name__
     donate = [i for i, owner in enumerate(program.owners) if owner in donated]
-    flat = [*jtu.tree_leaves((program.args, program.named)), *types]
+    flat = [*(_lowering_argument(x) for x in jtu.tree_leaves((program.args, program.named))), *types]
     if per_device:
         return jax.jit(_on_one_device(converted, flat, out_types), donate_argnums=donate), [_local(x) for x in flat]
     return jax.jit(converted, donate_argnums=donate), flat
@@ -485,13 +485,13 @@ def _on_one_device(converted: Callable[..., list[Any]], inputs: list[Any], out_t
     runs: inside a `shard_map` over this process's devices with the same manual axes, its
     inputs replicated and made varying as they were traced, its outputs per device. Its
     figures per device are those of one device's program (local shapes)."""
-    context = jax.sharding.get_abstract_mesh()
-    manual = [(n, s) for n, s in zip(context.axis_names, context.axis_sizes, strict=True) if n in context.manual_axes]
-    abstract = jax.sharding.AbstractMesh(
-        tuple(s for _, s in manual),
-        tuple(n for n, _ in manual),
-        axis_types=(jax.sharding.AxisType.Explicit,) * len(manual),
+    context = jax.sharding.get_abstract_mesh()  # the enclosing mesh, its manual axes marked so
+    manual = set(context.manual_axes)
+    types = tuple(
+        jax.sharding.AxisType.Explicit if n in manual else t
+        for n, t in zip(context.axis_names, context.axis_types, strict=True)
     )
+    abstract = jax.sharding.AbstractMesh(context.axis_sizes, context.axis_names, axis_types=types)
     mesh = _local_mesh(abstract)
     if mesh is None:
         raise _too_few_devices(abstract, len(jax.devices()), "the enclosing `shard_map`")
@@ -507,7 +507,7 @@ def _on_one_device(converted: Callable[..., list[Any]], inputs: list[Any], out_t
     each_device.__name__ = each_device.__qualname__ = converted.__name__
     out_specs = [P(a) if a else P() for a in out_axes]
     with _manual_axes_dropped(True):
-        return jax.shard_map(each_device, mesh=mesh, in_specs=P(), out_specs=out_specs)
+        return jax.shard_map(each_device, mesh=mesh, in_specs=P(), out_specs=out_specs, axis_names=manual)
 
 
 # Primitives that only change a value's type inside `shard_map` (varying over manual axes),
@@ -552,8 +552,7 @@ def _compile(
     core: Callable[..., Any], leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef, donated: frozenset[int]
 ) -> Cost:
     per_device = _in_shard_map()
-    values = [_lowering_argument(x) if a else x for x, a in zip(leaves, abstract, strict=True)]
-    mesh = None
+    values, mesh = leaves, None  # tracers stay as they are: `_hoist_tracers` types them
     if _compat.at_top_level():  # a tracer's sharding is on the mesh of its trace
         values, mesh = _on_concrete_meshes(values, abstract, treedef)
     kwarg_names = list(treedef.children()[1].children()[1].node_data()[1] or ())
