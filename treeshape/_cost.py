@@ -342,10 +342,11 @@ def _program(core: Callable[..., Any], values: list[Any], abstract: list[bool], 
     """`core` as a function of the call's abstract leaves grouped as the call was written:
     positional arguments as `*args`, keyword arguments and bound values by name, so that
     JAX's messages name them as the user wrote them (`args[0]['w']`, `state['params']`),
-    and point at `core`. It returns the array leaves of `core`'s output and, as `nnx.jit`
-    makes them outputs, the state of the flax.nnx objects among the inputs after the call
-    (`core` may update them in place: `opt.update(model, grads)`). The objects passed in
-    are never changed: the program updates the copies it rebuilds from the leaves."""
+    and point at `core`. It returns, as `nnx.jit` makes them outputs, the state of the
+    flax.nnx objects among the inputs after the call (`core` may update them in place:
+    `opt.update(model, grads)`), then the array leaves of `core`'s output. The objects
+    passed in are never changed: the program updates the copies it rebuilds from the
+    leaves."""
     args, kwargs, bound = dynamic_arguments(core, values, abstract, treedef)
     if set(bound) & set(kwargs):  # a keyword argument overriding a bound one: both are inputs
         bound = {f"_bound{i}": v for i, v in enumerate(bound.values())}
@@ -494,7 +495,7 @@ def _on_one_device(converted: Callable[..., list[Any]], inputs: list[Any], out_t
     abstract = jax.sharding.AbstractMesh(context.axis_sizes, context.axis_names, axis_types=types)
     mesh = _local_mesh(abstract)
     if mesh is None:
-        raise _too_few_devices(abstract, len(jax.devices()), "the enclosing `shard_map`")
+        raise _too_few_devices(abstract, len(jax.devices()), "a value of the enclosing `shard_map`")
     in_axes = [tuple(sorted(_compat.varying_axes(x))) if kind_of(type(x)) == SDS else () for x in inputs]
     out_axes = [tuple(sorted(_compat.varying_axes(t))) for t in out_types]
 

@@ -281,8 +281,8 @@ def dynamic_arguments(
 ) -> tuple[Any, Any, dict[str, Any]]:
     """The abstract leaves grouped as the call was written: a tuple over the
     positional arguments and a dict over the keyword arguments (each argument's
-    own tree with its static leaves as `None`, or where that tree cannot be
-    rebuilt so, a list of its abstract leaves), and the bound ones by the name
+    own tree with its static leaves as `None` where its nodes hold plain data,
+    else a list of its abstract leaves), and the bound ones by the name
     of the parameter they are bound to (`n` for `partial(f, n=...)`, `f`'s
     parameter name for a positional one), so that JAX's messages name them as
     the user wrote them (`args[0]['params']['w']`). Flattened in that order
@@ -294,6 +294,8 @@ def dynamic_arguments(
         part = [x for x, a in items if a]
         if jtu.treedef_is_leaf(td):
             return part[0] if part else part
+        if not part or not _cache.treedef_is_plain(td):
+            return part  # user objects in node data would enter JAX's caches, and stay
         try:  # `None` is a node without leaves: the abstract leaves keep their paths
             tree = jtu.tree_unflatten(td, [x if a else None for x, a in items])
             if len(jtu.tree_leaves(tree)) == len(part):
