@@ -1,9 +1,9 @@
 """The docs cover the public API: every name in `treeshape.__all__` has a
 `::: treeshape.NAME` line in docs/api/*.md (optax's coverage check), and every
-page in mkdocs.yml's nav exists, and the examples of the caching guide, of the
-sharding guide's first section and of the fit guide's Loops section run and print
-what they say. `mkdocs
-build --strict` checks the rest."""
+page in mkdocs.yml's nav exists, and the examples of the caching guide and of the
+sharding guide's first section run and print what their comments say, and so do
+the framework models of the structures guide and the fit guide's sections (the train
+step, the search, the peak, loops). `mkdocs build --strict` checks the rest."""
 
 import pathlib
 import re
@@ -257,6 +257,19 @@ def test_the_fit_guides_loops_section_prints_what_it_shows(capsys):
     section = page.split("\n## Loops\n", 1)[1]
     pairs = _PRINTS.findall(section)
     assert len(pairs) == 2
+    namespace: dict = {}
+    with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
+        for code, shown in pairs:
+            exec(compile(code, "<docs example>", "exec"), namespace)
+            assert capsys.readouterr().out == shown
+    ts.clear_cache()
+
+
+def test_the_fit_guides_train_step_prints_what_it_shows(capsys):
+    page = (ROOT / "docs" / "guide" / "fit.md").read_text()
+    section = page.split("\n## A train step as you run it", 1)[1].split("\n## ", 1)[0]
+    pairs = _PRINTS.findall(section)
+    assert len(pairs) == 3
     namespace: dict = {}
     with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
         for code, shown in pairs:

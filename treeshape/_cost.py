@@ -1,11 +1,20 @@
-"""`cost`: what `jax.jit(fn)` needs for inputs of these abstract values, from XLA's own
-analysis of the compiled program (compiled, never run, and cached like `out_structure`).
+"""`cost`: what the program the user's own jit compiles needs for inputs of these
+abstract values, from XLA's own analysis of it (compiled, never run, and cached like
+`out_structure`).
 
 How a call flows: the inputs are split, flattened, checked and keyed by `_infer`'s own
-code (`split_call`, `call_key`); one program is traced whose positional arguments are the
-abstract leaves (static ones closed over, as `out_structure` passes them), lowered with
-`jax.jit` (donated leaves as `donate_argnums`) and compiled; its analyses are read through
-`_compat` and kept as a `Cost`: figures only, never the compiled program.
+code (`split_call`, `call_key`); shardings over an abstract mesh are placed on a concrete
+mesh; one program is traced in one place (`_compile`: `jax.jit(...).trace`, then
+`.lower()` and `.compile()`), and its analyses are read through `_compat` (`_read`) and
+kept as a `Cost`: figures only, never the compiled program.
+
+The program is the one the user runs. A `jax.jit` wrapper is traced by itself (its
+donation, static arguments and shardings). Otherwise `_program` is jitted: `fn` as a
+function of the abstract leaves (static ones closed over, as `out_structure` passes
+them), named as the user wrote the inputs so that JAX's messages name them, returning
+the state of the flax.nnx objects among its inputs after the call (a step that updates
+them in place, as `nnx.jit` makes that state outputs) and then the output's arrays; the
+donation of jitted wrappers it calls (`eqx.filter_jit`, `nnx.jit`) is added to `cost`'s.
 
 Under a transformation (`jit`, `vmap`, `grad`, a loop body), the program is first traced
 alone with `jax.make_jaxpr`; every constant of that trace that is a tracer of an enclosing
@@ -15,30 +24,36 @@ of the type it has at this level (per example under `vmap`), and the other const
 that closes over a tracer is ever lowered. `jax.closure_convert` is not used for this: it
 hoists only the values that may carry a derivative (so not an integer tracer, nor a value
 batched by `vmap` at top level), and it keeps each function it converts, with the values
-it closes over, in an LRU cache of 4096 entries while tracer-leak checking is off.
+it closes over, in an LRU cache of 4096 entries while tracer-leak checking is off. Inside
+`shard_map`, that trace is replayed inside a `shard_map` of the same manual axes over this
+process's devices, which compiles each device's program (local shapes).
 """
 
+import contextlib
 import dataclasses
 import html
 import inspect
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Final, NamedTuple
 
 import jax
 import jax.tree_util as jtu
+from jax.sharding import PartitionSpec as P
 
-from . import _buffers, _cache, _compat
+from . import _buffers, _cache, _compat, _nodes, _sharding
 from ._buffers import Buffer, Donation
-from ._cache import COST_CACHE, Key
+from ._cache import COST_CACHE, NEEDS_CONCRETE, Key
 from ._infer import (
+    _JITTED,
     Call,
     abstract_inputs,
+    bound_value_key,
     call_key,
     check_callable,
     check_inputs,
+    dynamic_arguments,
     has_value,
     input_path,
-    input_paths,
     is_abstract,
     is_output_array,
     note_abstract_scalars,
@@ -113,7 +128,7 @@ class Cost:
         >>> c = ts.cost(until_small, jnp.zeros((16, 16)))
         >>> c.exact_flops
         False
-        >>> print(str(c).splitlines()[-1])
+        >>> print([line for line in str(c).splitlines() if "loop body" in line][0])
         flops and bytes accessed count a loop body once: its trip count or its cost per run is unknown
     """
 
@@ -285,24 +300,28 @@ def _donated(fn: Any, call: Call, n_args: int, donate_argnums: Any, donate_argna
     names = _index_tuple(donate_argnames, "donate_argnames", str, who)
     if not numbers and not names:
         return frozenset()
-    positions: set[int] = set()
-    for n in numbers:
-        if not -n_args <= n < n_args:
-            raise ValueError(
-                f"treeshape.{who}: donate_argnums has {n}, but fn is called with {n_args} positional arguments"
-            )
-        positions.add(n % n_args)
     args_td, kwargs_td = call.call_treedef.children()
     keywords = list(kwargs_td.node_data()[1]) if kwargs_td.node_data() else []
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    positional = [p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positions: set[int] = set()
     donated_keywords: set[str] = set()
+    for n in numbers:
+        if -n_args <= n < n_args:
+            positions.add(n % n_args)
+        elif 0 <= n < len(positional) and positional[n] in keywords:  # passed by keyword, as `jax.jit` maps it
+            donated_keywords.add(positional[n])
+        else:
+            passed = f" ({', '.join(keywords)} by keyword)" if keywords else ""
+            raise ValueError(
+                f"treeshape.{who}: donate_argnums has {n}, but fn is called with {n_args} positional "
+                f"arguments{passed}. Give the position of an argument passed by position, or of a parameter of "
+                "fn passed by keyword, or name it in donate_argnames."
+            )
     if names:
-        try:
-            parameters = list(inspect.signature(fn).parameters.values())
-        except (TypeError, ValueError):
-            parameters = []
-        positional = [
-            p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
         open_keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters) or not parameters
         for name in names:
             if name in keywords:
@@ -336,48 +355,217 @@ def _placement(x: Any) -> Any:
 
 
 def _lowering_argument(x: Any) -> Any:
-    """An abstract leaf as `jax.jit(...).lower` takes it: a tracer by its type at this
+    """An abstract leaf as `jax.jit(...).trace` takes it: a tracer by its type at this
     level, anything else as it is (arrays keep their placement, scalars are weak)."""
     if isinstance(x, jax.core.Tracer):
         return from_aval(jax.typeof(x))
     return x
 
 
+def _local(x: Any) -> Any:
+    """An argument of one device's program inside `shard_map`: its local type alone."""
+    if kind_of(type(x)) in (SDS, ARRAY):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type)
+    return x
+
+
+# -- abstract meshes -------------------------------------------------------------------
+def _on_concrete_meshes(values: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef) -> tuple[list[Any], Any]:
+    """The leaves with every sharding over an abstract mesh placed on a concrete mesh of
+    the same axes: the `jax.set_mesh` mesh or one of the call's own (as `zeros()` places
+    them), else a mesh of this process's devices (`_local_mesh`); and that last mesh, if
+    one was made and the `jax.set_mesh` mesh has other axes (it is then set instead while
+    the program is traced: JAX refuses values on a mesh other than the one set)."""
+    meshes: tuple[Any, ...] | None = None
+    out = list(values)
+    local = None
+    for i, (x, a) in enumerate(zip(values, abstract, strict=True)):
+        if not (a and kind_of(type(x)) == SDS and _sharding.abstract_mesh_of(x.sharding) is not None):
+            continue
+        if meshes is None:
+            meshes = _sharding.concrete_meshes([values])
+        sharding = _sharding.resolved(x.sharding, meshes)
+        if sharding is None:
+            mesh = _local_mesh(x.sharding.mesh)
+            if mesh is None:  # more devices than this process has
+                raise _too_few_devices(x.sharding.mesh, len(jax.devices()), input_path(values, treedef, i))
+            sharding = jax.sharding.NamedSharding(mesh, x.sharding.spec, memory_kind=x.sharding.memory_kind)
+            local = local or mesh
+        out[i] = x.update(sharding=sharding)
+    current = _compat.current_mesh()
+    return out, None if local is None or current.empty or _sharding.same_axes(current, local) else local
+
+
+def _local_mesh(abstract: Any) -> Any:
+    """A mesh of this process's first devices with `abstract`'s axes (names, sizes, types),
+    or None when it has fewer devices than `abstract`."""
+    available = jax.devices()
+    if abstract.size > len(available):
+        return None
+    types = tuple(abstract.axis_types)
+    return jax.make_mesh(abstract.axis_sizes, abstract.axis_names, axis_types=types, devices=available[: abstract.size])
+
+
+def _too_few_devices(abstract: Any, count: int, where: str) -> ValueError:
+    axes = ", ".join(f"{n!r}: {s}" for n, s in zip(abstract.axis_names, abstract.axis_sizes, strict=True))
+    return ValueError(
+        f"treeshape.cost: {where} is sharded over an abstract mesh of {abstract.size} devices ({axes}), and this "
+        f"process has {count} {jax.default_backend()} device{'s' if count != 1 else ''}, so the program cannot be "
+        "compiled for it here. Cost it on a machine with that many devices, plan it on a mesh of at most "
+        f"{count} devices, or set `jax.set_mesh` to a concrete mesh with those axes."
+    )
+
+
 # -- the program ---------------------------------------------------------------------
-def _program(
-    core: Callable[..., Any], leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef
-) -> Callable[..., list[Any]]:
-    """`core` as a function of the abstract leaves alone, returning its array outputs."""
+_Arg = tuple[str, Any]  # an argument of the program: ("args", position) or ("named", name)
 
-    def program(*dynamic: Any) -> list[Any]:
-        it = iter(dynamic)
-        full = [next(it) if a else x for x, a in zip(leaves, abstract, strict=True)]
-        (bound, bound_kw), (args, kwargs) = jtu.tree_unflatten(treedef, full)
-        out = core(*bound, *args, **{**bound_kw, **kwargs})
-        flat = [(p, x) for p, x in jtu.tree_flatten_with_path(out)[0] if is_output_array(x, kind_of(type(x)))]
-        output_paths[:] = ["out" + jtu.keystr(p) for p, _ in flat]
-        return [x for _, x in flat]
 
-    output_paths: list[str] = []
-    program.output_paths = output_paths  # type: ignore[attr-defined]  # filled when traced
+class _Program(NamedTuple):
+    """`core` as the function `jax.jit` traces, with its arguments."""
+
+    fn: Callable[..., list[Any]]
+    args: tuple[Any, ...]
+    named: dict[str, Any]
+    owners: list[_Arg]  # the argument each of its flat inputs belongs to, in JAX's order
+    output_paths: list[str]  # each output's path (`out[1]['w']`), once traced
+
+
+def _program(core: Callable[..., Any], values: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef) -> _Program:
+    """`core` as a function of the call's abstract leaves grouped as the call was written:
+    positional arguments as `*args`, keyword arguments and bound values by name, so that
+    JAX's messages name them as the user wrote them (`args[0]['w']`, `state['params']`),
+    and point at `core`. It returns, as `nnx.jit` makes them outputs, the state of the
+    flax.nnx objects among the inputs after the call (`core` may update them in place:
+    `opt.update(model, grads)`), then the array leaves of `core`'s output. The objects
+    passed in are never changed: the program updates the copies it rebuilds from the
+    leaves."""
+    args, kwargs, bound = dynamic_arguments(core, values, abstract, treedef)
+    if set(bound) & set(kwargs):  # a keyword argument overriding a bound one: both are inputs
+        bound = {f"_bound{i}": v for i, v in enumerate(bound.values())}
+    order, keywords = list(bound), list(kwargs)
+
+    def program(*args: Any, **named: Any) -> list[Any]:
+        it = iter(jtu.tree_leaves(([named[n] for n in order], args, {k: named[k] for k in keywords})))
+        inputs = jtu.tree_unflatten(treedef, [next(it) if a else x for x, a in zip(values, abstract, strict=True)])
+        (bound_args, bound_kw), (call_args, call_kw) = inputs
+        out = core(*bound_args, *call_args, **{**bound_kw, **call_kw})
+        state = [(keys, x) for keys, x in jtu.tree_flatten_with_path(inputs, is_leaf=_is_nnx)[0] if _is_nnx(x)]
+        found, paths = _outputs(state, out)
+        output_paths[:] = paths
+        return found
+
+    output_paths: list[str] = []  # filled when traced
 
     name = getattr(core, "__name__", None)
     program.__name__ = program.__qualname__ = name if isinstance(name, str) else "fn"
-    return program
+    program.__wrapped__ = core  # type: ignore[attr-defined]
+    program.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)]
+        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in order]
+        + [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
+    )
+    named = {**kwargs, **bound}
+    owners: list[_Arg] = [
+        ("args", path[1].idx) if path[0] == jtu.SequenceKey(0) else ("named", path[1].key)
+        for path, _ in jtu.tree_flatten_with_path((args, named))[0]
+    ]
+    return _Program(program, args, named, owners, output_paths)
 
 
-def _hoist_tracers(program: Callable[..., Any], arguments: list[Any]) -> tuple[Callable[..., Any], list[Any]]:
-    """`program` with the tracers it closes over as extra trailing arguments, and their types.
+def _outputs(state: list[tuple[Any, Any]], out: Any) -> tuple[list[Any], list[str]]:
+    """The program's outputs as `nnx.jit` orders them (the inputs' flax.nnx objects, then
+    the output; XLA's buffer plan follows the order), each nnx `Variable` once (an object
+    both updated and returned is one output, as `nnx.jit` shares it), and their paths: an
+    input's state by the input's path (`args[0].kernel`), the output by `out` and its path."""
+    roots = [_call_path(keys) for keys, _ in state]
+    seen: set[int] = set()
+    found: list[Any] = []
+    paths: list[str] = []
+    flat = jtu.tree_flatten_with_path(([x for _, x in state], out), is_leaf=_is_variable)[0]
+    for keys, x in flat:
+        where = (
+            roots[keys[1].idx] + jtu.keystr(keys[2:]) if keys[0] == jtu.SequenceKey(0) else "out" + jtu.keystr(keys[1:])
+        )
+        if _is_variable(x):
+            if id(x) not in seen:
+                seen.add(id(x))
+                for sub, y in jtu.tree_flatten_with_path(x)[0]:
+                    if is_output_array(y, kind_of(type(y))):
+                        found.append(y)
+                        paths.append(where + jtu.keystr(sub))
+        elif is_output_array(x, kind_of(type(x))):
+            found.append(x)
+            paths.append(where)
+    return found, paths
+
+
+def _call_path(keys: Any) -> str:
+    """A place in the call `((bound, bound_kw), (args, kwargs))` as `out_structure` names it."""
+    root = ("the bound " if keys[0] == jtu.SequenceKey(0) else "") + (
+        "args" if keys[1] == jtu.SequenceKey(0) else "kwargs"
+    )
+    return root + jtu.keystr(tuple(keys[2:]))
+
+
+def _is_nnx(x: Any) -> bool:
+    return _nodes.kind(type(x)) in (_nodes.NNX, _nodes.NNX_VARIABLE)
+
+
+def _is_variable(x: Any) -> bool:
+    return _nodes.kind(type(x)) == _nodes.NNX_VARIABLE
+
+
+def _donated_arguments(donated: frozenset[int], treedef: jtu.PyTreeDef, kwarg_names: list[str]) -> set[_Arg]:
+    """The program's arguments holding the donated leaves (`cost` donates whole arguments)."""
+    (bound_td, bound_kw_td), (args_td, kwargs_td) = (td.children() for td in treedef.children())
+    start = bound_td.num_leaves + bound_kw_td.num_leaves
+    found: set[_Arg] = set()
+    for owner, td in [(("args", i), td) for i, td in enumerate(args_td.children())] + [
+        (("named", k), td) for k, td in zip(kwarg_names, kwargs_td.children(), strict=True)
+    ]:
+        if donated & set(range(start, start + td.num_leaves)):
+            found.add(owner)
+        start += td.num_leaves
+    return found
+
+
+def _jit(program: _Program, donated: set[_Arg]) -> Any:
+    return jax.jit(
+        program.fn,
+        donate_argnums=sorted(i for kind, i in donated if kind == "args"),
+        donate_argnames=sorted(n for kind, n in donated if kind == "named"),
+    )
+
+
+def _inner_donations(jaxpr: Any, owners: list[_Arg]) -> set[_Arg]:
+    """The arguments that a jitted function called by the program donates (a `jax.jit`,
+    `eqx.filter_jit` or `nnx.jit` wrapper): as the program that wrapper compiles."""
+    position = {id(v): i for i, v in enumerate(jaxpr.jaxpr.invars)}
+    found: set[_Arg] = set()
+    for eqn in jaxpr.jaxpr.eqns:
+        for v, donated in zip(eqn.invars, eqn.params.get("donated_invars", ()), strict=False):
+            if donated and id(v) in position:
+                found.add(owners[position[id(v)]])
+    return found
+
+
+def _hoist_tracers(program: _Program, donated: set[_Arg]) -> tuple[Any, list[Any]]:
+    """The jitted program with the tracers it closes over as extra trailing arguments, and
+    its flat arguments.
 
     One trace of `program` (`jax.make_jaxpr`); the returned function replays it, so no
     tracer of an enclosing transformation reaches the lowering. Concrete constants stay
     constants of the program."""
-    closed = jax.make_jaxpr(program)(*arguments)
+    closed = jax.make_jaxpr(program.fn)(*program.args, **program.named)
+    donated = donated | _inner_donations(closed, program.owners)
+    per_device = _in_shard_map()
+    if per_device:
+        _refuse_collectives(closed.jaxpr, set(jax.sharding.get_abstract_mesh().manual_axes))
     hoist = [isinstance(c, jax.core.Tracer) for c in closed.consts]
     kept = [c for c, h in zip(closed.consts, hoist, strict=True) if not h]
     types = [from_aval(jax.typeof(c)) for c, h in zip(closed.consts, hoist, strict=True) if h]
-    jaxpr = closed.jaxpr
-    n_args = len(arguments)
+    jaxpr, out_types = closed.jaxpr, closed.out_avals
+    n_args = len(program.owners)
     del closed  # it holds the tracers
 
     def converted(*flat: Any) -> list[Any]:
@@ -385,31 +573,160 @@ def _hoist_tracers(program: Callable[..., Any], arguments: list[Any]) -> tuple[C
         values = [next(extra) if h else next(constants) for h in hoist]
         return jax.core.eval_jaxpr(jaxpr, values, *flat[:n_args])
 
-    converted.__name__ = converted.__qualname__ = program.__name__
-    return converted, types
+    converted.__name__ = converted.__qualname__ = program.fn.__name__
+    donate = [i for i, owner in enumerate(program.owners) if owner in donated]
+    flat = [*(_lowering_argument(x) for x in jtu.tree_leaves((program.args, program.named))), *types]
+    if per_device:
+        return jax.jit(_on_one_device(converted, flat, out_types), donate_argnums=donate), [_local(x) for x in flat]
+    return jax.jit(converted, donate_argnums=donate), flat
+
+
+# -- inside shard_map: the program of one device ----------------------------------------
+def _in_shard_map() -> bool:
+    """Whether a `shard_map` body is being traced (the mesh in context has manual axes)."""
+    return not _compat.at_top_level() and bool(jax.sharding.get_abstract_mesh().manual_axes)
+
+
+@contextlib.contextmanager
+def _manual_axes_dropped(per_device: bool) -> Iterator[None]:
+    """Outside `shard_map`'s manual mesh while one device's program is traced and lowered."""
+    if not per_device:
+        yield
+        return
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), ())):
+        yield
+
+
+def _on_one_device(converted: Callable[..., list[Any]], inputs: list[Any], out_types: list[Any]) -> Any:
+    """`converted` (replaying a jaxpr traced inside `shard_map`) as the program each device
+    runs: inside a `shard_map` over this process's devices with the same manual axes, its
+    inputs replicated and made varying as they were traced, its outputs per device. Its
+    figures per device are those of one device's program (local shapes)."""
+    context = jax.sharding.get_abstract_mesh()  # the enclosing mesh, its manual axes marked so
+    manual = set(context.manual_axes)
+    types = tuple(
+        jax.sharding.AxisType.Explicit if n in manual else t
+        for n, t in zip(context.axis_names, context.axis_types, strict=True)
+    )
+    abstract = jax.sharding.AbstractMesh(context.axis_sizes, context.axis_names, axis_types=types)
+    mesh = _local_mesh(abstract)
+    if mesh is None:
+        raise _too_few_devices(abstract, len(jax.devices()), "a value of the enclosing `shard_map`")
+    in_axes = [tuple(sorted(_compat.varying_axes(x))) if kind_of(type(x)) == SDS else () for x in inputs]
+    out_axes = [tuple(sorted(_compat.varying_axes(t))) for t in out_types]
+
+    def each_device(*flat: Any) -> list[Any]:
+        flat = tuple(_compat.pcast_varying(x, a) if a else x for x, a in zip(flat, in_axes, strict=True))
+        out = converted(*flat)
+        # a varying output is each device's block of a global array, along its first dimension
+        return [y[None] if a and not y.ndim else y for y, a in zip(out, out_axes, strict=True)]
+
+    each_device.__name__ = each_device.__qualname__ = converted.__name__
+    out_specs = [P(a) if a else P() for a in out_axes]
+    with _manual_axes_dropped(True):
+        return jax.shard_map(each_device, mesh=mesh, in_specs=P(), out_specs=out_specs, axis_names=manual)
+
+
+# Primitives that only change a value's type inside `shard_map` (varying over manual axes),
+# not its value on one device.
+_TYPE_ONLY: Final = frozenset({"pvary", "pcast"})
+
+
+def _refuse_collectives(jaxpr: Any, manual: set[str]) -> None:
+    """A `ValueError` naming the first operation (nested ones too) that names a manual axis
+    of the enclosing `shard_map`: a collective needs the other devices, so one device's
+    program cannot be compiled alone."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name not in _TYPE_ONLY:
+            axes = _axis_names(eqn.params) & manual
+            if axes:
+                names = ", ".join(repr(a) for a in sorted(axes))
+                raise ValueError(
+                    f"treeshape.cost: the costed function uses `{eqn.primitive.name.removesuffix('_invariant')}` "
+                    f"over the manual mesh axis {names} of the enclosing `shard_map`, which needs the other devices "
+                    "(a collective) or this device's place among them, so its program cannot be compiled for one "
+                    "device alone. Cost the whole `shard_map` from outside it "
+                    "(`ts.cost(jax.shard_map(f, ...), x)`), or cost the part of the body before the collective."
+                )
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    _refuse_collectives(inner, manual)
+
+
+def _axis_names(params: dict[str, Any]) -> set[str]:
+    names: set[str] = set()
+    for field in ("axes", "axis_name"):
+        value = params.get(field, ())
+        for name in value if isinstance(value, (tuple, list, frozenset, set)) else (value,):
+            if isinstance(name, str):
+                names.add(name)
+    return names
 
 
 def _compile(
     core: Callable[..., Any], leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef, donated: frozenset[int]
 ) -> Cost:
-    program = _program(core, leaves, abstract, treedef)
-    arguments = [_lowering_argument(x) for x, a in zip(leaves, abstract, strict=True) if a]
-    dynamic = [i for i, a in enumerate(abstract) if a]
-    donate = tuple(j for j, i in enumerate(dynamic) if i in donated)
-    paths: list[str | None] = list(input_paths(leaves, treedef, dynamic))
-    if _compat.at_top_level():
-        traced = jax.jit(program, donate_argnums=donate).trace(*arguments)
+    per_device = _in_shard_map()
+    values, mesh = leaves, None  # tracers stay as they are: `_hoist_tracers` types them
+    if _compat.at_top_level():  # a tracer's sharding is on the mesh of its trace
+        values, mesh = _on_concrete_meshes(values, abstract, treedef)
+    kwarg_names = list(treedef.children()[1].children()[1].node_data()[1] or ())
+    wanted = _donated_arguments(donated, treedef, kwarg_names)
+    jitted: Any
+    args: tuple[Any, ...]
+    named: dict[str, Any]
+    output_paths: list[str] | None = None
+    closed = any(has_value(x) and not a for x, a in zip(leaves, abstract, strict=True))
+    if type(core) is _JITTED and not wanted and not closed and _compat.at_top_level():
+        # The user's own `jax.jit` wrapper: its donation, static arguments and shardings.
+        (bound_args, bound_kw), (call_args, call_kw) = jtu.tree_unflatten(treedef, values)
+        jitted, args, named = core, (*bound_args, *call_args), {**bound_kw, **call_kw}
+    elif _compat.at_top_level():
+        program = _program(core, values, abstract, treedef)
+        jitted, args, named = _jit(program, wanted), program.args, program.named
+        output_paths = program.output_paths
     else:
-        converted, hoisted = _hoist_tracers(program, arguments)
-        arguments = [*arguments, *hoisted]
-        paths += [None] * len(hoisted)  # values fn closes over
-        traced = jax.jit(converted, donate_argnums=donate).trace(*arguments)
-    compiled = traced.lower().compile()
+        program = _program(core, values, abstract, treedef)
+        jitted, flat = _hoist_tracers(program, wanted)
+        args, named = tuple(flat), {}
+        output_paths = program.output_paths
+    with _manual_axes_dropped(per_device), contextlib.ExitStack() as context:
+        if mesh is not None:
+            context.enter_context(jax.set_mesh(mesh))
+        traced = jitted.trace(*args, **named)
+        if jitted is not core and _compat.at_top_level():
+            inner = _inner_donations(traced.jaxpr, program.owners)
+            if not inner <= wanted:
+                traced = _jit(program, wanted | inner).trace(*args, **named)
+        lowered = traced.lower()
+    compiled = lowered.compile()
+    infos = jtu.tree_flatten_with_path(lowered.args_info)[0]
+    donate = frozenset(i for i, (_, info) in enumerate(infos) if getattr(info, "donated", False))
+    if _compat.at_top_level():
+        paths: list[str | None] = [_argument_path(keys, kwarg_names) for keys, _ in infos]
+    else:  # the program's flat arguments: its own, then the tracers it closes over
+        own = [_argument_path(k, kwarg_names) for k, _ in jtu.tree_flatten_with_path((program.args, program.named))[0]]
+        paths = [*own, *[None] * (len(infos) - len(own))]
+    if output_paths is None:  # the user's jitted function: its outputs as it returns them
+        output_paths = ["out" + jtu.keystr(tuple(keys)) for keys, _ in jtu.tree_flatten_with_path(lowered.out_info)[0]]
     analysis = _compat.cost_analysis(compiled)
     reported = (_figure(analysis.get("flops")), _figure(analysis.get("bytes accessed")))
-    loops = loop_correction(traced.jaxpr, _shardings(compiled), arguments=arguments, reported=reported)
-    output_paths = program.output_paths  # type: ignore[attr-defined]
-    return _read(compiled, paths, output_paths, frozenset(donate), loops)
+    flat_arguments = [_lowering_argument(x) for x in jtu.tree_leaves((args, named))]
+    loops = loop_correction(traced.jaxpr, _shardings(compiled), arguments=flat_arguments, reported=reported)
+    return _read(compiled, paths, output_paths, donate, loops)
+
+
+def _argument_path(keys: Any, kwarg_names: list[str]) -> str:
+    """An argument of the jitted program named as `out_structure` names inputs: `args[0]['w']`,
+    `kwargs['x']`, a bound value by its parameter name."""
+    keys = tuple(keys)
+    if keys and keys[0] == jtu.SequenceKey(0):
+        return "args" + jtu.keystr(keys[1:])
+    name = getattr(keys[1], "key", "") if len(keys) > 1 else ""
+    root = f"kwargs[{name!r}]" if name in kwarg_names else str(name)
+    return root + jtu.keystr(keys[2:])
 
 
 def _figure(x: Any) -> float | None:
@@ -520,19 +837,31 @@ def cost(
     `jax.tree_util.Partial` and tracers that `fn` closes over are arguments of the
     program; concrete arrays a closure holds are its constants, as `jax.jit` makes them.
 
+    The program is the one the user's own jit compiles: a `jax.jit`-wrapped `fn` is
+    costed as that wrapper compiles it (its own `donate_argnums` / `donate_argnames`,
+    static arguments and in/out shardings; donation given here is added to it), and so
+    are `eqx.filter_jit` and `nnx.jit` wrappers' donations. A function that updates
+    flax.nnx modules or optimizers in place (`opt.update(model, grads)`, returning only
+    the loss) is costed as `nnx.jit` compiles it: the state of the nnx objects among the
+    inputs is an output of the program. The objects passed in are left unchanged.
+    Shardings over a `jax.sharding.AbstractMesh` (a Structure from JSON, or planned on
+    one) are placed on the `jax.set_mesh` mesh with the same axes, else on a mesh of
+    this process's devices of that shape.
+
     Safe at top level and inside `jit`, `vmap` (the figures of the per-example program),
-    `grad` and loop bodies: a tracer of an enclosing transformation is never lowered,
-    and none escapes. Answers are cached as `out_structure`'s are (by the callable, the
-    abstract inputs, the static values, the tracing context; here also the input
-    shardings and the donation): a `functools.partial` built afresh on each call
-    compiles nothing the second time. The cache holds figures only, never a compiled
+    `grad`, loop bodies and `shard_map` (the figures of one device's program, local
+    shapes): a tracer of an enclosing transformation is never lowered, and none escapes.
+    Answers are cached as `out_structure`'s are (by the callable, the abstract inputs,
+    the static values, the tracing context; here also the input shardings and the
+    donation): a `functools.partial` built afresh on each call compiles nothing the
+    second time, also where `fn` needs its bound arrays as values. The cache holds figures only, never a compiled
     program; [treeshape.clear_cache][] empties it too.
 
     Args:
         fn: Any callable `out_structure` takes.
         *args: Pytrees of abstract inputs, static values or Structures.
         donate_argnums: Positional arguments whose buffers the program may reuse for its
-            outputs, as `jax.jit` takes them.
+            outputs, as `jax.jit` takes them (also parameters of `fn` passed by keyword).
         donate_argnames: The same by parameter name (a keyword argument, or a positional
             one through `fn`'s signature); may be given with `donate_argnums`.
         **kwargs: As `args`.
@@ -543,7 +872,8 @@ def cost(
     Raises:
         TypeError: `fn` is not callable, or a donation is not ints / strings.
         ValueError: a leaf has symbolic dimensions (bind them with `Structure.bind`),
-            or a donation names no argument.
+            a donation names no argument, an abstract mesh has more devices than this
+            process, or inside `shard_map`, `fn` uses a collective over the manual axes.
 
     Errors raised by `fn` itself propagate unchanged.
 
@@ -559,6 +889,13 @@ def cost(
         8388608.0
         >>> c.device_bytes is None  # the CPU reports no memory limit
         True
+
+        A jitted step is costed as its wrapper compiles it, donation included:
+
+        >>> import jax
+        >>> sgd = jax.jit(lambda w, g: w - 0.1 * g, donate_argnums=0)
+        >>> ts.cost(sgd, jnp.zeros((256, 512)), jnp.zeros((256, 512))).alias_bytes
+        524288
     """
     check_callable(fn, "cost")
     call, donated = prepare(fn, args, kwargs, donate_argnums, donate_argnames, "cost")
@@ -595,11 +932,15 @@ def cost_of(call: Call, donated: frozenset[int]) -> tuple[Cost, int]:
     except Exception:  # uncacheable (see out_structure), answered all the same
         key, hit = None, None
         COST_CACHE.miss()
-    if hit is not None:
+    if hit is not None and hit is not NEEDS_CONCRETE:
         return hit, 0
     leaves = abstract_inputs(leaves, treedef, "cost")
     abstract = [is_abstract(x, i < call.n_concrete) for i, x in enumerate(leaves)]
     check_inputs(leaves, abstract, treedef, "cost")
+    cacheable = key is not None and _cache.treedef_is_plain(call.bound_treedef)
+    cacheable = cacheable and _cache.treedef_is_plain(call.call_treedef)
+    if hit is NEEDS_CONCRETE:
+        return _with_bound_values(call, leaves, abstract, donated, key, refs, look_up=True)
     n_bound = len(call.bound_leaves)
     try:
         result = _compile(call.core, leaves, abstract, treedef, donated)
@@ -613,12 +954,38 @@ def cost_of(call: Call, donated: frozenset[int]) -> tuple[Cost, int]:
     else:
         retry = False
     if retry:  # outside the handler: an error now is the user's, not a consequence of the first
-        closed = [
-            a and not (i < n_bound and has_value(x)) for i, (x, a) in enumerate(zip(leaves, abstract, strict=True))
-        ]
-        return _compile(call.core, leaves, closed, treedef, donated), 1
-    if key is not None and _cache.treedef_is_plain(call.bound_treedef) and _cache.treedef_is_plain(call.call_treedef):
+        if cacheable and key is not None:
+            COST_CACHE.put(key, NEEDS_CONCRETE, refs)
+        return _with_bound_values(call, leaves, abstract, donated, key if cacheable else None, refs, look_up=False)
+    if cacheable and key is not None:
         COST_CACHE.put(key, result, refs)
+    return result, 1
+
+
+def _with_bound_values(
+    call: Call,
+    leaves: list[Any],
+    abstract: list[bool],
+    donated: frozenset[int],
+    key: Key | None,
+    refs: list[Any],
+    look_up: bool,
+) -> tuple[Cost, int]:
+    """The cost when `fn` needs the arrays bound in a partial as values: they are constants
+    of the program, and the answer is cached by their values on top of the abstract key
+    (as `out_structure` caches it), looked up first with `look_up`."""
+    value_key = None if key is None else bound_value_key(key, call.bound_leaves)
+    if look_up:  # else this call's miss is counted already
+        hit = COST_CACHE.get(value_key) if value_key is not None else None
+        if hit is not None:
+            return hit, 0
+        if value_key is None:
+            COST_CACHE.miss()
+    n_bound = len(call.bound_leaves)
+    closed = [a and not (i < n_bound and has_value(x)) for i, (x, a) in enumerate(zip(leaves, abstract, strict=True))]
+    result = _compile(call.core, leaves, closed, call.treedef, donated)
+    if value_key is not None:
+        COST_CACHE.put(value_key, result, refs)
     return result, 1
 
 

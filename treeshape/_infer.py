@@ -4,7 +4,7 @@ import functools as ft
 import inspect
 import itertools
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 import jax
@@ -152,19 +152,6 @@ def input_path(leaves: list[Any], treedef: jtu.PyTreeDef, i: int) -> str:
     return root + jtu.keystr(tuple(keys[2:]))
 
 
-def input_paths(leaves: list[Any], treedef: jtu.PyTreeDef, which: Sequence[int]) -> list[str]:
-    """[input_path][] of each leaf in `which`, flattening the call once."""
-    flat = jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, leaves))[0]
-    out = []
-    for i in which:
-        keys = flat[i][0]
-        root = ("the bound " if keys[0] == jtu.SequenceKey(0) else "") + (
-            "args" if keys[1] == jtu.SequenceKey(0) else "kwargs"
-        )
-        out.append(root + jtu.keystr(tuple(keys[2:])))
-    return out
-
-
 def abstract_inputs(leaves: list[Any], treedef: jtu.PyTreeDef, fn_name: str = "out_structure") -> list[Any]:
     """The leaves with duck arrays as `ShapeDtypeStruct`s, every described shape checked
     (named by path: JAX's own error would name a treeshape wrapper, or none at all)."""
@@ -234,7 +221,7 @@ def _evaluate(
         return Structure(out_treedef, tuple(out_leaves))
     out_info: list[Any] = []
 
-    args, kwargs, bound_named = _dynamic_arguments(core, leaves, abstract, treedef)
+    args, kwargs, bound_named = dynamic_arguments(core, leaves, abstract, treedef)
     order = list(bound_named)
 
     def traced(args: Any, kwargs: Any, **bound_named: Any) -> list[Any]:
@@ -289,21 +276,33 @@ _TRACED = object()
 _CALL_PARAMETERS: Final = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY) for name in ("args", "kwargs")]
 
 
-def _dynamic_arguments(
+def dynamic_arguments(
     core: Callable[..., Any], leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef
 ) -> tuple[Any, Any, dict[str, Any]]:
     """The abstract leaves grouped as the call was written: a tuple over the
-    positional arguments and a dict over the keyword arguments (each the leaf
-    itself, or a list of an argument's abstract leaves), and the bound ones by
-    the name of the parameter they are bound to (`n` for `partial(f, n=...)`,
-    `f`'s parameter name for a positional one), so that JAX's messages name
-    them as the user wrote them. Flattened in that order (bound first), they
-    give the abstract leaves in order."""
+    positional arguments and a dict over the keyword arguments (each argument's
+    own tree with its static leaves as `None` where its nodes hold plain data,
+    else a list of its abstract leaves), and the bound ones by the name
+    of the parameter they are bound to (`n` for `partial(f, n=...)`, `f`'s
+    parameter name for a positional one), so that JAX's messages name them as
+    the user wrote them (`args[0]['params']['w']`). Flattened in that order
+    (bound first), they give the abstract leaves in order."""
     it = iter(zip(leaves, abstract, strict=True))
 
     def group(td: jtu.PyTreeDef) -> Any:
-        part = [x for x, a in itertools.islice(it, td.num_leaves) if a]
-        return part[0] if jtu.treedef_is_leaf(td) and part else part
+        items = list(itertools.islice(it, td.num_leaves))
+        part = [x for x, a in items if a]
+        if jtu.treedef_is_leaf(td):
+            return part[0] if part else part
+        if not part or not _cache.treedef_is_plain(td):
+            return part  # user objects in node data would enter JAX's caches, and stay
+        try:  # `None` is a node without leaves: the abstract leaves keep their paths
+            tree = jtu.tree_unflatten(td, [x if a else None for x, a in items])
+            if len(jtu.tree_leaves(tree)) == len(part):
+                return tree
+        except Exception:  # a node type that cannot hold None
+            pass
+        return part
 
     (bound_td, bound_kw_td), (args_td, kwargs_td) = (td.children() for td in treedef.children())
     params = _parameter_names(core) if bound_td.num_leaves else []
@@ -564,12 +563,7 @@ def _with_bound_values(
     `int()`): they are passed concrete, as `jax.eval_shape` passes them, and the
     answer is cached by those values (small arrays only) on top of the abstract key,
     looked up first with `look_up` (not on the first call, whose miss is counted)."""
-    value_key: Key | None = None
-    if key is not None:
-        try:
-            value_key = Key((NEEDS_CONCRETE, key, *(_value_key(x) for x in bound_leaves)))
-        except Exception:  # too large, not addressable here, deleted: answered uncached
-            value_key = None
+    value_key = None if key is None else bound_value_key(key, bound_leaves)
     if look_up:  # else this call's miss is counted already (and the entry cannot be there yet)
         hit = CACHE.get(value_key) if value_key is not None else None
         if hit is not None:
@@ -581,6 +575,15 @@ def _with_bound_values(
     if value_key is not None and _may_hold(bound_treedef, call_treedef, structure):
         CACHE.put(value_key, structure, refs)
     return structure
+
+
+def bound_value_key(key: Key, bound_leaves: list[Any]) -> Key | None:
+    """The key of a call whose bound arrays are passed concrete: `key` with their values
+    (None where one is too large or not addressable here: answered uncached)."""
+    try:
+        return Key((NEEDS_CONCRETE, key, *(_value_key(x) for x in bound_leaves)))
+    except Exception:
+        return None
 
 
 def _value_key(x: Any) -> Any:

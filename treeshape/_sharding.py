@@ -150,7 +150,7 @@ def same_axes(a: Any, b: Any) -> bool:
     return (a.axis_names, a.axis_sizes, tuple(a.axis_types)) == (b.axis_names, b.axis_sizes, tuple(b.axis_types))
 
 
-def _abstract_mesh_of(sharding: Any) -> Any:
+def abstract_mesh_of(sharding: Any) -> Any:
     mesh = getattr(sharding, "mesh", None)
     return mesh if isinstance(mesh, jax.sharding.AbstractMesh) else None
 
@@ -158,7 +158,7 @@ def _abstract_mesh_of(sharding: Any) -> Any:
 def has_abstract_mesh(structure: Leaves) -> bool:
     """Whether some array leaf's sharding names an abstract mesh (which needs a concrete one)."""
     return any(
-        isinstance(leaf, jax.ShapeDtypeStruct) and _abstract_mesh_of(leaf.sharding) is not None
+        isinstance(leaf, jax.ShapeDtypeStruct) and abstract_mesh_of(leaf.sharding) is not None
         for leaf in structure.leaves
     )
 
@@ -181,10 +181,17 @@ def concrete_meshes(trees: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(found.values())
 
 
+def resolved(sharding: Any, meshes: Sequence[Any]) -> Any:
+    """`sharding` over the `jax.set_mesh` mesh or one of `meshes` when it names an abstract
+    mesh with their axes (itself when it names none), else None."""
+    found = _resolve(sharding, meshes)
+    return None if found is _UNRESOLVED else found
+
+
 def _resolve(sharding: Any, meshes: Sequence[Any]) -> Any:
     """A concrete sharding for `sharding`: itself, or over the `jax.set_mesh` mesh or one of
     `meshes` when it names an abstract mesh (else `_UNRESOLVED`)."""
-    abstract = _abstract_mesh_of(sharding)
+    abstract = abstract_mesh_of(sharding)
     if abstract is None:
         return sharding
     current = _compat.current_mesh()
