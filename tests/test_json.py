@@ -234,7 +234,8 @@ def test_a_static_leaf_known_by_its_repr_only_is_told_as_such_when_it_differs():
         loaded.check(tree)
     assert str(info.value).endswith(
         "(a value loaded from JSON is known by its repr only). JSON brings back str, int, float, bool and None "
-        "static leaves, and functions and classes of imported modules, as themselves."
+        "static leaves, and functions and classes of imported modules, as themselves; compare with "
+        "`ignore={'static'}` to leave static values out."
     )
     # Values that print differently are told as before.
     [m] = loaded.diff({"mode": Mode.EVAL, "x": jnp.zeros(2)})
@@ -430,18 +431,21 @@ def test_node_data_is_written_by_field_name_functions_by_name_other_values_by_th
     tree = {"a": WithFunction(jnp.zeros(2), closure=make_closure())}
     text = ts.structure_of(tree).to_json()
     [entry] = [e for e in json.loads(text)["treedef"] if type(e) is dict and e["type"] == "dataclass"]
+    closure = (
+        "test_json.test_node_data_is_written_by_field_name_functions_by_name_other_values_by_their_repr.<locals>."
+        "make_closure.<locals>.<lambda>"
+    )
     assert entry["fields"] == {
         "fn": {"name": "jax.numpy:tanh"},
-        "closure": {
-            "repr": "<function test_node_data_is_written_by_field_name_functions_by_name_other_values_by_"
-            "their_repr.<locals>.make_closure.<locals>.<lambda>>",
-            "type": "builtins:function",
-        },
-    }  # the closure's repr has no memory address: the same text in every process
+        "closure": {"repr": closure, "type": "builtins:function"},
+    }  # the closure by its module and qualified name, no memory address: the same text in every process
     loaded = ts.Structure.from_json(text)
-    assert loaded.treedef.node_data() is not None and loaded.diff(tree) == []  # known by its repr, equal by it
+    # Known by its text only, the closure equals no live function: `==` and `diff` both say so.
+    assert loaded != ts.structure_of(tree)
+    assert loaded.diff(tree) == [ts.Mismatch("['a'].closure", "structure", closure, closure)]
+    assert loaded.diff(tree, ignore={"static"}) == []
     other = {"a": WithFunction(jnp.zeros(2), fn=jnp.sin, closure=make_closure())}
-    assert loaded.diff(other) == [ts.Mismatch("['a'].fn", "structure", "tanh", "sin")]
+    assert loaded.diff(other)[0] == ts.Mismatch("['a'].fn", "structure", "jax.numpy.tanh", "jax.numpy.sin")
 
 
 def test_unsupported_trees_fail_to_encode_with_the_path():

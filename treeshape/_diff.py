@@ -21,7 +21,7 @@ import jax
 import jax.tree_util as jtu
 
 from . import _compat, _nodes
-from ._errors import FieldValue, Mismatch
+from ._errors import FieldValue, Mismatch, ReprOnly, StaticValue
 from ._json import StaticRepr
 from ._leaf import leaf_str, node_type_name, same_symbolic_shape, same_type, static_value, varying_axes
 
@@ -91,8 +91,11 @@ def _diff_leaf(path: str, e: Any, a: Any, out: _Found, index: int) -> None:
     e_array = isinstance(e, jax.ShapeDtypeStruct)
     a_array = isinstance(a, jax.ShapeDtypeStruct)
     if not (e_array and a_array):
-        if e_array != a_array or not static_equal(e, a):
+        if e_array != a_array:
             out.add(path, "structure", _describe_leaf(e), _describe_leaf(a))
+        elif not static_equal(e, a):
+            e_text, a_text = (StaticValue(f"the static value {text}") for text in value_texts(e, a))
+            out.add(path, "structure", e_text, a_text)
         return
     if not (e.shape == a.shape or same_symbolic_shape(e.shape, a.shape)):
         out.add(path, "shape", e.shape, a.shape)
@@ -308,7 +311,7 @@ class _Walk:
                 e_value, a_value = e_split.fields[key], a_split.fields[key]
                 if not field_equal(e_value, a_value):
                     e_text, a_text = value_texts(e_value, a_value)
-                    out.append(_Add(p.path + jtu.keystr((key,)), FieldValue(e_text), FieldValue(a_text)))
+                    out.append(_Add(p.path + jtu.keystr((key,)), _field(e_value, e_text), _field(a_value, a_text)))
                 continue
             out.append(_Add(p.path + jtu.keystr((key,)), self._told(e, key), self._told(a, key)))
         hidden = [
@@ -335,7 +338,8 @@ class _Walk:
             children = self._by_keys(p, e, a, e_keys, a_keys, e_split.ordered and a_split.ordered)
         if hidden and not out and not keys_differ:
             e_text, a_text = _around(_values_text([x for x, _ in hidden]), _values_text([x for _, x in hidden]))
-            out.append(_Add(p.path, f"{name} with internal data {e_text}", f"{name} with internal data {a_text}"))
+            e_data, a_data = f"{name} with internal data {e_text}", f"{name} with internal data {a_text}"
+            out.append(_Add(p.path, FieldValue(e_data), FieldValue(a_data)))
         return out + children
 
     def _told(self, side: "_Side", key: Any) -> Any:
@@ -474,7 +478,7 @@ def describe(td: jtu.PyTreeDef, leaves: Sequence[Any], start: int) -> str:
 def _describe_leaf(leaf: Any) -> str:
     if isinstance(leaf, jax.ShapeDtypeStruct):
         return leaf_str(leaf)
-    return f"the static value {leaf_str(leaf)}"
+    return f"the static value {value_text(leaf)}"
 
 
 def _describe_node(treedef: jtu.PyTreeDef, leaf: Any) -> str:
@@ -506,33 +510,29 @@ _SHORT: Final = 60
 
 
 def value_text(value: Any, limit: int = _SHORT) -> str:
-    """A node-data value in a message: a function or class by its name, equinox's marker of
-    an empty slot as "nothing", anything else by its repr (without memory addresses), cut to
-    `limit` characters."""
+    """A static value in a message (a static leaf, a node-data field): as `_nodes.static_text`
+    tells it (a function by its public import path, `jax.nn.relu`), equinox's marker of an
+    empty slot as "nothing", cut to `limit` characters."""
     if _nodes.is_sentinel(value):
         return "nothing"
     if isinstance(value, StaticRepr):
         return _cut(value.text, limit)
-    name = getattr(value, "__qualname__", None)
-    if isinstance(name, str) and (callable(value) or isinstance(value, type)):
-        return name
-    return _cut(_nodes.plain_repr(value), limit)
+    return _cut(_nodes.static_text(value), limit)
 
 
 def value_texts(e: Any, a: Any) -> tuple[str, str]:
-    """Two node-data values that differ, in words, cut around where they differ."""
+    """Two static values that differ, in words, cut around where they differ."""
     return _around(value_text(e, 1000), value_text(a, 1000))
 
 
 def field_equal(e: Any, a: Any) -> bool:
-    """Two node-data values are equal: as static leaves are, or, for one loaded from JSON by its
-    repr, by its type and that repr; mappings and tuples item by item."""
+    """Two node-data values are equal as the treedefs that hold them compare them (`==`, as
+    static leaves are compared): a value loaded from JSON by its repr equals no live value, so
+    `diff` finds a difference exactly where `==` does; mappings and tuples item by item."""
     if static_equal(e, a):
         return True
-    if isinstance(e, StaticRepr) != isinstance(a, StaticRepr):
-        marker, live = (e, a) if isinstance(e, StaticRepr) else (a, e)
-        cls = type(live)
-        return marker.type_name == f"{cls.__module__}:{cls.__qualname__}" and marker.text == _nodes.plain_repr(live)
+    if isinstance(e, StaticRepr) or isinstance(a, StaticRepr):
+        return False
     if isinstance(e, Mapping) and isinstance(a, Mapping):
         try:
             return e.keys() == a.keys() and all(field_equal(e[k], a[k]) for k in e)
@@ -543,10 +543,16 @@ def field_equal(e: Any, a: Any) -> bool:
     return False
 
 
+_ALIKE: Final = 200  # two values that print alike are shown whole up to this length (a line stays under 300)
+
+
 def _around(expected: str, actual: str, limit: int = _SHORT) -> tuple[str, str]:
     """Two texts that differ, each cut to about `limit` characters around the first place where
-    they differ (never a cut-off start that is the same on both sides)."""
-    if (len(expected) <= limit and len(actual) <= limit) or expected == actual:
+    they differ (never a cut-off start that is the same on both sides); texts that are the same
+    (two values that print alike) whole, up to a longer limit."""
+    if expected == actual:
+        return _cut(expected, _ALIKE), _cut(actual, _ALIKE)
+    if len(expected) <= limit and len(actual) <= limit:
         return _cut(expected, limit), _cut(actual, limit)
     first = next((i for i, (x, y) in enumerate(zip(expected, actual, strict=False)) if x != y), None)
     if first is None:
@@ -558,6 +564,21 @@ def _around(expected: str, actual: str, limit: int = _SHORT) -> tuple[str, str]:
         return ("..." if start else "") + part + ("..." if start + limit < len(text) else "")
 
     return cut(expected), cut(actual)
+
+
+def _field(value: Any, text: str) -> FieldValue:
+    """A field's value in words, marked when it holds a value loaded from JSON by its repr only."""
+    return ReprOnly(text) if _holds_repr(value) else FieldValue(text)
+
+
+def _holds_repr(value: Any) -> bool:
+    if isinstance(value, StaticRepr):
+        return True
+    if type(value) in (tuple, list):
+        return any(map(_holds_repr, value))
+    if type(value) is dict:
+        return any(map(_holds_repr, value.values()))
+    return False
 
 
 def _values_text(values: list[Any]) -> str:
@@ -576,7 +597,7 @@ def _node_text(td: jtu.PyTreeDef | None) -> _NodeText:
     if td is None:
         return _NodeText("nothing")
     data = td.node_data()
-    return _NodeText("a leaf" if data is None else _cut(_nodes.plain_repr(data[1])))
+    return _NodeText("a leaf" if data is None else _cut(_nodes.static_text(data[1])))
 
 
 def _fields(data: Any) -> dict[str, Any] | None:

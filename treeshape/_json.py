@@ -214,12 +214,14 @@ def _value(x: Any) -> Any:
     kind = type(x)
     if kind in (str, bool, type(None)) or (kind is int and abs(x) < _MAX_INT_VALUE):
         return x
-    if kind is float and math.isfinite(x):
-        return x
+    if kind is float:
+        return x if math.isfinite(x) else {"float": repr(x)}
     if kind is tuple or kind is list:
         return {kind.__name__: [_value(item) for item in x]}
     if kind is dict and all(type(k) in (str, int) for k in x):
         return {"dict": [[k, _value(v)] for k, v in x.items()]}
+    if _nodes.is_frozen_dict(kind) and all(type(k) in (str, int) for k in x):
+        return {"frozendict": [[k, _value(v)] for k, v in x.items()]}
     if isinstance(x, np.dtype) and jax_dtype(x):
         return {"dtype": _dtype_name(x)}
     name = object_name(x)
@@ -227,25 +229,22 @@ def _value(x: Any) -> Any:
         return {"name": name}
     if kind is StaticRepr:
         return {"repr": x.text, "type": x.type_name}
-    return {"repr": _nodes.plain_repr(x), "type": _type_name(kind)}
+    return {"repr": _nodes.static_text(x), "type": _type_name(kind)}
 
 
 def object_name(x: Any) -> str | None:
-    """`"module:qualname"` of a function or class that this name finds again in `sys.modules`
-    (so loading gives back the same object), else None."""
-    module, qualname = getattr(x, "__module__", None), getattr(x, "__qualname__", None)
-    if not (isinstance(module, str) and isinstance(qualname, str)) or not (callable(x) or isinstance(x, type)):
+    """`"module:qualname"` of a function or class where users import it from (`"jax.nn:gelu"`,
+    as `_nodes.public_name` finds it) that this name finds again in `sys.modules` (so loading
+    gives back the same object), else None."""
+    found = _nodes.public_name(x)
+    if found is None:
         return None
-    name = f"{module}:{qualname}"
+    name = ":".join(found)
     try:
         if _NAME.fullmatch(name) and _lookup(name, "") is x:
             return name
     except _Malformed:
         pass
-    namespace = getattr(sys.modules.get(module), "__dict__", {})  # a lambda bound to a module global
-    for attribute, value in list(namespace.items()):
-        if value is x and _NAME.fullmatch(f"{module}:{attribute}"):
-            return f"{module}:{attribute}"
     return None
 
 
@@ -405,11 +404,7 @@ def _static_record(path: str, leaf: Any) -> dict[str, Any]:
     record: dict[str, Any] = {"path": path, "shape": None, "dtype": None, "weak_type": None}
     if type(leaf) is StaticRepr:
         return {**record, "static": leaf.text, "type": leaf.type_name}
-    try:
-        text = repr(leaf)
-    except Exception:  # a user object whose repr raises: still describable by its type
-        text = f"<{type(leaf).__qualname__} object (its repr raised)>"
-    record.update(static=_nodes.without_address(text), type=_type_name(type(leaf)))
+    record.update(static=_nodes.static_text(leaf), type=_type_name(type(leaf)))
     name = object_name(leaf)
     if name is not None:  # a function or class: found again by this name when loading, if imported
         record["name"] = name
@@ -731,16 +726,27 @@ def _decode_value(x: Any, where: str) -> Any:
         if tag in ("tuple", "list"):
             items = [_decode_value(item, f"{where}[{i}]") for i, item in enumerate(_list(value, f"{where}.{tag}"))]
             return tuple(items) if tag == "tuple" else items
-        if tag == "dict":
-            pairs = [_dict_item(item, f"{where}.dict[{i}]") for i, item in enumerate(_list(value, f"{where}.dict"))]
+        if tag in ("dict", "frozendict"):
+            at = f"{where}.{tag}"
+            pairs = [_dict_item(item, f"{at}[{i}]") for i, item in enumerate(_list(value, at))]
             if len({(type(k), k) for k, _ in pairs}) != len(pairs):
-                _fail(f"{where}.dict", "dict keys must be unique")
-            return dict(pairs)
+                _fail(at, "dict keys must be unique")
+            return dict(pairs) if tag == "dict" else _frozen_dict(pairs, at)
+        if tag == "float" and value in ("nan", "inf", "-inf"):
+            return float(value)
         if tag == "dtype":
             return _dtype(value, f"{where}.dtype")
         if tag == "name":
             return _named(value, f"{where}.name")
     return _fail(where, f"expected a value as to_json writes node data, got {_short_repr(x)}")
+
+
+def _frozen_dict(pairs: list[tuple[Any, Any]], where: str) -> Any:
+    """A flax `FrozenDict` of these items (node data of a flax model, which has imported flax)."""
+    frozen_dict = _nodes.frozen_dict_type()
+    if frozen_dict is None:
+        _fail(where, "a flax FrozenDict, but flax.core is not imported; import it before loading")
+    return frozen_dict(dict(pairs))
 
 
 def _named(name: Any, where: str) -> Any:

@@ -35,8 +35,10 @@ recognised by the frameworks' public base classes, looked up in
 """
 
 import dataclasses
+import functools as ft
 import re
 import sys
+import types
 import weakref
 from collections.abc import Mapping
 from typing import Any, Final
@@ -97,13 +99,101 @@ def without_address(text: str) -> str:
     return _ADDRESS.sub("", text)
 
 
-def plain_repr(x: Any) -> str:
-    """`repr(x)` without memory addresses, never raising."""
+def public_name(x: Any) -> tuple[str, str] | None:
+    """`(module, qualname)` of a function, class, `jax.custom_jvp`/`custom_vjp` function or
+    builtin, as users import it: from the shortest public parent of its module that holds it
+    (`("jax.nn", "gelu")` for a function defined in `jax._src.nn.functions`; a function local to
+    `optax.chain` is `("optax", "chain.<locals>.init_fn")`), else its own module; None for
+    anything without a module and qualified name.
+
+    Only modules already imported are read (a module's namespace, never `getattr`), and
+    candidates are tried in one order, so the name is the same in every process that imported
+    the same modules."""
+    module, qualname = getattr(x, "__module__", None), getattr(x, "__qualname__", None)
+    if not (isinstance(module, str) and isinstance(qualname, str)) or not (callable(x) or isinstance(x, type)):
+        return None
+    head = qualname.split(".", 1)[0]
+    home = _namespace(module)
+    owner = home.get(head, _ABSENT)
+    if owner is _ABSENT and "." not in qualname:  # a lambda bound to a module global
+        owner = next((value for value in list(home.values()) if value is x), _ABSENT)
+        head = next((name for name, value in list(home.items()) if value is x), head)
+        qualname = head
+    if owner is _ABSENT:
+        return module, qualname
+    for candidate in _public_parents(module):
+        if _namespace(candidate).get(head, _ABSENT) is owner:
+            return candidate, qualname
+    return module, qualname
+
+
+_ABSENT: Final = object()
+
+
+def _namespace(module: str) -> dict[str, Any]:
+    namespace = getattr(sys.modules.get(module), "__dict__", None)
+    return namespace if isinstance(namespace, dict) else {}
+
+
+def _public_parents(module: str) -> list[str]:
+    """The public modules that may re-export what `module` defines, shortest first: the
+    prefixes of its dotted name without its private parts (`jax._src.nn.functions`: `jax`,
+    `jax.nn`, `jax.nn.functions`), then `module` itself."""
+    parts = [part for part in module.split(".") if not (part.startswith("_") and not part.endswith("__"))]
+    prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]
+    return [*dict.fromkeys([*prefixes, module])]
+
+
+def _dotted(name: tuple[str, str]) -> str:
+    module, qualname = name
+    return qualname if module == "builtins" else f"{module}.{qualname}"
+
+
+def static_text(x: Any) -> str:
+    """A static value as messages, tables and JSON print it, never raising: a function, class,
+    `custom_jvp`/`custom_vjp` function or builtin by its public import path (`jax.nn.gelu`); a
+    `functools.partial`, a bound method, a tuple, list, dict or NamedTuple by those of what it
+    holds; anything else by its `repr` without memory addresses, or `<TypeName object (its repr
+    raised)>`.
+
+    Examples:
+        >>> import functools, jax
+        >>> from treeshape._nodes import static_text
+        >>> static_text(jax.nn.relu), static_text(functools.partial(jax.nn.gelu, approximate=False))
+        ('jax.nn.relu', 'functools.partial(jax.nn.gelu, approximate=False)')
+    """
+    kind = type(x)
+    if kind in (str, int, float, bool, type(None)):
+        return repr(x)
     try:
-        text = repr(x)
-    except Exception:
-        text = f"<{type(x).__qualname__} object>"
-    return without_address(text)
+        if isinstance(x, ft.partial):
+            parts = [static_text(x.func), *map(static_text, x.args)]
+            parts += [f"{key}={static_text(value)}" for key, value in x.keywords.items()]
+            return f"{_dotted((kind.__module__, kind.__qualname__))}({', '.join(parts)})"
+        if isinstance(x, types.MethodType):
+            return f"<bound method {static_text(x.__func__)} of {static_text(x.__self__)}>"
+        name = public_name(x)
+        if name is not None:
+            return _dotted(name)
+        if _compat.namedtuple_keys(kind) is not None:
+            fields = ", ".join(f"{field}={static_text(value)}" for field, value in zip(x._fields, x, strict=True))
+            return f"{kind.__name__}({fields})"
+        if kind is tuple:
+            return "(" + ", ".join(map(static_text, x)) + ("," if len(x) == 1 else "") + ")"
+        if kind is list:
+            return "[" + ", ".join(map(static_text, x)) + "]"
+        if kind is dict:
+            return "{" + ", ".join(f"{static_text(k)}: {static_text(v)}" for k, v in x.items()) + "}"
+        return _repr(x)
+    except RecursionError:  # a container that holds itself: as Python's repr tells it
+        return _repr(x)
+
+
+def _repr(x: Any) -> str:
+    try:
+        return without_address(repr(x))
+    except Exception:  # a user object whose repr raises: still told by its type
+        return f"<{type(x).__qualname__} object (its repr raised)>"
 
 
 def is_sentinel(x: Any) -> bool:
@@ -119,6 +209,15 @@ def is_sentinel_type(cls: type) -> bool:
 def _base(module: str, name: str) -> type | None:
     cls = getattr(sys.modules.get(module), name, None)
     return cls if isinstance(cls, type) else None
+
+
+def frozen_dict_type() -> type | None:
+    """flax's `FrozenDict`, if flax is imported."""
+    return _base("flax.core", "FrozenDict")
+
+
+def is_frozen_dict(cls: type) -> bool:
+    return _subclass(cls, "flax.core", "FrozenDict")
 
 
 def _subclass(cls: type, module: str, name: str) -> bool:

@@ -71,7 +71,7 @@ def pytest_assertrepr_compare(config: pytest.Config, op: str, left: Any, right: 
         return [f"{left!r} == {right!r}", f"(treeshape could not diff them: {type(err).__name__}: {err})"]
     lines = [f"{left!r} == {right!r}"]
     if not mismatches:
-        lines.append("The structures differ, but not in a way Structure.diff reports (e.g. a static leaf).")
+        lines.append("The structures differ, but Structure.diff finds no difference (a treeshape bug: please report).")
         return lines
     count = len(mismatches)
     lines.append(f"{count} difference{'' if count == 1 else 's'} (left is expected, right is actual):")
