@@ -787,3 +787,49 @@ def test_random_json_is_a_value_error_or_a_structure(value):
     _loads_or_value_error(json.dumps(value))
     _loads_or_value_error(json.dumps({"version": 1, "treedef": value, "leaves": value}))
     _loads_or_value_error(json.dumps({"version": 1, "treedef": ["*"], "leaves": [value]}))
+
+
+# -- shapes that cannot exist ------------------------------------------------------------
+def _symbolic_doc(shape, constraints=None):
+    doc = {"version": 1, "treedef": [{"type": "dict", "keys": ["x"]}, "*"]}
+    doc["leaves"] = [{"path": "['x']", "shape": shape, "dtype": "float32", "weak_type": False}]
+    if constraints is not None:
+        doc["constraints"] = constraints
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    ("shape", "constraints", "message"),
+    [
+        (["-b", 3], None, "leaves[0].shape[0]: the dimension '-b' is below 0 for every size (dimension variables"),
+        (
+            [2, "b - 5"],
+            ["b <= 3"],
+            "leaves[0].shape[1]: the dimension 'b - 5' is below 0 for every size the constraints allow (b <= 3;",
+        ),
+        (["b"], ["b >= 10", "b <= 5"], "constraints: no size satisfies 'b <= 5' together with 'b >= 10'"),
+        (["b", "c"], ["b + c <= 1"], "constraints: no size satisfies 'b + c <= 1' (dimension variables are >= 1)"),
+        (["b"], ["b == 3", "b >= 5"], "constraints: not valid constraints of a symbolic scope"),
+    ],
+    ids=["negative", "negative_under_constraints", "contradiction", "below_the_least_sizes", "found_by_jax"],
+)
+def test_from_json_refuses_shapes_and_constraints_that_cannot_exist(shape, constraints, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        ts.Structure.from_json(_symbolic_doc(shape, constraints))
+    assert str(info.value).startswith("treeshape.Structure.from_json: ")
+
+
+@pytest.mark.parametrize(
+    ("shape", "constraints", "sizes"),
+    [
+        (["1 - b"], None, {"b": 1}),  # 0 for b = 1: an empty array
+        (["b - 5"], None, {"b": 7}),  # negative for small sizes only
+        (["b - 5"], ["b >= 5"], {"b": 5}),
+        (["b", "c"], ["b + c <= 4"], {"b": 2, "c": 2}),
+    ],
+)
+def test_from_json_keeps_shapes_that_some_sizes_allow(shape, constraints, sizes):
+    s = ts.Structure.from_json(_symbolic_doc(shape, constraints))
+    bound = s.bind(**sizes)
+    assert all(d >= 0 for d in bound.leaves[0].shape)
+    assert ts.Structure.from_json(s.to_json()) == s

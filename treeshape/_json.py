@@ -983,15 +983,32 @@ class _Dims:
         if self.scope is None:
             written = [] if self.constraints is None else _str_list(self.constraints, "constraints", unique=False)
             try:
+                unsatisfiable = _compat.unsatisfiable_constraint(written)
                 self.scope = _compat.make_scope(written)
             except Exception as err:  # JAX's parser: ValueError, or tokenize's TokenError
                 _fail("constraints", f"not valid constraints of a symbolic scope: {err}")
+            if unsatisfiable is not None:
+                before = written[: written.index(unsatisfiable)]
+                together = f" together with {', '.join(map(repr, before))}" if before else ""
+                _fail(
+                    "constraints",
+                    f"no size satisfies {unsatisfiable!r}{together} (dimension variables are >= 1), so no array "
+                    "has these shapes: correct or remove that constraint",
+                )
         try:
             d = _compat.parse_dim(text, self.scope)
         except ValueError as err:
             _fail(where, str(err))
         if not is_symbolic(d) and not 0 <= d <= _MAX_DIM:
             _fail(where, f"expected a size >= 0, got {_short_repr(text)}")
+        if is_symbolic(d) and _compat.always_negative(d):
+            written = ", ".join(_compat.scope_constraints(self.scope))
+            allowed = f" the constraints allow ({written}; " if written else " ("
+            _fail(
+                where,
+                f"the dimension {text!r} is below 0 for every size{allowed}dimension variables are >= 1), so no "
+                "array has this shape: a dimension is a size >= 0",
+            )
         self.read_texts[text] = d
         return d
 
