@@ -1002,8 +1002,8 @@ class _Dims:
         if not is_symbolic(d) and not 0 <= d <= _MAX_DIM:
             _fail(where, f"expected a size >= 0, got {_short_repr(text)}")
         if is_symbolic(d) and _compat.always_negative(d):
-            written = ", ".join(_compat.scope_constraints(self.scope))
-            allowed = f" the constraints allow ({written}; " if written else " ("
+            listed = ", ".join(_compat.scope_constraints(self.scope))
+            allowed = f" the constraints allow ({listed}; " if listed else " ("
             _fail(
                 where,
                 f"the dimension {text!r} is below 0 for every size{allowed}dimension variables are >= 1), so no "
