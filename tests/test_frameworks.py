@@ -115,6 +115,7 @@ def m():
             "eqx8": _abstract(eqx.nn.Linear, 3, 8, key=KEY),
             "eqx16": _abstract(eqx.nn.Linear, 3, 16, key=KEY),
             "mlp": _abstract(eqx.nn.MLP, 2, 3, 4, 2, key=KEY),
+            "bn_state": eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, "batch", mode="batch")[1],
         }
 
 
@@ -143,6 +144,7 @@ def _samples(m: dict[str, Any]) -> dict[str, tuple[Any, str, list[str], list[str
         "flax_struct": (TrainState({}, 0.1, "sgd"), _nodes.DATACLASS, ["lr", "name"], ["params"]),
         "registered": (Registered(1, "t", 2), _nodes.DATACLASS, ["tag", "size"], ["x"]),
         "partitioned": (nn.Partitioned(SDS((2,), F32), ("d",)), _nodes.DATACLASS, ["names", "mesh"], ["value"]),
+        "equinox_state": (m["bn_state"], _nodes.EQUINOX_STATE, [], [0, 1]),
     }
 
 
@@ -158,6 +160,7 @@ def _samples(m: dict[str, Any]) -> dict[str, tuple[Any, str, list[str], list[str
         "flax_struct",
         "registered",
         "partitioned",
+        "equinox_state",
     ],
 )
 def test_the_layouts_of_the_installed_releases(m, sample):
@@ -395,6 +398,7 @@ def test_per_layer_learning_rates_as_a_prefix_of_an_nnx_state(m):
         "struct",
         "optax",
         "linen",
+        "eqx_stateful",
     ],
 )
 def test_json_of_framework_models_diffs_empty_against_the_model(m, name):
@@ -404,6 +408,7 @@ def test_json_of_framework_models_diffs_empty_against_the_model(m, name):
         "struct": lambda: TrainState({"w": SDS((2,), F32)}, 0.1, "sgd"),
         "optax": lambda: jax.eval_shape(optax.chain(optax.clip(1.0), optax.adamw(1e-3)).init, {"w": SDS((2,), F32)}),
         "linen": lambda: jax.eval_shape(nn.Dense(2).init, KEY, SDS((1, 3), F32)),
+        "eqx_stateful": lambda: eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, "batch", mode="batch"),  # (model, state)
     }
     tree = trees[name]() if name in trees else m[name]
     s = ts.structure_of(tree)
@@ -482,10 +487,33 @@ def test_malformed_framework_records_are_value_errors(entry, message):
         ts.Structure.from_json(_doc(entry, entry.get("n", 0)))
 
 
+def test_an_equinox_state_is_written_by_its_keys_and_diffs_by_position():
+    model, state = eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, "batch", mode="batch")
+    doc = json.loads(ts.structure_of(state).to_json())
+    assert doc["treedef"][0] == {
+        "type": "equinox_state",
+        "name": "equinox.nn._stateful:State",
+        "n": 2,
+        "keys": list(jtu.tree_structure(state).node_data()[1]),
+    }
+    jax_paths = [jtu.keystr(path) for path, _ in jtu.tree_flatten_with_path(state)[0]]
+    assert [leaf["path"] for leaf in doc["leaves"]] == jax_paths  # ["[<flat index 0>]", "[<flat index 1>][0]", ...]
+    loaded = ts.Structure.from_json(json.dumps(doc))
+    assert loaded == ts.structure_of(state) and loaded.diff(state) == []
+    _, wider = eqx.nn.make_with_state(eqx.nn.BatchNorm)(4, "batch", mode="batch")
+    assert [(m.path, m.kind, m.expected, m.actual) for m in loaded.diff(wider)] == [
+        (path, "shape", (3,), (4,)) for path in jax_paths[1:]
+    ]
+    doc["treedef"][0]["keys"] = ["a", "a"]
+    with pytest.raises(ValueError, match=re.escape("the state keys must be unique")):
+        ts.Structure.from_json(json.dumps(doc))
+
+
 def _snapshot_models(width: int) -> dict[str, Any]:
     return {
         "nnx": nnx.eval_shape(lambda: nnx.Linear(3, width, rngs=nnx.Rngs(0))),
         "eqx": eqx.filter_eval_shape(eqx.nn.MLP, 2, width, 4, 1, key=jax.random.key(0)),
+        "eqx_state": eqx.nn.make_with_state(eqx.nn.BatchNorm)(width, "batch", mode="batch")[1],
     }
 
 
@@ -504,6 +532,7 @@ def test_snapshots_of_nnx_and_equinox_models_in_another_process(pytester):
             return {
                 "nnx": nnx.eval_shape(lambda: nnx.Linear(3, width, rngs=nnx.Rngs(0))),
                 "eqx": eqx.filter_eval_shape(eqx.nn.MLP, 2, width, 4, 1, key=jax.random.key(0)),
+                "eqx_state": eqx.nn.make_with_state(eqx.nn.BatchNorm)(width, "batch", mode="batch")[1],
             }
 
         def test_same(structure_snapshot):
@@ -519,6 +548,7 @@ def test_snapshots_of_nnx_and_equinox_models_in_another_process(pytester):
     assert "['nnx'].out_features: expected 8, got 16." in text
     assert "['nnx'].kernel.value: expected shape (3, 8), got (3, 16)." in text
     assert "['eqx'].out_size: expected 8, got 16." in text
+    assert "['eqx_state'][<flat index 1>][0]: expected shape (8,), got (16,)." in text
     assert not PRIVATE.search(text[text.index("structure_snapshot: the structure differs") :])
 
 

@@ -19,8 +19,12 @@ is `list`/`tuple` (with `n` children), `dict`/`OrderedDict`/`defaultdict`
 (with its `keys`, and a defaultdict's `factory`), `namedtuple` (with `name`,
 `"module:qualname"`, and `n`) or `dataclass` (a dataclass registered as a
 pytree node: `jax.tree_util.register_dataclass`, chex or flax.struct; with
-`name`, `n` and its node data `aux`, which must be plain data). Other custom
-pytree nodes are refused: their node data cannot be checked when loading.
+`name`, `n` and its node data `aux`, which must be plain data). flax.nnx
+modules, variables and states, equinox modules and `eqx.nn.State`, and
+registered dataclasses are written with their node data by name (`_nodes.record`):
+plain data (also a flax `FrozenDict`) as JSON values, functions and classes by
+`"module:qualname"`, anything else by its text (`_nodes.static_text`). Other
+custom pytree nodes are refused: their node data cannot be checked when loading.
 
 `leaves` holds one record per leaf, in leaf order: an array leaf's `path`,
 `shape`, `dtype` and `weak_type`, plus `sharding` (a `NamedSharding`'s spec
@@ -186,7 +190,7 @@ def _encode_node(node_type: type, aux: Any, n: int, path: str) -> str:
             f"treeshape.Structure.to_json: the pytree node at {where} is a {node_type.__qualname__}, which JSON "
             "cannot describe: only dicts (also OrderedDict and defaultdict), lists, tuples, None, namedtuples, "
             "dataclasses registered as pytree nodes (flax.struct too), flax.nnx modules, variables and states, "
-            "and equinox modules are supported. Pickle the Structure instead (trusted data only)."
+            "and equinox modules and states are supported. Pickle the Structure instead (trusted data only)."
         )
     return _encode(entry)
 
@@ -663,6 +667,7 @@ _FRAMEWORK_KINDS: Final = (
     _nodes.KEYED,
     _nodes.NNX_INTERNAL,
     _nodes.EQUINOX,
+    _nodes.EQUINOX_STATE,
 )
 _PARTS: Final = {
     _nodes.DATACLASS: ("fields",),
@@ -671,6 +676,7 @@ _PARTS: Final = {
     _nodes.KEYED: ("keys",),
     _nodes.NNX_INTERNAL: ("aux",),
     _nodes.EQUINOX: ("fields", "wrapper"),
+    _nodes.EQUINOX_STATE: ("keys",),
 }
 
 

@@ -18,6 +18,8 @@ layout:
   attributes of a wrapped function), then the values of the static fields
   (`field(static=True)`) in `dataclasses.fields` order; the children are the
   other fields, in that order.
+- equinox's `nn.State` (of `eqx.nn.make_with_state`): the keys of the states
+  it holds (strings naming each stateful layer's index), one child each.
 - Other dataclasses registered as pytree nodes (`flax.struct.dataclass`,
   `jax.tree_util.register_dataclass`): the values of their static fields, in
   the order of their registration, found once per class by flattening a
@@ -233,6 +235,7 @@ NNX_VARIABLE: Final = "nnx_variable"
 NNX_INTERNAL: Final = "nnx_internal"
 KEYED: Final = "keyed"
 EQUINOX: Final = "equinox"
+EQUINOX_STATE: Final = "equinox_state"
 DATACLASS: Final = "dataclass"
 _KINDS: "weakref.WeakKeyDictionary[type, str | None]" = weakref.WeakKeyDictionary()
 
@@ -254,6 +257,8 @@ def kind(cls: type) -> str | None:
         found = NNX_INTERNAL
     elif _subclass(cls, "equinox", "Module"):
         found = EQUINOX
+    elif _subclass(cls, "equinox.nn", "State"):
+        found = EQUINOX_STATE
     elif dataclasses.is_dataclass(cls) and _probe(cls) is not None:
         found = DATACLASS
     try:
@@ -385,6 +390,8 @@ def split(cls: type, aux: Any) -> Split | None:
             return _split_equinox(cls, aux)
         if layout == DATACLASS:
             return _split_dataclass(cls, aux)
+        if layout == EQUINOX_STATE and type(aux) is tuple:  # the keys name equinox's own indices: internal
+            return Split({}, {"keys": aux}, tuple(jtu.FlattenedIndexKey(i) for i in range(len(aux))))
     except Exception:  # a layout this module does not know: told whole
         return None
     return _split_named(aux)
@@ -483,6 +490,8 @@ def record(cls: type, aux: Any) -> tuple[str, dict[str, Any]] | None:
         if probe is None or type(aux) is not tuple or len(aux) != len(probe[0]):
             return None
         return DATACLASS, {"fields": dict(zip(probe[0], aux, strict=True))}
+    if layout == EQUINOX_STATE and type(aux) is tuple:
+        return EQUINOX_STATE, {"keys": list(aux)}
     return None
 
 
@@ -537,6 +546,11 @@ def rebuild(layout: str, cls: type, parts: dict[str, Any], n: int) -> tuple[Any,
         if type(aux) is not tuple or not all(type(x) is bool for x in aux) or n != 0:
             raise ValueError("nnx's internal state is a tuple of booleans, with no children")
         return aux, []
+    if layout == EQUINOX_STATE:
+        keys = _unique(list(parts["keys"]), "state keys")
+        if any(type(k) not in (str, int) for k in keys) or len(keys) != n:
+            raise ValueError(f"expected {n} state keys, each a string or an integer")
+        return tuple(keys), [jtu.FlattenedIndexKey(i) for i in range(n)]
     if layout == EQUINOX:
         static, dynamic = _eqx_fields(cls)
         fields = parts["fields"]
