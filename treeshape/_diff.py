@@ -259,6 +259,10 @@ class _Walk:
             e_data, a_data = e_td.node_data(), a_td.node_data()
             if e_data is not None and a_data is not None and e_data[0] is a_data[0] and e_data[0] not in _CONTAINERS:
                 return self._node_data(p, e_data[0], e_data[1], a_data[1])
+        if e_node is not None and a_node is not None and e_node[0] is not a_node[0]:
+            stood = self._as_checkpointed(p, e_node, a_node)
+            if stood is not None:
+                return stood
         if e_node is None or a_node is None or e_node[0] is not a_node[0]:
             return [_Add(p.path, self._describe(e_td, self.e_leaves, p.e0), self._describe(a_td, self.a_leaves, p.a0))]
         node_type = e_node[0]
@@ -277,6 +281,23 @@ class _Walk:
             # own internal children are not named).
             return self._node_data(p, node_type, e_node[1], a_node[1])
         return self._by_position(p)
+
+    def _as_checkpointed(self, p: _Pair, e_node: tuple[type, Any], a_node: tuple[type, Any]) -> list[_Task] | None:
+        """A flax.nnx `State` against a checkpoint's metadata of one, in which orbax writes the
+        State as a dict and each Variable as a dict `{'value': ...}`: each such dict read as the
+        node it stands for (children matched by key, the Variable's value to the dict's), else None."""
+        (e_type, e_aux), (a_type, a_aux) = e_node, a_node
+        e_children, a_children = p.e_td.children(), p.a_td.children()
+        if (e_type is dict and _nodes.is_nnx_state(a_type)) or (a_type is dict and _nodes.is_nnx_state(e_type)):
+            e_keys, a_keys = list(_mapping_keys(e_type, e_aux)), list(_mapping_keys(a_type, a_aux))
+            return self._children(p, e_children, a_children, e_keys, a_keys, jtu.DictKey, False)
+        variable = _nodes.kind(e_type) == _nodes.NNX_VARIABLE
+        if (variable and a_type is dict and list(a_aux) == ["value"]) or (
+            e_type is dict and list(e_aux) == ["value"] and _nodes.kind(a_type) == _nodes.NNX_VARIABLE
+        ):
+            key = ".value" if variable else "['value']"
+            return [_Pair(p.path + key, e_children[0], p.e0, a_children[0], p.a0)]
+        return None
 
     def _by_position(self, p: _Pair) -> list[_Task]:
         """Children of two nodes of one type and arity, lined up by position (keyed as `p.e_td`'s)."""

@@ -218,6 +218,10 @@ def frozen_dict_type() -> type | None:
     return _base("flax.core", "FrozenDict")
 
 
+def is_nnx_state(cls: type) -> bool:
+    return _subclass(cls, "flax.nnx", "State")
+
+
 def is_frozen_dict(cls: type) -> bool:
     return _subclass(cls, "flax.core", "FrozenDict")
 
