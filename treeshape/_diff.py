@@ -21,7 +21,7 @@ import jax
 import jax.tree_util as jtu
 
 from . import _compat, _nodes
-from ._errors import FieldValue, Mismatch, ReprOnly, StaticValue
+from ._errors import FieldReprOnly, FieldValue, Mismatch, StaticReprOnly, StaticValue
 from ._json import StaticRepr
 from ._leaf import leaf_str, node_type_name, same_symbolic_shape, same_type, static_value, varying_axes
 
@@ -94,8 +94,9 @@ def _diff_leaf(path: str, e: Any, a: Any, out: _Found, index: int) -> None:
         if e_array != a_array:
             out.add(path, "structure", _describe_leaf(e), _describe_leaf(a))
         elif not static_equal(e, a):
-            e_text, a_text = (StaticValue(f"the static value {text}") for text in value_texts(e, a))
-            out.add(path, "structure", e_text, a_text)
+            e_text, a_text = value_texts(e, a)
+            marker = StaticReprOnly if _holds_repr(e) or _holds_repr(a) else StaticValue
+            out.add(path, "structure", marker(f"the static value {e_text}"), marker(f"the static value {a_text}"))
         return
     if not (e.shape == a.shape or same_symbolic_shape(e.shape, a.shape)):
         out.add(path, "shape", e.shape, a.shape)
@@ -589,7 +590,7 @@ def _around(expected: str, actual: str, limit: int = _SHORT) -> tuple[str, str]:
 
 def _field(value: Any, text: str) -> FieldValue:
     """A field's value in words, marked when it holds a value loaded from JSON by its repr only."""
-    return ReprOnly(text) if _holds_repr(value) else FieldValue(text)
+    return FieldReprOnly(text) if _holds_repr(value) else FieldValue(text)
 
 
 def _holds_repr(value: Any) -> bool:

@@ -90,12 +90,7 @@ class Mismatch:
             return f"missing; expected {e}."
         if e is None:
             return f"unexpected extra entry {a}."
-        if _print_alike(self):
-            return (
-                f"expected {e}, got one that prints the same but is not equal (a value loaded from JSON is known "
-                "by its repr only)."
-            )
-        if isinstance(e, FieldValue) and e == a:
+        if _print_alike(self) or (isinstance(e, FieldValue) and e == a):
             if isinstance(e, ReprOnly) or isinstance(a, ReprOnly):
                 return (
                     f"expected {e}, got one that prints the same but is not equal (a value loaded from JSON is known "
@@ -140,16 +135,25 @@ class FieldValue(str):
     __slots__ = ()
 
 
-class ReprOnly(FieldValue):
-    """A static field's value loaded from JSON, which knows it by its repr only: it equals no live value."""
-
-    __slots__ = ()
-
-
 class StaticValue(str):
     """A static leaf, in words, as a `Mismatch` holds it (`"the static value jax.nn.gelu"`). Equal to
     the plain string."""
 
+    __slots__ = ()
+
+
+class ReprOnly(str):
+    """Marks a static value (a `FieldValue` or `StaticValue`) that holds one loaded from JSON, which
+    knows it by its repr only: it equals no live value."""
+
+    __slots__ = ()
+
+
+class FieldReprOnly(ReprOnly, FieldValue):
+    __slots__ = ()
+
+
+class StaticReprOnly(ReprOnly, StaticValue):
     __slots__ = ()
 
 
@@ -345,11 +349,13 @@ def fix_for(m: Mismatch) -> str:
         return "Add this entry."
     if m.expected is None:
         return "Remove this entry."
-    if _print_alike(m):
+    if _print_alike(m) and (isinstance(m.expected, ReprOnly) or isinstance(m.actual, ReprOnly)):
         return (
             "JSON brings back str, int, float, bool and None static leaves, and functions and classes of imported "
             "modules, as themselves; compare with `ignore={'static'}` to leave static values out."
         )
+    if _print_alike(m):
+        return "Pass an equal value (static leaves compare by `==`), or compare with `ignore={'static'}`."
     return "Make both trees use the same containers (same node types, keys and lengths)."
 
 

@@ -42,7 +42,7 @@ import re
 import sys
 import types
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 import jax.tree_util as jtu
@@ -105,25 +105,32 @@ def public_name(x: Any) -> tuple[str, str] | None:
     """`(module, qualname)` of a function, class, `jax.custom_jvp`/`custom_vjp` function or
     builtin, as users import it: from the shortest public parent of its module that holds it
     (`("jax.nn", "gelu")` for a function defined in `jax._src.nn.functions`; a function local to
-    `optax.chain` is `("optax", "chain.<locals>.init_fn")`), else its own module; None for
-    anything without a module and qualified name.
+    `optax.chain` is `("optax", "chain.<locals>.init_fn")`), else from another public module of
+    its package (`("jax.nn", "logsumexp")`, defined in `jax._src.ops.special`), else its own
+    module; None for anything without a module and a name.
 
     Only modules already imported are read (a module's namespace, never `getattr`), and
-    candidates are tried in one order, so the name is the same in every process that imported
-    the same modules."""
-    module, qualname = getattr(x, "__module__", None), getattr(x, "__qualname__", None)
+    candidates are tried in a fixed order (shorter names first), so the name is the same in
+    every process that imported the same modules."""
+    module = getattr(x, "__module__", None)
+    qualname = getattr(x, "__qualname__", None)
+    if qualname is None:  # objects that have a `__name__` only (`jnp.add`, a `jnp.ufunc`)
+        qualname = getattr(x, "__name__", None)
     if not (isinstance(module, str) and isinstance(qualname, str)) or not (callable(x) or isinstance(x, type)):
         return None
-    head = qualname.split(".", 1)[0]
     home = _namespace(module)
-    owner = home.get(head, _ABSENT)
-    if owner is _ABSENT and "." not in qualname:  # a lambda bound to a module global
-        owner = next((value for value in list(home.values()) if value is x), _ABSENT)
-        head = next((name for name, value in list(home.items()) if value is x), head)
-        qualname = head
-    if owner is _ABSENT:
-        return module, qualname
-    for candidate in _public_parents(module):
+    if "." in qualname and "<locals>" not in qualname and _attribute_path(home, qualname) is not x:
+        qualname = qualname.rsplit(".", 1)[1]  # a qualified name its module does not lead to (`jax.Array`)
+    if "." in qualname:  # a method, or a function local to another: found by the module-level object
+        head = qualname.split(".", 1)[0]
+        owner = home.get(head, _ABSENT)
+        if owner is _ABSENT:
+            return module, qualname
+    else:  # found by itself: its module may hold a wrapper under its name, or a lambda under another
+        if home.get(qualname, _ABSENT) is not x:
+            qualname = next((name for name, value in list(home.items()) if value is x), qualname)
+        head, owner = qualname, x
+    for candidate in _candidates(module):
         if _namespace(candidate).get(head, _ABSENT) is owner:
             return candidate, qualname
     return module, qualname
@@ -132,18 +139,50 @@ def public_name(x: Any) -> tuple[str, str] | None:
 _ABSENT: Final = object()
 
 
+def _attribute_path(namespace: dict[str, Any], qualname: str) -> Any:
+    """What `qualname` names from a module's namespace (class and instance `__dict__`s only, never
+    `getattr`), or `_ABSENT`."""
+    obj = namespace.get(qualname.split(".", 1)[0], _ABSENT)
+    for part in qualname.split(".")[1:]:
+        attributes: Any = getattr(obj, "__dict__", None)  # a dict, or a class's mappingproxy
+        obj = attributes.get(part, _ABSENT) if isinstance(attributes, Mapping) else _ABSENT
+    return obj
+
+
 def _namespace(module: str) -> dict[str, Any]:
     namespace = getattr(sys.modules.get(module), "__dict__", None)
     return namespace if isinstance(namespace, dict) else {}
 
 
-def _public_parents(module: str) -> list[str]:
-    """The public modules that may re-export what `module` defines, shortest first: the
-    prefixes of its dotted name without its private parts (`jax._src.nn.functions`: `jax`,
-    `jax.nn`, `jax.nn.functions`), then `module` itself."""
-    parts = [part for part in module.split(".") if not (part.startswith("_") and not part.endswith("__"))]
+def _is_public(part: str) -> bool:
+    return not part.startswith("_") or (part.startswith("__") and part.endswith("__"))
+
+
+def _candidates(module: str) -> Iterator[str]:
+    """The modules that may export what `module` defines, in the order they are tried: the
+    prefixes of its dotted name without its private parts, shortest first (`jax._src.nn.functions`:
+    `jax`, `jax.nn`, `jax.nn.functions`), the other public modules of its package that are
+    imported (shallower first, then by name), then `module` itself."""
+    parts = [part for part in module.split(".") if _is_public(part)]
     prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]
-    return [*dict.fromkeys([*prefixes, module])]
+    yield from prefixes  # most objects are found here: the package's modules are listed only if not
+    yield from (name for name in _package_modules(module.split(".", 1)[0]) if name not in prefixes)
+    yield module
+
+
+_PACKAGE_MODULES: dict[str, tuple[int, list[str]]] = {}
+
+
+def _package_modules(package: str) -> list[str]:
+    """The imported public modules of `package` (no private part in their names), shallower
+    first, then by name; listed again only when modules were imported since."""
+    count = len(sys.modules)
+    known = _PACKAGE_MODULES.get(package)
+    if known is None or known[0] != count:
+        names = [name for name in list(sys.modules) if name.startswith(package + ".")]
+        public = [name for name in names if all(map(_is_public, name.split(".")))]
+        known = _PACKAGE_MODULES[package] = (count, sorted(public, key=lambda name: (name.count("."), name)))
+    return known[1]
 
 
 def _dotted(name: tuple[str, str]) -> str:
