@@ -265,3 +265,26 @@ def test_eq_and_diff_agree_on_live_structures_too():
     assert a == a and a.diff(a) == []  # the same object: equal without asking it
     b = ts.structure_of({"v": _Unlike(), "w": jnp.zeros(2)})
     assert a != b and [m.path for m in a.diff(b)] == ["['v']"]
+
+
+DEFAULT_INIT = jax.nn.initializers.lecun_normal()  # a closure, known by this global (as flax.nnx's defaults are)
+
+
+@struct.dataclass
+class Initialized:
+    w: Any
+    init: Any = struct.field(pytree_node=False)
+
+
+def test_a_closure_held_as_a_global_of_the_nodes_module_round_trips_and_another_is_named():
+    tree = Initialized(SDS((2,), F32), DEFAULT_INIT)
+    s = ts.structure_of(tree)
+    [entry] = [e for e in json.loads(s.to_json())["treedef"] if type(e) is dict]
+    assert entry["fields"]["init"] == {"name": "test_static_values:DEFAULT_INIT"}
+    loaded = ts.Structure.from_json(s.to_json())
+    assert loaded == s and loaded.diff(tree) == []
+    other = Initialized(SDS((2,), F32), jax.nn.initializers.lecun_normal())  # made anew: no name finds it
+    s = ts.structure_of(other)
+    loaded = ts.Structure.from_json(s.to_json())
+    assert loaded != s and [m.path for m in loaded.diff(other)] == [".init"]
+    assert loaded.diff(other)[0].expected == "jax.nn.initializers.variance_scaling.<locals>.init"

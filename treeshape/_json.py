@@ -182,7 +182,8 @@ def _encode_node(node_type: type, aux: Any, n: int, path: str) -> str:
         entry = {"type": "namedtuple", "name": _type_name(node_type), "n": n}
     elif (described := _nodes.record(node_type, aux)) is not None:  # framework nodes and dataclasses, by name
         kind, parts = described
-        entry = {"type": kind, "name": _type_name(node_type), "n": n, **_encode_parts(parts, where)}
+        written = _encode_parts(parts, where, node_type.__module__)
+        entry = {"type": kind, "name": _type_name(node_type), "n": n, **written}
     elif isinstance(node_type, type) and dataclasses.is_dataclass(node_type):
         entry = {"type": "dataclass", "name": _type_name(node_type), "n": n, "aux": _plain_data(aux, where)}
     else:
@@ -195,24 +196,25 @@ def _encode_node(node_type: type, aux: Any, n: int, path: str) -> str:
     return _encode(entry)
 
 
-def _encode_parts(parts: dict[str, Any], where: str) -> dict[str, Any]:
-    """A framework node's parts (`_nodes.record`) as JSON: keys as they are, values by `_value`."""
+def _encode_parts(parts: dict[str, Any], where: str, home: str) -> dict[str, Any]:
+    """A framework node's parts (`_nodes.record`) as JSON: keys as they are, values by `_value`
+    (`home`: the node class's module, whose globals may name its default values)."""
     out: dict[str, Any] = {}
     for part, value in parts.items():
         if part == "keys":
             out[part] = _dict_keys(value, where)
         elif part == "static":  # [[name, value], ...]: nnx names may be integers (an nnx.List's items)
-            out[part] = [[name, _value(item)] for name, item in value]
+            out[part] = [[name, _value(item, home)] for name, item in value]
         elif part == "fields":
-            out[part] = {name: _value(item) for name, item in value.items()}
+            out[part] = {name: _value(item, home) for name, item in value.items()}
         elif part == "aux":
             out[part] = _plain_data(value, where)
         else:
-            out[part] = _value(value)
+            out[part] = _value(value, home)
     return out
 
 
-def _value(x: Any) -> Any:
+def _value(x: Any, home: str = "") -> Any:
     """A node-data value as JSON: plain data as itself, tuples, lists and dicts tagged, a dtype by
     name, a function or class by `module:qualname`, anything else by its repr (no memory address)."""
     kind = type(x)
@@ -221,14 +223,14 @@ def _value(x: Any) -> Any:
     if kind is float:
         return x if math.isfinite(x) else {"float": repr(x)}
     if kind is tuple or kind is list:
-        return {kind.__name__: [_value(item) for item in x]}
+        return {kind.__name__: [_value(item, home) for item in x]}
     if kind is dict and all(type(k) in (str, int) for k in x):
-        return {"dict": [[k, _value(v)] for k, v in x.items()]}
+        return {"dict": [[k, _value(v, home)] for k, v in x.items()]}
     if _nodes.is_frozen_dict(kind) and all(type(k) in (str, int) for k in x):
-        return {"frozendict": [[k, _value(v)] for k, v in x.items()]}
+        return {"frozendict": [[k, _value(v, home)] for k, v in x.items()]}
     if isinstance(x, np.dtype) and jax_dtype(x):
         return {"dtype": _dtype_name(x)}
-    name = object_name(x)
+    name = object_name(x) or _global_name(x, home)
     if name is not None:
         return {"name": name}
     if kind is StaticRepr:
@@ -250,6 +252,16 @@ def object_name(x: Any) -> str | None:
     except _Malformed:
         pass
     return None
+
+
+def _global_name(x: Any, home: str) -> str | None:
+    """`"home:name"` for a function that module `home` holds as a global (a class's default, such
+    as flax.nnx.Linear's `default_kernel_init`, a closure with no name of its own), else None."""
+    if not home or not callable(x) or isinstance(x, type):
+        return None
+    namespace = getattr(sys.modules.get(home), "__dict__", {})
+    found = next((name for name, value in list(namespace.items()) if value is x), None)
+    return f"{home}:{found}" if found is not None and _NAME.fullmatch(f"{home}:{found}") else None
 
 
 def _child_keys(node: jtu.PyTreeDef, node_type: type, aux: Any, n: int, leaves: Sequence[Any], first: int) -> list[str]:
