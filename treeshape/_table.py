@@ -96,7 +96,6 @@ def _static_str(leaf: Any) -> str:
 
 
 def _fit(text: str) -> str:
-    text = " ".join(text.split())
     return text if len(text) <= _STATIC_WIDTH else text[: _STATIC_WIDTH - 3] + "..."
 
 
