@@ -293,8 +293,10 @@ class _Walk:
             e_keys, a_keys = list(_mapping_keys(e_type, e_aux)), list(_mapping_keys(a_type, a_aux))
             return self._children(p, e_children, a_children, e_keys, a_keys, jtu.DictKey, False)
         variable = _nodes.kind(e_type) == _nodes.NNX_VARIABLE
-        if (variable and a_type is dict and list(a_aux) == ["value"]) or (
-            e_type is dict and list(e_aux) == ["value"] and _nodes.kind(a_type) == _nodes.NNX_VARIABLE
+        one_child = len(e_children) == len(a_children) == 1
+        if one_child and (
+            (variable and a_type is dict and list(a_aux) == ["value"])
+            or (e_type is dict and list(e_aux) == ["value"] and _nodes.kind(a_type) == _nodes.NNX_VARIABLE)
         ):
             key = ".value" if variable else "['value']"
             return [_Pair(p.path + key, e_children[0], p.e0, a_children[0], p.a0)]

@@ -74,16 +74,19 @@ class StaticRepr:
     """A static leaf loaded from JSON: known only by its type's name and its `repr`.
 
     JSON keeps `str`, `int`, `float`, `bool` and `None` static leaves as
-    themselves; any other static value (an enum, a callable, an object) is
-    stored as its `repr` and loaded back as this marker, whose `repr` is that
-    text. It equals another marker with the same type name and text, and
-    nothing else, so comparing a loaded Structure with a live tree that holds
-    such a value reports a difference: the value itself cannot be rebuilt
-    from its text (and must not be, for untrusted input).
+    themselves, and functions and classes of imported modules by name; any
+    other static value (an enum, a closure, an object) is stored as its text
+    (its `repr` without memory addresses, a function inside it by its import
+    path) and loaded back as this marker, whose `repr` is that text. It
+    equals another marker with the same type name and text, and nothing
+    else, so comparing a loaded Structure with a live tree that holds such a
+    value reports a difference (and the two Structures are unequal): the
+    value itself cannot be rebuilt from its text (and must not be, for
+    untrusted input).
 
     Attributes:
         type_name: The original value's type, as `"module:qualname"`.
-        text: The original value's `repr`.
+        text: The original value's text, as tables and messages print it.
     """
 
     __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
