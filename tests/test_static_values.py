@@ -288,3 +288,24 @@ def test_a_closure_held_as_a_global_of_the_nodes_module_round_trips_and_another_
     loaded = ts.Structure.from_json(s.to_json())
     assert loaded != s and [m.path for m in loaded.diff(other)] == [".init"]
     assert loaded.diff(other)[0].expected == "jax.nn.initializers.variance_scaling.<locals>.init"
+
+
+@struct.dataclass
+class Precise:
+    w: Any
+    precision: Any = struct.field(pytree_node=False)
+
+
+def test_an_enum_in_node_data_is_written_by_name_and_comes_back_as_itself():
+    tree = Precise(SDS((2,), F32), (jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT))
+    s = ts.structure_of(tree)
+    [entry] = [e for e in json.loads(s.to_json())["treedef"] if type(e) is dict]
+    member = {"enum": "jax.lax:Precision", "member": "HIGHEST"}
+    assert entry["fields"]["precision"] == {"tuple": [member, {**member, "member": "DEFAULT"}]}
+    loaded = ts.Structure.from_json(s.to_json())
+    assert loaded == s and loaded.diff(tree) == []
+    [m] = loaded.diff(Precise(SDS((2,), F32), (jax.lax.Precision.HIGH, jax.lax.Precision.DEFAULT)))
+    assert m.path == ".precision" and loaded != ts.structure_of(Precise(SDS((2,), F32), (None, None)))
+    bad = s.to_json().replace('"member": "HIGHEST"', '"member": "__class__"')
+    with pytest.raises(ValueError, match=re.escape("jax.lax:Precision has no member '__class__'")):
+        ts.Structure.from_json(bad)

@@ -43,6 +43,7 @@ treedef and a tuple of leaves.
 
 import collections
 import dataclasses
+import enum
 import json
 import math
 import re
@@ -223,7 +224,7 @@ def _value(x: Any, home: str = "") -> Any:
     kind = type(x)
     if kind in (str, bool, type(None)) or (kind is int and abs(x) < _MAX_INT_VALUE):
         return x
-    if kind is float:
+    if kind is float and not math.isnan(x):  # NaN, equal to no other NaN, is kept by its repr (as below)
         return x if math.isfinite(x) else {"float": repr(x)}
     if kind is tuple or kind is list:
         return {kind.__name__: [_value(item, home) for item in x]}
@@ -233,6 +234,10 @@ def _value(x: Any, home: str = "") -> Any:
         return {"frozendict": [[k, _value(v, home)] for k, v in x.items()]}
     if isinstance(x, np.dtype) and jax_dtype(x):
         return {"dtype": _dtype_name(x)}
+    if isinstance(x, enum.Enum) and kind.__members__.get(x.name) is x:
+        enum_name = object_name(kind)  # `jax.lax.Precision.HIGHEST`: by its class's name and its own
+        if enum_name is not None:
+            return {"enum": enum_name, "member": x.name}
     name = object_name(x) or _global_name(x, home)
     if name is not None:
         return {"name": name}
@@ -742,6 +747,8 @@ def _decode_value(x: Any, where: str) -> Any:
         if not _NAME.fullmatch(type_name):
             _fail(f"{where}.type", f"expected a name 'module:qualname', got {_short_repr(type_name)}")
         return StaticRepr(type_name, _str(x["repr"], f"{where}.repr"))
+    if type(x) is dict and set(x) == {"enum", "member"}:
+        return _enum_member(x["enum"], x["member"], where)
     if type(x) is dict and len(x) == 1:
         [(tag, value)] = x.items()
         if tag in ("tuple", "list"):
@@ -753,13 +760,25 @@ def _decode_value(x: Any, where: str) -> Any:
             if len({(type(k), k) for k, _ in pairs}) != len(pairs):
                 _fail(at, "dict keys must be unique")
             return dict(pairs) if tag == "dict" else _frozen_dict(pairs, at)
-        if tag == "float" and value in ("nan", "inf", "-inf"):
+        if tag == "float" and value in ("inf", "-inf"):
             return float(value)
         if tag == "dtype":
             return _dtype(value, f"{where}.dtype")
         if tag == "name":
             return _named(value, f"{where}.name")
     return _fail(where, f"expected a value as to_json writes node data, got {_short_repr(x)}")
+
+
+def _enum_member(name: Any, member: Any, where: str) -> Any:
+    """The member `member` of the enum class `name`, from a module already imported (read from
+    the class's members: no code runs)."""
+    cls = _lookup(name, f"{where}.enum")
+    if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
+        _fail(f"{where}.enum", f"{name} is not an enum class")
+    found = cls.__members__.get(_str(member, f"{where}.member"))
+    if found is None:
+        _fail(f"{where}.member", f"{name} has no member {_short_repr(member)}")
+    return found
 
 
 def _frozen_dict(pairs: list[tuple[Any, Any]], where: str) -> Any:
