@@ -174,11 +174,6 @@ BAD_INPUTS = {
         1,
         "calling cli_fixtures:quits_quietly failed: SystemExit with code None",
     ),
-    "repr_raises_in_output": (
-        ["inspect", "cli_fixtures:bad_repr", "f32[3]"],
-        1,
-        "showing the output of cli_fixtures:bad_repr failed: RuntimeError: repr is broken",
-    ),
     "str_raises_in_error": (
         ["inspect", "cli_fixtures:bad_str_error", "f32[3]"],
         1,
@@ -375,6 +370,14 @@ def test_main_table_escapes_control_characters(capsys):
         "-------  -----  -----  ---------------------------------------------------------  -----\n"
         "total: 2 leaves, 2 elements                                                         8 B\n"
     )
+
+
+def test_main_table_shows_a_static_value_whose_repr_raises_by_its_type(capsys):
+    assert main(["inspect", "cli_fixtures:bad_repr", "f32[3]"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "['obj']                static BadRepr <BadRepr object (its repr raised)>" in out
+    assert main(["inspect", "--json", "cli_fixtures:bad_repr", "f32[3]"]) == 0
+    assert '"static": "<BadRepr object (its repr raised)>"' in capsys.readouterr().out
 
 
 def test_main_unexpected_error_is_one_line(capsys, monkeypatch):

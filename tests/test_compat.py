@@ -286,6 +286,22 @@ def test_broken_constraints_are_decided_only_for_bound_names():
     assert _compat.broken_constraints(b.scope, {"b": 4, "s": 6}) == []
 
 
+def test_always_negative_decides_only_what_every_allowed_size_gives():
+    scope = _compat.make_scope(["b <= 3"])
+    assert _compat.always_negative(_compat.parse_dim("b - 5", scope))
+    assert not _compat.always_negative(_compat.parse_dim("b - 3", scope))  # 0 at b = 3
+    free = _compat.make_scope()
+    assert _compat.always_negative(_compat.parse_dim("-b", free))
+    assert not _compat.always_negative(_compat.parse_dim("b - 5", free))  # undecided: JAX's error is caught
+
+
+def test_unsatisfiable_constraint_is_the_first_that_contradicts_the_ones_before_it():
+    assert _compat.unsatisfiable_constraint(["b >= 10", "c >= 2", "b <= 5"]) == "b <= 5"
+    assert _compat.unsatisfiable_constraint(["b + c <= 1"]) == "b + c <= 1"  # each variable is >= 1
+    assert _compat.unsatisfiable_constraint(["b >= 4", "mod(b, 2) == 0", "b <= 5"]) is None  # b = 4
+    assert _compat.unsatisfiable_constraint([]) is None
+
+
 def test_linear_in_reads_k_times_a_name_plus_a_constant():
     b, s = jax.export.symbolic_shape("b, s")
     assert _compat.linear_in(b, "b") == (1, 0)

@@ -63,16 +63,16 @@ def test_typed_keys_and_static_leaves():
         "tup": (1.0, None),
     }
     assert ts.describe(tree) == (
-        "path        shape  dtype     extra                 bytes\n"
-        "----------  -----  --------  --------------------  -----\n"
-        "['act']                      static function relu\n"
-        "['key']     []     key<fry>                          8 B\n"
-        "['keys']    [4]    key<fry>                         32 B\n"
+        "path        shape  dtype     extra                              bytes\n"
+        "----------  -----  --------  ---------------------------------  -----\n"
+        "['act']                      static function test_display.relu\n"
+        "['key']     []     key<fry>                                       8 B\n"
+        "['keys']    [4]    key<fry>                                      32 B\n"
         "['name']                     static str 'mlp'\n"
         "['obj']                      static Opaque\n"
-        f"['tup'][0]  []     {WF}                              {SB} B\n"
-        "----------  -----  --------  --------------------  -----\n"
-        f"total: 6 leaves, 6 elements                         {40 + SB} B"
+        f"['tup'][0]  []     {WF}                                           {SB} B\n"
+        "----------  -----  --------  ---------------------------------  -----\n"
+        f"total: 6 leaves, 6 elements                                      {40 + SB} B"
     )
 
 

@@ -144,7 +144,7 @@ def test_the_structures_guides_framework_models_run_and_print_what_they_show(cap
     page = (ROOT / "docs" / "guide" / "structures.md").read_text()
     section = page.split("\n## Framework models", 1)[1].split("\n## ", 1)[0]
     pairs = _PRINTS.findall(section)
-    assert len(pairs) == 5
+    assert len(pairs) == 6
     namespace: dict = {}
     with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
         for code, shown in pairs:

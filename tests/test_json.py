@@ -234,7 +234,8 @@ def test_a_static_leaf_known_by_its_repr_only_is_told_as_such_when_it_differs():
         loaded.check(tree)
     assert str(info.value).endswith(
         "(a value loaded from JSON is known by its repr only). JSON brings back str, int, float, bool and None "
-        "static leaves, and functions and classes of imported modules, as themselves."
+        "static leaves, and functions and classes of imported modules, as themselves; compare with "
+        "`ignore={'static'}` to leave static values out."
     )
     # Values that print differently are told as before.
     [m] = loaded.diff({"mode": Mode.EVAL, "x": jnp.zeros(2)})
@@ -430,18 +431,21 @@ def test_node_data_is_written_by_field_name_functions_by_name_other_values_by_th
     tree = {"a": WithFunction(jnp.zeros(2), closure=make_closure())}
     text = ts.structure_of(tree).to_json()
     [entry] = [e for e in json.loads(text)["treedef"] if type(e) is dict and e["type"] == "dataclass"]
+    closure = (
+        "test_json.test_node_data_is_written_by_field_name_functions_by_name_other_values_by_their_repr.<locals>."
+        "make_closure.<locals>.<lambda>"
+    )
     assert entry["fields"] == {
         "fn": {"name": "jax.numpy:tanh"},
-        "closure": {
-            "repr": "<function test_node_data_is_written_by_field_name_functions_by_name_other_values_by_"
-            "their_repr.<locals>.make_closure.<locals>.<lambda>>",
-            "type": "builtins:function",
-        },
-    }  # the closure's repr has no memory address: the same text in every process
+        "closure": {"repr": closure, "type": "builtins:function"},
+    }  # the closure by its module and qualified name, no memory address: the same text in every process
     loaded = ts.Structure.from_json(text)
-    assert loaded.treedef.node_data() is not None and loaded.diff(tree) == []  # known by its repr, equal by it
+    # Known by its text only, the closure equals no live function: `==` and `diff` both say so.
+    assert loaded != ts.structure_of(tree)
+    assert loaded.diff(tree) == [ts.Mismatch("['a'].closure", "structure", closure, closure)]
+    assert loaded.diff(tree, ignore={"static"}) == []
     other = {"a": WithFunction(jnp.zeros(2), fn=jnp.sin, closure=make_closure())}
-    assert loaded.diff(other) == [ts.Mismatch("['a'].fn", "structure", "tanh", "sin")]
+    assert loaded.diff(other)[0] == ts.Mismatch("['a'].fn", "structure", "jax.numpy.tanh", "jax.numpy.sin")
 
 
 def test_unsupported_trees_fail_to_encode_with_the_path():
@@ -783,3 +787,49 @@ def test_random_json_is_a_value_error_or_a_structure(value):
     _loads_or_value_error(json.dumps(value))
     _loads_or_value_error(json.dumps({"version": 1, "treedef": value, "leaves": value}))
     _loads_or_value_error(json.dumps({"version": 1, "treedef": ["*"], "leaves": [value]}))
+
+
+# -- shapes that cannot exist ------------------------------------------------------------
+def _symbolic_doc(shape, constraints=None):
+    doc = {"version": 1, "treedef": [{"type": "dict", "keys": ["x"]}, "*"]}
+    doc["leaves"] = [{"path": "['x']", "shape": shape, "dtype": "float32", "weak_type": False}]
+    if constraints is not None:
+        doc["constraints"] = constraints
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    ("shape", "constraints", "message"),
+    [
+        (["-b", 3], None, "leaves[0].shape[0]: the dimension '-b' is below 0 for every size (dimension variables"),
+        (
+            [2, "b - 5"],
+            ["b <= 3"],
+            "leaves[0].shape[1]: the dimension 'b - 5' is below 0 for every size the constraints allow (b <= 3;",
+        ),
+        (["b"], ["b >= 10", "b <= 5"], "constraints: no size satisfies 'b <= 5' together with 'b >= 10'"),
+        (["b", "c"], ["b + c <= 1"], "constraints: no size satisfies 'b + c <= 1' (dimension variables are >= 1)"),
+        (["b"], ["b == 3", "b >= 5"], "constraints: not valid constraints of a symbolic scope"),
+    ],
+    ids=["negative", "negative_under_constraints", "contradiction", "below_the_least_sizes", "found_by_jax"],
+)
+def test_from_json_refuses_shapes_and_constraints_that_cannot_exist(shape, constraints, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        ts.Structure.from_json(_symbolic_doc(shape, constraints))
+    assert str(info.value).startswith("treeshape.Structure.from_json: ")
+
+
+@pytest.mark.parametrize(
+    ("shape", "constraints", "sizes"),
+    [
+        (["1 - b"], None, {"b": 1}),  # 0 for b = 1: an empty array
+        (["b - 5"], None, {"b": 7}),  # negative for small sizes only
+        (["b - 5"], ["b >= 5"], {"b": 5}),
+        (["b", "c"], ["b + c <= 4"], {"b": 2, "c": 2}),
+    ],
+)
+def test_from_json_keeps_shapes_that_some_sizes_allow(shape, constraints, sizes):
+    s = ts.Structure.from_json(_symbolic_doc(shape, constraints))
+    bound = s.bind(**sizes)
+    assert all(d >= 0 for d in bound.leaves[0].shape)
+    assert ts.Structure.from_json(s.to_json()) == s

@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import treeshape as ts
@@ -93,3 +94,53 @@ def test_checkpoint_metadata_itself_points_to_its_tree(checkpoint):
     zeros = s.zeros()
     assert s.matches(zeros) and zeros["params"]["w"].dtype == jnp.bfloat16
     assert "_TreeMetadataImpl" not in str(info.value)
+
+
+# -- a flax.nnx State: orbax writes each Variable as a dict {'value': ...} -----------------------
+class Classifier(nnx.Module):
+    def __init__(self, width: int, rngs: nnx.Rngs, norm: bool = True):
+        self.hidden = nnx.Linear(4, width, rngs=rngs)
+        self.norm = nnx.BatchNorm(width, rngs=rngs) if norm else None
+        self.out = nnx.Linear(width, 2, rngs=rngs)
+
+
+@pytest.fixture
+def nnx_checkpoint(tmp_path):
+    model = Classifier(8, nnx.Rngs(0))
+    checkpointer = ocp.StandardCheckpointer()
+    path = tmp_path / "nnx" / "1"
+    checkpointer.save(path, nnx.state(model))
+    checkpointer.wait_until_finished()
+    return checkpointer, path, model
+
+
+def test_nnx_state_metadata_diffs_leaf_by_leaf_against_the_models_state(nnx_checkpoint):
+    checkpointer, path, model = nnx_checkpoint
+    metadata = checkpointer.metadata(path).item_metadata.tree
+    assert type(metadata["hidden"]["kernel"]) is dict and set(metadata["hidden"]["kernel"]) == {"value"}
+    state = ts.structure_of(nnx.state(nnx.eval_shape(lambda: Classifier(8, nnx.Rngs(0)))))
+    saved = ts.structure_of(metadata)
+    assert state.diff(metadata) == [] and saved.diff(nnx.state(model)) == [] and state.matches(saved)
+    assert len(state) == len(saved) == 8
+    # A model of another width: the leaves that differ, by path, from either side.
+    wider = ts.structure_of(nnx.state(nnx.eval_shape(lambda: Classifier(16, nnx.Rngs(0)))))
+    found = [(m.path, m.kind, m.expected, m.actual) for m in wider.diff(metadata)]
+    assert found == [
+        ("['hidden']['bias'].value", "shape", (16,), (8,)),
+        ("['hidden']['kernel'].value", "shape", (4, 16), (4, 8)),
+        *[(f"['norm'][{name!r}].value", "shape", (16,), (8,)) for name in ("bias", "mean", "scale", "var")],
+        ("['out']['kernel'].value", "shape", (16, 2), (8, 2)),
+    ]
+    assert [m.path for m in saved.diff(wider)] == [p.replace(".value", "['value']") for p, *_ in found]
+    # A missing layer is named by its key, as for any dict.
+    [missing] = saved.diff(nnx.state(nnx.eval_shape(lambda: Classifier(8, nnx.Rngs(0), norm=False))))
+    assert (missing.path, missing.actual) == ("['norm']", None)
+
+
+def test_nnx_state_round_trip_through_a_checkpoint(nnx_checkpoint):
+    checkpointer, path, model = nnx_checkpoint
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Classifier(8, nnx.Rngs(1))))
+    ts.structure_of(abstract).check(checkpointer.metadata(path).item_metadata.tree)  # before loading anything
+    restored = nnx.merge(graphdef, checkpointer.restore(path, target=abstract))
+    ts.structure_of(nnx.state(model)).check(nnx.state(restored))
+    np.testing.assert_array_equal(np.asarray(restored.hidden.kernel[...]), np.asarray(model.hidden.kernel[...]))

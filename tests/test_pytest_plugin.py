@@ -79,6 +79,45 @@ def test_assert_equal_structures_shows_the_diff_by_path(pytester):
     result.stdout.fnmatch_lines(["E         At index 1 diff: 2 != 3"])
 
 
+def test_assert_equal_on_a_structure_loaded_from_json_names_the_fields_that_make_it_unequal(pytester):
+    pytester.makepyfile(
+        """
+        import jax.numpy as jnp
+        import optax
+        import treeshape as ts
+        from flax.training import train_state
+
+        def test_loaded():
+            state = train_state.TrainState.create(apply_fn=len, params={"w": jnp.zeros(3)}, tx=optax.sgd(0.1))
+            live = ts.structure_of(state)
+            assert ts.Structure.from_json(live.to_json()) == live
+
+        def test_checkpointed():
+            import jax
+            from flax import nnx
+
+            state = nnx.state(nnx.eval_shape(lambda: nnx.Linear(2, 3, rngs=nnx.Rngs(0))))
+            sds = jax.ShapeDtypeStruct
+            saved = {"bias": {"value": sds((3,), "float32")}, "kernel": {"value": sds((2, 3), "float32")}}
+            assert ts.structure_of(state).matches(saved)
+            assert ts.structure_of(state) == ts.structure_of(saved)
+        """
+    )
+    result = _run(pytester)
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "E         1 difference (left is expected, right is actual):",
+            "E           tree.tx: expected GradientTransformationExtraArgs(init=optax.chain.<locals>.init_fn, "
+            "update=optax.chain.<locals>.update_fn), got one that prints the same but is not equal (a value loaded "
+            "from JSON is known by its repr only).",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        ["E         The structures differ only where Structure.diff reads one node as another*"]
+    )
+
+
 def test_snapshots_missing_written_matching_and_changed(pytester):
     test_file = pytester.makepyfile(
         test_model="""

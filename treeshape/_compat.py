@@ -16,7 +16,7 @@ that has it.
 
 import functools as ft
 import weakref
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import jax
@@ -568,6 +568,37 @@ def make_scope(constraints: Iterable[str] = ()) -> Any:
         return jax.export.SymbolicScope(tuple(constraints))
     except NotImplementedError as err:  # e.g. two equality constraints with the same left side
         raise ValueError(str(err)) from None
+
+
+def unsatisfiable_constraint(constraints: Sequence[str]) -> str | None:
+    """The first of `constraints` (as written) that no sizes satisfy together with the ones
+    before it, else None. JAX finds such a contradiction only when it first decides a
+    comparison of a dimension variable in the scope (its `ValueError`, "Unsatisfiable
+    constraint"), so each constraint's variables are compared once, in scopes made of the
+    constraints up to it.
+
+    Raises:
+        ValueError: a constraint JAX cannot parse or that can never hold (`make_scope`).
+    """
+    for i, written in enumerate(constraints):
+        scope = make_scope(constraints[: i + 1])
+        constraint = scope._explicit_constraints[-1]
+        for name in sorted(dim_names(constraint.diff) if is_symbolic(constraint.diff) else ()):
+            try:
+                bool(parse_dim(name, scope) >= 0)
+            except ValueError:  # "Unsatisfiable constraint: ..."
+                return written
+    return None
+
+
+def always_negative(d: Any) -> bool:
+    """Whether the symbolic dimension `d` is below 0 for every size its scope's constraints allow.
+    (JAX's error for an undecided comparison is not in `jax.errors` on jax 0.8.0; its class in
+    `shape_poly` is the one raised on every release.)"""
+    try:
+        return bool(d < 0)
+    except _shape_poly.InconclusiveDimensionOperation:  # below 0 for some sizes only
+        return False
 
 
 def parse_dim(text: str, scope: Any) -> Any:

@@ -21,7 +21,7 @@ import jax
 import jax.tree_util as jtu
 
 from . import _compat, _nodes
-from ._errors import FieldValue, Mismatch
+from ._errors import FieldReprOnly, FieldValue, Mismatch, StaticReprOnly, StaticValue
 from ._json import StaticRepr
 from ._leaf import leaf_str, node_type_name, same_symbolic_shape, same_type, static_value, varying_axes
 
@@ -91,8 +91,12 @@ def _diff_leaf(path: str, e: Any, a: Any, out: _Found, index: int) -> None:
     e_array = isinstance(e, jax.ShapeDtypeStruct)
     a_array = isinstance(a, jax.ShapeDtypeStruct)
     if not (e_array and a_array):
-        if e_array != a_array or not static_equal(e, a):
+        if e_array != a_array:
             out.add(path, "structure", _describe_leaf(e), _describe_leaf(a))
+        elif not static_equal(e, a):
+            e_text, a_text = value_texts(e, a)
+            marker = StaticReprOnly if _holds_repr(e) or _holds_repr(a) else StaticValue
+            out.add(path, "structure", marker(f"the static value {e_text}"), marker(f"the static value {a_text}"))
         return
     if not (e.shape == a.shape or same_symbolic_shape(e.shape, a.shape)):
         out.add(path, "shape", e.shape, a.shape)
@@ -256,6 +260,10 @@ class _Walk:
             e_data, a_data = e_td.node_data(), a_td.node_data()
             if e_data is not None and a_data is not None and e_data[0] is a_data[0] and e_data[0] not in _CONTAINERS:
                 return self._node_data(p, e_data[0], e_data[1], a_data[1])
+        if e_node is not None and a_node is not None and e_node[0] is not a_node[0]:
+            stood = self._as_checkpointed(p, e_node, a_node)
+            if stood is not None:
+                return stood
         if e_node is None or a_node is None or e_node[0] is not a_node[0]:
             return [_Add(p.path, self._describe(e_td, self.e_leaves, p.e0), self._describe(a_td, self.a_leaves, p.a0))]
         node_type = e_node[0]
@@ -274,6 +282,25 @@ class _Walk:
             # own internal children are not named).
             return self._node_data(p, node_type, e_node[1], a_node[1])
         return self._by_position(p)
+
+    def _as_checkpointed(self, p: _Pair, e_node: tuple[type, Any], a_node: tuple[type, Any]) -> list[_Task] | None:
+        """A flax.nnx `State` against a checkpoint's metadata of one, in which orbax writes the
+        State as a dict and each Variable as a dict `{'value': ...}`: each such dict read as the
+        node it stands for (children matched by key, the Variable's value to the dict's), else None."""
+        (e_type, e_aux), (a_type, a_aux) = e_node, a_node
+        e_children, a_children = p.e_td.children(), p.a_td.children()
+        if (e_type is dict and _nodes.is_nnx_state(a_type)) or (a_type is dict and _nodes.is_nnx_state(e_type)):
+            e_keys, a_keys = list(_mapping_keys(e_type, e_aux)), list(_mapping_keys(a_type, a_aux))
+            return self._children(p, e_children, a_children, e_keys, a_keys, jtu.DictKey, False)
+        variable = _nodes.kind(e_type) == _nodes.NNX_VARIABLE
+        one_child = len(e_children) == len(a_children) == 1
+        if one_child and (
+            (variable and a_type is dict and list(a_aux) == ["value"])
+            or (e_type is dict and list(e_aux) == ["value"] and _nodes.kind(a_type) == _nodes.NNX_VARIABLE)
+        ):
+            key = ".value" if variable else "['value']"
+            return [_Pair(p.path + key, e_children[0], p.e0, a_children[0], p.a0)]
+        return None
 
     def _by_position(self, p: _Pair) -> list[_Task]:
         """Children of two nodes of one type and arity, lined up by position (keyed as `p.e_td`'s)."""
@@ -308,7 +335,7 @@ class _Walk:
                 e_value, a_value = e_split.fields[key], a_split.fields[key]
                 if not field_equal(e_value, a_value):
                     e_text, a_text = value_texts(e_value, a_value)
-                    out.append(_Add(p.path + jtu.keystr((key,)), FieldValue(e_text), FieldValue(a_text)))
+                    out.append(_Add(p.path + jtu.keystr((key,)), _field(e_value, e_text), _field(a_value, a_text)))
                 continue
             out.append(_Add(p.path + jtu.keystr((key,)), self._told(e, key), self._told(a, key)))
         hidden = [
@@ -335,7 +362,8 @@ class _Walk:
             children = self._by_keys(p, e, a, e_keys, a_keys, e_split.ordered and a_split.ordered)
         if hidden and not out and not keys_differ:
             e_text, a_text = _around(_values_text([x for x, _ in hidden]), _values_text([x for _, x in hidden]))
-            out.append(_Add(p.path, f"{name} with internal data {e_text}", f"{name} with internal data {a_text}"))
+            e_data, a_data = f"{name} with internal data {e_text}", f"{name} with internal data {a_text}"
+            out.append(_Add(p.path, FieldValue(e_data), FieldValue(a_data)))
         return out + children
 
     def _told(self, side: "_Side", key: Any) -> Any:
@@ -474,7 +502,7 @@ def describe(td: jtu.PyTreeDef, leaves: Sequence[Any], start: int) -> str:
 def _describe_leaf(leaf: Any) -> str:
     if isinstance(leaf, jax.ShapeDtypeStruct):
         return leaf_str(leaf)
-    return f"the static value {leaf_str(leaf)}"
+    return f"the static value {value_text(leaf)}"
 
 
 def _describe_node(treedef: jtu.PyTreeDef, leaf: Any) -> str:
@@ -506,33 +534,29 @@ _SHORT: Final = 60
 
 
 def value_text(value: Any, limit: int = _SHORT) -> str:
-    """A node-data value in a message: a function or class by its name, equinox's marker of
-    an empty slot as "nothing", anything else by its repr (without memory addresses), cut to
-    `limit` characters."""
+    """A static value in a message (a static leaf, a node-data field): as `_nodes.static_text`
+    tells it (a function by its public import path, `jax.nn.relu`), equinox's marker of an
+    empty slot as "nothing", cut to `limit` characters."""
     if _nodes.is_sentinel(value):
         return "nothing"
     if isinstance(value, StaticRepr):
         return _cut(value.text, limit)
-    name = getattr(value, "__qualname__", None)
-    if isinstance(name, str) and (callable(value) or isinstance(value, type)):
-        return name
-    return _cut(_nodes.plain_repr(value), limit)
+    return _cut(_nodes.static_text(value), limit)
 
 
 def value_texts(e: Any, a: Any) -> tuple[str, str]:
-    """Two node-data values that differ, in words, cut around where they differ."""
+    """Two static values that differ, in words, cut around where they differ."""
     return _around(value_text(e, 1000), value_text(a, 1000))
 
 
 def field_equal(e: Any, a: Any) -> bool:
-    """Two node-data values are equal: as static leaves are, or, for one loaded from JSON by its
-    repr, by its type and that repr; mappings and tuples item by item."""
+    """Two node-data values are equal as the treedefs that hold them compare them (`==`, as
+    static leaves are compared): a value loaded from JSON by its repr equals no live value, so
+    `diff` finds a difference exactly where `==` does; mappings and tuples item by item."""
     if static_equal(e, a):
         return True
-    if isinstance(e, StaticRepr) != isinstance(a, StaticRepr):
-        marker, live = (e, a) if isinstance(e, StaticRepr) else (a, e)
-        cls = type(live)
-        return marker.type_name == f"{cls.__module__}:{cls.__qualname__}" and marker.text == _nodes.plain_repr(live)
+    if isinstance(e, StaticRepr) or isinstance(a, StaticRepr):
+        return False
     if isinstance(e, Mapping) and isinstance(a, Mapping):
         try:
             return e.keys() == a.keys() and all(field_equal(e[k], a[k]) for k in e)
@@ -543,10 +567,16 @@ def field_equal(e: Any, a: Any) -> bool:
     return False
 
 
+_ALIKE: Final = 200  # two values that print alike are shown whole up to this length (a line stays under 300)
+
+
 def _around(expected: str, actual: str, limit: int = _SHORT) -> tuple[str, str]:
     """Two texts that differ, each cut to about `limit` characters around the first place where
-    they differ (never a cut-off start that is the same on both sides)."""
-    if (len(expected) <= limit and len(actual) <= limit) or expected == actual:
+    they differ (never a cut-off start that is the same on both sides); texts that are the same
+    (two values that print alike) whole, up to a longer limit."""
+    if expected == actual:
+        return _cut(expected, _ALIKE), _cut(actual, _ALIKE)
+    if len(expected) <= limit and len(actual) <= limit:
         return _cut(expected, limit), _cut(actual, limit)
     first = next((i for i, (x, y) in enumerate(zip(expected, actual, strict=False)) if x != y), None)
     if first is None:
@@ -558,6 +588,21 @@ def _around(expected: str, actual: str, limit: int = _SHORT) -> tuple[str, str]:
         return ("..." if start else "") + part + ("..." if start + limit < len(text) else "")
 
     return cut(expected), cut(actual)
+
+
+def _field(value: Any, text: str) -> FieldValue:
+    """A field's value in words, marked when it holds a value loaded from JSON by its repr only."""
+    return FieldReprOnly(text) if _holds_repr(value) else FieldValue(text)
+
+
+def _holds_repr(value: Any) -> bool:
+    if isinstance(value, StaticRepr):
+        return True
+    if type(value) in (tuple, list):
+        return any(map(_holds_repr, value))
+    if type(value) is dict:
+        return any(map(_holds_repr, value.values()))
+    return False
 
 
 def _values_text(values: list[Any]) -> str:
@@ -576,7 +621,7 @@ def _node_text(td: jtu.PyTreeDef | None) -> _NodeText:
     if td is None:
         return _NodeText("nothing")
     data = td.node_data()
-    return _NodeText("a leaf" if data is None else _cut(_nodes.plain_repr(data[1])))
+    return _NodeText("a leaf" if data is None else _cut(_nodes.static_text(data[1])))
 
 
 def _fields(data: Any) -> dict[str, Any] | None:

@@ -101,12 +101,12 @@ class Mismatch:
             return f"missing; expected {e}."
         if e is None:
             return f"unexpected extra entry {a}."
-        if _print_alike(self):
-            return (
-                f"expected {e}, got one that prints the same but is not equal (a value loaded from JSON is known "
-                "by its repr only)."
-            )
-        if isinstance(e, FieldValue) and e == a:
+        if _print_alike(self) or (isinstance(e, FieldValue) and e == a):
+            if isinstance(e, ReprOnly) or isinstance(a, ReprOnly):
+                return (
+                    f"expected {e}, got one that prints the same but is not equal (a value loaded from JSON is known "
+                    "by its repr only)."
+                )
             return f"expected {e}, got another value that prints the same (the two are not equal)."
         return f"expected {e}, got {a}."
 
@@ -139,11 +139,40 @@ def _constraints(shape: Any) -> str:
 
 
 class FieldValue(str):
-    """A static field's value, in words, as a `Mismatch` holds it (`"8"`, `"'sgd'"`, `"relu"`):
+    """A static field's value, in words, as a `Mismatch` holds it (`"8"`, `"'sgd'"`, `"jax.nn.relu"`):
     the mismatch is about node data (a framework's static field), not about a leaf or a container.
     Equal to the plain string."""
 
     __slots__ = ()
+
+
+class StaticValue(str):
+    """A static leaf, in words, as a `Mismatch` holds it (`"the static value jax.nn.gelu"`). Equal to
+    the plain string."""
+
+    __slots__ = ()
+
+
+class ReprOnly(str):
+    """Marks a static value (a `FieldValue` or `StaticValue`) that holds one loaded from JSON, which
+    knows it by its repr only: it equals no live value."""
+
+    __slots__ = ()
+
+
+class FieldReprOnly(ReprOnly, FieldValue):
+    __slots__ = ()
+
+
+class StaticReprOnly(ReprOnly, StaticValue):
+    __slots__ = ()
+
+
+def is_static(m: Mismatch) -> bool:
+    """Whether `m` is only about static values (a static leaf, a static field or a framework's
+    internal node data, on both sides), which `ignore={"static"}` leaves out."""
+    static = (FieldValue, StaticValue)
+    return m.kind == "structure" and isinstance(m.expected, static) and isinstance(m.actual, static)
 
 
 def _print_alike(m: Mismatch) -> bool:
@@ -323,16 +352,21 @@ def fix_for(m: Mismatch) -> str:
     if m.kind == "sharding":
         return f"Reshard it with `jax.sharding.reshard(x, {_spec(m.expected)})`."
     if isinstance(m.expected, FieldValue) or isinstance(m.actual, FieldValue):
-        return "A static field is part of the tree structure (node data, not a leaf): build both with the same value."
+        return (
+            "A static field is part of the tree structure (node data, not a leaf): build both with the same value, "
+            "or compare with `ignore={'static'}`."
+        )
     if m.actual is None:
         return "Add this entry."
     if m.expected is None:
         return "Remove this entry."
-    if _print_alike(m):
+    if _print_alike(m) and (isinstance(m.expected, ReprOnly) or isinstance(m.actual, ReprOnly)):
         return (
             "JSON brings back str, int, float, bool and None static leaves, and functions and classes of imported "
-            "modules, as themselves."
+            "modules, as themselves; compare with `ignore={'static'}` to leave static values out."
         )
+    if _print_alike(m):
+        return "Pass an equal value (static leaves compare by `==`), or compare with `ignore={'static'}`."
     return "Make both trees use the same containers (same node types, keys and lengths)."
 
 

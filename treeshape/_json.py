@@ -19,8 +19,12 @@ is `list`/`tuple` (with `n` children), `dict`/`OrderedDict`/`defaultdict`
 (with its `keys`, and a defaultdict's `factory`), `namedtuple` (with `name`,
 `"module:qualname"`, and `n`) or `dataclass` (a dataclass registered as a
 pytree node: `jax.tree_util.register_dataclass`, chex or flax.struct; with
-`name`, `n` and its node data `aux`, which must be plain data). Other custom
-pytree nodes are refused: their node data cannot be checked when loading.
+`name`, `n` and its node data `aux`, which must be plain data). flax.nnx
+modules, variables and states, equinox modules and `eqx.nn.State`, and
+registered dataclasses are written with their node data by name (`_nodes.record`):
+plain data (also a flax `FrozenDict`) as JSON values, functions and classes by
+`"module:qualname"`, anything else by its text (`_nodes.static_text`). Other
+custom pytree nodes are refused: their node data cannot be checked when loading.
 
 `leaves` holds one record per leaf, in leaf order: an array leaf's `path`,
 `shape`, `dtype` and `weak_type`, plus `sharding` (a `NamedSharding`'s spec
@@ -39,6 +43,7 @@ treedef and a tuple of leaves.
 
 import collections
 import dataclasses
+import enum
 import json
 import math
 import re
@@ -70,16 +75,19 @@ class StaticRepr:
     """A static leaf loaded from JSON: known only by its type's name and its `repr`.
 
     JSON keeps `str`, `int`, `float`, `bool` and `None` static leaves as
-    themselves; any other static value (an enum, a callable, an object) is
-    stored as its `repr` and loaded back as this marker, whose `repr` is that
-    text. It equals another marker with the same type name and text, and
-    nothing else, so comparing a loaded Structure with a live tree that holds
-    such a value reports a difference: the value itself cannot be rebuilt
-    from its text (and must not be, for untrusted input).
+    themselves, and functions and classes of imported modules by name; any
+    other static value (an enum, a closure, an object) is stored as its text
+    (its `repr` without memory addresses, a function inside it by its import
+    path) and loaded back as this marker, whose `repr` is that text. It
+    equals another marker with the same type name and text, and nothing
+    else, so comparing a loaded Structure with a live tree that holds such a
+    value reports a difference (and the two Structures are unequal): the
+    value itself cannot be rebuilt from its text (and must not be, for
+    untrusted input).
 
     Attributes:
         type_name: The original value's type, as `"module:qualname"`.
-        text: The original value's `repr`.
+        text: The original value's text, as tables and messages print it.
     """
 
     __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
@@ -178,7 +186,8 @@ def _encode_node(node_type: type, aux: Any, n: int, path: str) -> str:
         entry = {"type": "namedtuple", "name": _type_name(node_type), "n": n}
     elif (described := _nodes.record(node_type, aux)) is not None:  # framework nodes and dataclasses, by name
         kind, parts = described
-        entry = {"type": kind, "name": _type_name(node_type), "n": n, **_encode_parts(parts, where)}
+        written = _encode_parts(parts, where, node_type.__module__)
+        entry = {"type": kind, "name": _type_name(node_type), "n": n, **written}
     elif isinstance(node_type, type) and dataclasses.is_dataclass(node_type):
         entry = {"type": "dataclass", "name": _type_name(node_type), "n": n, "aux": _plain_data(aux, where)}
     else:
@@ -186,67 +195,81 @@ def _encode_node(node_type: type, aux: Any, n: int, path: str) -> str:
             f"treeshape.Structure.to_json: the pytree node at {where} is a {node_type.__qualname__}, which JSON "
             "cannot describe: only dicts (also OrderedDict and defaultdict), lists, tuples, None, namedtuples, "
             "dataclasses registered as pytree nodes (flax.struct too), flax.nnx modules, variables and states, "
-            "and equinox modules are supported. Pickle the Structure instead (trusted data only)."
+            "and equinox modules and states are supported. Pickle the Structure instead (trusted data only)."
         )
     return _encode(entry)
 
 
-def _encode_parts(parts: dict[str, Any], where: str) -> dict[str, Any]:
-    """A framework node's parts (`_nodes.record`) as JSON: keys as they are, values by `_value`."""
+def _encode_parts(parts: dict[str, Any], where: str, home: str) -> dict[str, Any]:
+    """A framework node's parts (`_nodes.record`) as JSON: keys as they are, values by `_value`
+    (`home`: the node class's module, whose globals may name its default values)."""
     out: dict[str, Any] = {}
     for part, value in parts.items():
         if part == "keys":
             out[part] = _dict_keys(value, where)
         elif part == "static":  # [[name, value], ...]: nnx names may be integers (an nnx.List's items)
-            out[part] = [[name, _value(item)] for name, item in value]
+            out[part] = [[name, _value(item, home)] for name, item in value]
         elif part == "fields":
-            out[part] = {name: _value(item) for name, item in value.items()}
+            out[part] = {name: _value(item, home) for name, item in value.items()}
         elif part == "aux":
             out[part] = _plain_data(value, where)
         else:
-            out[part] = _value(value)
+            out[part] = _value(value, home)
     return out
 
 
-def _value(x: Any) -> Any:
+def _value(x: Any, home: str = "") -> Any:
     """A node-data value as JSON: plain data as itself, tuples, lists and dicts tagged, a dtype by
     name, a function or class by `module:qualname`, anything else by its repr (no memory address)."""
     kind = type(x)
     if kind in (str, bool, type(None)) or (kind is int and abs(x) < _MAX_INT_VALUE):
         return x
-    if kind is float and math.isfinite(x):
-        return x
+    if kind is float and not math.isnan(x):  # NaN, equal to no other NaN, is kept by its repr (as below)
+        return x if math.isfinite(x) else {"float": repr(x)}
     if kind is tuple or kind is list:
-        return {kind.__name__: [_value(item) for item in x]}
+        return {kind.__name__: [_value(item, home) for item in x]}
     if kind is dict and all(type(k) in (str, int) for k in x):
-        return {"dict": [[k, _value(v)] for k, v in x.items()]}
+        return {"dict": [[k, _value(v, home)] for k, v in x.items()]}
+    if _nodes.is_frozen_dict(kind) and all(type(k) in (str, int) for k in x):
+        return {"frozendict": [[k, _value(v, home)] for k, v in x.items()]}
     if isinstance(x, np.dtype) and jax_dtype(x):
         return {"dtype": _dtype_name(x)}
-    name = object_name(x)
+    if isinstance(x, enum.Enum) and kind.__members__.get(x.name) is x:
+        enum_name = object_name(kind)  # `jax.lax.Precision.HIGHEST`: by its class's name and its own
+        if enum_name is not None:
+            return {"enum": enum_name, "member": x.name}
+    name = object_name(x) or _global_name(x, home)
     if name is not None:
         return {"name": name}
     if kind is StaticRepr:
         return {"repr": x.text, "type": x.type_name}
-    return {"repr": _nodes.plain_repr(x), "type": _type_name(kind)}
+    return {"repr": _nodes.static_text(x), "type": _type_name(kind)}
 
 
 def object_name(x: Any) -> str | None:
-    """`"module:qualname"` of a function or class that this name finds again in `sys.modules`
-    (so loading gives back the same object), else None."""
-    module, qualname = getattr(x, "__module__", None), getattr(x, "__qualname__", None)
-    if not (isinstance(module, str) and isinstance(qualname, str)) or not (callable(x) or isinstance(x, type)):
+    """`"module:qualname"` of a function or class where users import it from (`"jax.nn:gelu"`,
+    as `_nodes.public_name` finds it) that this name finds again in `sys.modules` (so loading
+    gives back the same object), else None."""
+    found = _nodes.public_name(x)
+    if found is None:
         return None
-    name = f"{module}:{qualname}"
+    name = ":".join(found)
     try:
         if _NAME.fullmatch(name) and _lookup(name, "") is x:
             return name
     except _Malformed:
         pass
-    namespace = getattr(sys.modules.get(module), "__dict__", {})  # a lambda bound to a module global
-    for attribute, value in list(namespace.items()):
-        if value is x and _NAME.fullmatch(f"{module}:{attribute}"):
-            return f"{module}:{attribute}"
     return None
+
+
+def _global_name(x: Any, home: str) -> str | None:
+    """`"home:name"` for a function that module `home` holds as a global (a class's default, such
+    as flax.nnx.Linear's `default_kernel_init`, a closure with no name of its own), else None."""
+    if not home or not callable(x) or isinstance(x, type):
+        return None
+    namespace = getattr(sys.modules.get(home), "__dict__", {})
+    found = next((name for name, value in list(namespace.items()) if value is x), None)
+    return f"{home}:{found}" if found is not None and _NAME.fullmatch(f"{home}:{found}") else None
 
 
 def _child_keys(node: jtu.PyTreeDef, node_type: type, aux: Any, n: int, leaves: Sequence[Any], first: int) -> list[str]:
@@ -405,11 +428,7 @@ def _static_record(path: str, leaf: Any) -> dict[str, Any]:
     record: dict[str, Any] = {"path": path, "shape": None, "dtype": None, "weak_type": None}
     if type(leaf) is StaticRepr:
         return {**record, "static": leaf.text, "type": leaf.type_name}
-    try:
-        text = repr(leaf)
-    except Exception:  # a user object whose repr raises: still describable by its type
-        text = f"<{type(leaf).__qualname__} object (its repr raised)>"
-    record.update(static=_nodes.without_address(text), type=_type_name(type(leaf)))
+    record.update(static=_nodes.static_text(leaf), type=_type_name(type(leaf)))
     name = object_name(leaf)
     if name is not None:  # a function or class: found again by this name when loading, if imported
         record["name"] = name
@@ -668,6 +687,7 @@ _FRAMEWORK_KINDS: Final = (
     _nodes.KEYED,
     _nodes.NNX_INTERNAL,
     _nodes.EQUINOX,
+    _nodes.EQUINOX_STATE,
 )
 _PARTS: Final = {
     _nodes.DATACLASS: ("fields",),
@@ -676,6 +696,7 @@ _PARTS: Final = {
     _nodes.KEYED: ("keys",),
     _nodes.NNX_INTERNAL: ("aux",),
     _nodes.EQUINOX: ("fields", "wrapper"),
+    _nodes.EQUINOX_STATE: ("keys",),
 }
 
 
@@ -726,21 +747,46 @@ def _decode_value(x: Any, where: str) -> Any:
         if not _NAME.fullmatch(type_name):
             _fail(f"{where}.type", f"expected a name 'module:qualname', got {_short_repr(type_name)}")
         return StaticRepr(type_name, _str(x["repr"], f"{where}.repr"))
+    if type(x) is dict and set(x) == {"enum", "member"}:
+        return _enum_member(x["enum"], x["member"], where)
     if type(x) is dict and len(x) == 1:
         [(tag, value)] = x.items()
         if tag in ("tuple", "list"):
             items = [_decode_value(item, f"{where}[{i}]") for i, item in enumerate(_list(value, f"{where}.{tag}"))]
             return tuple(items) if tag == "tuple" else items
-        if tag == "dict":
-            pairs = [_dict_item(item, f"{where}.dict[{i}]") for i, item in enumerate(_list(value, f"{where}.dict"))]
+        if tag in ("dict", "frozendict"):
+            at = f"{where}.{tag}"
+            pairs = [_dict_item(item, f"{at}[{i}]") for i, item in enumerate(_list(value, at))]
             if len({(type(k), k) for k, _ in pairs}) != len(pairs):
-                _fail(f"{where}.dict", "dict keys must be unique")
-            return dict(pairs)
+                _fail(at, "dict keys must be unique")
+            return dict(pairs) if tag == "dict" else _frozen_dict(pairs, at)
+        if tag == "float" and value in ("inf", "-inf"):
+            return float(value)
         if tag == "dtype":
             return _dtype(value, f"{where}.dtype")
         if tag == "name":
             return _named(value, f"{where}.name")
     return _fail(where, f"expected a value as to_json writes node data, got {_short_repr(x)}")
+
+
+def _enum_member(name: Any, member: Any, where: str) -> Any:
+    """The member `member` of the enum class `name`, from a module already imported (read from
+    the class's members: no code runs)."""
+    cls = _lookup(name, f"{where}.enum")
+    if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
+        _fail(f"{where}.enum", f"{name} is not an enum class")
+    found = cls.__members__.get(_str(member, f"{where}.member"))
+    if found is None:
+        _fail(f"{where}.member", f"{name} has no member {_short_repr(member)}")
+    return found
+
+
+def _frozen_dict(pairs: list[tuple[Any, Any]], where: str) -> Any:
+    """A flax `FrozenDict` of these items (node data of a flax model, which has imported flax)."""
+    frozen_dict = _nodes.frozen_dict_type()
+    if frozen_dict is None:
+        _fail(where, "a flax FrozenDict, but flax.core is not imported; import it before loading")
+    return frozen_dict(dict(pairs))
 
 
 def _named(name: Any, where: str) -> Any:
@@ -977,15 +1023,32 @@ class _Dims:
         if self.scope is None:
             written = [] if self.constraints is None else _str_list(self.constraints, "constraints", unique=False)
             try:
+                unsatisfiable = _compat.unsatisfiable_constraint(written)
                 self.scope = _compat.make_scope(written)
             except Exception as err:  # JAX's parser: ValueError, or tokenize's TokenError
                 _fail("constraints", f"not valid constraints of a symbolic scope: {err}")
+            if unsatisfiable is not None:
+                before = written[: written.index(unsatisfiable)]
+                together = f" together with {', '.join(map(repr, before))}" if before else ""
+                _fail(
+                    "constraints",
+                    f"no size satisfies {unsatisfiable!r}{together} (dimension variables are >= 1), so no array "
+                    "has these shapes: correct or remove that constraint",
+                )
         try:
             d = _compat.parse_dim(text, self.scope)
         except ValueError as err:
             _fail(where, str(err))
         if not is_symbolic(d) and not 0 <= d <= _MAX_DIM:
             _fail(where, f"expected a size >= 0, got {_short_repr(text)}")
+        if is_symbolic(d) and _compat.always_negative(d):
+            listed = ", ".join(_compat.scope_constraints(self.scope))
+            allowed = f" the constraints allow ({listed}; " if listed else " ("
+            _fail(
+                where,
+                f"the dimension {text!r} is below 0 for every size{allowed}dimension variables are >= 1), so no "
+                "array has this shape: a dimension is a size >= 0",
+            )
         self.read_texts[text] = d
         return d
 

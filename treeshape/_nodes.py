@@ -18,6 +18,8 @@ layout:
   attributes of a wrapped function), then the values of the static fields
   (`field(static=True)`) in `dataclasses.fields` order; the children are the
   other fields, in that order.
+- equinox's `nn.State` (of `eqx.nn.make_with_state`): the keys of the states
+  it holds (strings naming each stateful layer's index), one child each.
 - Other dataclasses registered as pytree nodes (`flax.struct.dataclass`,
   `jax.tree_util.register_dataclass`): the values of their static fields, in
   the order of their registration, found once per class by flattening a
@@ -35,10 +37,12 @@ recognised by the frameworks' public base classes, looked up in
 """
 
 import dataclasses
+import functools as ft
 import re
 import sys
+import types
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 import jax.tree_util as jtu
@@ -97,13 +101,140 @@ def without_address(text: str) -> str:
     return _ADDRESS.sub("", text)
 
 
-def plain_repr(x: Any) -> str:
-    """`repr(x)` without memory addresses, never raising."""
+def public_name(x: Any) -> tuple[str, str] | None:
+    """`(module, qualname)` of a function, class, `jax.custom_jvp`/`custom_vjp` function or
+    builtin, as users import it: from the shortest public parent of its module that holds it
+    (`("jax.nn", "gelu")` for a function defined in `jax._src.nn.functions`; a function local to
+    `optax.chain` is `("optax", "chain.<locals>.init_fn")`), else from another public module of
+    its package (`("jax.nn", "logsumexp")`, defined in `jax._src.ops.special`), else its own
+    module; None for anything without a module and a name.
+
+    Only modules already imported are read (a module's namespace, never `getattr`), and
+    candidates are tried in a fixed order (shorter names first), so the name is the same in
+    every process that imported the same modules."""
+    module = getattr(x, "__module__", None)
+    qualname = getattr(x, "__qualname__", None)
+    if qualname is None:  # objects that have a `__name__` only (`jnp.add`, a `jnp.ufunc`)
+        qualname = getattr(x, "__name__", None)
+    if not (isinstance(module, str) and isinstance(qualname, str)) or not (callable(x) or isinstance(x, type)):
+        return None
+    home = _namespace(module)
+    if "." in qualname and "<locals>" not in qualname and _attribute_path(home, qualname) is not x:
+        qualname = qualname.rsplit(".", 1)[1]  # a qualified name its module does not lead to (`jax.Array`)
+    if "." in qualname:  # a method, or a function local to another: found by the module-level object
+        head = qualname.split(".", 1)[0]
+        owner = home.get(head, _ABSENT)
+        if owner is _ABSENT:
+            return module, qualname
+    else:  # found by itself: its module may hold a wrapper under its name, or a lambda under another
+        if home.get(qualname, _ABSENT) is not x:
+            qualname = next((name for name, value in list(home.items()) if value is x), qualname)
+        head, owner = qualname, x
+    for candidate in _candidates(module):
+        if _namespace(candidate).get(head, _ABSENT) is owner:
+            return candidate, qualname
+    return module, qualname
+
+
+_ABSENT: Final = object()
+
+
+def _attribute_path(namespace: dict[str, Any], qualname: str) -> Any:
+    """What `qualname` names from a module's namespace (class and instance `__dict__`s only, never
+    `getattr`), or `_ABSENT`."""
+    obj = namespace.get(qualname.split(".", 1)[0], _ABSENT)
+    for part in qualname.split(".")[1:]:
+        attributes: Any = getattr(obj, "__dict__", None)  # a dict, or a class's mappingproxy
+        obj = attributes.get(part, _ABSENT) if isinstance(attributes, Mapping) else _ABSENT
+    return obj
+
+
+def _namespace(module: str) -> dict[str, Any]:
+    namespace = getattr(sys.modules.get(module), "__dict__", None)
+    return namespace if isinstance(namespace, dict) else {}
+
+
+def _is_public(part: str) -> bool:
+    return not part.startswith("_") or (part.startswith("__") and part.endswith("__"))
+
+
+def _candidates(module: str) -> Iterator[str]:
+    """The modules that may export what `module` defines, in the order they are tried: the
+    prefixes of its dotted name without its private parts, shortest first (`jax._src.nn.functions`:
+    `jax`, `jax.nn`, `jax.nn.functions`), the other public modules of its package that are
+    imported (shallower first, then by name), then `module` itself."""
+    parts = [part for part in module.split(".") if _is_public(part)]
+    prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]
+    yield from prefixes  # most objects are found here: the package's modules are listed only if not
+    yield from (name for name in _package_modules(module.split(".", 1)[0]) if name not in prefixes)
+    yield module
+
+
+_PACKAGE_MODULES: dict[str, tuple[int, list[str]]] = {}
+
+
+def _package_modules(package: str) -> list[str]:
+    """The imported public modules of `package` (no private part in their names), shallower
+    first, then by name; listed again only when modules were imported since."""
+    count = len(sys.modules)
+    known = _PACKAGE_MODULES.get(package)
+    if known is None or known[0] != count:
+        names = [name for name in list(sys.modules) if name.startswith(package + ".")]
+        public = [name for name in names if all(map(_is_public, name.split(".")))]
+        known = _PACKAGE_MODULES[package] = (count, sorted(public, key=lambda name: (name.count("."), name)))
+    return known[1]
+
+
+def _dotted(name: tuple[str, str]) -> str:
+    module, qualname = name
+    return qualname if module == "builtins" else f"{module}.{qualname}"
+
+
+def static_text(x: Any) -> str:
+    """A static value as messages, tables and JSON print it, never raising: a function, class,
+    `custom_jvp`/`custom_vjp` function or builtin by its public import path (`jax.nn.gelu`); a
+    `functools.partial`, a bound method, a tuple, list, dict or NamedTuple by those of what it
+    holds; anything else by its `repr` without memory addresses, or `<TypeName object (its repr
+    raised)>`.
+
+    Examples:
+        >>> import functools, jax
+        >>> from treeshape._nodes import static_text
+        >>> static_text(jax.nn.relu), static_text(functools.partial(jax.nn.gelu, approximate=False))
+        ('jax.nn.relu', 'functools.partial(jax.nn.gelu, approximate=False)')
+    """
+    kind = type(x)
+    if kind in (str, int, float, bool, type(None)):
+        return repr(x)
     try:
-        text = repr(x)
-    except Exception:
-        text = f"<{type(x).__qualname__} object>"
-    return without_address(text)
+        if isinstance(x, ft.partial):
+            parts = [static_text(x.func), *map(static_text, x.args)]
+            parts += [f"{key}={static_text(value)}" for key, value in x.keywords.items()]
+            return f"{_dotted((kind.__module__, kind.__qualname__))}({', '.join(parts)})"
+        if isinstance(x, types.MethodType):
+            return f"<bound method {static_text(x.__func__)} of {static_text(x.__self__)}>"
+        name = public_name(x)
+        if name is not None:
+            return _dotted(name)
+        if _compat.namedtuple_keys(kind) is not None:
+            fields = ", ".join(f"{field}={static_text(value)}" for field, value in zip(x._fields, x, strict=True))
+            return f"{kind.__name__}({fields})"
+        if kind is tuple:
+            return "(" + ", ".join(map(static_text, x)) + ("," if len(x) == 1 else "") + ")"
+        if kind is list:
+            return "[" + ", ".join(map(static_text, x)) + "]"
+        if kind is dict:
+            return "{" + ", ".join(f"{static_text(k)}: {static_text(v)}" for k, v in x.items()) + "}"
+        return _repr(x)
+    except RecursionError:  # a container that holds itself: as Python's repr tells it
+        return _repr(x)
+
+
+def _repr(x: Any) -> str:
+    try:
+        return without_address(repr(x))
+    except Exception:  # a user object whose repr raises: still told by its type
+        return f"<{type(x).__qualname__} object (its repr raised)>"
 
 
 def is_sentinel(x: Any) -> bool:
@@ -121,6 +252,19 @@ def _base(module: str, name: str) -> type | None:
     return cls if isinstance(cls, type) else None
 
 
+def frozen_dict_type() -> type | None:
+    """flax's `FrozenDict`, if flax is imported."""
+    return _base("flax.core", "FrozenDict")
+
+
+def is_nnx_state(cls: type) -> bool:
+    return _subclass(cls, "flax.nnx", "State")
+
+
+def is_frozen_dict(cls: type) -> bool:
+    return _subclass(cls, "flax.core", "FrozenDict")
+
+
 def _subclass(cls: type, module: str, name: str) -> bool:
     base = _base(module, name)
     try:
@@ -134,6 +278,7 @@ NNX_VARIABLE: Final = "nnx_variable"
 NNX_INTERNAL: Final = "nnx_internal"
 KEYED: Final = "keyed"
 EQUINOX: Final = "equinox"
+EQUINOX_STATE: Final = "equinox_state"
 DATACLASS: Final = "dataclass"
 _KINDS: "weakref.WeakKeyDictionary[type, str | None]" = weakref.WeakKeyDictionary()
 
@@ -155,6 +300,8 @@ def kind(cls: type) -> str | None:
         found = NNX_INTERNAL
     elif _subclass(cls, "equinox", "Module"):
         found = EQUINOX
+    elif _subclass(cls, "equinox.nn", "State"):
+        found = EQUINOX_STATE
     elif dataclasses.is_dataclass(cls) and _probe(cls) is not None:
         found = DATACLASS
     try:
@@ -286,6 +433,8 @@ def split(cls: type, aux: Any) -> Split | None:
             return _split_equinox(cls, aux)
         if layout == DATACLASS:
             return _split_dataclass(cls, aux)
+        if layout == EQUINOX_STATE and type(aux) is tuple:  # the keys name equinox's own indices: internal
+            return Split({}, {"keys": aux}, tuple(jtu.FlattenedIndexKey(i) for i in range(len(aux))))
     except Exception:  # a layout this module does not know: told whole
         return None
     return _split_named(aux)
@@ -384,6 +533,8 @@ def record(cls: type, aux: Any) -> tuple[str, dict[str, Any]] | None:
         if probe is None or type(aux) is not tuple or len(aux) != len(probe[0]):
             return None
         return DATACLASS, {"fields": dict(zip(probe[0], aux, strict=True))}
+    if layout == EQUINOX_STATE and type(aux) is tuple:
+        return EQUINOX_STATE, {"keys": list(aux)}
     return None
 
 
@@ -438,6 +589,11 @@ def rebuild(layout: str, cls: type, parts: dict[str, Any], n: int) -> tuple[Any,
         if type(aux) is not tuple or not all(type(x) is bool for x in aux) or n != 0:
             raise ValueError("nnx's internal state is a tuple of booleans, with no children")
         return aux, []
+    if layout == EQUINOX_STATE:
+        keys = _unique(list(parts["keys"]), "state keys")
+        if any(type(k) not in (str, int) for k in keys) or len(keys) != n:
+            raise ValueError(f"expected {n} state keys, each a string or an integer")
+        return tuple(keys), [jtu.FlattenedIndexKey(i) for i in range(n)]
     if layout == EQUINOX:
         static, dynamic = _eqx_fields(cls)
         fields = parts["fields"]

@@ -24,6 +24,7 @@ from ._errors import (
     format_mismatches,
     free_dims_message,
     int_too_big_message,
+    is_static,
     unflatten_message,
     x64_message,
 )
@@ -53,7 +54,7 @@ from ._table import DEFAULT_MAX_ROWS, edge_paths, html_table, table
 PyTree = Any
 
 
-IGNORABLE: Final = ("weak_type", "vma", "sharding", "dtype", "shape")
+IGNORABLE: Final = ("weak_type", "vma", "sharding", "dtype", "shape", "static")
 
 
 def _ignored(ignore: Collection[str], fn_name: str) -> frozenset[str]:
@@ -749,7 +750,11 @@ class Structure:
             ignore: Mismatch kinds to leave out: any of `"weak_type"`,
                 `"vma"`, `"sharding"`, `"dtype"`, `"shape"` (e.g. a restored
                 checkpoint's step counter is strong where a fresh Python `0`
-                is weak: `ignore={"weak_type"}`).
+                is weak: `ignore={"weak_type"}`), and `"static"`: static
+                leaves and the static fields of framework and dataclass
+                nodes (a flax `TrainState`'s `tx` and `apply_fn`, nnx and
+                equinox static attributes); container keys, node types and
+                shapes are still compared.
 
         Returns:
             A list of [treeshape.Mismatch][], empty when `tree` matches.
@@ -771,6 +776,8 @@ class Structure:
         kinds = _ignored(ignore, "diff")
         other = read_structure(tree, "Structure.diff")
         found = _dims.match(self, other, "tree")[1] if self.dims else diff_structures(self, other, "tree")
+        if "static" in kinds:  # static leaves and fields differ as "structure": told apart by their values
+            found = [m for m in found if not is_static(m)]
         return [m for m in found if m.kind not in kinds] if kinds else found
 
     def matches(self, tree: PyTree, *, ignore: Collection[str] = ()) -> bool:

@@ -23,12 +23,12 @@ from ._leaf import (
     human_bytes,
     leaf_nbytes,
     leaf_size,
-    leaf_str,
     leaf_total,
     short_dtype,
     short_shape,
     varying_axes,
 )
+from ._nodes import static_text
 from ._sharding import is_partitioned, is_replicated, per_device_nbytes, spec_str
 
 
@@ -79,18 +79,24 @@ class _Table:
         return cols + [5] if self.total_per_device is not None else cols
 
 
+_STATIC_WIDTH: Final = 80  # a static value's text in a cell, at most (a public name is always shorter)
+
+
 def _static_str(leaf: Any) -> str:
+    """A static leaf's cell: its type, then its value as messages and JSON print it
+    (`static custom_jvp jax.nn.relu`)."""
     if isinstance(leaf, StaticRepr):  # loaded from JSON: its type by name, its value by repr only
         type_name = leaf.type_name.split(":")[-1].split(".")[-1]  # "module:Outer.Color" -> "Color"
-        return f"static {type_name} {leaf_str(leaf)} (repr from JSON)"
-    kind = type(leaf).__name__
-    name = getattr(leaf, "__qualname__", None) or getattr(leaf, "__name__", None)
-    if callable(leaf) and isinstance(name, str):
-        return f"static {kind} {name}"
-    text = repr(leaf)
-    if " at 0x" in text:  # a default repr: the address is noise
-        return f"static {kind}"
-    return f"static {kind} {leaf_str(leaf)}"
+        return f"static {type_name} {_fit(leaf.text)} (repr from JSON)"
+    kind = type(leaf)
+    text = static_text(leaf)
+    if text == f"<{kind.__module__}.{kind.__qualname__} object>":  # a default repr says no more than its type
+        return f"static {kind.__name__}"
+    return f"static {kind.__name__} {_fit(text)}"
+
+
+def _fit(text: str) -> str:
+    return text if len(text) <= _STATIC_WIDTH else text[: _STATIC_WIDTH - 3] + "..."
 
 
 def _row(path: str, leaf: Any, per_device: bool) -> tuple[str, str, str, str, str, str]:

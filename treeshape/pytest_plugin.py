@@ -71,7 +71,8 @@ def pytest_assertrepr_compare(config: pytest.Config, op: str, left: Any, right: 
         return [f"{left!r} == {right!r}", f"(treeshape could not diff them: {type(err).__name__}: {err})"]
     lines = [f"{left!r} == {right!r}"]
     if not mismatches:
-        lines.append("The structures differ, but not in a way Structure.diff reports (e.g. a static leaf).")
+        lines.append("The structures differ only where Structure.diff reads one node as another (orbax's dict")
+        lines.append("for an nnx State, {'value': ...} for an nnx Variable): `matches` is True for them.")
         return lines
     count = len(mismatches)
     lines.append(f"{count} difference{'' if count == 1 else 's'} (left is expected, right is actual):")
