@@ -437,6 +437,10 @@ def evaluate_dim(d: Any, sizes: Mapping[str, int]) -> Any:
     JAX evaluates in its dimension dtype (int32 with x64 off), which would wrap around
     for large products: evaluation runs with 64-bit integers, and the result is a
     Python int.
+
+    Raises:
+        OverflowError: a step of the evaluation does not fit in 64 bits (NumPy would
+            wrap it around, with a warning, into a wrong and often negative size).
     """
     if not is_symbolic(d):
         return d
@@ -445,8 +449,11 @@ def evaluate_dim(d: Any, sizes: Mapping[str, int]) -> Any:
         return d
     scope = d.scope
     env = {name: sizes[name] if name in sizes else _shape_poly._DimExpr._from_var(name, scope) for name in names}
-    with _config.enable_x64(True):
-        value = d._evaluate(env)
+    try:
+        with _config.enable_x64(True), np.errstate(over="raise"):
+            value = d._evaluate(env)
+    except (FloatingPointError, OverflowError):
+        raise OverflowError(f"{d} does not fit in 64 bits") from None
     return value if is_symbolic(value) else int(value)
 
 

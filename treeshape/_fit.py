@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 from ._cost import Cost, cost_of, exact, prepare
-from ._dims import bind_leaves, check_sizes, free_names
+from ._dims import DimOverflow, bind_leaves, check_sizes, free_names
 from ._infer import Call, abstract_inputs, check_callable, input_path
-from ._leaf import human_bytes
+from ._leaf import TooLarge, check_extents, human_bytes, leaf_str
 from ._table import grid, html_grid
 
 
@@ -383,7 +383,13 @@ def largest_fit(
             sizes = check_sizes({dim: n}, names, leaves, "largest_fit")
         except ValueError as e:
             raise ValueError(f"{e} {fix}") from None
-        bound, negative = bind_leaves(leaves, sizes)
+        try:
+            bound, negative = bind_leaves(leaves, sizes)
+            check_extents(bound)
+        except (DimOverflow, TooLarge) as e:
+            problem = e.problem if isinstance(e, DimOverflow) else f"{leaf_str(e.leaf)} {e.problem}"
+            where = input_path(leaves, call.treedef, e.index)
+            raise ValueError(f"treeshape.largest_fit: at {dim}={n}, {where}: {problem}. {fix}") from None
         if negative:
             i = negative[0]
             raise ValueError(

@@ -22,8 +22,11 @@ from ._leaf import (
     SCALAR,
     SDS,
     BadShape,
+    TooLarge,
     as_abstract,
+    check_extents,
     checked_sds,
+    extent_message,
     is_duck_array,
     jax_dtype,
     kind_of,
@@ -154,7 +157,8 @@ def input_path(leaves: list[Any], treedef: jtu.PyTreeDef, i: int) -> str:
 
 def abstract_inputs(leaves: list[Any], treedef: jtu.PyTreeDef, fn_name: str = "out_structure") -> list[Any]:
     """The leaves with duck arrays as `ShapeDtypeStruct`s, every described shape checked
-    (named by path: JAX's own error would name a treeshape wrapper, or none at all)."""
+    (named by path: JAX's own error would name a treeshape wrapper, or none at all): sizes
+    that JAX takes, that XLA can hold, and shardings that divide them."""
     out = list(leaves)
     for i, x in enumerate(leaves):
         kind = kind_of(type(x))
@@ -166,6 +170,10 @@ def abstract_inputs(leaves: list[Any], treedef: jtu.PyTreeDef, fn_name: str = "o
         except BadShape as e:
             where = input_path(leaves, treedef, i)
             raise e.error(bad_shape_message(fn_name, where, e.shape, e.problem)) from None
+    try:
+        check_extents(out)
+    except TooLarge as e:
+        raise ValueError(extent_message(fn_name, input_path(leaves, treedef, e.index), e.leaf, e.problem)) from None
     return out
 
 

@@ -52,7 +52,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat, _nodes
-from ._leaf import is_symbolic, jax_dtype, key_dtype, key_dtypes, manual_axis_sets, symbolic_scopes
+from ._leaf import extent_problem, is_symbolic, jax_dtype, key_dtype, key_dtypes, manual_axis_sets, symbolic_scopes
 
 
 VERSION: Final = 1
@@ -1004,6 +1004,10 @@ def _leaf(record: Any, where: str, dims: _Dims) -> Any:
     weak = _bool(_get(record, "weak_type", where), f"{where}.weak_type")
     sharding = _sharding(record["sharding"], f"{where}.sharding") if record.get("sharding") is not None else None
     vma = _vma(record["vma"], f"{where}.vma") if record.get("vma") is not None else None
+    problem = extent_problem(shape, dtype)  # XLA would abort the process on such a leaf
+    if problem is not None:
+        path = record["path"]
+        _fail(f"{where}.shape", f"the leaf at {path} {problem}, the most that XLA's 64-bit sizes hold")
     return _compat.shape_dtype_struct(shape, dtype, weak_type=weak, sharding=sharding, manual_axes=vma)
 
 

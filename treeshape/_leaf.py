@@ -127,6 +127,57 @@ def checked_shape(shape: Any) -> tuple[Any, ...]:
     return tuple(_dimension(d, axis, shape) for axis, d in enumerate(shape))
 
 
+MAX_EXTENT: Final = 2**63 - 1  # XLA counts elements and bytes in int64
+_SURELY_FITS: Final = MAX_EXTENT // 64  # elements of any dtype (a typed PRNG key's data is at most 32 bytes)
+
+
+@ft.lru_cache(maxsize=4096)  # a tree has few distinct leaf types
+def _extent_problem(shape: tuple[Any, ...], dtype: Any) -> str | None:
+    itemsize = key_data_bytes(dtype) if is_key_dtype(dtype) else np.dtype(dtype).itemsize
+    product = itemsize
+    for axis, d in enumerate(shape):
+        if is_symbolic(d):  # a size for each binding: checked once bound
+            return None
+        product *= d
+        if product > MAX_EXTENT:
+            return _too_large(shape, itemsize, axis, product)
+    return None
+
+
+def _too_large(shape: tuple[int, ...], itemsize: int, axis: int, product: int) -> str:
+    elements = math.prod(shape)
+    if elements > MAX_EXTENT:
+        return f"has {elements:,} elements, more than 2**63 - 1"
+    if elements:
+        return f"takes {elements * itemsize:,} bytes ({elements:,} elements of {itemsize} B), more than 2**63 - 1"
+    return (
+        f"has no elements, but its dimensions up to axis {axis} come to {product:,} bytes, more than 2**63 - 1 "
+        "(XLA multiplies them in order, before it reaches the 0)"
+    )
+
+
+def extent_problem(shape: tuple[Any, ...], dtype: Any) -> str | None:
+    """Why XLA cannot hold an array of `shape` and `dtype`, or None when it can.
+
+    XLA multiplies a shape's element size by its dimensions, in order, in 64-bit
+    integers, and on an overflow aborts the whole process (a notebook kernel
+    dies): every prefix of that product must fit in 63 bits. Symbolic shapes are
+    checked once bound.
+    """
+    if sizes(shape) and 0 < math.prod(shape) <= _SURELY_FITS:  # the fast path: any dtype fits
+        return None
+    return _extent_problem(shape, dtype)
+
+
+def extent_message(who: str, where: str, leaf: jax.ShapeDtypeStruct, problem: str, fix: str = "") -> str:
+    """The message for a leaf too large for XLA (`extent_problem`), at `where`."""
+    fix = fix or "No device holds such an array: check its shape, or split it into smaller leaves."
+    return (
+        f"treeshape.{who}: {where} ({leaf_str(leaf)}) {problem}, the most that XLA's 64-bit sizes hold (it would "
+        f"abort the process on it). {fix}"
+    )
+
+
 def as_abstract(x: Any) -> jax.ShapeDtypeStruct:
     """A duck array as the `ShapeDtypeStruct` JAX would see (its `.sharding`
     kept only if it is a JAX sharding).
@@ -163,6 +214,36 @@ def _unsharded(aval: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
+class TooLarge(Exception):
+    """A leaf too large for XLA (`extent_problem`), at position `index` of the leaves read."""
+
+    def __init__(self, index: int, leaf: jax.ShapeDtypeStruct, problem: str) -> None:
+        super().__init__(index, leaf, problem)
+        self.index, self.leaf, self.problem = index, leaf, problem
+
+
+def _check_fits(leaf: Any, index: int, fits: set[tuple[Any, Any]]) -> None:
+    problem = extent_problem(leaf.shape, leaf.dtype)
+    if problem is not None:
+        sds = leaf if isinstance(leaf, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
+        raise TooLarge(index, sds, problem)
+    fits.add((leaf.shape, leaf.dtype))
+
+
+def check_extents(leaves: Sequence[Any]) -> None:
+    """Refuse the first array leaf among `leaves` (`ShapeDtypeStruct`s, arrays, tracers,
+    duck arrays; others are skipped) that XLA cannot hold (`extent_problem`).
+
+    Raises:
+        TooLarge: naming its index.
+    """
+    fits: set[tuple[Any, Any]] = set()  # a big tree has few distinct leaf types
+    for i, leaf in enumerate(leaves):
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if type(shape) is tuple and dtype is not None and (shape, dtype) not in fits and jax_dtype(dtype):
+            _check_fits(leaf, i, fits)
+
+
 class IntTooBig(OverflowError):
     """A Python int leaf that no JAX integer of the default width holds."""
 
@@ -185,6 +266,7 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
         IntTooBig: a Python int that does not fit the default integer width.
         BadShape: a `ShapeDtypeStruct` or duck array whose shape JAX cannot take
             (with its `index`).
+        TooLarge: an array leaf too large for XLA (`extent_problem`).
     """
     kinds = KINDS
     out: list[Any] = []
@@ -194,6 +276,7 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
     placed: dict[tuple[Any, Any], jax.ShapeDtypeStruct] = {}
     int_range: tuple[int, int] | None = None
     shapes_ok: set[Any] = set()  # shapes with symbolic sizes, already checked
+    fits: set[tuple[Any, Any]] = set()  # (shape, dtype) that XLA can hold
     for i, x in enumerate(leaves):
         cls = type(x)
         kind = kinds.get(cls)
@@ -202,7 +285,10 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
         if kind == ARRAY:
             aval = x.aval
             if not top_level:
-                append(from_aval(aval))
+                traced = from_aval(aval)
+                if (aval.shape, aval.dtype) not in fits:  # a tracer may be larger than any array
+                    _check_fits(traced, i, fits)
+                append(traced)
             elif not isinstance(x, jax.core.Tracer) and x.committed:
                 sharding = x.sharding
                 key = (aval, sharding)
@@ -225,6 +311,8 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
                     shapes_ok.add(shape)
                 else:
                     x = x.update(shape=shape)
+            if (x.shape, x.dtype) not in fits:
+                _check_fits(x, i, fits)
             if not top_level:
                 append(from_aval(_compat.abstractify(x)))
                 continue
@@ -254,6 +342,7 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
             except BadShape as e:
                 e.index = i
                 raise
+            _check_fits(abstract, i, fits)
             if not top_level:
                 append(from_aval(_compat.abstractify(abstract)))
             else:

@@ -31,6 +31,9 @@ from ._leaf import (
     SCALAR_TYPES,
     BadShape,
     IntTooBig,
+    TooLarge,
+    check_extents,
+    extent_message,
     has_symbolic,
     human_bytes,
     is_key_dtype,
@@ -381,15 +384,22 @@ class Structure:
         checked = _dims.check_sizes(sizes, self.dims, self._leaves, "Structure.bind")
         if not checked:
             return self
-        leaves, negative = _dims.bind_leaves(self._leaves, checked)
+        given = ", ".join(f"{name}={size}" for name, size in checked.items())
+        smaller = "Choose smaller sizes (or check the shape: a dimension multiplied twice?)."
+        try:
+            leaves, negative = _dims.bind_leaves(self._leaves, checked)
+        except _dims.DimOverflow as e:
+            where = f"tree{self.paths[e.index]} ({leaf_str(self._leaves[e.index])})"
+            raise ValueError(f"treeshape.Structure.bind: at {where}, {e.problem}. {smaller}") from None
         if negative:
             i = negative[0]
-            given = ", ".join(f"{name}={size}" for name, size in checked.items())
             raise ValueError(
                 f"treeshape.Structure.bind: {given} makes tree{self.paths[i]} ({leaf_str(self._leaves[i])}) "
                 f"shape {leaves[i].shape}, with a negative size. Choose sizes for which every dimension is >= 0."
             )
-        return Structure(self._treedef, tuple(leaves))._on_meshes(self._meshes)
+        bound = Structure(self._treedef, tuple(leaves))._on_meshes(self._meshes)
+        bound._check_extents("Structure.bind", f"At {given}, {smaller[0].lower()}{smaller[1:]}")
+        return bound
 
     def match_dims(self, tree: PyTree) -> dict[str, int]:
         """Return the sizes that `tree` binds this structure's dimension names to.
@@ -500,6 +510,7 @@ class Structure:
         top = _compat.at_top_level()
         if top and self.dims:  # under a trace (`jax.export`), JAX builds arrays of symbolic shapes
             raise ValueError(free_dims_message(f"Structure.{fn_name}", self.dims, self._example_symbolic()))
+        self._check_extents(f"Structure.{fn_name}")
         if top and self._sharded():
             leaves = _sharding.place(self, self._meshes or (), value, fn_name, _filled)
         else:
@@ -508,6 +519,16 @@ class Structure:
             return jtu.tree_unflatten(self._treedef, leaves)
         except Exception as e:  # a node type whose unflatten cannot rebuild it from new leaves
             raise TypeError(unflatten_message(f"Structure.{fn_name}", _node_types(self._treedef), e)) from e
+
+    def _check_extents(self, who: str, fix: str = "") -> None:
+        """Refuse a leaf too large for XLA, which would abort the process (checked once)."""
+        if self._cache.get("extents_checked"):
+            return
+        try:
+            check_extents(self._leaves)
+        except TooLarge as e:
+            raise ValueError(extent_message(who, "tree" + self.paths[e.index], e.leaf, e.problem, fix)) from None
+        self._cache["extents_checked"] = True
 
     def _sharded(self) -> bool:
         """Whether some array leaf has a sharding (so top-level values need placing)."""
@@ -917,6 +938,9 @@ def read_structure(tree: PyTree, fn_name: str, root: str = "tree") -> Structure:
     except BadShape as e:
         path = jtu.keystr(jtu.tree_flatten_with_path(tree)[0][e.index][0])
         raise e.error(bad_shape_message(fn_name, root + path, e.shape, e.problem)) from None
+    except TooLarge as e:
+        path = jtu.keystr(jtu.tree_flatten_with_path(tree)[0][e.index][0])
+        raise ValueError(extent_message(fn_name, root + path, e.leaf, e.problem)) from None
     structure = Structure(treedef, tuple(described))
     if len(leaves) > DEFAULT_MAX_ROWS:  # its table will be cut: note the paths it shows, from the tree at hand
         structure._cache["edges"] = edge_paths(tree, leaves)
