@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         scan_carry as scan_carry,
         while_carry as while_carry,
     )
+    from ._compat import JaxReleaseError as JaxReleaseError
     from ._cost import Cost as Cost, cost as cost
     from ._display import describe as describe
     from ._errors import (
@@ -50,6 +51,7 @@ __all__ = [
     "CarryMismatchError",
     "Cost",
     "Fit",
+    "JaxReleaseError",
     "Mismatch",
     "PrecisionWarning",
     "StaticRepr",
@@ -81,6 +83,7 @@ _MODULES = {
     "CarryMismatchError": "._errors",
     "Cost": "._cost",
     "Fit": "._fit",
+    "JaxReleaseError": "._compat",
     "Mismatch": "._errors",
     "PrecisionWarning": "._errors",
     "StaticRepr": "._json",

@@ -863,7 +863,7 @@ def _dtype(x: Any, where: str) -> Any:
     if dtype is None and _KEY_NAME.fullmatch(name):
         try:  # a key type of a release newer than this one: say which
             key_dtype(name[4:-1])
-        except _compat.JaxFeatureMissing as err:
+        except _compat.JaxReleaseError as err:
             _fail(where, str(err))
         except ValueError:
             pass
@@ -928,7 +928,7 @@ def _vma(x: Any, where: str) -> Any:
         return _compat.make_manual_axes(**sets)
     except ValueError as err:
         return _fail(where, f"not valid manual axes: {err}")
-    except _compat.JaxFeatureMissing as err:
+    except _compat.JaxReleaseError as err:
         return _fail(where, str(err))
 
 

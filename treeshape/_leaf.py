@@ -423,7 +423,7 @@ def key_dtype(name: str) -> Any:
     (`"threefry2x32"`) or by its tag (`"fry"`, as in `key<fry>`).
 
     Raises:
-        JaxFeatureMissing: a built-in implementation that the running JAX lacks.
+        JaxReleaseError: a built-in implementation that the running JAX lacks.
         ValueError: no implementation of that name.
     """
     return _compat.key_dtype(KEY_TAGS.get(name, name))

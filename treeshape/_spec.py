@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _compat
-from ._compat import JaxFeatureMissing
+from ._compat import JaxReleaseError
 from ._leaf import key_dtype, key_tags, long_dtype_name
 
 
@@ -143,7 +143,7 @@ def _key(weak: str, name: str, dims: str, spec: str, names: Names) -> jax.ShapeD
         raise SpecError(f"malformed spec {_quoted(spec)}: a PRNG key has no weak type, drop the '~'")
     try:  # abstractly: no key is made
         dtype = key_dtype(name.strip())
-    except JaxFeatureMissing as err:
+    except JaxReleaseError as err:
         raise SpecError(f"spec {_quoted(spec)}: {err}") from err
     except ValueError as err:
         tags = key_tags()
