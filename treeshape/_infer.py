@@ -104,7 +104,11 @@ def _split_callable(fn: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[
 
 # -- the cache -----------------------------------------------------------------
 def cache_info() -> CacheInfo:
-    """Return the `out_structure` cache statistics `(hits, misses, size, maxsize)`.
+    """Return the statistics of every cache that [treeshape.clear_cache][] empties.
+
+    A named tuple `(hits, misses, size, maxsize)` of the `out_structure` cache,
+    with `cost_hits`, `cost_misses` and `cost_size` for the cache of
+    [treeshape.cost][] (also behind [treeshape.largest_fit][]).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -113,14 +117,16 @@ def cache_info() -> CacheInfo:
         >>> f = lambda x: x * 2
         >>> _ = ts.out_structure(f, jnp.ones(3))
         >>> _ = ts.out_structure(f, jnp.zeros(3))  # same abstract input: a hit
+        >>> _ = ts.cost(f, jnp.ones(3))
         >>> ts.cache_info()
-        CacheInfo(hits=1, misses=1, size=1, maxsize=4096)
+        CacheInfo(hits=1, misses=1, size=1, maxsize=4096, cost_hits=0, cost_misses=1, cost_size=1)
     """
-    return CACHE.info()
+    cost_hits, cost_misses, cost_size, _ = _cache.COST_CACHE.info()
+    return CacheInfo(*CACHE.info(), cost_hits, cost_misses, cost_size)
 
 
 def clear_cache() -> None:
-    """Empty the `out_structure` cache (and `cost`'s) and reset its counts.
+    """Empty the `out_structure` cache and `cost`'s, and reset their counts (see [treeshape.cache_info][]).
 
     Examples:
         >>> import treeshape as ts
