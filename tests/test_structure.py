@@ -4,6 +4,7 @@ import collections
 import dataclasses
 import pickle
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -231,6 +232,27 @@ def test_x64_zeros():
         z = s.ones()
         assert ts.structure_of(z) == s
         assert z["i"].dtype == jnp.int64 and z["i"].weak_type
+
+
+@pytest.mark.parametrize("value", [1 + 2j, 0.5j, 0j, np.complex64(3j)], ids=["1+2j", "0.5j", "0j", "np"])
+@pytest.mark.parametrize("jit", [False, True], ids=["top", "jit"])
+def test_full_with_a_complex_value_fills_bool_leaves_as_jnp_full(value, jit):
+    s = ts.structure_of({"mask": jnp.zeros(3, bool), "z": jnp.zeros(2, jnp.complex64), "seen": False})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", np.exceptions.ComplexWarning)  # JAX's own cast warns
+        expected = {
+            "mask": jnp.full(3, value, bool),
+            "z": jnp.full(2, value, jnp.complex64),
+            "seen": jnp.full((), value, bool),
+        }
+    out = jax.jit(lambda: s.full(value))() if jit else s.full(value)  # no warning (filterwarnings=error)
+    assert s.matches(out)
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), out, expected))
+    assert bool(out["mask"][0]) == (value != 0)
+    with pytest.raises(TypeError) as info:
+        ts.structure_of({"mask": jnp.zeros(3, bool), "n": jnp.zeros(2, jnp.int8)}).full(value)
+    assert "tree['n'] (1 of 2 leaves) is of an integer or real floating dtype" in str(info.value)
+    assert "mask" not in str(info.value)
 
 
 def test_zeros_in_every_context(in_context):

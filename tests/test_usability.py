@@ -345,8 +345,8 @@ def test_full_with_a_complex_value_names_the_leaves_that_cannot_hold_it(where_ru
         with pytest.raises(TypeError) as info:
             s.full(1 + 2j)
         assert str(info.value).startswith(
-            "treeshape.Structure.full: `value` (1+2j) is complex, but tree['f'], tree['n'] (2 of 3 leaves) are not "
-            "of a complex dtype"
+            "treeshape.Structure.full: `value` (1+2j) is complex, but tree['f'], tree['n'] (2 of 3 leaves) are of "
+            "an integer or real floating dtype, which JAX refuses to fill with a complex value"
         )
         complex_only = ts.structure_of({"z": jnp.zeros(2, jnp.complex64)})
         return complex_only.full(1 + 2j)["z"]

@@ -739,9 +739,9 @@ def complex_fill_message(value: Any, paths: list[str], n_leaves: int) -> str:
     named = first_few(paths)
     return (
         f"treeshape.Structure.full: `value` {user_value(value)} is complex, but {named} "
-        f"({len(paths)} of {n_leaves} leaves) {'is' if len(paths) == 1 else 'are'} not of a complex dtype, and JAX "
-        "would drop the imaginary part or refuse. Fill with a real value, or make those leaves complex first: "
-        "`s.astype(jnp.complex64, where=...)`."
+        f"({len(paths)} of {n_leaves} leaves) {'is' if len(paths) == 1 else 'are'} of an integer or real floating "
+        "dtype, which JAX refuses to fill with a complex value (as `jnp.full` does). Fill with a real value, or make "
+        "those leaves complex first: `s.astype(jnp.complex64, where=...)`."
     )
 
 

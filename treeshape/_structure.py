@@ -102,6 +102,8 @@ def _filled(leaf: jax.ShapeDtypeStruct, value: Any, top: bool, placement: Any = 
         if sharding is not None:
             x = jax.device_put(x, sharding) if top else jax.sharding.reshard(x, sharding)
     else:
+        if dtype == np.bool_ and jnp.iscomplexobj(value):  # as `jnp.full` reads it, without NumPy's warning
+            value = value != 0
         x = lax.full(leaf.shape, value, dtype, sharding=sharding)
         if leaf.weak_type:
             x = _compat.convert_element_type(x, dtype, weak_type=True)
@@ -471,7 +473,10 @@ class Structure:
             A pytree with this structure's treedef.
 
         Raises:
-            TypeError: `value` is not a number or bool scalar.
+            TypeError: `value` is not a number or bool scalar, or it is complex
+                and some leaves are integer or real floating (which JAX
+                refuses to fill with it; bool leaves take it, nonzero as
+                `True`, as in `jnp.full`).
             ValueError: a leaf has a 64-bit dtype but `jax_enable_x64` is off
                 (a Structure made with x64 on, e.g. unpickled from such a
                 process), so JAX would silently make it 32-bit; the message
@@ -494,12 +499,11 @@ class Structure:
                 f"{type(value).__name__} {value!r}. For other fills, use `jax.tree.map` over `structure.tree`."
             )
         if jnp.iscomplexobj(value):
-            real = [
+            real = [  # what JAX refuses to fill with a complex value (bool takes it: nonzero is True)
                 "tree" + path
                 for path, leaf in zip(self.paths, self._leaves, strict=True)
                 if isinstance(leaf, jax.ShapeDtypeStruct)
-                and not is_key_dtype(leaf.dtype)
-                and not jnp.issubdtype(leaf.dtype, jnp.complexfloating)
+                and (jnp.issubdtype(leaf.dtype, jnp.integer) or jnp.issubdtype(leaf.dtype, jnp.floating))
             ]
             if real:
                 raise TypeError(complex_fill_message(value, real, len(self)))
