@@ -695,16 +695,6 @@ def structure_as_values_message(fn_name: str, where: str, needs: str) -> str:
     )
 
 
-def structure_argument_note(wheres: list[str]) -> str:
-    """The note added to an error from `fn` when a `Structure` was among its arguments."""
-    what = "is a treeshape.Structure" if len(wheres) == 1 else "are treeshape.Structures"
-    return (
-        f"treeshape: {', '.join(wheres)} {what}, passed to the function unchanged (as a static value, since "
-        "it is not a pytree). To pass the tree it describes, pass `s.tree` (its `ShapeDtypeStruct`s, abstract "
-        "like arrays) or `s.zeros()`."
-    )
-
-
 def check_path_leaf_callback(fn: Callable[..., Any], who: str, returns: str) -> None:
     """Refuse, before calling it, a user callback that cannot be called as `fn(path, leaf)`
     (a TypeError from inside a callback that can be is the user's own, and propagates)."""

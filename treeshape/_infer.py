@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _cache, _compat, _sharding
 from ._cache import CACHE, NEEDS_CONCRETE, CacheInfo, Key, static_key
-from ._errors import bad_shape_message, int_too_big_message, structure_argument_note
+from ._errors import bad_shape_message, int_too_big_message
 from ._leaf import (
     ARRAY,
     DIM,
@@ -267,7 +267,6 @@ def _evaluate(
     try:
         shapes = iter(jax.eval_shape(traced, args, kwargs, **bound_named))
     except Exception as e:
-        _note_structure_arguments(e, leaves, treedef)
         if not isinstance(e, TypeError):  # JAX's concretization errors are TypeErrors
             raise
         n = len(bound_leaves)
@@ -336,14 +335,6 @@ def has_value(x: Any) -> bool:
     `ShapeDtypeStruct` or a duck array, which only describe one."""
     kind = kind_of(type(x))
     return kind == ARRAY or (kind == NUMPY and jax_dtype(x.dtype))
-
-
-def _note_structure_arguments(error: BaseException, leaves: list[Any], treedef: jtu.PyTreeDef) -> None:
-    """When `fn` failed and a `Structure` was among its arguments (passed unchanged, as a
-    static value), say how to pass the tree it describes."""
-    wheres = [input_path(leaves, treedef, i) for i, x in enumerate(leaves) if isinstance(x, Structure)]
-    if wheres:
-        error.add_note(structure_argument_note(wheres))
 
 
 def note_abstract_scalars(
@@ -495,6 +486,23 @@ def split_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
     return Call(core, bound_leaves, bound_treedef, call_leaves, call_treedef)
 
 
+def _is_structure(x: Any) -> bool:
+    return isinstance(x, Structure)
+
+
+def with_trees(call: Call) -> Call:
+    """`call` with every `Structure` among its leaves (arguments or bound values) replaced
+    by the pytree of `ShapeDtypeStruct`s it describes (`s.tree`)."""
+    if not any(isinstance(x, Structure) for x in (*call.bound_leaves, *call.call_leaves)):
+        return call
+    bound = jtu.tree_unflatten(call.bound_treedef, call.bound_leaves)
+    args = jtu.tree_unflatten(call.call_treedef, call.call_leaves)
+    bound, args = jtu.tree_map(lambda x: x.tree if _is_structure(x) else x, (bound, args), is_leaf=_is_structure)
+    bound_leaves, bound_treedef = jtu.tree_flatten(bound)
+    call_leaves, call_treedef = jtu.tree_flatten(args)
+    return Call(call.core, bound_leaves, bound_treedef, call_leaves, call_treedef)
+
+
 def call_key(call: Call, refs: list[Any]) -> tuple[Any, ...]:
     """The cache key parts of a call: the core function, the treedefs, each leaf's part
     (`_call_key`) and the tracing context. Raises what `static_key` raises."""
@@ -513,7 +521,7 @@ def _out_structure(
 ) -> tuple[Structure, list[Any]]:
     """The structure of `fn(*args, **kwargs)`, and the flattened `(args, kwargs)`."""
     check_callable(fn, "out_structure")
-    call = split_call(fn, args, kwargs)
+    call = with_trees(split_call(fn, args, kwargs))
     core, bound_leaves, bound_treedef, call_leaves, call_treedef = call
     refs: list[Any] = []
     key: Key | None = None
@@ -618,7 +626,10 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
     Array leaves of the arguments (arrays, tracers, `jax.ShapeDtypeStruct`s,
     NumPy arrays and scalars, duck arrays) and Python scalars are abstract
     inputs, typed as JAX types them (`int`/`float`/`complex` weak, `bool`
-    strong). Any other leaf (a string, a callable, an object) is passed to
+    strong). A [treeshape.Structure][] among the arguments (or bound in a
+    partial) stands for the tree it describes (`s.tree`), as in
+    [treeshape.cost][], so a step can be checked on a model that was never
+    allocated. Any other leaf (a string, a callable, an object) is passed to
     `fn` unchanged, as a static value. In the output, Python scalars become
     weak arrays and other non-array leaves are kept as static leaves.
 
@@ -653,7 +664,7 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
             `jax.tree_util.Partial`, bound method, `jax.jit`-wrapped function
             or callable pytree.
         *args: Pytrees of arrays, tracers, `jax.ShapeDtypeStruct`s, NumPy or
-            Python scalars, or static values.
+            Python scalars, or static values; or Structures.
         **kwargs: As `args`.
 
     Returns:
