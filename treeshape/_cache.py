@@ -284,14 +284,16 @@ def holds_tracer(x: Any) -> bool | None:
 
 
 # -- the cache -----------------------------------------------------------------
-class _Counts(NamedTuple):
+class Counts(NamedTuple):
+    """One cache's statistics."""
+
     hits: int
     misses: int
     size: int
     maxsize: int
 
 
-class CacheInfo(_Counts):
+class CacheInfo(Counts):
     """Statistics of the caches that [treeshape.clear_cache][] empties.
 
     A named tuple of the `out_structure` cache's four fields, `(hits, misses,
@@ -359,7 +361,7 @@ class CacheInfo(_Counts):
         equal = self.__eq__(other)
         return equal if equal is NotImplemented else not equal
 
-    __hash__ = _Counts.__hash__
+    __hash__ = Counts.__hash__
 
     def __repr__(self) -> str:
         fields = {**self._asdict(), **dict(zip(self._COST_FIELDS, self._costs(), strict=True))}
@@ -448,11 +450,10 @@ class Cache(Generic[_Value]):
         with self._lock:
             self.misses += 1
 
-    def info(self) -> tuple[int, int, int, int]:
-        """`(hits, misses, size, maxsize)`."""
+    def info(self) -> Counts:
         with self._lock:
             self._purge()
-            return (self.hits, self.misses, len(self._entries), self.maxsize)
+            return Counts(self.hits, self.misses, len(self._entries), self.maxsize)
 
     def clear(self) -> None:
         with self._lock:

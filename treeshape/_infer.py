@@ -27,9 +27,11 @@ from ._leaf import (
     check_extents,
     checked_sds,
     extent_message,
+    flatten,
     is_duck_array,
     jax_dtype,
     kind_of,
+    refuse_cycles,
 )
 from ._structure import PyTree, Structure, read_structure
 
@@ -476,13 +478,17 @@ class Call(NamedTuple):
         return len(self.bound_leaves) + (len(self.call_leaves) if self.jitted else 0)
 
 
-def split_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+def split_call(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], who: str = "out_structure"
+) -> Call:
     core, bound, bound_kw = _split_callable(fn)
+    for tree, root in ((args, "args"), (kwargs, "kwargs"), (bound, "the bound args"), (bound_kw, "the bound kwargs")):
+        refuse_cycles(tree, who, root)
     if bound or bound_kw:
-        bound_leaves, bound_treedef = jtu.tree_flatten((bound, bound_kw))
+        bound_leaves, bound_treedef = flatten((bound, bound_kw), who, "the bound arguments", checked=True)
     else:
         bound_leaves, bound_treedef = [], _EMPTY_BOUND
-    call_leaves, call_treedef = jtu.tree_flatten((args, kwargs))
+    call_leaves, call_treedef = flatten((args, kwargs), who, "the arguments", checked=True)
     return Call(core, bound_leaves, bound_treedef, call_leaves, call_treedef)
 
 

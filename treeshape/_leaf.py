@@ -8,15 +8,20 @@ written compactly: `f32[2,3]`, `~f32[]` (weak), `key<fry>[4]`, `f32[8]{V:i}`
 (varying over manual axis `i`).
 """
 
+import collections
 import functools as ft
+import gc
+import itertools
 import math
 import operator
 import re
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 import jax
 import jax.numpy as jnp
+import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat
@@ -367,6 +372,128 @@ def refuse_leaked_tracers(leaves: Sequence[Any], fn_name: str) -> None:
                 "JAX transformation is running: it escaped an earlier trace (a side effect kept a reference to "
                 "an intermediate value). Return it from the transformed function instead."
             )
+
+
+# -- trees that contain themselves ----------------------------------------------------
+# The containers a cycle is looked for through, and how each one holds its children.
+# JAX's flatten of a tree that contains itself through a dict fails in its C++ code and
+# leaves the interpreter's recursion depth behind (every later call then fails), so
+# trees are walked for cycles before JAX flattens them.
+_VALUES: Final[dict[type, Callable[[Any], Iterable[Any]]]] = {
+    dict: dict.values,
+    collections.OrderedDict: dict.values,
+    collections.defaultdict: dict.values,
+    list: iter,
+    tuple: iter,
+}
+
+
+def cycle_problem(tree: Any, root: str) -> str | None:
+    """Why JAX cannot flatten `tree` (paths printed under `root`), where it would fail
+    in a way that breaks the interpreter: the tree contains itself (through dicts, lists
+    and tuples), or it is nested more deeply than the recursion limit; None otherwise.
+
+    A cycle through another node type makes JAX's flatten fail cleanly (a RecursionError).
+    """
+    containers = _VALUES
+    if type(tree) not in containers:
+        return None
+    # Level by level, each level's containers found in one call into the interpreter's C
+    # code: a tree's levels end. One deeper than JAX flattens, or whose levels keep
+    # growing past any model's (a cycle through two children doubles them), is walked
+    # depth first, which tells a cycle from a shared subtree.
+    level, depth, reached = [tree], 0, 0
+    limit = sys.getrecursionlimit()
+    is_container = containers.__contains__
+    while level:
+        children = gc.get_referents(*level)
+        level = list(itertools.compress(children, map(is_container, map(type, children))))
+        depth, reached = depth + 1, reached + len(level)
+        if depth >= limit or reached > _MANY_CONTAINERS:
+            break
+    else:
+        return None
+    found = _find_cycle(tree)
+    if found is not None:
+        path, ancestor = found
+        return (
+            f"{root}{path} is {root}{ancestor} itself: the pytree contains itself, and JAX cannot flatten it. "
+            "Keep that reference out of the tree (it cycles back to one of its own parents)"
+        )
+    if depth >= limit:
+        return (
+            f"it is nested more deeply than JAX can flatten ({limit} levels or more, the interpreter's recursion "
+            "limit). Flatten it into fewer levels"
+        )
+    return None
+
+
+_MANY_CONTAINERS: Final = 10**7
+
+
+def refuse_cycles(tree: Any, who: str, root: str) -> None:
+    """Raise a `ValueError` (naming `treeshape.{who}` and the path under `root`) for a tree
+    that JAX's flatten cannot take and would leave the interpreter broken by
+    (`cycle_problem`); call it before flattening a tree that comes from the user."""
+    problem = cycle_problem(tree, root)
+    if problem is not None:
+        raise ValueError(f"treeshape.{who}: {problem}.")
+
+
+def flatten(tree: Any, who: str, root: str, checked: bool = False) -> tuple[list[Any], Any]:
+    """`jax.tree_util.tree_flatten(tree)` of a user's tree; a `ValueError` for one that
+    contains itself or is nested too deeply (`refuse_cycles`, unless `checked` says it
+    was called already, and JAX's own failure for a cycle through a custom node)."""
+    if not checked:
+        refuse_cycles(tree, who, root)
+    try:
+        return jtu.tree_flatten(tree)
+    except (RecursionError, SystemError):  # through a node type of the user's: JAX's C++ code gave up
+        raise ValueError(
+            f"treeshape.{who}: {root} cannot be flattened: one of its custom pytree nodes contains itself, or the "
+            "tree is nested more deeply than JAX can flatten. Keep such references out of the tree."
+        ) from None
+
+
+def _find_cycle(tree: Any) -> tuple[str, str] | None:
+    """`find_cycle`, depth first (telling a cycle from a shared subtree)."""
+    values = _VALUES
+    ancestors = [tree]
+    on_path = {id(tree)}
+    done: set[int] = set()
+    stack = [iter([c for c in values[type(tree)](tree) if type(c) in values])]
+    while stack:
+        for child in stack[-1]:
+            i = id(child)
+            if i in done:
+                continue
+            if i in on_path:
+                return _path_of([*ancestors, child]), _path_of(ancestors[: [id(a) for a in ancestors].index(i) + 1])
+            inner = [c for c in values[type(child)](child) if type(c) in values]
+            if not inner:  # most containers hold only leaves
+                done.add(i)
+                continue
+            on_path.add(i)
+            ancestors.append(child)
+            stack.append(iter(inner))
+            break
+        else:
+            stack.pop()
+            i = id(ancestors.pop())
+            on_path.discard(i)
+            done.add(i)
+    return None
+
+
+def _path_of(chain: Sequence[Any]) -> str:
+    """The `keystr` path along a chain of containers, each a child of the one before."""
+    keys: list[Any] = []
+    for parent, child in zip(chain, chain[1:], strict=False):
+        if isinstance(parent, dict):
+            keys.append(jtu.DictKey(next(k for k, v in parent.items() if v is child)))
+        else:
+            keys.append(jtu.SequenceKey(next(k for k, v in enumerate(parent) if v is child)))
+    return jtu.keystr(tuple(keys))
 
 
 # -- nodes ---------------------------------------------------------------------------

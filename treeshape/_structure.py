@@ -34,6 +34,7 @@ from ._leaf import (
     TooLarge,
     check_extents,
     extent_message,
+    flatten,
     has_symbolic,
     human_bytes,
     is_key_dtype,
@@ -933,7 +934,7 @@ def read_structure(tree: PyTree, fn_name: str, root: str = "tree") -> Structure:
     hint = wrapper_hint(type(tree))
     if hint is not None:  # its nodes describe the tree but cannot rebuild it: no Structure would work
         raise TypeError(f"treeshape.{fn_name}: {root} is {hint}.")
-    leaves, treedef = jtu.tree_flatten(tree)
+    leaves, treedef = flatten(tree, fn_name, root)
     try:
         described = read_leaves(leaves, _compat.at_top_level())
     except IntTooBig as e:
