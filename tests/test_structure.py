@@ -563,3 +563,38 @@ def test_node_data_that_jax_cannot_compare_is_diffed_by_contents():
     assert [(m.path, m.kind) for m in s.diff(changed_leaf)] == [(s.paths[0], "shape")]
     assert s.paths == ("['n'][<flat index 0>]",)
     assert s != ts.structure_of(changed_leaf)
+
+
+# -- astype: Python types and 64-bit dtypes --------------------------------------------------
+_PARAMS = {"w": jnp.zeros((2, 3), jnp.bfloat16), "b": jnp.zeros(3), "n": jnp.int32(0)}
+
+
+@pytest.mark.parametrize("kind", [float, int, complex, bool])
+@pytest.mark.parametrize("x64", [False, True], ids=["x32", "x64"])
+def test_astype_to_a_python_type_is_jaxs_default_dtype_of_that_kind(kind, x64):
+    with jax.enable_x64(x64):
+        s = ts.structure_of(_PARAMS).astype(kind)
+        expected = jnp.zeros(3, kind).dtype  # JAX's reading of the Python type
+        assert [leaf.dtype for leaf in s.leaves] == [expected, jnp.dtype(jnp.int32), expected]
+        assert s.matches(jax.jit(s.zeros)()) and s.matches(s.ones())
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, np.int64, "float64", np.dtype("float64"), jnp.complex128])
+@pytest.mark.parametrize("jit", [False, True], ids=["top", "jit"])
+def test_astype_to_a_64_bit_dtype_with_x64_off_is_refused_as_zeros_refuses_it(dtype, jit):
+    s = ts.structure_of(_PARAMS)
+    name = np.dtype(dtype).name
+    narrow = {"float64": "float32", "int64": "int32", "complex128": "complex64"}[name]
+    with jax.enable_x64(False):
+        with pytest.raises(ValueError) as info:
+            jax.jit(lambda: s.astype(dtype).zeros())() if jit else s.astype(dtype)
+        assert str(info.value) == (
+            f"treeshape.Structure.astype: {name} is a 64-bit dtype, but jax_enable_x64 is off, so JAX would "
+            f"silently make arrays of it {narrow} (`zeros()` refuses such a Structure). It would convert tree['b'], "
+            "tree['w']. Turn x64 on first: `jax.config.update(\"jax_enable_x64\", True)`, or build inside `with "
+            f"jax.enable_x64(True):`; or convert to {narrow}."
+        )
+        assert ts.structure_of({"n": jnp.int32(0)}).astype(dtype) == ts.structure_of({"n": jnp.int32(0)})  # none
+    with jax.enable_x64(True):
+        wide = s.astype(dtype)
+        assert wide.tree["b"].dtype == np.dtype(dtype) and wide.matches(wide.zeros())

@@ -660,6 +660,17 @@ def astype_key_message(leaves: Sequence[str], dtype: str) -> str:
     )
 
 
+def astype_x64_message(leaves: Sequence[str], dtype: str, narrow: str) -> str:
+    """`Structure.astype` towards a 64-bit dtype that JAX would make 32-bit (x64 off)."""
+    listed = first_few(leaves)
+    return (
+        f"treeshape.Structure.astype: {dtype} is a 64-bit dtype, but jax_enable_x64 is off, so JAX would silently "
+        f"make arrays of it {narrow} (`zeros()` refuses such a Structure). It would convert {listed}. Turn x64 on "
+        'first: `jax.config.update("jax_enable_x64", True)`, or build inside `with jax.enable_x64(True):`; or '
+        f"convert to {narrow}."
+    )
+
+
 def int_too_big_message(fn_name: str, where: str, value: int, bits: int) -> str:
     other = (
         "bind it with `functools.partial` so it stays a concrete Python value"

@@ -18,6 +18,7 @@ from ._errors import (
     Mismatch,
     StructureMismatchError,
     astype_key_message,
+    astype_x64_message,
     bad_shape_message,
     check_path_leaf_callback,
     complex_fill_message,
@@ -120,6 +121,18 @@ def _is_fill_value(value: Any) -> bool:
     return isinstance(value, (jax.Array, np.ndarray)) and value.ndim == 0
 
 
+def _narrowed(dtype: Any) -> bool:
+    """Whether JAX would make arrays of `dtype` narrower (a 64-bit dtype with x64 off)."""
+    if jax.enable_x64.value or jnp.issubdtype(dtype, jax.dtypes.extended):
+        return False
+    if jax.dtypes.canonicalize_dtype(dtype) == dtype:
+        return False
+    # "allow": JAX keeps explicitly requested 64-bit dtypes even with x64 off. A config
+    # option read by its public name (`jax.config` sets these attributes dynamically).
+    mode = jax.config.jax_explicit_x64_dtypes  # type: ignore[attr-defined]
+    return str(getattr(mode, "name", mode)).upper() != "ALLOW"
+
+
 def check_x64(paths: Callable[[], Sequence[str]], leaves: Sequence[Any], who: str) -> None:
     """Refuse to build values for 64-bit leaves that JAX would silently make 32-bit (x64 off).
 
@@ -129,13 +142,8 @@ def check_x64(paths: Callable[[], Sequence[str]], leaves: Sequence[Any], who: st
     if jax.enable_x64.value:
         return
     dtypes = {leaf.dtype for leaf in leaves if isinstance(leaf, jax.ShapeDtypeStruct)}
-    wide = {d for d in dtypes if not jnp.issubdtype(d, jax.dtypes.extended) and jax.dtypes.canonicalize_dtype(d) != d}
+    wide = {d for d in dtypes if _narrowed(d)}
     if not wide:
-        return
-    # "allow": JAX keeps explicitly requested 64-bit dtypes even with x64 off. A config
-    # option read by its public name (`jax.config` sets these attributes dynamically).
-    mode = jax.config.jax_explicit_x64_dtypes  # type: ignore[attr-defined]
-    if str(getattr(mode, "name", mode)).upper() == "ALLOW":
         return
     groups: dict[str, list[str]] = {}
     example = ""
@@ -627,7 +635,9 @@ class Structure:
         typed (as `x.astype(dtype)` does); other leaves are kept as they are.
 
         Args:
-            dtype: The new dtype (e.g. `jnp.float32`, `jnp.bfloat16`).
+            dtype: The new dtype (e.g. `jnp.float32`, `jnp.bfloat16`); a Python
+                type (`float`, `int`, `complex`, `bool`) is JAX's default dtype
+                of that kind, as in `jnp.zeros(3, float)`.
             where: Which array leaves to convert: a callable `(path, leaf) ->
                 bool`, called with each array leaf's `keystr` path (as in
                 `self.paths`) and its `jax.ShapeDtypeStruct`. By default,
@@ -641,6 +651,9 @@ class Structure:
                 converted (to or from a key dtype: use
                 `jax.random.key_data` / `jax.random.wrap_key_data`); the
                 message names the leaves by path.
+            ValueError: `dtype` is 64-bit and `jax_enable_x64` is off, so JAX
+                would make the arrays 32-bit (as `zeros()` refuses); the
+                message names the leaves and the fix.
 
         Examples:
             >>> import jax.numpy as jnp
@@ -651,8 +664,9 @@ class Structure:
             >>> ts.structure_of(params).astype(jnp.int8, where=lambda path, leaf: path == "['step']")
             Structure({'step': i8[], 'w': bf16[2,3]}, 2 leaves, 13 B)
         """
-        try:
-            target = jnp.dtype(dtype)
+        try:  # a Python type is JAX's default dtype of its kind, as in `jnp.zeros(3, float)`
+            python_type = any(dtype is t for t in SCALAR_TYPES)  # by identity: `np.dtype("float64") == float`
+            target = jax.dtypes.canonicalize_dtype(dtype) if python_type else jnp.dtype(dtype)
         except TypeError:
             raise TypeError(
                 f"treeshape.Structure.astype: `dtype` must be a dtype (e.g. jnp.float32), got "
@@ -673,6 +687,11 @@ class Structure:
             leaves[i] = leaf.update(dtype=target, weak_type=False)
         if keys:
             raise TypeError(astype_key_message(keys, short_dtype(target)))
+        if _narrowed(target):
+            converted = [f"tree{paths[i]}" for i, leaf in enumerate(leaves) if leaf is not self._leaves[i]]
+            if converted:
+                narrow = jnp.dtype(jax.dtypes.canonicalize_dtype(target)).name
+                raise ValueError(astype_x64_message(converted, target.name, narrow))
         return Structure(self._treedef, tuple(leaves))._on_meshes(self._meshes)
 
     # -- JSON ------------------------------------------------------------------
