@@ -201,8 +201,11 @@ def test_expressions_bind_consistently_across_the_tree():
     [m] = s.diff(bad)
     assert (m.path, m.kind, m.expected, m.actual) == ("['d']", "shape", (b,), (6,))
     assert m.dims == (("b", 5, "tree['a']"),)
-    assert str(m) == "tree['d']: expected shape (b,), got (6,); b = 5 at tree['a']."
-    with pytest.raises(ts.StructureMismatchError, match=r"tree\['d'\].*got \(6,\); b = 5 at tree\['a'\]\. Give b one"):
+    assert str(m) == "tree['d']: expected shape (b,), got (6,); here b = 6, but b = 5 at tree['a']."
+    assert m.here == (("b", "b", 6, 6, 5),)
+    with pytest.raises(
+        ts.StructureMismatchError, match=r"tree\['d'\].*got \(6,\); here b = 6, but b = 5 at tree\['a'\]\. Give b one"
+    ):
         s.check(bad)
 
 
@@ -213,8 +216,40 @@ def test_a_tree_that_binds_a_name_twice_fails_naming_both_paths_and_sizes():
     with pytest.raises(ts.StructureMismatchError) as info:
         s.match_dims(tree)
     assert [(m.path, m.actual, m.dims) for m in info.value.mismatches] == [("['y']", (6,), (("b", 5, "tree['x']"),))]
-    assert "tree['y']: expected shape (b,), got (6,); b = 5 at tree['x']." in str(info.value)
+    assert "tree['y']: expected shape (b,), got (6,); here b = 6, but b = 5 at tree['x']." in str(info.value)
     assert not s.matches(tree)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["top", "jit"])
+def test_match_dims_names_the_size_each_conflicting_leaf_gives(jit):
+    (b,) = jax.export.symbolic_shape("b")
+    s = ts.structure_of({"x": sds((b, 3)), "y": sds((2 * b,)), "z": sds((2 * b + 1,)), "h": sds(((b + 1) // 2,))})
+    tree = {"x": jnp.zeros((5, 3), F32), "y": jnp.zeros(12, F32), "z": jnp.zeros(12, F32), "h": jnp.zeros(4, F32)}
+
+    def run():
+        with pytest.raises(ts.StructureMismatchError) as info:
+            s.match_dims(tree)
+        return info.value
+
+    if jit:
+        caught = []
+        jax.jit(lambda x: (caught.append(run()), x)[1])(1.0)
+        [err] = caught
+    else:
+        err = run()
+    assert [(m.path, m.here) for m in err.mismatches] == [
+        ("['h']", (("b", "floordiv(b + 1, 2)", 4, None, 3),)),
+        ("['y']", (("b", "2*b", 12, 6, 10),)),
+        ("['z']", (("b", "2*b + 1", 12, None, 11),)),
+    ]
+    assert [str(m) for m in err.mismatches] == [
+        "tree['h']: expected shape (floordiv(b + 1, 2),), got (4,); here floordiv(b + 1, 2) = 4, but b = 5 at "
+        "tree['x'], which gives floordiv(b + 1, 2) = 3.",
+        "tree['y']: expected shape (2*b,), got (12,); here b = 6 (2*b = 12), but b = 5 at tree['x'].",
+        "tree['z']: expected shape (2*b + 1,), got (12,); here 2*b + 1 = 12, but b = 5 at tree['x'], which gives "
+        "2*b + 1 = 11.",
+    ]
+    assert str(err).endswith(str(err.mismatches[0]) + " Give b one size across the tree.")
 
 
 def test_a_min_of_a_name_is_checked_once_the_name_is_bound():

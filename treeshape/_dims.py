@@ -339,5 +339,31 @@ def match(expected: Compared, actual: Compared, root: str) -> tuple[Binding, lis
             for n in shape_names(tuple(told))
             if n not in binding.sizes or binding.sources[n][0] != index[m.path]  # not the leaf that bound it
         )
-        out.append(dataclasses.replace(m, expected=shape, dims=dims))
+        here = tuple(
+            said
+            for name, size, _ in dims
+            if size is not None and (said := _told_here(shape, m.actual, name, binding.sizes)) is not None
+        )
+        out.append(dataclasses.replace(m, expected=shape, dims=dims, here=here))
     return binding, out
+
+
+def _told_here(
+    shape: tuple[Any, ...], actual: tuple[Any, ...], name: str, sizes: dict[str, int]
+) -> tuple[str, str, int, int | None, int] | None:
+    """What a leaf's own sizes say of `name` (bound to `sizes[name]` elsewhere): the first
+    dimension that uses it and disagrees with the binding, as `(name, expression, size,
+    the name's size for it or None, the size the binding gives)`."""
+    others = {k: v for k, v in sizes.items() if k != name}
+    for d, size in zip(shape, actual, strict=True):
+        if not is_symbolic(d) or is_symbolic(size) or name not in _compat.dim_names(d):
+            continue
+        if not _compat.dim_names(d) <= sizes.keys():
+            continue
+        try:
+            predicted = _compat.evaluate_dim(d, sizes)
+        except OverflowError:
+            continue
+        if predicted != size:
+            return name, str(d), size, _solve_one(d, size, name, others), predicted
+    return None

@@ -40,6 +40,11 @@ class Mismatch:
             no leaf of the tree determines.
         constraint: For a `"shape"` mismatch: the constraint of the
             symbolic scope that the tree's sizes break (`"b >= 4"`), else `""`.
+        here: For a `"shape"` mismatch with `dims`: what this leaf's own
+            sizes say of each name bound elsewhere, as `(name, expression,
+            size, name's size here, what the binding gives)`:
+            `("b", "2*b", 12, 6, 10)` for `2*b` of size 12 where `b = 5`
+            (the name's size here is `None` when no integer gives it).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -63,6 +68,7 @@ class Mismatch:
     root: str = dataclasses.field(default="tree", kw_only=True)
     dims: tuple[tuple[str, int | None, str], ...] = dataclasses.field(default=(), kw_only=True)
     constraint: str = dataclasses.field(default="", kw_only=True)
+    here: tuple[tuple[str, str, int, int | None, int], ...] = dataclasses.field(default=(), kw_only=True)
 
     @property
     def where(self) -> str:
@@ -105,7 +111,8 @@ def _shape_what(m: Mismatch) -> str:
     if m.constraint:
         given = ", ".join(f"{name} = {size}" for name, size, _ in m.dims)
         return f"expected shape {e} with {m.constraint}, got {a} ({given})."
-    bound = [f"{name} = {size} at {where}" for name, size, where in m.dims if size is not None]
+    here = {told[0]: told for told in m.here}
+    bound = [_bound_what(name, size, where, here.get(name)) for name, size, where in m.dims if size is not None]
     unknown = [name for name, size, _ in m.dims if size is None]
     notes = []
     if bound:
@@ -120,6 +127,17 @@ def _shape_what(m: Mismatch) -> str:
             f"{_constraints(a)}."
         )
     return f"expected shape {e}, got {a}."
+
+
+def _bound_what(name: str, size: int, where: str, told: tuple[str, str, int, int | None, int] | None) -> str:
+    """A name bound elsewhere, and (when this leaf tells it) the size this leaf gives it."""
+    if told is None:
+        return f"{name} = {size} at {where}"
+    _, expression, actual, value, predicted = told
+    if value is None:
+        return f"here {expression} = {actual}, but {name} = {size} at {where}, which gives {expression} = {predicted}"
+    here = f"{name} = {value}" if expression == name else f"{name} = {value} ({expression} = {actual})"
+    return f"here {here}, but {name} = {size} at {where}"
 
 
 def _constraints(shape: Any) -> str:

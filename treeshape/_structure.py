@@ -448,7 +448,8 @@ class Structure:
             Traceback (most recent call last):
             ...
             treeshape.StructureMismatchError: treeshape.Structure.match_dims: the tree does not fit: tree['y']:
-            expected shape (2*b,), got (12,); b = 5 at tree['x']. Give b one size across the tree.
+            expected shape (2*b,), got (12,); here b = 6 (2*b = 12), but b = 5 at tree['x']. Give b one size
+            across the tree.
         """
         binding, found = _dims.match(self, read_structure(tree, "Structure.match_dims"), "tree")
         problems = [m for m in found if m.kind in ("shape", "structure")]
