@@ -486,3 +486,66 @@ def test_memory_by_module_sums_symbolic_sizes():
         "-------  ------  -----------  -----------------\n"
         "total         4  c + 5*b + 9  4*c + 20*b + 36 B"
     )
+
+
+# -- a sharding that splits a symbolic dimension ------------------------------------------
+_MESH2 = AbstractMesh((2,), ("d",))
+
+
+def _split_b(constraints=()):
+    (b,) = jax.export.symbolic_shape("b", constraints=list(constraints))
+    return b, sds((b, 3), sharding=NamedSharding(_MESH2, P("d")))
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["top", "jit"])
+def test_a_sharding_that_splits_a_symbolic_dimension_is_checked_on_entry(jit):
+    _, x = _split_b()
+    calls = {
+        "structure_of": (lambda: ts.structure_of({"x": x}), "tree['x']"),
+        "out_structure": (lambda: ts.out_structure(lambda t: t, {"x": x}), "args[0]['x']"),
+    }
+    for who, (call, where) in calls.items():
+        with pytest.raises(ValueError) as info:
+            jax.jit(lambda v, call=call: (call(), v)[1])(1.0) if jit else call()
+        assert str(info.value) == (
+            f"treeshape.{who}: the sharding of {where} (f32[b,3], P('d', None)) does not fit it: dimension 0 (size "
+            "b) would be split 2 ways over mesh axes ('d',), which divides b only for some sizes: constrain it, "
+            'e.g. `jax.export.symbolic_shape(..., constraints=["mod(b, 2) == 0"])`, or write the dimension as '
+            "`2*b`. JAX would refuse it once the dimension has a size (an IndivisibleError)."
+        )
+    # with_shardings says the same of the same leaf
+    with pytest.raises(ValueError, match=r"which divides b only for some sizes: constrain it"):
+        ts.structure_of({"x": x.update(sharding=None)}).with_shardings(NamedSharding(_MESH2, P("d")))
+
+
+def test_a_constraint_or_a_multiple_makes_it_divide_and_bind_refuses_other_sizes():
+    b, x = _split_b(["mod(b, 2) == 0"])
+    s = ts.structure_of({"x": x})
+    assert s.bind(b=4).tree["x"] == jax.ShapeDtypeStruct((4, 3), F32, sharding=NamedSharding(_MESH2, P("d")))
+    with pytest.raises(ValueError, match=r"^treeshape\.Structure\.bind: b=3 breaks the constraint 'mod\(b, 2\) == 0'"):
+        s.bind(b=3)
+    (c,) = jax.export.symbolic_shape("c")
+    doubled = ts.structure_of({"x": sds((2 * c, 3), sharding=NamedSharding(_MESH2, P("d")))})
+    assert doubled.bind(c=3).tree["x"].shape == (6, 3)
+    assert ts.Structure.from_json(doubled.to_json()) == doubled
+    # JSON: a document whose sharding splits `b` unconstrained names the leaf
+    text = doubled.to_json().replace('"2*c"', '"c"')
+    with pytest.raises(ValueError) as info:
+        ts.Structure.from_json(text)
+    assert str(info.value).startswith(
+        "treeshape.Structure.from_json: leaves[0].sharding: it does not fit the leaf at ['x'] (f32[c,3]): "
+        "dimension 0 (size c) would be split 2 ways"
+    )
+
+
+def test_largest_fit_names_the_leaf_whose_split_would_not_divide():
+    mesh = jax.make_mesh((2,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+    (b,) = jax.export.symbolic_shape("b")
+    step = lambda t: t * 2  # noqa: E731
+    x = sds((b, 64), sharding=NamedSharding(mesh, P("d")))
+    with pytest.raises(ValueError, match=r"^treeshape\.largest_fit: the sharding of args\[0\] \(f32\[b,64\]"):
+        ts.largest_fit(step, x, dim="b", budget=2**16)
+    fit = ts.largest_fit(step, x.update(shape=(2 * b, 64)), dim="b", budget=2**16)  # written as 2*b: it divides
+    assert fit.size >= 1
+    oracle = jax.jit(step).lower(sds((2 * fit.size, 64), sharding=NamedSharding(mesh, P("d")))).compile()
+    assert oracle.memory_analysis().output_size_in_bytes == fit.cost.output_bytes

@@ -31,6 +31,7 @@ from ._cost import Cost, cost_of, exact, prepare
 from ._dims import DimOverflow, bind_leaves, check_sizes, free_names
 from ._infer import Call, abstract_inputs, check_callable, input_path
 from ._leaf import TooLarge, check_extents, human_bytes, leaf_str
+from ._sharding import split_problem
 from ._table import grid, html_grid
 
 
@@ -390,6 +391,11 @@ def largest_fit(
             problem = e.problem if isinstance(e, DimOverflow) else f"{leaf_str(e.leaf)} {e.problem}"
             where = input_path(leaves, call.treedef, e.index)
             raise ValueError(f"treeshape.largest_fit: at {dim}={n}, {where}: {problem}. {fix}") from None
+        for i, leaf in enumerate(bound):  # a size the mesh does not divide: JAX's IndivisibleError otherwise
+            unfit = split_problem(leaf) if leaf is not leaves[i] and hasattr(leaf, "sharding") else None
+            if unfit is not None:
+                where = input_path(leaves, call.treedef, i)
+                raise ValueError(f"treeshape.largest_fit: at {dim}={n}, the sharding of {where} does not fit: {unfit}.")
         if negative:
             i = negative[0]
             raise ValueError(

@@ -32,6 +32,7 @@ from ._leaf import (
     jax_dtype,
     kind_of,
     refuse_cycles,
+    sizes,
 )
 from ._structure import PyTree, Structure, read_structure
 
@@ -182,7 +183,18 @@ def abstract_inputs(leaves: list[Any], treedef: jtu.PyTreeDef, fn_name: str = "o
         check_extents(out)
     except TooLarge as e:
         raise ValueError(extent_message(fn_name, input_path(leaves, treedef, e.index), e.leaf, e.problem)) from None
+    check_splits(out, treedef, fn_name)
     return out
+
+
+def check_splits(leaves: list[Any], treedef: jtu.PyTreeDef, fn_name: str) -> None:
+    """Refuse a `ShapeDtypeStruct` whose sharding splits a symbolic dimension that it does not
+    always divide, as `with_shardings` refuses it (a cache key need not cover shardings)."""
+    for i, x in enumerate(leaves):
+        if type(x) is jax.ShapeDtypeStruct and x.sharding is not None and not sizes(x.shape):
+            problem = _sharding.split_problem(x)
+            if problem is not None:
+                raise ValueError(_sharding.split_message(fn_name, input_path(leaves, treedef, i), x, problem))
 
 
 def check_inputs(
@@ -529,6 +541,7 @@ def _out_structure(
     check_callable(fn, "out_structure")
     call = with_trees(split_call(fn, args, kwargs))
     core, bound_leaves, bound_treedef, call_leaves, call_treedef = call
+    check_splits([*bound_leaves, *call_leaves], call.treedef, "out_structure")
     refs: list[Any] = []
     key: Key | None = None
     hit = None

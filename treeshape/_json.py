@@ -52,7 +52,17 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat, _nodes
-from ._leaf import extent_problem, is_symbolic, jax_dtype, key_dtype, key_dtypes, manual_axis_sets, symbolic_scopes
+from ._leaf import (
+    extent_problem,
+    is_symbolic,
+    jax_dtype,
+    key_dtype,
+    key_dtypes,
+    leaf_str,
+    manual_axis_sets,
+    symbolic_scopes,
+)
+from ._sharding import split_problem as _split_problem
 
 
 VERSION: Final = 1
@@ -1006,9 +1016,12 @@ def _leaf(record: Any, where: str, dims: _Dims) -> Any:
     vma = _vma(record["vma"], f"{where}.vma") if record.get("vma") is not None else None
     problem = extent_problem(shape, dtype)  # XLA would abort the process on such a leaf
     if problem is not None:
-        path = record["path"]
-        _fail(f"{where}.shape", f"the leaf at {path} {problem}, the most that XLA's 64-bit sizes hold")
-    return _compat.shape_dtype_struct(shape, dtype, weak_type=weak, sharding=sharding, manual_axes=vma)
+        _fail(f"{where}.shape", f"the leaf at {record['path']} {problem}, the most that XLA's 64-bit sizes hold")
+    leaf = _compat.shape_dtype_struct(shape, dtype, weak_type=weak, sharding=sharding, manual_axes=vma)
+    problem = _split_problem(leaf) if sharding is not None and any(map(is_symbolic, shape)) else None
+    if problem is not None:  # as `with_shardings` checks a sharding
+        _fail(f"{where}.sharding", f"it does not fit the leaf at {record['path']} ({leaf_str(leaf)}): {problem}")
+    return leaf
 
 
 def _plain_type(record: Any) -> tuple[tuple[int | str, ...], str, bool] | None:

@@ -257,7 +257,9 @@ class IntTooBig(OverflowError):
         self.index, self.value, self.bits = index, value, bits
 
 
-def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
+def read_leaves(
+    leaves: list[Any], top_level: bool, sharded_symbolic: list[tuple[int, jax.ShapeDtypeStruct]] | None = None
+) -> list[Any]:
     """Each leaf's description, read without tracing: what `jax.eval_shape` of the
     identity gives (a `ShapeDtypeStruct` typed as JAX types the leaf: canonical
     dtype, Python `int`/`float`/`complex` weak), static leaves as themselves.
@@ -272,6 +274,10 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
         BadShape: a `ShapeDtypeStruct` or duck array whose shape JAX cannot take
             (with its `index`).
         TooLarge: an array leaf too large for XLA (`extent_problem`).
+
+    The `ShapeDtypeStruct`s and duck arrays (as given, with their index) that have
+    both symbolic dimensions and a sharding, whose divisibility is `_sharding`'s to
+    check, are appended to `sharded_symbolic`, when given.
     """
     kinds = KINDS
     out: list[Any] = []
@@ -316,6 +322,8 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
                     shapes_ok.add(shape)
                 else:
                     x = x.update(shape=shape)
+            if x.sharding is not None and sharded_symbolic is not None and x.shape in shapes_ok:
+                sharded_symbolic.append((i, x))
             if (x.shape, x.dtype) not in fits:
                 _check_fits(x, i, fits)
             if not top_level:
@@ -348,6 +356,8 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
                 e.index = i
                 raise
             _check_fits(abstract, i, fits)
+            if abstract.sharding is not None and sharded_symbolic is not None and has_symbolic(abstract.shape):
+                sharded_symbolic.append((i, abstract))
             if not top_level:
                 append(from_aval(_compat.abstractify(abstract)))
             else:

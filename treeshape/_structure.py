@@ -410,6 +410,16 @@ class Structure:
             )
         bound = Structure(self._treedef, tuple(leaves))._on_meshes(self._meshes)
         bound._check_extents("Structure.bind", f"At {given}, {smaller[0].lower()}{smaller[1:]}")
+        for i, (before, after) in enumerate(zip(self._leaves, leaves, strict=True)):
+            if after is not before and isinstance(after, jax.ShapeDtypeStruct) and after.sharding is not None:
+                problem = _sharding.split_problem(after)
+                if problem is not None:
+                    where = f"tree{self.paths[i]} ({leaf_str(before)} at {given})"
+                    raise ValueError(
+                        f"treeshape.Structure.bind: {given} makes a size the mesh does not divide: the sharding of "
+                        f"{where} does not fit it: {problem}. Choose a size the mesh divides, or constrain the "
+                        "dimension so that every size does (`mod(b, 2) == 0`)."
+                    )
         return bound
 
     def match_dims(self, tree: PyTree) -> dict[str, int]:
@@ -955,8 +965,9 @@ def read_structure(tree: PyTree, fn_name: str, root: str = "tree") -> Structure:
     if hint is not None:  # its nodes describe the tree but cannot rebuild it: no Structure would work
         raise TypeError(f"treeshape.{fn_name}: {root} is {hint}.")
     leaves, treedef = flatten(tree, fn_name, root)
+    sharded_symbolic: list[tuple[int, jax.ShapeDtypeStruct]] = []
     try:
-        described = read_leaves(leaves, _compat.at_top_level())
+        described = read_leaves(leaves, _compat.at_top_level(), sharded_symbolic)
     except IntTooBig as e:
         path = jtu.keystr(jtu.tree_flatten_with_path(tree)[0][e.index][0])
         raise OverflowError(int_too_big_message(fn_name, root + path, e.value, e.bits)) from None
@@ -966,6 +977,11 @@ def read_structure(tree: PyTree, fn_name: str, root: str = "tree") -> Structure:
     except TooLarge as e:
         path = jtu.keystr(jtu.tree_flatten_with_path(tree)[0][e.index][0])
         raise ValueError(extent_message(fn_name, root + path, e.leaf, e.problem)) from None
+    for i, leaf in sharded_symbolic:  # as `with_shardings` checks a sharding
+        problem = _sharding.split_problem(leaf)
+        if problem is not None:
+            path = jtu.keystr(jtu.tree_flatten_with_path(tree)[0][i][0])
+            raise ValueError(_sharding.split_message(fn_name, root + path, leaf, problem))
     structure = Structure(treedef, tuple(described))
     if len(leaves) > DEFAULT_MAX_ROWS:  # its table will be cut: note the paths it shows, from the tree at hand
         structure._cache["edges"] = edge_paths(tree, leaves)
