@@ -520,7 +520,7 @@ def test_check_inside_jit():
 def test_mismatch_is_a_frozen_dataclass_with_a_sentence():
     m = ts.Mismatch("[0]", "shape", (8,), (8, 1), root="carry")
     assert str(m) == "carry[0]: expected shape (8,), got (8, 1)."
-    assert dataclasses.astuple(m) == ("[0]", "shape", (8,), (8, 1), "carry", (), "")
+    assert dataclasses.astuple(m) == ("[0]", "shape", (8,), (8, 1), "carry", (), "", ())
     assert (m.where, m.what) == ("carry[0]", "expected shape (8,), got (8, 1).")
     assert str(ts.Mismatch("['w']", "dtype", "float32", "int32")) == "tree['w']: expected dtype float32, got int32."
     with pytest.raises(dataclasses.FrozenInstanceError):
