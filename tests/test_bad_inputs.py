@@ -3,7 +3,11 @@ library (and its cache) working for the next good call."""
 
 import dataclasses
 import functools as ft
+import json
+import os
 import re
+import subprocess
+import sys
 import traceback
 
 import jax
@@ -408,3 +412,99 @@ def test_a_leaked_tracer_passed_at_top_level_raises_jaxs_error(call):
             _TAKES_A_TREE[call](t)
     with pytest.raises(jax.errors.UnexpectedTracerError):  # as lax.scan itself does
         lax.scan(lambda c, x: (c, None), {"a": tracers[0]}, length=2)
+
+
+# -- a pytree that contains itself ------------------------------------------------------------
+# JAX's flatten of a dict that contains itself leaves the interpreter broken (every later call
+# fails), so these run in a subprocess: a regression fails the test, not the test run.
+_CYCLES = r"""
+import collections, json, sys
+import jax, jax.numpy as jnp
+import treeshape as ts
+
+P = collections.namedtuple("P", "a b")
+
+
+def cyclic(kind):
+    if kind == "dict":
+        t = {"a": jnp.zeros(2), "b": 1.0}
+        t["self"] = t
+    elif kind == "list":
+        t = [jnp.zeros(2)]
+        t.append(t)
+    elif kind == "nested":
+        t = {"p": {"q": [1.0], "r": 2.0}, "s": 3.0}
+        t["p"]["q"].append(t["p"])
+    else:  # through a namedtuple, a node JAX flattens itself
+        inner = []
+        inner.append(P(inner, 1.0))
+        t = {"x": inner, "y": 1.0}
+    return t
+
+
+def under_jit(call):
+    return jax.jit(lambda x: (call(), x)[1])(1.0)
+
+
+calls = {
+    "structure_of": lambda t: ts.structure_of(t),
+    "out_structure": lambda t: ts.out_structure(lambda *a: 1, 0.0, t),
+    "diff": lambda t: ts.structure_of({"a": 1.0}).diff(t),
+    "cost": lambda t: ts.cost(lambda *a: 1.0, 0.0, t),
+    "weak_paths": lambda t: ts.weak_paths(t),
+    "strip_weak_type": lambda t: ts.strip_weak_type(t),
+    "describe": lambda t: ts.describe(t),
+    "check_prefix": lambda t: ts.check_prefix(None, t),
+    "carry_structure": lambda t: ts.carry_structure(lambda c, x: (c, x), t, None, length=2),
+}
+out = {}
+for kind in ("dict", "list", "nested", "node"):
+    for name, call in calls.items():
+        for jit in (False, True):
+            t = cyclic(kind)
+            try:
+                under_jit(lambda: call(t)) if jit else call(t)
+                result = "no error"
+            except Exception as e:
+                result = f"{type(e).__name__}: {e}"
+            out[f"{kind} {name}{' jit' if jit else ''}"] = result
+print(json.dumps(out))
+print(float(jnp.ones(3).sum()))  # the interpreter still works
+"""
+
+
+def test_a_pytree_that_contains_itself_is_named_where_it_cycles():
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", _CYCLES], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "3.0"
+    results = json.loads(lines[-2])
+    where = {"dict": ("['self']", ""), "list": ("[1]", ""), "nested": ("['p']['q'][1]", "['p']")}
+    roots = {"out_structure": "args[1]", "cost": "args[1]", "carry_structure": "carry"}
+    for name in ("structure_of", "out_structure", "diff", "cost", "weak_paths", "strip_weak_type", "describe"):
+        for jit in ("", " jit"):
+            for kind, (path, ancestor) in where.items():
+                root = roots.get(name, "tree")
+                who = {"diff": "Structure.diff"}.get(name, name)
+                assert results[f"{kind} {name}{jit}"] == (
+                    f"ValueError: treeshape.{who}: {root}{path} is {root}{ancestor} itself: the pytree contains "
+                    "itself, and JAX cannot flatten it. Keep that reference out of the tree (it cycles back to one "
+                    "of its own parents)."
+                ), (kind, name, jit)
+            node = results[f"node {name}{jit}"]
+            assert (
+                node.startswith(f"ValueError: treeshape.{who}: ")
+                and "one of its custom pytree nodes contains itself" in node
+            ), node
+    assert results["nested check_prefix"].startswith("ValueError: treeshape.check_prefix: tree['p']['q'][1] is")
+    assert results["dict carry_structure jit"].startswith(
+        "ValueError: treeshape.carry_structure: carry['self'] is carry itself"
+    )
+
+
+def test_a_shared_subtree_is_no_cycle():
+    shared = {"w": jnp.zeros(2)}
+    tree = {"a": shared, "b": [shared, (shared, shared)]}
+    assert ts.structure_of(tree).paths == ("['a']['w']", "['b'][0]['w']", "['b'][1][0]['w']", "['b'][1][1]['w']")
+    assert ts.out_structure(lambda t: t, tree) == ts.structure_of(tree)

@@ -3,6 +3,7 @@
 import dataclasses
 import functools as ft
 import gc
+import pickle
 import threading
 import types
 import weakref
@@ -511,3 +512,41 @@ def test_a_callable_object_is_keyed_by_its_state():
         assert ts.out_structure(layer, 1.0).tree.shape == (n,)  # as fn itself
     assert ts.cache_info().hits == 2
     assert ts.out_structure(ft.partial(apply, f=_Layer(7)), 1.0).tree.shape == (7,)
+
+
+def test_cache_info_counts_the_cost_cache_too():
+    ts.clear_cache()
+    f = lambda x: x * 2
+    ts.out_structure(f, jnp.ones(2))
+    ts.cost(f, jnp.ones(2))
+    ts.cost(f, jnp.zeros(2))  # the same abstract input: compiled once
+    ts.cost(ft.partial(f), jnp.ones(3))
+    info = ts.cache_info()
+    assert info == (0, 1, 1, 4096)  # the four fields are out_structure's, as before
+    hits, misses, size, maxsize = info
+    assert (hits, misses, size, maxsize) == (0, 1, 1, 4096)
+    assert (info.cost_hits, info.cost_misses, info.cost_size) == (1, 2, 2)
+    assert repr(info) == ("CacheInfo(hits=0, misses=1, size=1, maxsize=4096, cost_hits=1, cost_misses=2, cost_size=2)")
+    assert info == ts.CacheInfo(0, 1, 1, 4096, cost_hits=1, cost_misses=2, cost_size=2)
+    assert info != ts.CacheInfo(0, 1, 1, 4096) and hash(info) == hash((0, 1, 1, 4096))
+    assert pickle.loads(pickle.dumps(info)) == info
+    with pytest.raises(AttributeError, match="immutable"):
+        info.cost_hits = 5
+    (b,) = jax.export.symbolic_shape("b")
+    fit = ts.largest_fit(f, jax.ShapeDtypeStruct((b, 8), jnp.float32), dim="b", budget=2**12)
+    assert ts.cache_info().cost_misses == 2 + fit.compiles  # largest_fit compiles through the same cache
+    ts.clear_cache()
+    assert ts.cache_info() == ts.CacheInfo(0, 0, 0, 4096, 0, 0, 0)
+
+
+def test_cache_info_under_jit():
+    ts.clear_cache()
+
+    def step(x):
+        ts.cost(jnp.sin, x)
+        ts.cost(jnp.sin, x)
+        return x
+
+    jax.jit(step)(jnp.ones(3))
+    info = ts.cache_info()
+    assert (info.cost_hits, info.cost_misses, info.cost_size) == (1, 1, 1)

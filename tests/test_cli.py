@@ -187,8 +187,8 @@ BAD_INPUTS = {
     "spec_too_big_for_xla": (
         ["cost", "jax.numpy:sin", "f32[4611686018427387904]"],
         2,
-        "spec 'f32[4611686018427387904]' has 4,611,686,018,427,387,904 elements (18,446,744,073,709,551,616 bytes), "
-        "more than XLA can count in 63 bits (2**63 - 1): use smaller sizes",
+        "spec 'f32[4611686018427387904]' takes 18,446,744,073,709,551,616 bytes (4,611,686,018,427,387,904 elements "
+        "of 4 B), more than 2**63 - 1 (XLA would abort on it): use smaller sizes",
     ),
     "spec_elements_too_many_for_xla": (
         ["inspect", "cli_fixtures:echo", "(u8[2], u8[3037000500,3037000500])"],
@@ -221,9 +221,8 @@ BAD_INPUTS = {
     "max_size_too_big_for_xla": (
         ["fit", "jax.numpy:multiply", "f32[b,1099511627776,1024]", "f32[1024]", "--dim", "b", "--budget", "1MiB"],
         2,
-        "at b=1048576, spec 'f32[b,1099511627776,1024]' has 1,180,591,620,717,411,303,424 elements "
-        "(4,722,366,482,869,645,213,696 bytes), more than XLA can count in 63 bits (2**63 - 1): pass --max-size 2047 "
-        "or less",
+        "at b=1048576, spec 'f32[b,1099511627776,1024]' (f32[1048576,1099511627776,1024]) has "
+        "1,180,591,620,717,411,303,424 elements, more than 2**63 - 1: pass --max-size 2047 or less",
     ),
     "error_in_function_cost": (
         ["cost", "cli_fixtures:fails", "f32[3]"],

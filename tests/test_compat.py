@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import treeshape as ts
 from treeshape import _compat
 
 
@@ -166,8 +167,18 @@ def test_unreduced_manual_axes_need_jax_0_10():
         with pytest.raises(ValueError):  # JAX's own rule: an axis cannot be both
             _compat.make_manual_axes({"i"}, unreduced={"i"})
     else:
-        with pytest.raises(_compat.JaxFeatureMissing, match=r"unreduced or reduced manual axes .* jax 0\.10\.0"):
+        with pytest.raises(ts.JaxReleaseError, match=r"unreduced or reduced manual axes .* jax 0\.10\.0"):
             _compat.make_manual_axes({"i"}, unreduced={"j"})
+
+
+def test_a_missing_feature_is_the_public_release_error():
+    err = ts.JaxReleaseError("the PRNG implementation 'x'", "0.10.2")
+    assert isinstance(err, NotImplementedError) and type(err).__module__ == "treeshape"
+    assert (err.feature, err.since) == ("the PRNG implementation 'x'", "0.10.2")
+    assert str(err) == (
+        f"treeshape: the PRNG implementation 'x' needs jax 0.10.2 or newer; this is jax {jax.__version__}. "
+        "Upgrade JAX (`pip install -U 'jax>=0.10.2'`) to use it."
+    )
 
 
 def test_current_mesh_is_the_set_mesh():
@@ -231,7 +242,7 @@ def test_prng_implementations_of_this_release():
             assert jax.random.key(0, impl=impl).dtype == dtype
             assert str(jax.random.key_impl(jax.random.key(0, impl=impl))) == impl
         else:  # a built-in implementation of a newer release
-            with pytest.raises(_compat.JaxFeatureMissing, match=f"'{impl}' needs jax 0.10.2 or newer"):
+            with pytest.raises(ts.JaxReleaseError, match=f"'{impl}' needs jax 0.10.2 or newer"):
                 _compat.key_dtype(impl)
             with pytest.raises((ValueError, TypeError, KeyError)):
                 jax.random.key(0, impl=impl)

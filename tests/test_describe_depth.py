@@ -5,6 +5,7 @@ import html
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 
@@ -96,10 +97,21 @@ def test_long_tables_are_cut_and_the_total_counts_everything():
     assert '<td colspan="4" style="text-align: left">... 26 more rows</td>' in page
 
 
-@pytest.mark.parametrize("depth", [-1, 1.5, "1", True])
-def test_a_bad_depth_is_a_value_error(depth):
-    with pytest.raises(ValueError, match=r"depth must be an int >= 0"):
+@pytest.mark.parametrize("depth", [-1, 1.5, "1", True, jnp.int32(1)])
+def test_a_bad_depth_is_a_value_error_naming_describe(depth):
+    with pytest.raises(ValueError) as info:
         ts.describe(MODEL, depth=depth)
+    assert str(info.value) == (
+        "treeshape.describe: `depth` must be None or an int >= 0 (how many keys of each path make a row; None: a "
+        f"row per leaf), got {type(depth).__name__} {depth!r}."
+    )
+    with pytest.raises(ValueError, match=r"^treeshape\.describe: `max_rows` must be None or an int >= 0"):
+        ts.describe(MODEL, max_rows=depth)
+
+
+def test_a_numpy_integer_depth_is_an_int():
+    assert ts.describe(MODEL, depth=np.int64(1)) == ts.describe(MODEL, depth=1)
+    assert ts.describe(MODEL, max_rows=np.int64(2)) == ts.describe(MODEL, max_rows=2)
 
 
 def test_the_command_line_takes_depth(capsys):

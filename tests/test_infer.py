@@ -656,3 +656,49 @@ def test_a_bound_value_that_is_needed_is_named_as_the_user_wrote_it():
         return x
 
     step(1.0, 3)
+
+
+# -- a Structure among the inputs stands for its tree -----------------------------------------
+def _init_dense(key, d_in, d_out):
+    return {"w": jax.random.normal(key, (d_in, d_out)), "b": jnp.zeros(d_out)}
+
+
+def _sgd_step(params, batch, lr=0.1):
+    def loss(p):
+        return jnp.mean((batch["x"] @ p["w"] + p["b"] - batch["y"]) ** 2)
+
+    grads = jax.grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - lr * g, params, grads), loss(params)
+
+
+def test_a_structure_argument_stands_for_the_tree_it_describes(in_context):
+    # a model far too large to allocate here: its structure only
+    state = ts.out_structure(ft.partial(_init_dense, d_in=2**16, d_out=2**15), jax.random.key(0))
+    batch = ts.structure_of({"x": jax.ShapeDtypeStruct((8, 2**16), jnp.float32), "y": jnp.zeros((8, 2**15))})
+
+    def body(x):
+        expected = jax.eval_shape(_sgd_step, state.tree, batch.tree)  # as seen at this level
+        assert ts.out_structure(_sgd_step, state, batch).tree == expected
+        assert ts.out_structure(ft.partial(_sgd_step, state), batch).tree == expected  # bound in a partial
+        assert ts.out_structure(_sgd_step, state, batch=batch).tree == expected
+        mixed = {"x": x[:1, None] * jnp.ones((8, 2**16)), "y": batch}  # a Structure inside a tree
+        assert ts.out_structure(lambda b: b["y"], mixed) == batch
+        return x
+
+    in_context(body, jnp.ones(3))
+
+
+def test_a_structure_argument_is_cached_as_its_tree():
+    n = 0
+
+    def f(params):
+        nonlocal n
+        n += 1
+        return params["w"].sum()
+
+    s = ts.structure_of({"w": jnp.zeros((3, 2))})
+    ts.clear_cache()
+    a = ts.out_structure(f, s)
+    b = ts.out_structure(f, ts.structure_of({"w": jnp.ones((3, 2))}))  # an equal Structure, another object
+    c = ts.out_structure(f, s.tree)
+    assert a == b == c == ts.structure_of(jnp.float32(0)) and n == 1

@@ -159,6 +159,7 @@ def test_long_lists_name_the_first_three_then_the_count():
         "PrecisionWarning",
         "CacheInfo",
         "StaticRepr",
+        "JaxReleaseError",
     ],
 )
 def test_public_classes_report_module_treeshape(name):

@@ -114,3 +114,26 @@ def test_under_transformations_with_tracer_leaves(in_context):
         return x
 
     in_context(body, jnp.ones(3))
+
+
+def test_a_top_level_list_against_arguments_reads_as_vmap_reads_in_axes():
+    args = (jnp.ones((4, 3)), {"w": jnp.ones(3), "b": jnp.ones(())})
+    in_axes = [0, {"w": None, "b": None}]
+    out = jax.vmap(lambda x, p: x * p["w"] + p["b"], in_axes=in_axes)(*args)  # JAX accepts the list
+    assert out.shape == (4, 3)
+    assert ts.check_prefix(in_axes, args) is None
+    assert ts.check_prefix([0, None], ts.structure_of(args)) is None  # a Structure of the arguments too
+    jax.jit(lambda x, p: ts.check_prefix([0, None], (x, p)))(*args)
+    with pytest.raises(ValueError):  # JAX refuses a list of another length, as check_prefix does
+        jax.vmap(lambda x, p: x, in_axes=[0, None, 0])(*args)
+    with pytest.raises(ts.StructureMismatchError) as info:
+        ts.check_prefix([0, None, 0], args)
+    assert info.value.mismatches == [ts.Mismatch("[2]", "structure", None, "0", root="prefix")]
+    assert "The top-level list of `prefix` was read as a tuple, as `jax.vmap` reads `in_axes`" in str(info.value)
+    # only at the top, and only against a tuple: a list inside stays a list
+    with pytest.raises(ts.StructureMismatchError, match=r"prefix\[1\]: the tree has a dict"):
+        ts.check_prefix([0, [None, None]], args)
+    with pytest.raises(
+        ts.StructureMismatchError, match=r"the tree has a dict with keys \['b', 'w'\] here, the prefix a list"
+    ):
+        ts.check_prefix([None, None], {"w": 1.0, "b": 2.0})

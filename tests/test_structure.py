@@ -233,6 +233,26 @@ def test_x64_zeros():
         assert z["i"].dtype == jnp.int64 and z["i"].weak_type
 
 
+@pytest.mark.parametrize("value", [1 + 2j, 0.5j, 0j, np.complex64(3j)], ids=["1+2j", "0.5j", "0j", "np"])
+@pytest.mark.parametrize("jit", [False, True], ids=["top", "jit"])
+def test_full_with_a_complex_value_fills_bool_leaves_nonzero_as_true(value, jit):
+    s = ts.structure_of({"mask": jnp.zeros(3, bool), "z": jnp.zeros(2, jnp.complex64), "seen": False})
+    # NumPy's reading (and jnp.full's on the newest JAX; jax 0.8.0's dropped the imaginary part)
+    expected = {
+        "mask": np.full(3, value).astype(bool),
+        "z": np.full(2, value, np.complex64),
+        "seen": np.asarray(value).astype(bool),
+    }
+    out = jax.jit(lambda: s.full(value))() if jit else s.full(value)  # no warning (filterwarnings=error)
+    assert s.matches(out)
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), out, expected))
+    assert bool(out["mask"][0]) == (value != 0)
+    with pytest.raises(TypeError) as info:
+        ts.structure_of({"mask": jnp.zeros(3, bool), "n": jnp.zeros(2, jnp.int8)}).full(value)
+    assert "tree['n'] (1 of 2 leaves) is of an integer or real floating dtype" in str(info.value)
+    assert "mask" not in str(info.value)
+
+
 def test_zeros_in_every_context(in_context):
     def body(x):
         s = ts.structure_of({"x": x, "weak": 2.0, "key": jax.random.key(0), "s": "static", "i": jnp.int8(1)})
@@ -498,7 +518,7 @@ def test_check_inside_jit():
 def test_mismatch_is_a_frozen_dataclass_with_a_sentence():
     m = ts.Mismatch("[0]", "shape", (8,), (8, 1), root="carry")
     assert str(m) == "carry[0]: expected shape (8,), got (8, 1)."
-    assert dataclasses.astuple(m) == ("[0]", "shape", (8,), (8, 1), "carry", (), "", "")  # the last: `fix`
+    assert dataclasses.astuple(m) == ("[0]", "shape", (8,), (8, 1), "carry", (), "", "", ())  # ends: fix, here
     assert (m.where, m.what) == ("carry[0]", "expected shape (8,), got (8, 1).")
     assert str(ts.Mismatch("['w']", "dtype", "float32", "int32")) == "tree['w']: expected dtype float32, got int32."
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -541,3 +561,38 @@ def test_node_data_that_jax_cannot_compare_is_diffed_by_contents():
     assert [(m.path, m.kind) for m in s.diff(changed_leaf)] == [(s.paths[0], "shape")]
     assert s.paths == ("['n'][<flat index 0>]",)
     assert s != ts.structure_of(changed_leaf)
+
+
+# -- astype: Python types and 64-bit dtypes --------------------------------------------------
+_PARAMS = {"w": jnp.zeros((2, 3), jnp.bfloat16), "b": jnp.zeros(3), "n": jnp.int32(0)}
+
+
+@pytest.mark.parametrize("kind", [float, int, complex, bool])
+@pytest.mark.parametrize("x64", [False, True], ids=["x32", "x64"])
+def test_astype_to_a_python_type_is_jaxs_default_dtype_of_that_kind(kind, x64):
+    with jax.enable_x64(x64):
+        s = ts.structure_of(_PARAMS).astype(kind)
+        expected = jnp.zeros(3, kind).dtype  # JAX's reading of the Python type
+        assert [leaf.dtype for leaf in s.leaves] == [expected, jnp.dtype(jnp.int32), expected]
+        assert s.matches(jax.jit(s.zeros)()) and s.matches(s.ones())
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, np.int64, "float64", np.dtype("float64"), jnp.complex128])
+@pytest.mark.parametrize("jit", [False, True], ids=["top", "jit"])
+def test_astype_to_a_64_bit_dtype_with_x64_off_is_refused_as_zeros_refuses_it(dtype, jit):
+    s = ts.structure_of(_PARAMS)
+    name = np.dtype(dtype).name
+    narrow = {"float64": "float32", "int64": "int32", "complex128": "complex64"}[name]
+    with jax.enable_x64(False):
+        with pytest.raises(ValueError) as info:
+            jax.jit(lambda: s.astype(dtype).zeros())() if jit else s.astype(dtype)
+        assert str(info.value) == (
+            f"treeshape.Structure.astype: {name} is a 64-bit dtype, but jax_enable_x64 is off, so JAX would "
+            f"silently make arrays of it {narrow} (`zeros()` refuses such a Structure). It would convert tree['b'], "
+            "tree['w']. Turn x64 on first: `jax.config.update(\"jax_enable_x64\", True)`, or build inside `with "
+            f"jax.enable_x64(True):`; or convert to {narrow}."
+        )
+        assert ts.structure_of({"n": jnp.int32(0)}).astype(dtype) == ts.structure_of({"n": jnp.int32(0)})  # none
+    with jax.enable_x64(True):
+        wide = s.astype(dtype)
+        assert wide.tree["b"].dtype == np.dtype(dtype) and wide.matches(wide.zeros())

@@ -201,8 +201,11 @@ def test_expressions_bind_consistently_across_the_tree():
     [m] = s.diff(bad)
     assert (m.path, m.kind, m.expected, m.actual) == ("['d']", "shape", (b,), (6,))
     assert m.dims == (("b", 5, "tree['a']"),)
-    assert str(m) == "tree['d']: expected shape (b,), got (6,); b = 5 at tree['a']."
-    with pytest.raises(ts.StructureMismatchError, match=r"tree\['d'\].*got \(6,\); b = 5 at tree\['a'\]\. Give b one"):
+    assert str(m) == "tree['d']: expected shape (b,), got (6,); here b = 6, but b = 5 at tree['a']."
+    assert m.here == (("b", "b", 6, 6, 5),)
+    with pytest.raises(
+        ts.StructureMismatchError, match=r"tree\['d'\].*got \(6,\); here b = 6, but b = 5 at tree\['a'\]\. Give b one"
+    ):
         s.check(bad)
 
 
@@ -213,8 +216,40 @@ def test_a_tree_that_binds_a_name_twice_fails_naming_both_paths_and_sizes():
     with pytest.raises(ts.StructureMismatchError) as info:
         s.match_dims(tree)
     assert [(m.path, m.actual, m.dims) for m in info.value.mismatches] == [("['y']", (6,), (("b", 5, "tree['x']"),))]
-    assert "tree['y']: expected shape (b,), got (6,); b = 5 at tree['x']." in str(info.value)
+    assert "tree['y']: expected shape (b,), got (6,); here b = 6, but b = 5 at tree['x']." in str(info.value)
     assert not s.matches(tree)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["top", "jit"])
+def test_match_dims_names_the_size_each_conflicting_leaf_gives(jit):
+    (b,) = jax.export.symbolic_shape("b")
+    s = ts.structure_of({"x": sds((b, 3)), "y": sds((2 * b,)), "z": sds((2 * b + 1,)), "h": sds(((b + 1) // 2,))})
+    tree = {"x": jnp.zeros((5, 3), F32), "y": jnp.zeros(12, F32), "z": jnp.zeros(12, F32), "h": jnp.zeros(4, F32)}
+
+    def run():
+        with pytest.raises(ts.StructureMismatchError) as info:
+            s.match_dims(tree)
+        return str(info.value), info.value.mismatches  # not the error: its traceback holds the trace's frames
+
+    if jit:
+        caught = []
+        jax.jit(lambda x: (caught.append(run()), x)[1])(1.0)
+        [(message, mismatches)] = caught
+    else:
+        message, mismatches = run()
+    assert [(m.path, m.here) for m in mismatches] == [
+        ("['h']", (("b", "floordiv(b + 1, 2)", 4, None, 3),)),
+        ("['y']", (("b", "2*b", 12, 6, 10),)),
+        ("['z']", (("b", "2*b + 1", 12, None, 11),)),
+    ]
+    assert [str(m) for m in mismatches] == [
+        "tree['h']: expected shape (floordiv(b + 1, 2),), got (4,); here floordiv(b + 1, 2) = 4, but b = 5 at "
+        "tree['x'], which gives floordiv(b + 1, 2) = 3.",
+        "tree['y']: expected shape (2*b,), got (12,); here b = 6 (2*b = 12), but b = 5 at tree['x'].",
+        "tree['z']: expected shape (2*b + 1,), got (12,); here 2*b + 1 = 12, but b = 5 at tree['x'], which gives "
+        "2*b + 1 = 11.",
+    ]
+    assert message.endswith(str(mismatches[0]) + " Give b one size across the tree.")
 
 
 def test_a_min_of_a_name_is_checked_once_the_name_is_bound():
@@ -451,3 +486,66 @@ def test_memory_by_module_sums_symbolic_sizes():
         "-------  ------  -----------  -----------------\n"
         "total         4  c + 5*b + 9  4*c + 20*b + 36 B"
     )
+
+
+# -- a sharding that splits a symbolic dimension ------------------------------------------
+_MESH2 = AbstractMesh((2,), ("d",))
+
+
+def _split_b(constraints=()):
+    (b,) = jax.export.symbolic_shape("b", constraints=list(constraints))
+    return b, sds((b, 3), sharding=NamedSharding(_MESH2, P("d")))
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["top", "jit"])
+def test_a_sharding_that_splits_a_symbolic_dimension_is_checked_on_entry(jit):
+    _, x = _split_b()
+    calls = {
+        "structure_of": (lambda: ts.structure_of({"x": x}), "tree['x']"),
+        "out_structure": (lambda: ts.out_structure(lambda t: t, {"x": x}), "args[0]['x']"),
+    }
+    for who, (call, where) in calls.items():
+        with pytest.raises(ValueError) as info:
+            jax.jit(lambda v, call=call: (call(), v)[1])(1.0) if jit else call()
+        assert str(info.value) == (
+            f"treeshape.{who}: the sharding of {where} (f32[b,3], P('d', None)) does not fit it: dimension 0 (size "
+            "b) would be split 2 ways over mesh axes ('d',), which divides b only for some sizes: constrain it, "
+            'e.g. `jax.export.symbolic_shape(..., constraints=["mod(b, 2) == 0"])`, or write the dimension as '
+            "`2*b`. JAX would refuse it once the dimension has a size (an IndivisibleError)."
+        )
+    # with_shardings says the same of the same leaf
+    with pytest.raises(ValueError, match=r"which divides b only for some sizes: constrain it"):
+        ts.structure_of({"x": x.update(sharding=None)}).with_shardings(NamedSharding(_MESH2, P("d")))
+
+
+def test_a_constraint_or_a_multiple_makes_it_divide_and_bind_refuses_other_sizes():
+    b, x = _split_b(["mod(b, 2) == 0"])
+    s = ts.structure_of({"x": x})
+    assert s.bind(b=4).tree["x"] == jax.ShapeDtypeStruct((4, 3), F32, sharding=NamedSharding(_MESH2, P("d")))
+    with pytest.raises(ValueError, match=r"^treeshape\.Structure\.bind: b=3 breaks the constraint 'mod\(b, 2\) == 0'"):
+        s.bind(b=3)
+    (c,) = jax.export.symbolic_shape("c")
+    doubled = ts.structure_of({"x": sds((2 * c, 3), sharding=NamedSharding(_MESH2, P("d")))})
+    assert doubled.bind(c=3).tree["x"].shape == (6, 3)
+    assert ts.Structure.from_json(doubled.to_json()) == doubled
+    # JSON: a document whose sharding splits `b` unconstrained names the leaf
+    text = doubled.to_json().replace('"2*c"', '"c"')
+    with pytest.raises(ValueError) as info:
+        ts.Structure.from_json(text)
+    assert str(info.value).startswith(
+        "treeshape.Structure.from_json: leaves[0].sharding: it does not fit the leaf at ['x'] (f32[c,3]): "
+        "dimension 0 (size c) would be split 2 ways"
+    )
+
+
+def test_largest_fit_names_the_leaf_whose_split_would_not_divide():
+    mesh = jax.make_mesh((2,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+    (b,) = jax.export.symbolic_shape("b")
+    step = lambda t: t * 2  # noqa: E731
+    x = sds((b, 64), sharding=NamedSharding(mesh, P("d")))
+    with pytest.raises(ValueError, match=r"^treeshape\.largest_fit: the sharding of args\[0\] \(f32\[b,64\]"):
+        ts.largest_fit(step, x, dim="b", budget=2**16)
+    fit = ts.largest_fit(step, x.update(shape=(2 * b, 64)), dim="b", budget=2**16)  # written as 2*b: it divides
+    assert fit.size >= 1
+    oracle = jax.jit(step).lower(sds((2 * fit.size, 64), sharding=NamedSharding(mesh, P("d")))).compile()
+    assert oracle.memory_analysis().output_size_in_bytes == fit.cost.output_bytes

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         scan_carry as scan_carry,
         while_carry as while_carry,
     )
+    from ._compat import JaxReleaseError as JaxReleaseError
     from ._cost import Cost as Cost, cost as cost
     from ._display import describe as describe
     from ._errors import (
@@ -54,6 +55,7 @@ __all__ = [
     "Cost",
     "Donation",
     "Fit",
+    "JaxReleaseError",
     "Mismatch",
     "PrecisionWarning",
     "Retrace",
@@ -91,6 +93,7 @@ _MODULES = {
     "Cost": "._cost",
     "Donation": "._buffers",
     "Fit": "._fit",
+    "JaxReleaseError": "._compat",
     "Mismatch": "._errors",
     "PrecisionWarning": "._errors",
     "Retrace": "._watch",

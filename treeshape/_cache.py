@@ -27,7 +27,7 @@ import threading
 import types
 import weakref
 from collections.abc import Hashable
-from typing import Any, Final, Generic, NamedTuple, TypeVar
+from typing import Any, ClassVar, Final, Generic, NamedTuple, NoReturn, TypeVar
 
 import jax
 import jax.tree_util as jtu
@@ -284,8 +284,8 @@ def holds_tracer(x: Any) -> bool | None:
 
 
 # -- the cache -----------------------------------------------------------------
-class CacheInfo(NamedTuple):
-    """Statistics of the `out_structure` cache."""
+class Counts(NamedTuple):
+    """One cache's statistics."""
 
     hits: int
     misses: int
@@ -293,7 +293,79 @@ class CacheInfo(NamedTuple):
     maxsize: int
 
 
-CacheInfo.__module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
+class CacheInfo(Counts):
+    """Statistics of the caches that [treeshape.clear_cache][] empties.
+
+    A named tuple of the `out_structure` cache's four fields, `(hits, misses,
+    size, maxsize)`, as `functools.lru_cache` reports them (so `hits, misses,
+    size, maxsize = ts.cache_info()` unpacks it), plus three attributes for the
+    cache of [treeshape.cost][] (also behind [treeshape.largest_fit][]), whose
+    bound is the same `maxsize`.
+
+    Attributes:
+        hits: Calls to `out_structure` answered without tracing.
+        misses: Calls to `out_structure` that traced.
+        size: Entries held by the `out_structure` cache.
+        maxsize: The bound of each cache (entries).
+        cost_hits: Calls to `ts.cost` answered without compiling.
+        cost_misses: Calls to `ts.cost` that compiled (or could not be cached).
+        cost_size: Entries held by the `ts.cost` cache.
+
+    Examples:
+        >>> import treeshape as ts
+        >>> ts.clear_cache()
+        >>> info = ts.cache_info()
+        >>> info
+        CacheInfo(hits=0, misses=0, size=0, maxsize=4096, cost_hits=0, cost_misses=0, cost_size=0)
+        >>> hits, misses, size, maxsize = info
+        >>> info.cost_misses
+        0
+    """
+
+    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
+
+    cost_hits: int
+    cost_misses: int
+    cost_size: int
+    _COST_FIELDS: ClassVar[tuple[str, ...]] = ("cost_hits", "cost_misses", "cost_size")
+
+    def __new__(
+        cls,
+        hits: int,
+        misses: int,
+        size: int,
+        maxsize: int,
+        cost_hits: int = 0,
+        cost_misses: int = 0,
+        cost_size: int = 0,
+    ) -> "CacheInfo":
+        self = super().__new__(cls, hits, misses, size, maxsize)
+        self.__dict__.update(cost_hits=cost_hits, cost_misses=cost_misses, cost_size=cost_size)
+        return self
+
+    def __setattr__(self, name: str, value: Any) -> NoReturn:
+        raise AttributeError(f"treeshape.CacheInfo is immutable; cannot assign {name!r}")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise AttributeError(f"treeshape.CacheInfo is immutable; cannot delete {name!r}")
+
+    def _costs(self) -> tuple[int, int, int]:
+        return (self.cost_hits, self.cost_misses, self.cost_size)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, CacheInfo) and self._costs() != other._costs():
+            return False
+        return tuple.__eq__(self, other)  # NotImplemented for a non-tuple
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = Counts.__hash__
+
+    def __repr__(self) -> str:
+        fields = {**self._asdict(), **dict(zip(self._COST_FIELDS, self._costs(), strict=True))}
+        return "CacheInfo(" + ", ".join(f"{name}={value!r}" for name, value in fields.items()) + ")"
 
 
 class Key:
@@ -378,10 +450,10 @@ class Cache(Generic[_Value]):
         with self._lock:
             self.misses += 1
 
-    def info(self) -> CacheInfo:
+    def info(self) -> Counts:
         with self._lock:
             self._purge()
-            return CacheInfo(self.hits, self.misses, len(self._entries), self.maxsize)
+            return Counts(self.hits, self.misses, len(self._entries), self.maxsize)
 
     def clear(self) -> None:
         with self._lock:
@@ -393,3 +465,7 @@ class Cache(Generic[_Value]):
 CACHE: Cache[Structure] = Cache(maxsize=4096)
 # `ts.cost`'s answers (small figures, never a compiled program), keyed as `CACHE` is.
 COST_CACHE: Cache[Any] = Cache(maxsize=4096)
+
+
+# The public classes report module `treeshape`, so doctest would not look for their examples here.
+__test__ = {"CacheInfo": CacheInfo}

@@ -34,6 +34,7 @@ from ._errors import (
 from ._infer import out_structure
 from ._leaf import (
     SCALAR_TYPES,
+    flatten,
     from_aval,
     key_impl_name,
     leaf_str,
@@ -114,7 +115,7 @@ def _abstract_leaf(x: Any, where: Callable[[], str], fn_name: str) -> jax.ShapeD
 
 
 def _abstract_tree(tree: PyTree, root: str, fn_name: str) -> tuple[jtu.PyTreeDef, _Paths, list[Any]]:
-    leaves, treedef = jtu.tree_flatten(tree)
+    leaves, treedef = flatten(tree, fn_name, root)
     refuse_leaked_tracers(leaves, fn_name)
     paths = _Paths(tree, root)
     return treedef, paths, [_abstract_leaf(x, ft.partial(paths.where, i), fn_name) for i, x in enumerate(leaves)]

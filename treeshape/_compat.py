@@ -10,7 +10,7 @@ running release, so an upgrade that changes it fails loudly there instead of
 silently elsewhere.
 
 Where a release lacks a feature, only that feature degrades: asking for it
-raises `JaxFeatureMissing`, which names the feature and the first release
+raises `JaxReleaseError`, which names the feature and the first release
 that has it.
 """
 
@@ -28,9 +28,29 @@ from jax._src.export import shape_poly as _shape_poly
 from jax._src.lax import lax as _lax
 
 
-class JaxFeatureMissing(NotImplementedError):
-    """A feature the running JAX release does not have; the message names the
-    feature and the first JAX release that brings it."""
+class JaxReleaseError(NotImplementedError):
+    """A feature that the installed JAX release lacks.
+
+    treeshape works on every JAX release from its floor (0.8.0) to the newest;
+    where a release lacks a feature (a PRNG implementation, unreduced or reduced
+    manual axes under `jax.shard_map`), only asking for that feature fails, with
+    this error. Its message names the feature and the first release that brings
+    it; `feature` and `since` hold them.
+
+    Attributes:
+        feature: What was asked for, in words (`"the PRNG implementation 'rbg'"`).
+        since: The first JAX release that has it (`"0.10.2"`).
+
+    Examples:
+        >>> import treeshape as ts
+        >>> err = ts.JaxReleaseError("unreduced manual axes", "99.0")
+        >>> isinstance(err, NotImplementedError), err.since
+        (True, '99.0')
+        >>> print(err)
+        treeshape: unreduced manual axes needs jax 99.0 or newer; this is jax ... Upgrade JAX ...
+    """
+
+    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
     def __init__(self, feature: str, since: str) -> None:
         super().__init__(
@@ -338,7 +358,7 @@ def key_dtype(impl: str) -> Any:
     `jax.random.key_dtype` from jax 0.10.1; an abstract `jax.random.key` before.
 
     Raises:
-        JaxFeatureMissing: a built-in implementation that the running release lacks.
+        JaxReleaseError: a built-in implementation that the running release lacks.
         ValueError: a name JAX does not know.
     """
     try:
@@ -347,7 +367,7 @@ def key_dtype(impl: str) -> Any:
         return jax.eval_shape(lambda: jax.random.key(0, impl=impl)).dtype
     except (ValueError, TypeError, KeyError) as err:
         if impl in PRNG_IMPLS:
-            raise JaxFeatureMissing(f"the PRNG implementation {impl!r}", PRNG_IMPLS[impl][1]) from err
+            raise JaxReleaseError(f"the PRNG implementation {impl!r}", PRNG_IMPLS[impl][1]) from err
         raise ValueError(f"unknown PRNG implementation {impl!r}") from err
 
 
@@ -358,7 +378,7 @@ def key_impls() -> tuple[str, ...]:
     for impl in PRNG_IMPLS:
         try:
             key_dtype(impl)
-        except JaxFeatureMissing:
+        except JaxReleaseError:
             continue
         found.append(impl)
     return tuple(found)
@@ -407,14 +427,14 @@ def make_manual_axes(varying: Iterable[str], unreduced: Iterable[str] = (), redu
     """The native manual-axes value for these axis sets (what `ShapeDtypeStruct` takes).
 
     Raises:
-        JaxFeatureMissing: unreduced or reduced axes, on a release before 0.10.0.
+        JaxReleaseError: unreduced or reduced axes, on a release before 0.10.0.
         ValueError: an axis both varying and unreduced or reduced (JAX's own check).
     """
     varying, unreduced, reduced = frozenset(varying), frozenset(unreduced), frozenset(reduced)
     if HAS_MANUAL_AXIS_TYPE:
         return jax.sharding.ManualAxisType(varying=varying, unreduced=unreduced, reduced=reduced)
     if unreduced or reduced:
-        raise JaxFeatureMissing(UNREDUCED_MANUAL_AXES, "0.10.0")
+        raise JaxReleaseError(UNREDUCED_MANUAL_AXES, "0.10.0")
     return varying
 
 
@@ -624,6 +644,10 @@ def evaluate_dim(d: Any, sizes: Mapping[str, int]) -> Any:
     JAX evaluates in its dimension dtype (int32 with x64 off), which would wrap around
     for large products: evaluation runs with 64-bit integers, and the result is a
     Python int.
+
+    Raises:
+        OverflowError: a step of the evaluation does not fit in 64 bits (NumPy would
+            wrap it around, with a warning, into a wrong and often negative size).
     """
     if not is_symbolic(d):
         return d
@@ -632,8 +656,11 @@ def evaluate_dim(d: Any, sizes: Mapping[str, int]) -> Any:
         return d
     scope = d.scope
     env = {name: sizes[name] if name in sizes else _shape_poly._DimExpr._from_var(name, scope) for name in names}
-    with _config.enable_x64(True):
-        value = d._evaluate(env)
+    try:
+        with _config.enable_x64(True), np.errstate(over="raise"):
+            value = d._evaluate(env)
+    except (FloatingPointError, OverflowError):
+        raise OverflowError(f"{d} does not fit in 64 bits") from None
     return value if is_symbolic(value) else int(value)
 
 
@@ -671,3 +698,7 @@ def broken_constraints(scope: Any, sizes: Mapping[str, int]) -> list[tuple[str, 
         written = set(scope_constraints(scope))
         broken = [b for b in broken if b[0] in written] or broken
     return broken
+
+
+# The public classes report module `treeshape`, so doctest would not look for their examples here.
+__test__ = {"JaxReleaseError": JaxReleaseError}

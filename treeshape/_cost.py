@@ -912,7 +912,7 @@ def prepare(
 ) -> tuple[Call, frozenset[int]]:
     """The call split and flattened as `cost` compiles it (each `Structure` replaced by its
     tree), and the positions of its donated leaves."""
-    call = _with_trees(split_call(fn, args, kwargs))
+    call = _with_trees(split_call(fn, args, kwargs, who))
     n_args = len(call.call_treedef.children()[0].children())
     return call, _donated(fn, call, n_args, donate_argnums, donate_argnames, who)
 

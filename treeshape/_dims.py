@@ -21,7 +21,7 @@ import jax.tree_util as jtu
 from . import _compat
 from ._diff import Compared, diff_structures
 from ._errors import Mismatch
-from ._leaf import has_symbolic, is_symbolic, shape_names, sizes as sizes_only, symbolic_scopes
+from ._leaf import has_symbolic, is_symbolic, leaf_str, shape_names, sizes as sizes_only, symbolic_scopes
 from ._table import EDGE, edge_paths
 
 
@@ -91,17 +91,43 @@ def _is_integer(x: Any) -> bool:
     return True
 
 
+class DimOverflow(ValueError):
+    """A binding that makes a dimension larger than 64 bits hold (`index`: the leaf's position)."""
+
+    def __init__(self, leaf: jax.ShapeDtypeStruct, axis: int, sizes: dict[str, int]) -> None:
+        given = ", ".join(f"{name}={size}" for name, size in sizes.items())
+        self.index = -1
+        self.problem = (
+            f"{given} makes dimension {axis} ({leaf.shape[axis]}) larger than 2**63 - 1, the most that XLA's 64-bit "
+            "sizes hold"
+        )
+        super().__init__(f"treeshape: {leaf_str(leaf)}: {self.problem}.")
+
+
 def bind_leaf(leaf: Any, sizes: dict[str, int]) -> Any:
-    """An array leaf with the named dimensions replaced by their sizes (others kept)."""
+    """An array leaf with the named dimensions replaced by their sizes (others kept).
+
+    Raises:
+        DimOverflow: a dimension evaluates past 64 bits.
+    """
     if not isinstance(leaf, jax.ShapeDtypeStruct) or not has_symbolic(leaf.shape):
         return leaf
-    shape = tuple(_compat.evaluate_dim(d, sizes) for d in leaf.shape)
-    return leaf.update(shape=shape)
+    shape = []
+    for axis, d in enumerate(leaf.shape):
+        try:
+            shape.append(_compat.evaluate_dim(d, sizes))
+        except OverflowError:
+            raise DimOverflow(leaf, axis, sizes) from None
+    return leaf.update(shape=tuple(shape))
 
 
 def bind_leaves(leaves: Sequence[Any], sizes: dict[str, int]) -> tuple[list[Any], list[int]]:
     """Every leaf bound, and the indices of leaves whose bound shape has a negative size
-    (`b - 8` with `b = 4`). A big tree has few distinct leaf types: each is bound once."""
+    (`b - 8` with `b = 4`). A big tree has few distinct leaf types: each is bound once.
+
+    Raises:
+        DimOverflow: a dimension evaluates past 64 bits (with the leaf's `index`).
+    """
     done: dict[Any, tuple[Any, bool]] = {}  # leaf type -> its bound leaf, and whether a size is negative
     by_id: dict[int, tuple[Any, bool]] = {}  # the same by leaf object (often one object per type)
     out: list[Any] = []
@@ -115,7 +141,11 @@ def bind_leaves(leaves: Sequence[Any], sizes: dict[str, int]) -> tuple[list[Any]
             key = (leaf.shape, leaf.dtype, leaf.weak_type, leaf.sharding, _compat.manual_axes(leaf))
             entry = done.get(key)
             if entry is None:
-                bound = bind_leaf(leaf, sizes)
+                try:
+                    bound = bind_leaf(leaf, sizes)
+                except DimOverflow as e:
+                    e.index = i
+                    raise
                 entry = done[key] = (bound, any(not is_symbolic(d) and d < 0 for d in bound.shape))
             by_id[id(leaf)] = entry
         if entry[1]:
@@ -309,5 +339,31 @@ def match(expected: Compared, actual: Compared, root: str) -> tuple[Binding, lis
             for n in shape_names(tuple(told))
             if n not in binding.sizes or binding.sources[n][0] != index[m.path]  # not the leaf that bound it
         )
-        out.append(dataclasses.replace(m, expected=shape, dims=dims))
+        here = tuple(
+            said
+            for name, size, _ in dims
+            if size is not None and (said := _told_here(shape, m.actual, name, binding.sizes)) is not None
+        )
+        out.append(dataclasses.replace(m, expected=shape, dims=dims, here=here))
     return binding, out
+
+
+def _told_here(
+    shape: tuple[Any, ...], actual: tuple[Any, ...], name: str, sizes: dict[str, int]
+) -> tuple[str, str, int, int | None, int] | None:
+    """What a leaf's own sizes say of `name` (bound to `sizes[name]` elsewhere): the first
+    dimension that uses it and disagrees with the binding, as `(name, expression, size,
+    the name's size for it or None, the size the binding gives)`."""
+    others = {k: v for k, v in sizes.items() if k != name}
+    for d, size in zip(shape, actual, strict=True):
+        if not is_symbolic(d) or is_symbolic(size) or name not in _compat.dim_names(d):
+            continue
+        if not _compat.dim_names(d) <= sizes.keys():
+            continue
+        try:
+            predicted = _compat.evaluate_dim(d, sizes)
+        except OverflowError:
+            continue
+        if predicted != size:
+            return name, str(d), size, _solve_one(d, size, name, others), predicted
+    return None

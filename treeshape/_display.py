@@ -3,8 +3,9 @@
 from collections.abc import Callable
 from typing import Any
 
-from ._infer import structure_of
-from ._structure import Structure
+import numpy as np
+
+from ._structure import Structure, read_structure
 from ._table import DEFAULT_MAX_ROWS, depth_table, html_depth_table, html_table, table
 
 
@@ -86,13 +87,26 @@ def describe(tree_or_structure: PyTree, *, depth: int | None = None, max_rows: i
         -----------  ------  ------  --------
         total             3   4,800  18.8 KiB
     """
+    depth = _count("depth", depth, "how many keys of each path make a row; None: a row per leaf")
+    max_rows = _count("max_rows", max_rows, "how many rows to show; None: all of them")
     if isinstance(tree_or_structure, Structure):
         structure = tree_or_structure
     else:
-        structure = structure_of(tree_or_structure)
+        structure = read_structure(tree_or_structure, "describe")
     if depth is None:
         return Description(table(structure, max_rows), lambda: html_table(structure, max_rows))
     by_depth: int = depth
     return Description(
         depth_table(structure, by_depth, max_rows), lambda: html_depth_table(structure, by_depth, max_rows)
+    )
+
+
+def _count(name: str, value: Any, meaning: str) -> int | None:
+    """`value` of the argument `name` as an int >= 0 (or None); else a ValueError that says so."""
+    if value is None:
+        return None
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value >= 0:
+        return int(value)
+    raise ValueError(
+        f"treeshape.describe: `{name}` must be None or an int >= 0 ({meaning}), got {type(value).__name__} {value!r}."
     )

@@ -46,6 +46,11 @@ class Mismatch:
         fix: The remedy in words, where the producer works it out from more
             than the mismatch itself (`ts.watch` sets it for each mismatch it
             reports); `""` when the message derives it from the mismatch.
+        here: For a `"shape"` mismatch with `dims`: what this leaf's own
+            sizes say of each name bound elsewhere, as `(name, expression,
+            size, name's size here, what the binding gives)`:
+            `("b", "2*b", 12, 6, 10)` for `2*b` of size 12 where `b = 5`
+            (the name's size here is `None` when no integer gives it).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -70,6 +75,7 @@ class Mismatch:
     dims: tuple[tuple[str, int | None, str], ...] = dataclasses.field(default=(), kw_only=True)
     constraint: str = dataclasses.field(default="", kw_only=True)
     fix: str = dataclasses.field(default="", kw_only=True)
+    here: tuple[tuple[str, str, int, int | None, int], ...] = dataclasses.field(default=(), kw_only=True)
 
     @property
     def where(self) -> str:
@@ -116,7 +122,8 @@ def _shape_what(m: Mismatch) -> str:
     if m.constraint:
         given = ", ".join(f"{name} = {size}" for name, size, _ in m.dims)
         return f"expected shape {e} with {m.constraint}, got {a} ({given})."
-    bound = [f"{name} = {size} at {where}" for name, size, where in m.dims if size is not None]
+    here = {told[0]: told for told in m.here}
+    bound = [_bound_what(name, size, where, here.get(name)) for name, size, where in m.dims if size is not None]
     unknown = [name for name, size, _ in m.dims if size is None]
     notes = []
     if bound:
@@ -131,6 +138,17 @@ def _shape_what(m: Mismatch) -> str:
             f"{_constraints(a)}."
         )
     return f"expected shape {e}, got {a}."
+
+
+def _bound_what(name: str, size: int, where: str, told: tuple[str, str, int, int | None, int] | None) -> str:
+    """A name bound elsewhere, and (when this leaf tells it) the size this leaf gives it."""
+    if told is None:
+        return f"{name} = {size} at {where}"
+    _, expression, actual, value, predicted = told
+    if value is None:
+        return f"here {expression} = {actual}, but {name} = {size} at {where}, which gives {expression} = {predicted}"
+    here = f"{name} = {value}" if expression == name else f"{name} = {value} ({expression} = {actual})"
+    return f"here {here}, but {name} = {size} at {where}"
 
 
 def _constraints(shape: Any) -> str:
@@ -705,6 +723,17 @@ def astype_key_message(leaves: Sequence[str], dtype: str) -> str:
     )
 
 
+def astype_x64_message(leaves: Sequence[str], dtype: str, narrow: str) -> str:
+    """`Structure.astype` towards a 64-bit dtype that JAX would make 32-bit (x64 off)."""
+    listed = first_few(leaves)
+    return (
+        f"treeshape.Structure.astype: {dtype} is a 64-bit dtype, but jax_enable_x64 is off, so JAX would silently "
+        f"make arrays of it {narrow} (`zeros()` refuses such a Structure). It would convert {listed}. Turn x64 on "
+        'first: `jax.config.update("jax_enable_x64", True)`, or build inside `with jax.enable_x64(True):`; or '
+        f"convert to {narrow}."
+    )
+
+
 def int_too_big_message(fn_name: str, where: str, value: int, bits: int) -> str:
     other = (
         "bind it with `functools.partial` so it stays a concrete Python value"
@@ -737,16 +766,6 @@ def structure_as_values_message(fn_name: str, where: str, needs: str) -> str:
     return (
         f"treeshape.{fn_name}: {where} is a treeshape.Structure, a description of a tree rather than a tree of "
         f"{'arrays' if needs == 'values' else 'arrays or abstract values'}. Pass {fix} instead."
-    )
-
-
-def structure_argument_note(wheres: list[str]) -> str:
-    """The note added to an error from `fn` when a `Structure` was among its arguments."""
-    what = "is a treeshape.Structure" if len(wheres) == 1 else "are treeshape.Structures"
-    return (
-        f"treeshape: {', '.join(wheres)} {what}, passed to the function unchanged (as a static value, since "
-        "it is not a pytree). To pass the tree it describes, pass `s.tree` (its `ShapeDtypeStruct`s, abstract "
-        "like arrays) or `s.zeros()`."
     )
 
 
@@ -784,9 +803,9 @@ def complex_fill_message(value: Any, paths: list[str], n_leaves: int) -> str:
     named = first_few(paths)
     return (
         f"treeshape.Structure.full: `value` {user_value(value)} is complex, but {named} "
-        f"({len(paths)} of {n_leaves} leaves) {'is' if len(paths) == 1 else 'are'} not of a complex dtype, and JAX "
-        "would drop the imaginary part or refuse. Fill with a real value, or make those leaves complex first: "
-        "`s.astype(jnp.complex64, where=...)`."
+        f"({len(paths)} of {n_leaves} leaves) {'is' if len(paths) == 1 else 'are'} of an integer or real floating "
+        "dtype, which JAX refuses to fill with a complex value (as `jnp.full` does). Fill with a real value, or make "
+        "those leaves complex first: `s.astype(jnp.complex64, where=...)`."
     )
 
 

@@ -31,9 +31,10 @@ from typing import Any, Final
 
 from . import _buffers
 from ._cost import Cost, cost_of, exact, prepare
-from ._dims import bind_leaves, check_sizes, free_names
+from ._dims import DimOverflow, bind_leaves, check_sizes, free_names
 from ._infer import Call, abstract_inputs, check_callable, input_path
-from ._leaf import human_bytes, too_big
+from ._leaf import extent_problem, human_bytes, leaf_str
+from ._sharding import split_problem
 from ._table import grid, html_grid
 
 
@@ -387,9 +388,9 @@ class SizeError(ValueError):
     says why, without the function's name or the fix (the callers word those); `index` is
     the input leaf at fault (`None` for a broken constraint)."""
 
-    def __init__(self, message: str, n: int, index: int | None) -> None:
+    def __init__(self, message: str, n: int, index: int | None, fix: str = "") -> None:
         super().__init__(message)
-        self.n, self.index = n, index
+        self.n, self.index, self.fix = n, index, fix
 
 
 def bind_at(dim: str, n: int, names: Sequence[str], leaves: Sequence[Any]) -> list[Any]:
@@ -403,17 +404,29 @@ def bind_at(dim: str, n: int, names: Sequence[str], leaves: Sequence[Any]) -> li
         sizes = check_sizes({dim: n}, names, leaves, "largest_fit")
     except ValueError as e:
         raise SizeError(str(e).removeprefix("treeshape.largest_fit: "), n, None) from None
-    bound, negative = bind_leaves(leaves, sizes)
+    try:
+        bound, negative = bind_leaves(leaves, sizes)
+    except DimOverflow as e:
+        raise SizeError(e.problem, n, e.index) from None
     if negative:
         i = negative[0]
         raise SizeError(f"has a negative size ({leaves[i].shape} gives {bound[i].shape})", n, i)
     for i, leaf in enumerate(bound):
-        big = too_big(leaf.shape, leaf.dtype) if leaf is not leaves[i] else None
-        if big is not None:
-            raise SizeError(
-                f"has {big[0]:,} elements ({big[1]:,} bytes), more than XLA can count in 63 bits (2**63 - 1)", n, i
-            )
+        if leaf is leaves[i]:
+            continue
+        problem = extent_problem(leaf.shape, leaf.dtype)
+        if problem is not None:  # XLA would abort the process on it
+            raise SizeError(f"({leaf_str(leaf)}) {problem}", n, i)
+        unfit = split_problem(leaf) if hasattr(leaf, "sharding") else None
+        if unfit is not None:  # JAX's IndivisibleError otherwise
+            raise SizeError(f"has a sharding that does not fit: {unfit}", n, i, fix=_SPLIT_FIX.format(dim=dim))
     return bound
+
+
+_SPLIT_FIX: Final = (
+    "Write the dimension so that every size divides (`8*{dim}` for 8 devices, {dim} then counting the rows on "
+    "each device), or constrain it (`mod({dim}, 8) == 0`) and search a multiple."
+)
 
 
 def largest_allowed(dim: str, max_size: int, names: Sequence[str], leaves: Sequence[Any]) -> int:
@@ -552,7 +565,9 @@ def largest_fit(
             return bind_at(dim, n, names, leaves)
         except SizeError as e:
             where = "" if e.index is None else f"at {dim}={n}, {input_path(leaves, call.treedef, e.index)} "
-            if n == 1:
+            if e.fix:
+                fix = e.fix
+            elif n == 1:
                 fix = f"The search starts at {dim}=1, so the shapes must allow it: write them so that {dim} counts "
                 fix += f"from 1 (an offset such as `{dim} + 7`, not a difference such as `{dim} - 8` or a lower bound)."
             else:

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _cache, _compat, _sharding
 from ._cache import CACHE, NEEDS_CONCRETE, CacheInfo, Key, static_key
-from ._errors import bad_shape_message, int_too_big_message, structure_argument_note
+from ._errors import bad_shape_message, int_too_big_message
 from ._leaf import (
     ARRAY,
     DIM,
@@ -22,11 +22,17 @@ from ._leaf import (
     SCALAR,
     SDS,
     BadShape,
+    TooLarge,
     as_abstract,
+    check_extents,
     checked_sds,
+    extent_message,
+    flatten,
     is_duck_array,
     jax_dtype,
     kind_of,
+    refuse_cycles,
+    sizes,
 )
 from ._structure import PyTree, Structure, read_structure
 
@@ -101,7 +107,11 @@ def _split_callable(fn: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[
 
 # -- the cache -----------------------------------------------------------------
 def cache_info() -> CacheInfo:
-    """Return the `out_structure` cache statistics `(hits, misses, size, maxsize)`.
+    """Return the statistics of every cache that [treeshape.clear_cache][] empties.
+
+    A named tuple `(hits, misses, size, maxsize)` of the `out_structure` cache,
+    with `cost_hits`, `cost_misses` and `cost_size` for the cache of
+    [treeshape.cost][] (also behind [treeshape.largest_fit][]).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -110,14 +120,16 @@ def cache_info() -> CacheInfo:
         >>> f = lambda x: x * 2
         >>> _ = ts.out_structure(f, jnp.ones(3))
         >>> _ = ts.out_structure(f, jnp.zeros(3))  # same abstract input: a hit
+        >>> _ = ts.cost(f, jnp.ones(3))
         >>> ts.cache_info()
-        CacheInfo(hits=1, misses=1, size=1, maxsize=4096)
+        CacheInfo(hits=1, misses=1, size=1, maxsize=4096, cost_hits=0, cost_misses=1, cost_size=1)
     """
-    return CACHE.info()
+    cost_hits, cost_misses, cost_size, _ = _cache.COST_CACHE.info()
+    return CacheInfo(*CACHE.info(), cost_hits, cost_misses, cost_size)
 
 
 def clear_cache() -> None:
-    """Empty the `out_structure` cache (and `cost`'s) and reset its counts.
+    """Empty the `out_structure` cache and `cost`'s, and reset their counts (see [treeshape.cache_info][]).
 
     Examples:
         >>> import treeshape as ts
@@ -154,7 +166,8 @@ def input_path(leaves: list[Any], treedef: jtu.PyTreeDef, i: int) -> str:
 
 def abstract_inputs(leaves: list[Any], treedef: jtu.PyTreeDef, fn_name: str = "out_structure") -> list[Any]:
     """The leaves with duck arrays as `ShapeDtypeStruct`s, every described shape checked
-    (named by path: JAX's own error would name a treeshape wrapper, or none at all)."""
+    (named by path: JAX's own error would name a treeshape wrapper, or none at all): sizes
+    that JAX takes, that XLA can hold, and shardings that divide them."""
     out = list(leaves)
     for i, x in enumerate(leaves):
         kind = kind_of(type(x))
@@ -166,7 +179,22 @@ def abstract_inputs(leaves: list[Any], treedef: jtu.PyTreeDef, fn_name: str = "o
         except BadShape as e:
             where = input_path(leaves, treedef, i)
             raise e.error(bad_shape_message(fn_name, where, e.shape, e.problem)) from None
+    try:
+        check_extents(out)
+    except TooLarge as e:
+        raise ValueError(extent_message(fn_name, input_path(leaves, treedef, e.index), e.leaf, e.problem)) from None
+    check_splits(out, treedef, fn_name)
     return out
+
+
+def check_splits(leaves: list[Any], treedef: jtu.PyTreeDef, fn_name: str) -> None:
+    """Refuse a `ShapeDtypeStruct` whose sharding splits a symbolic dimension that it does not
+    always divide, as `with_shardings` refuses it (a cache key need not cover shardings)."""
+    for i, x in enumerate(leaves):
+        if type(x) is jax.ShapeDtypeStruct and x.sharding is not None and not sizes(x.shape):
+            problem = _sharding.split_problem(x)
+            if problem is not None:
+                raise ValueError(_sharding.split_message(fn_name, input_path(leaves, treedef, i), x, problem))
 
 
 def check_inputs(
@@ -253,7 +281,6 @@ def _evaluate(
     try:
         shapes = iter(jax.eval_shape(traced, args, kwargs, **bound_named))
     except Exception as e:
-        _note_structure_arguments(e, leaves, treedef)
         if not isinstance(e, TypeError):  # JAX's concretization errors are TypeErrors
             raise
         n = len(bound_leaves)
@@ -334,14 +361,6 @@ def has_value(x: Any) -> bool:
     `ShapeDtypeStruct` or a duck array, which only describe one."""
     kind = kind_of(type(x))
     return kind == ARRAY or (kind == NUMPY and jax_dtype(x.dtype))
-
-
-def _note_structure_arguments(error: BaseException, leaves: list[Any], treedef: jtu.PyTreeDef) -> None:
-    """When `fn` failed and a `Structure` was among its arguments (passed unchanged, as a
-    static value), say how to pass the tree it describes."""
-    wheres = [input_path(leaves, treedef, i) for i, x in enumerate(leaves) if isinstance(x, Structure)]
-    if wheres:
-        error.add_note(structure_argument_note(wheres))
 
 
 def note_abstract_scalars(
@@ -483,14 +502,35 @@ class Call(NamedTuple):
         return len(self.bound_leaves) + (len(self.call_leaves) if self.jitted else 0)
 
 
-def split_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+def split_call(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], who: str = "out_structure"
+) -> Call:
     core, bound, bound_kw = _split_callable(fn)
+    for tree, root in ((args, "args"), (kwargs, "kwargs"), (bound, "the bound args"), (bound_kw, "the bound kwargs")):
+        refuse_cycles(tree, who, root)
     if bound or bound_kw:
-        bound_leaves, bound_treedef = jtu.tree_flatten((bound, bound_kw))
+        bound_leaves, bound_treedef = flatten((bound, bound_kw), who, "the bound arguments", checked=True)
     else:
         bound_leaves, bound_treedef = [], _EMPTY_BOUND
-    call_leaves, call_treedef = jtu.tree_flatten((args, kwargs))
+    call_leaves, call_treedef = flatten((args, kwargs), who, "the arguments", checked=True)
     return Call(core, bound_leaves, bound_treedef, call_leaves, call_treedef)
+
+
+def _is_structure(x: Any) -> bool:
+    return isinstance(x, Structure)
+
+
+def with_trees(call: Call) -> Call:
+    """`call` with every `Structure` among its leaves (arguments or bound values) replaced
+    by the pytree of `ShapeDtypeStruct`s it describes (`s.tree`)."""
+    if not any(isinstance(x, Structure) for x in (*call.bound_leaves, *call.call_leaves)):
+        return call
+    bound = jtu.tree_unflatten(call.bound_treedef, call.bound_leaves)
+    args = jtu.tree_unflatten(call.call_treedef, call.call_leaves)
+    bound, args = jtu.tree_map(lambda x: x.tree if _is_structure(x) else x, (bound, args), is_leaf=_is_structure)
+    bound_leaves, bound_treedef = jtu.tree_flatten(bound)
+    call_leaves, call_treedef = jtu.tree_flatten(args)
+    return Call(call.core, bound_leaves, bound_treedef, call_leaves, call_treedef)
 
 
 def call_key(call: Call, refs: list[Any]) -> tuple[Any, ...]:
@@ -511,8 +551,9 @@ def _out_structure(
 ) -> tuple[Structure, list[Any]]:
     """The structure of `fn(*args, **kwargs)`, and the flattened `(args, kwargs)`."""
     check_callable(fn, "out_structure")
-    call = split_call(fn, args, kwargs)
+    call = with_trees(split_call(fn, args, kwargs))
     core, bound_leaves, bound_treedef, call_leaves, call_treedef = call
+    check_splits([*bound_leaves, *call_leaves], call.treedef, "out_structure")
     refs: list[Any] = []
     key: Key | None = None
     hit = None
@@ -620,7 +661,10 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
     Array leaves of the arguments (arrays, tracers, `jax.ShapeDtypeStruct`s,
     NumPy arrays and scalars, duck arrays) and Python scalars are abstract
     inputs, typed as JAX types them (`int`/`float`/`complex` weak, `bool`
-    strong). Any other leaf (a string, a callable, an object) is passed to
+    strong). A [treeshape.Structure][] among the arguments (or bound in a
+    partial) stands for the tree it describes (`s.tree`), as in
+    [treeshape.cost][], so a step can be checked on a model that was never
+    allocated. Any other leaf (a string, a callable, an object) is passed to
     `fn` unchanged, as a static value. In the output, Python scalars become
     weak arrays and other non-array leaves are kept as static leaves.
 
@@ -655,7 +699,7 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
             `jax.tree_util.Partial`, bound method, `jax.jit`-wrapped function
             or callable pytree.
         *args: Pytrees of arrays, tracers, `jax.ShapeDtypeStruct`s, NumPy or
-            Python scalars, or static values.
+            Python scalars, or static values; or Structures.
         **kwargs: As `args`.
 
     Returns:

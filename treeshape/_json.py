@@ -57,7 +57,17 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat, _nodes
-from ._leaf import is_symbolic, jax_dtype, key_dtype, key_dtypes, manual_axis_sets, symbolic_scopes
+from ._leaf import (
+    extent_problem,
+    is_symbolic,
+    jax_dtype,
+    key_dtype,
+    key_dtypes,
+    leaf_str,
+    manual_axis_sets,
+    symbolic_scopes,
+)
+from ._sharding import split_problem as _split_problem
 
 
 VERSION: Final = 1
@@ -909,7 +919,7 @@ def _dtype(x: Any, where: str) -> Any:
     if dtype is None and _KEY_NAME.fullmatch(name):
         try:  # a key type of a release newer than this one: say which
             key_dtype(name[4:-1])
-        except _compat.JaxFeatureMissing as err:
+        except _compat.JaxReleaseError as err:
             _fail(where, str(err))
         except ValueError:
             pass
@@ -974,7 +984,7 @@ def _vma(x: Any, where: str) -> Any:
         return _compat.make_manual_axes(**sets)
     except ValueError as err:
         return _fail(where, f"not valid manual axes: {err}")
-    except _compat.JaxFeatureMissing as err:
+    except _compat.JaxReleaseError as err:
         return _fail(where, str(err))
 
 
@@ -1067,7 +1077,14 @@ def _leaf(record: Any, where: str, dims: _Dims) -> Any:
     weak = _bool(_get(record, "weak_type", where), f"{where}.weak_type")
     sharding = _sharding(record["sharding"], f"{where}.sharding") if record.get("sharding") is not None else None
     vma = _vma(record["vma"], f"{where}.vma") if record.get("vma") is not None else None
-    return _compat.shape_dtype_struct(shape, dtype, weak_type=weak, sharding=sharding, manual_axes=vma)
+    problem = extent_problem(shape, dtype)  # XLA would abort the process on such a leaf
+    if problem is not None:
+        _fail(f"{where}.shape", f"the leaf at {record['path']} {problem}, the most that XLA's 64-bit sizes hold")
+    leaf = _compat.shape_dtype_struct(shape, dtype, weak_type=weak, sharding=sharding, manual_axes=vma)
+    problem = _split_problem(leaf) if sharding is not None and any(map(is_symbolic, shape)) else None
+    if problem is not None:  # as `with_shardings` checks a sharding
+        _fail(f"{where}.sharding", f"it does not fit the leaf at {record['path']} ({leaf_str(leaf)}): {problem}")
+    return leaf
 
 
 def _plain_type(record: Any) -> tuple[tuple[int | str, ...], str, bool] | None:

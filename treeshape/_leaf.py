@@ -8,15 +8,20 @@ written compactly: `f32[2,3]`, `~f32[]` (weak), `key<fry>[4]`, `f32[8]{V:i}`
 (varying over manual axis `i`).
 """
 
+import collections
 import functools as ft
+import gc
+import itertools
 import math
 import operator
 import re
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 import jax
 import jax.numpy as jnp
+import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat
@@ -127,6 +132,57 @@ def checked_shape(shape: Any) -> tuple[Any, ...]:
     return tuple(_dimension(d, axis, shape) for axis, d in enumerate(shape))
 
 
+MAX_EXTENT: Final = 2**63 - 1  # XLA counts elements and bytes in int64
+_SURELY_FITS: Final = MAX_EXTENT // 64  # elements of any dtype (a typed PRNG key's data is at most 32 bytes)
+
+
+@ft.lru_cache(maxsize=4096)  # a tree has few distinct leaf types
+def _extent_problem(shape: tuple[Any, ...], dtype: Any) -> str | None:
+    itemsize = key_data_bytes(dtype) if is_key_dtype(dtype) else np.dtype(dtype).itemsize
+    product = itemsize
+    for axis, d in enumerate(shape):
+        if is_symbolic(d):  # a size for each binding: checked once bound
+            return None
+        product *= d
+        if product > MAX_EXTENT:
+            return _too_large(shape, itemsize, axis, product)
+    return None
+
+
+def _too_large(shape: tuple[int, ...], itemsize: int, axis: int, product: int) -> str:
+    elements = math.prod(shape)
+    if elements > MAX_EXTENT:
+        return f"has {elements:,} elements, more than 2**63 - 1"
+    if elements:
+        return f"takes {elements * itemsize:,} bytes ({elements:,} elements of {itemsize} B), more than 2**63 - 1"
+    return (
+        f"has no elements, but its dimensions up to axis {axis} come to {product:,} bytes, more than 2**63 - 1 "
+        "(XLA multiplies them in order, before it reaches the 0)"
+    )
+
+
+def extent_problem(shape: tuple[Any, ...], dtype: Any) -> str | None:
+    """Why XLA cannot hold an array of `shape` and `dtype`, or None when it can.
+
+    XLA multiplies a shape's element size by its dimensions, in order, in 64-bit
+    integers, and on an overflow aborts the whole process (a notebook kernel
+    dies): every prefix of that product must fit in 63 bits. Symbolic shapes are
+    checked once bound.
+    """
+    if sizes(shape) and 0 < math.prod(shape) <= _SURELY_FITS:  # the fast path: any dtype fits
+        return None
+    return _extent_problem(shape, dtype)
+
+
+def extent_message(who: str, where: str, leaf: jax.ShapeDtypeStruct, problem: str, fix: str = "") -> str:
+    """The message for a leaf too large for XLA (`extent_problem`), at `where`."""
+    fix = fix or "No device holds such an array: check its shape, or split it into smaller leaves."
+    return (
+        f"treeshape.{who}: {where} ({leaf_str(leaf)}) {problem}, the most that XLA's 64-bit sizes hold (it would "
+        f"abort the process on it). {fix}"
+    )
+
+
 def as_abstract(x: Any) -> jax.ShapeDtypeStruct:
     """A duck array as the `ShapeDtypeStruct` JAX would see (its `.sharding`
     kept only if it is a JAX sharding).
@@ -163,6 +219,36 @@ def _unsharded(aval: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
+class TooLarge(Exception):
+    """A leaf too large for XLA (`extent_problem`), at position `index` of the leaves read."""
+
+    def __init__(self, index: int, leaf: jax.ShapeDtypeStruct, problem: str) -> None:
+        super().__init__(index, leaf, problem)
+        self.index, self.leaf, self.problem = index, leaf, problem
+
+
+def _check_fits(leaf: Any, index: int, fits: set[tuple[Any, Any]]) -> None:
+    problem = extent_problem(leaf.shape, leaf.dtype)
+    if problem is not None:
+        sds = leaf if isinstance(leaf, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
+        raise TooLarge(index, sds, problem)
+    fits.add((leaf.shape, leaf.dtype))
+
+
+def check_extents(leaves: Sequence[Any]) -> None:
+    """Refuse the first array leaf among `leaves` (`ShapeDtypeStruct`s, arrays, tracers,
+    duck arrays; others are skipped) that XLA cannot hold (`extent_problem`).
+
+    Raises:
+        TooLarge: naming its index.
+    """
+    fits: set[tuple[Any, Any]] = set()  # a big tree has few distinct leaf types
+    for i, leaf in enumerate(leaves):
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if type(shape) is tuple and dtype is not None and (shape, dtype) not in fits and jax_dtype(dtype):
+            _check_fits(leaf, i, fits)
+
+
 class IntTooBig(OverflowError):
     """A Python int leaf that no JAX integer of the default width holds."""
 
@@ -171,7 +257,9 @@ class IntTooBig(OverflowError):
         self.index, self.value, self.bits = index, value, bits
 
 
-def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
+def read_leaves(
+    leaves: list[Any], top_level: bool, sharded_symbolic: list[tuple[int, jax.ShapeDtypeStruct]] | None = None
+) -> list[Any]:
     """Each leaf's description, read without tracing: what `jax.eval_shape` of the
     identity gives (a `ShapeDtypeStruct` typed as JAX types the leaf: canonical
     dtype, Python `int`/`float`/`complex` weak), static leaves as themselves.
@@ -185,6 +273,11 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
         IntTooBig: a Python int that does not fit the default integer width.
         BadShape: a `ShapeDtypeStruct` or duck array whose shape JAX cannot take
             (with its `index`).
+        TooLarge: an array leaf too large for XLA (`extent_problem`).
+
+    The `ShapeDtypeStruct`s and duck arrays (as given, with their index) that have
+    both symbolic dimensions and a sharding, whose divisibility is `_sharding`'s to
+    check, are appended to `sharded_symbolic`, when given.
     """
     kinds = KINDS
     out: list[Any] = []
@@ -194,6 +287,7 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
     placed: dict[tuple[Any, Any], jax.ShapeDtypeStruct] = {}
     int_range: tuple[int, int] | None = None
     shapes_ok: set[Any] = set()  # shapes with symbolic sizes, already checked
+    fits: set[tuple[Any, Any]] = set()  # (shape, dtype) that XLA can hold
     for i, x in enumerate(leaves):
         cls = type(x)
         kind = kinds.get(cls)
@@ -202,7 +296,10 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
         if kind == ARRAY:
             aval = x.aval
             if not top_level:
-                append(from_aval(aval))
+                traced = from_aval(aval)
+                if (aval.shape, aval.dtype) not in fits:  # a tracer may be larger than any array
+                    _check_fits(traced, i, fits)
+                append(traced)
             elif not isinstance(x, jax.core.Tracer) and x.committed:
                 sharding = x.sharding
                 key = (aval, sharding)
@@ -225,6 +322,10 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
                     shapes_ok.add(shape)
                 else:
                     x = x.update(shape=shape)
+            if x.sharding is not None and sharded_symbolic is not None and x.shape in shapes_ok:
+                sharded_symbolic.append((i, x))
+            if (x.shape, x.dtype) not in fits:
+                _check_fits(x, i, fits)
             if not top_level:
                 append(from_aval(_compat.abstractify(x)))
                 continue
@@ -254,6 +355,9 @@ def read_leaves(leaves: list[Any], top_level: bool) -> list[Any]:
             except BadShape as e:
                 e.index = i
                 raise
+            _check_fits(abstract, i, fits)
+            if abstract.sharding is not None and sharded_symbolic is not None and has_symbolic(abstract.shape):
+                sharded_symbolic.append((i, abstract))
             if not top_level:
                 append(from_aval(_compat.abstractify(abstract)))
             else:
@@ -278,6 +382,128 @@ def refuse_leaked_tracers(leaves: Sequence[Any], fn_name: str) -> None:
                 "JAX transformation is running: it escaped an earlier trace (a side effect kept a reference to "
                 "an intermediate value). Return it from the transformed function instead."
             )
+
+
+# -- trees that contain themselves ----------------------------------------------------
+# The containers a cycle is looked for through, and how each one holds its children.
+# JAX's flatten of a tree that contains itself through a dict fails in its C++ code and
+# leaves the interpreter's recursion depth behind (every later call then fails), so
+# trees are walked for cycles before JAX flattens them.
+_VALUES: Final[dict[type, Callable[[Any], Iterable[Any]]]] = {
+    dict: dict.values,
+    collections.OrderedDict: dict.values,
+    collections.defaultdict: dict.values,
+    list: iter,
+    tuple: iter,
+}
+
+
+def cycle_problem(tree: Any, root: str) -> str | None:
+    """Why JAX cannot flatten `tree` (paths printed under `root`), where it would fail
+    in a way that breaks the interpreter: the tree contains itself (through dicts, lists
+    and tuples), or it is nested more deeply than the recursion limit; None otherwise.
+
+    A cycle through another node type makes JAX's flatten fail cleanly (a RecursionError).
+    """
+    containers = _VALUES
+    if type(tree) not in containers:
+        return None
+    # Level by level, each level's containers found in one call into the interpreter's C
+    # code: a tree's levels end. One deeper than JAX flattens, or whose levels keep
+    # growing past any model's (a cycle through two children doubles them), is walked
+    # depth first, which tells a cycle from a shared subtree.
+    level, depth, reached = [tree], 0, 0
+    limit = sys.getrecursionlimit()
+    is_container = containers.__contains__
+    while level:
+        children = gc.get_referents(*level)
+        level = list(itertools.compress(children, map(is_container, map(type, children))))
+        depth, reached = depth + 1, reached + len(level)
+        if depth >= limit or reached > _MANY_CONTAINERS:
+            break
+    else:
+        return None
+    found = _find_cycle(tree)
+    if found is not None:
+        path, ancestor = found
+        return (
+            f"{root}{path} is {root}{ancestor} itself: the pytree contains itself, and JAX cannot flatten it. "
+            "Keep that reference out of the tree (it cycles back to one of its own parents)"
+        )
+    if depth >= limit:
+        return (
+            f"it is nested more deeply than JAX can flatten ({limit} levels or more, the interpreter's recursion "
+            "limit). Flatten it into fewer levels"
+        )
+    return None
+
+
+_MANY_CONTAINERS: Final = 10**7
+
+
+def refuse_cycles(tree: Any, who: str, root: str) -> None:
+    """Raise a `ValueError` (naming `treeshape.{who}` and the path under `root`) for a tree
+    that JAX's flatten cannot take and would leave the interpreter broken by
+    (`cycle_problem`); call it before flattening a tree that comes from the user."""
+    problem = cycle_problem(tree, root)
+    if problem is not None:
+        raise ValueError(f"treeshape.{who}: {problem}.")
+
+
+def flatten(tree: Any, who: str, root: str, checked: bool = False) -> tuple[list[Any], Any]:
+    """`jax.tree_util.tree_flatten(tree)` of a user's tree; a `ValueError` for one that
+    contains itself or is nested too deeply (`refuse_cycles`, unless `checked` says it
+    was called already, and JAX's own failure for a cycle through a custom node)."""
+    if not checked:
+        refuse_cycles(tree, who, root)
+    try:
+        return jtu.tree_flatten(tree)
+    except (RecursionError, SystemError):  # through a node type of the user's: JAX's C++ code gave up
+        raise ValueError(
+            f"treeshape.{who}: {root} cannot be flattened: one of its custom pytree nodes contains itself, or the "
+            "tree is nested more deeply than JAX can flatten. Keep such references out of the tree."
+        ) from None
+
+
+def _find_cycle(tree: Any) -> tuple[str, str] | None:
+    """`find_cycle`, depth first (telling a cycle from a shared subtree)."""
+    values = _VALUES
+    ancestors = [tree]
+    on_path = {id(tree)}
+    done: set[int] = set()
+    stack = [iter([c for c in values[type(tree)](tree) if type(c) in values])]
+    while stack:
+        for child in stack[-1]:
+            i = id(child)
+            if i in done:
+                continue
+            if i in on_path:
+                return _path_of([*ancestors, child]), _path_of(ancestors[: [id(a) for a in ancestors].index(i) + 1])
+            inner = [c for c in values[type(child)](child) if type(c) in values]
+            if not inner:  # most containers hold only leaves
+                done.add(i)
+                continue
+            on_path.add(i)
+            ancestors.append(child)
+            stack.append(iter(inner))
+            break
+        else:
+            stack.pop()
+            i = id(ancestors.pop())
+            on_path.discard(i)
+            done.add(i)
+    return None
+
+
+def _path_of(chain: Sequence[Any]) -> str:
+    """The `keystr` path along a chain of containers, each a child of the one before."""
+    keys: list[Any] = []
+    for parent, child in zip(chain, chain[1:], strict=False):
+        if isinstance(parent, dict):
+            keys.append(jtu.DictKey(next(k for k, v in parent.items() if v is child)))
+        else:
+            keys.append(jtu.SequenceKey(next(k for k, v in enumerate(parent) if v is child)))
+    return jtu.keystr(tuple(keys))
 
 
 # -- nodes ---------------------------------------------------------------------------
@@ -334,7 +560,7 @@ def key_dtype(name: str) -> Any:
     (`"threefry2x32"`) or by its tag (`"fry"`, as in `key<fry>`).
 
     Raises:
-        JaxFeatureMissing: a built-in implementation that the running JAX lacks.
+        JaxReleaseError: a built-in implementation that the running JAX lacks.
         ValueError: no implementation of that name.
     """
     return _compat.key_dtype(KEY_TAGS.get(name, name))
@@ -370,18 +596,6 @@ def leaf_nbytes(leaf: jax.ShapeDtypeStruct) -> int:
         return size * key_data_bytes(leaf.dtype)
     itemsize: int = np.dtype(leaf.dtype).itemsize
     return size * itemsize
-
-
-# XLA counts elements and bytes in int64: an array past this makes it abort the process.
-MAX_COUNT: Final = 2**63 - 1
-
-
-def too_big(shape: tuple[Any, ...], dtype: Any) -> tuple[int, int] | None:
-    """`(elements, bytes)` of an array whose element count or byte size passes
-    `MAX_COUNT` (symbolic dimensions counted as 1, their least size), else `None`."""
-    count = math.prod(1 if is_symbolic(d) else d for d in shape)
-    nbytes = count * (key_data_bytes(dtype) if is_key_dtype(dtype) else np.dtype(dtype).itemsize)
-    return (count, nbytes) if max(count, nbytes) > MAX_COUNT else None
 
 
 # -- symbolic dimensions -----------------------------------------------------------------

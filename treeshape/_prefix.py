@@ -49,7 +49,10 @@ def check_prefix(prefix: PyTree, tree: PyTree) -> None:
 
     Args:
         prefix: The prefix pytree. `None` and `PartitionSpec`s are leaves
-            here (as in `in_axes` and shardings), not empty nodes.
+            here (as in `in_axes` and shardings), not empty nodes. Where
+            `tree` is a tuple (a function's arguments), a top-level list is
+            read as a tuple, as `jax.vmap` reads `in_axes` and `jax.jit`
+            its `in_shardings`.
         tree: The full pytree: arrays, tracers, `ShapeDtypeStruct`s, static
             values, or a [treeshape.Structure][].
 
@@ -82,6 +85,9 @@ def check_prefix(prefix: PyTree, tree: PyTree) -> None:
         its path; above its leaves, `prefix` must have the containers of `tree`.
     """
     actual = read_structure(tree, "check_prefix")
+    as_arguments = type(prefix) is list and _is_tuple(actual.treedef)
+    if as_arguments:  # `jax.vmap` and `jax.jit` read a top-level list as the tuple of arguments
+        prefix = tuple(prefix)
     keyed, prefix_def = jtu.tree_flatten_with_path(prefix, is_leaf=_is_prefix_leaf)
     if _same(prefix_def, actual.treedef):  # `tree`'s own containers, all the way down
         return None
@@ -100,6 +106,11 @@ def check_prefix(prefix: PyTree, tree: PyTree) -> None:
             "Each leaf of `prefix` (a value, None or a PartitionSpec) stands for the whole subtree of `tree` at "
             "its path; above its leaves, `prefix` must have the containers of `tree`."
         )
+        if as_arguments:
+            rule += (
+                " (The top-level list of `prefix` was read as a tuple, as `jax.vmap` reads `in_axes` and `jax.jit` "
+                "its shardings against the tuple of arguments.)"
+            )
         raise StructureMismatchError(listing_message(header, found, rule, _what), found)
     return None
 
@@ -111,6 +122,12 @@ def _what(m: Mismatch) -> str:
     if m.actual is None:
         return f"missing from the prefix; the tree has {m.expected} here."
     return f"the tree has {m.expected} here, the prefix {m.actual}."
+
+
+def _is_tuple(treedef: jtu.PyTreeDef) -> bool:
+    """Whether the root of `treedef` is a plain tuple (as a function's arguments are)."""
+    data = treedef.node_data()
+    return data is not None and data[0] is tuple
 
 
 def _same(a: jtu.PyTreeDef, b: jtu.PyTreeDef) -> bool:

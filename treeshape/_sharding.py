@@ -351,10 +351,13 @@ def _fit_problem(leaf: jax.ShapeDtypeStruct, sharding: Any) -> str | None:
             names = _entry_names(entry)
             ways = math.prod(sizes.get(name, 1) for name in names)
             if ways > 1 and is_symbolic(shape[d]) and is_symbolic(shape[d] % ways):
+                text = str(shape[d])
+                multiple = f"`{ways}*{text}`" if text.isidentifier() else f"a multiple of {ways}"
                 return (
                     f"dimension {d} (size {shape[d]}) would be split {ways} ways over mesh axes {names}, which "
                     f"divides {shape[d]} only for some sizes: constrain it, e.g. "
-                    f'`jax.export.symbolic_shape(..., constraints=["mod({shape[d]}, {ways}) == 0"])`'
+                    f'`jax.export.symbolic_shape(..., constraints=["mod({shape[d]}, {ways}) == 0"])`, or write the '
+                    f"dimension as {multiple}"
                 )
             if ways > 1 and shape[d] % ways:
                 return (
@@ -367,6 +370,24 @@ def _fit_problem(leaf: jax.ShapeDtypeStruct, sharding: Any) -> str | None:
     except Exception as err:  # JAX's own check, for other kinds of sharding
         return str(err).split("\n")[0]
     return None
+
+
+def split_problem(leaf: jax.ShapeDtypeStruct) -> str | None:
+    """Why a leaf's own sharding does not divide its shape (a symbolic dimension split
+    without a constraint that makes it divide, or a size the mesh does not divide), or
+    None; as `with_shardings` checks a new sharding."""
+    if leaf.sharding is None:
+        return None
+    return _fit_problem(leaf, leaf.sharding)
+
+
+def split_message(who: str, where: str, leaf: jax.ShapeDtypeStruct, problem: str) -> str:
+    """A leaf whose sharding does not divide it (`split_problem`), at `where`."""
+    spec = spec_str(leaf.sharding, len(leaf.shape)) or repr(leaf.sharding)
+    return (
+        f"treeshape.{who}: the sharding of {where} ({leaf_str(leaf)}, {spec}) does not fit it: {problem}. "
+        "JAX would refuse it once the dimension has a size (an IndivisibleError)."
+    )
 
 
 def with_shardings(structure: Leaves, shardings: Any) -> list[Any]:

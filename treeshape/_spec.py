@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from . import _compat
-from ._compat import JaxFeatureMissing
-from ._leaf import key_dtype, key_tags, long_dtype_name, too_big
+from ._compat import JaxReleaseError
+from ._leaf import extent_problem, key_dtype, key_tags, long_dtype_name
 
 
 SPEC_EXAMPLE: Final = "f32[8,784]"
@@ -120,14 +120,11 @@ def _shape(dims: str, spec: str, names: Names) -> tuple[Any, ...]:
 
 def _check_size(shape: tuple[Any, ...], dtype: Any, spec: str) -> None:
     """Refuse an array XLA cannot count (it would abort the process when compiling it)."""
-    big = too_big(shape, dtype)
-    if big is not None:
-        count, nbytes = big
-        least = " at least" if any(_compat.is_symbolic(d) for d in shape) else ""
-        raise SpecError(
-            f"spec {_quoted(spec)} has{least} {count:,} elements ({nbytes:,} bytes), more than XLA can count in "
-            "63 bits (2**63 - 1): use smaller sizes"
-        )
+    least = [1 if _compat.is_symbolic(d) else d for d in shape]  # a symbolic size is at least 1
+    problem = extent_problem(tuple(least), dtype)
+    if problem is not None:
+        at_least = " even at size 1" if len(least) and any(_compat.is_symbolic(d) for d in shape) else ""
+        raise SpecError(f"spec {_quoted(spec)}{at_least} {problem} (XLA would abort on it): use smaller sizes")
 
 
 def _check_64_bit(dtype: Any, spec: str) -> None:
@@ -156,7 +153,7 @@ def _key(weak: str, name: str, dims: str, spec: str, names: Names) -> jax.ShapeD
         raise SpecError(f"malformed spec {_quoted(spec)}: a PRNG key has no weak type, drop the '~'")
     try:  # abstractly: no key is made
         dtype = key_dtype(name.strip())
-    except JaxFeatureMissing as err:
+    except JaxReleaseError as err:
         raise SpecError(f"spec {_quoted(spec)}: {err}") from err
     except ValueError as err:
         tags = key_tags()

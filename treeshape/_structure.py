@@ -18,6 +18,7 @@ from ._errors import (
     Mismatch,
     StructureMismatchError,
     astype_key_message,
+    astype_x64_message,
     bad_shape_message,
     check_path_leaf_callback,
     complex_fill_message,
@@ -32,6 +33,10 @@ from ._leaf import (
     SCALAR_TYPES,
     BadShape,
     IntTooBig,
+    TooLarge,
+    check_extents,
+    extent_message,
+    flatten,
     has_symbolic,
     human_bytes,
     is_key_dtype,
@@ -100,6 +105,8 @@ def _filled(leaf: jax.ShapeDtypeStruct, value: Any, top: bool, placement: Any = 
         if sharding is not None:
             x = jax.device_put(x, sharding) if top else jax.sharding.reshard(x, sharding)
     else:
+        if dtype == np.bool_ and jnp.iscomplexobj(value):  # as `jnp.full` reads it, without NumPy's warning
+            value = value != 0
         x = lax.full(leaf.shape, value, dtype, sharding=sharding)
         if leaf.weak_type:
             x = _compat.convert_element_type(x, dtype, weak_type=True)
@@ -115,6 +122,18 @@ def _is_fill_value(value: Any) -> bool:
     return isinstance(value, (jax.Array, np.ndarray)) and value.ndim == 0
 
 
+def _narrowed(dtype: Any) -> bool:
+    """Whether JAX would make arrays of `dtype` narrower (a 64-bit dtype with x64 off)."""
+    if jax.enable_x64.value or jnp.issubdtype(dtype, jax.dtypes.extended):
+        return False
+    if jax.dtypes.canonicalize_dtype(dtype) == dtype:
+        return False
+    # "allow": JAX keeps explicitly requested 64-bit dtypes even with x64 off. A config
+    # option read by its public name (`jax.config` sets these attributes dynamically).
+    mode = jax.config.jax_explicit_x64_dtypes  # type: ignore[attr-defined]
+    return str(getattr(mode, "name", mode)).upper() != "ALLOW"
+
+
 def check_x64(paths: Callable[[], Sequence[str]], leaves: Sequence[Any], who: str) -> None:
     """Refuse to build values for 64-bit leaves that JAX would silently make 32-bit (x64 off).
 
@@ -124,13 +143,8 @@ def check_x64(paths: Callable[[], Sequence[str]], leaves: Sequence[Any], who: st
     if jax.enable_x64.value:
         return
     dtypes = {leaf.dtype for leaf in leaves if isinstance(leaf, jax.ShapeDtypeStruct)}
-    wide = {d for d in dtypes if not jnp.issubdtype(d, jax.dtypes.extended) and jax.dtypes.canonicalize_dtype(d) != d}
+    wide = {d for d in dtypes if _narrowed(d)}
     if not wide:
-        return
-    # "allow": JAX keeps explicitly requested 64-bit dtypes even with x64 off. A config
-    # option read by its public name (`jax.config` sets these attributes dynamically).
-    mode = jax.config.jax_explicit_x64_dtypes  # type: ignore[attr-defined]
-    if str(getattr(mode, "name", mode)).upper() == "ALLOW":
         return
     groups: dict[str, list[str]] = {}
     example = ""
@@ -382,15 +396,32 @@ class Structure:
         checked = _dims.check_sizes(sizes, self.dims, self._leaves, "Structure.bind")
         if not checked:
             return self
-        leaves, negative = _dims.bind_leaves(self._leaves, checked)
+        given = ", ".join(f"{name}={size}" for name, size in checked.items())
+        smaller = "Choose smaller sizes (or check the shape: a dimension multiplied twice?)."
+        try:
+            leaves, negative = _dims.bind_leaves(self._leaves, checked)
+        except _dims.DimOverflow as e:
+            where = f"tree{self.paths[e.index]} ({leaf_str(self._leaves[e.index])})"
+            raise ValueError(f"treeshape.Structure.bind: at {where}, {e.problem}. {smaller}") from None
         if negative:
             i = negative[0]
-            given = ", ".join(f"{name}={size}" for name, size in checked.items())
             raise ValueError(
                 f"treeshape.Structure.bind: {given} makes tree{self.paths[i]} ({leaf_str(self._leaves[i])}) "
                 f"shape {leaves[i].shape}, with a negative size. Choose sizes for which every dimension is >= 0."
             )
-        return Structure(self._treedef, tuple(leaves))._on_meshes(self._meshes)
+        bound = Structure(self._treedef, tuple(leaves))._on_meshes(self._meshes)
+        bound._check_extents("Structure.bind", f"At {given}, {smaller[0].lower()}{smaller[1:]}")
+        for i, (before, after) in enumerate(zip(self._leaves, leaves, strict=True)):
+            if after is not before and isinstance(after, jax.ShapeDtypeStruct) and after.sharding is not None:
+                problem = _sharding.split_problem(after)
+                if problem is not None:
+                    where = f"tree{self.paths[i]} ({leaf_str(before)} at {given})"
+                    raise ValueError(
+                        f"treeshape.Structure.bind: {given} makes a size the mesh does not divide: the sharding of "
+                        f"{where} does not fit it: {problem}. Choose a size the mesh divides, or constrain the "
+                        "dimension so that every size does (`mod(b, 2) == 0`)."
+                    )
+        return bound
 
     def match_dims(self, tree: PyTree) -> dict[str, int]:
         """Return the sizes that `tree` binds this structure's dimension names to.
@@ -428,7 +459,8 @@ class Structure:
             Traceback (most recent call last):
             ...
             treeshape.StructureMismatchError: treeshape.Structure.match_dims: the tree does not fit: tree['y']:
-            expected shape (2*b,), got (12,); b = 5 at tree['x']. Give b one size across the tree.
+            expected shape (2*b,), got (12,); here b = 6 (2*b = 12), but b = 5 at tree['x']. Give b one size
+            across the tree.
         """
         binding, found = _dims.match(self, read_structure(tree, "Structure.match_dims"), "tree")
         problems = [m for m in found if m.kind in ("shape", "structure")]
@@ -462,7 +494,10 @@ class Structure:
             A pytree with this structure's treedef.
 
         Raises:
-            TypeError: `value` is not a number or bool scalar.
+            TypeError: `value` is not a number or bool scalar, or it is complex
+                and some leaves are integer or real floating (which JAX
+                refuses to fill with it; bool leaves take it, nonzero as
+                `True`, as in `jnp.full`).
             ValueError: a leaf has a 64-bit dtype but `jax_enable_x64` is off
                 (a Structure made with x64 on, e.g. unpickled from such a
                 process), so JAX would silently make it 32-bit; the message
@@ -485,12 +520,11 @@ class Structure:
                 f"{type(value).__name__} {value!r}. For other fills, use `jax.tree.map` over `structure.tree`."
             )
         if jnp.iscomplexobj(value):
-            real = [
+            real = [  # what JAX refuses to fill with a complex value (bool takes it: nonzero is True)
                 "tree" + path
                 for path, leaf in zip(self.paths, self._leaves, strict=True)
                 if isinstance(leaf, jax.ShapeDtypeStruct)
-                and not is_key_dtype(leaf.dtype)
-                and not jnp.issubdtype(leaf.dtype, jnp.complexfloating)
+                and (jnp.issubdtype(leaf.dtype, jnp.integer) or jnp.issubdtype(leaf.dtype, jnp.floating))
             ]
             if real:
                 raise TypeError(complex_fill_message(value, real, len(self)))
@@ -501,6 +535,7 @@ class Structure:
         top = _compat.at_top_level()
         if top and self.dims:  # under a trace (`jax.export`), JAX builds arrays of symbolic shapes
             raise ValueError(free_dims_message(f"Structure.{fn_name}", self.dims, self._example_symbolic()))
+        self._check_extents(f"Structure.{fn_name}")
         if top and self._sharded():
             leaves = _sharding.place(self, self._meshes or (), value, fn_name, _filled)
         else:
@@ -509,6 +544,16 @@ class Structure:
             return jtu.tree_unflatten(self._treedef, leaves)
         except Exception as e:  # a node type whose unflatten cannot rebuild it from new leaves
             raise TypeError(unflatten_message(f"Structure.{fn_name}", _node_types(self._treedef), e)) from e
+
+    def _check_extents(self, who: str, fix: str = "") -> None:
+        """Refuse a leaf too large for XLA, which would abort the process (checked once)."""
+        if self._cache.get("extents_checked"):
+            return
+        try:
+            check_extents(self._leaves)
+        except TooLarge as e:
+            raise ValueError(extent_message(who, "tree" + self.paths[e.index], e.leaf, e.problem, fix)) from None
+        self._cache["extents_checked"] = True
 
     def _sharded(self) -> bool:
         """Whether some array leaf has a sharding (so top-level values need placing)."""
@@ -602,7 +647,9 @@ class Structure:
         typed (as `x.astype(dtype)` does); other leaves are kept as they are.
 
         Args:
-            dtype: The new dtype (e.g. `jnp.float32`, `jnp.bfloat16`).
+            dtype: The new dtype (e.g. `jnp.float32`, `jnp.bfloat16`); a Python
+                type (`float`, `int`, `complex`, `bool`) is JAX's default dtype
+                of that kind, as in `jnp.zeros(3, float)`.
             where: Which array leaves to convert: a callable `(path, leaf) ->
                 bool`, called with each array leaf's `keystr` path (as in
                 `self.paths`) and its `jax.ShapeDtypeStruct`. By default,
@@ -616,6 +663,9 @@ class Structure:
                 converted (to or from a key dtype: use
                 `jax.random.key_data` / `jax.random.wrap_key_data`); the
                 message names the leaves by path.
+            ValueError: `dtype` is 64-bit and `jax_enable_x64` is off, so JAX
+                would make the arrays 32-bit (as `zeros()` refuses); the
+                message names the leaves and the fix.
 
         Examples:
             >>> import jax.numpy as jnp
@@ -626,8 +676,9 @@ class Structure:
             >>> ts.structure_of(params).astype(jnp.int8, where=lambda path, leaf: path == "['step']")
             Structure({'step': i8[], 'w': bf16[2,3]}, 2 leaves, 13 B)
         """
-        try:
-            target = jnp.dtype(dtype)
+        try:  # a Python type is JAX's default dtype of its kind, as in `jnp.zeros(3, float)`
+            python_type = any(dtype is t for t in SCALAR_TYPES)  # by identity: `np.dtype("float64") == float`
+            target = jax.dtypes.canonicalize_dtype(dtype) if python_type else jnp.dtype(dtype)
         except TypeError:
             raise TypeError(
                 f"treeshape.Structure.astype: `dtype` must be a dtype (e.g. jnp.float32), got "
@@ -648,6 +699,11 @@ class Structure:
             leaves[i] = leaf.update(dtype=target, weak_type=False)
         if keys:
             raise TypeError(astype_key_message(keys, short_dtype(target)))
+        if _narrowed(target):
+            converted = [f"tree{paths[i]}" for i, leaf in enumerate(leaves) if leaf is not self._leaves[i]]
+            if converted:
+                narrow = jnp.dtype(jax.dtypes.canonicalize_dtype(target)).name
+                raise ValueError(astype_x64_message(converted, target.name, narrow))
         return Structure(self._treedef, tuple(leaves))._on_meshes(self._meshes)
 
     # -- JSON ------------------------------------------------------------------
@@ -915,15 +971,24 @@ def read_structure(tree: PyTree, fn_name: str, root: str = "tree") -> Structure:
     hint = wrapper_hint(type(tree))
     if hint is not None:  # its nodes describe the tree but cannot rebuild it: no Structure would work
         raise TypeError(f"treeshape.{fn_name}: {root} is {hint}.")
-    leaves, treedef = jtu.tree_flatten(tree)
+    leaves, treedef = flatten(tree, fn_name, root)
+    sharded_symbolic: list[tuple[int, jax.ShapeDtypeStruct]] = []
     try:
-        described = read_leaves(leaves, _compat.at_top_level())
+        described = read_leaves(leaves, _compat.at_top_level(), sharded_symbolic)
     except IntTooBig as e:
         path = jtu.keystr(jtu.tree_flatten_with_path(tree)[0][e.index][0])
         raise OverflowError(int_too_big_message(fn_name, root + path, e.value, e.bits)) from None
     except BadShape as e:
         path = jtu.keystr(jtu.tree_flatten_with_path(tree)[0][e.index][0])
         raise e.error(bad_shape_message(fn_name, root + path, e.shape, e.problem)) from None
+    except TooLarge as e:
+        path = jtu.keystr(jtu.tree_flatten_with_path(tree)[0][e.index][0])
+        raise ValueError(extent_message(fn_name, root + path, e.leaf, e.problem)) from None
+    for i, leaf in sharded_symbolic:  # as `with_shardings` checks a sharding
+        problem = _sharding.split_problem(leaf)
+        if problem is not None:
+            path = jtu.keystr(jtu.tree_flatten_with_path(tree)[0][i][0])
+            raise ValueError(_sharding.split_message(fn_name, root + path, leaf, problem))
     structure = Structure(treedef, tuple(described))
     if len(leaves) > DEFAULT_MAX_ROWS:  # its table will be cut: note the paths it shows, from the tree at hand
         structure._cache["edges"] = edge_paths(tree, leaves)

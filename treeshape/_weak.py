@@ -19,9 +19,11 @@ from ._leaf import (
     NUMPY,
     SCALAR,
     SCALAR_TYPES,
+    flatten,
     is_key_dtype,
     key_impl_name,
     kind_of,
+    refuse_cycles,
     refuse_leaked_tracers,
     short_dtype,
 )
@@ -110,7 +112,12 @@ def weak_paths(tree: PyTree) -> list[str]:
     """
     if isinstance(tree, Structure):
         return [p for p, leaf in zip(tree.paths, tree.leaves, strict=True) if _weak_leaf(leaf)]
-    flat, _ = jtu.tree_flatten_with_path(tree)
+    refuse_cycles(tree, "weak_paths", "tree")
+    try:
+        flat, _ = jtu.tree_flatten_with_path(tree)
+    except (RecursionError, SystemError):  # a custom node that contains itself: JAX's C++ code gave up
+        flatten(tree, "weak_paths", "tree", checked=True)  # raises the ValueError that says so
+        raise
     refuse_leaked_tracers([x for _, x in flat], "weak_paths")
     paths = []
     for path, x in flat:
@@ -152,7 +159,7 @@ def strip_weak_type(tree: PyTree) -> PyTree:
     if isinstance(tree, Structure):
         leaves = tuple(leaf.update(weak_type=False) if _weak_leaf(leaf) else leaf for leaf in tree.leaves)
         return Structure(tree.treedef, leaves)
-    flat, treedef = jtu.tree_flatten(tree)
+    flat, treedef = flatten(tree, "strip_weak_type", "tree")
     refuse_leaked_tracers(flat, "strip_weak_type")
     return jtu.tree_unflatten(treedef, [_make_strong(x) for x in flat])
 

@@ -36,7 +36,6 @@ from jax import lax
 
 import treeshape as ts
 from treeshape import _buffers, _compat
-from treeshape._cache import COST_CACHE
 
 from harness import Config, Row, at_most, case, compare, faster, per_call, repeat, timed_row
 from workloads import gpt2_step_inputs, mlp, mlp_inputs
@@ -81,10 +80,10 @@ def cost(cfg: Config) -> list[Row]:
 
     t = compare(repeat(with_jax), repeat(with_treeshape), cfg, reps=11)
     row = timed_row("15 cached ts.cost, fresh functools.partial, vs lower().compile()", t, faster(100))
-    before = COST_CACHE.info()
+    before = ts.cache_info()
     with_treeshape()
-    after = COST_CACHE.info()
-    got = (after.hits - before.hits, after.misses - before.misses)
+    after = ts.cache_info()
+    got = (after.cost_hits - before.cost_hits, after.cost_misses - before.cost_misses)
     row.detail["cache"] = {"hits": got[0], "misses": got[1]}
     if got != (1, 0):
         row.add_note(f"WARNING: expected 1 cost-cache hit and 0 misses per call, got {got[0]} and {got[1]}")
