@@ -104,7 +104,7 @@ def test_asking_again_starts_no_child(children):
 def test_a_structure_planned_on_an_abstract_mesh_and_read_back_from_json(children):
     mesh = _abstract_mesh({"data": 32})
     params = {"w": jax.ShapeDtypeStruct((1024, 256), jnp.float32)}
-    planned = ts.structure_of(params).with_shardings(lambda path, leaf: P("data", None), mesh=mesh)
+    planned = ts.structure_of(params).with_shardings(NamedSharding(mesh, P("data", None)))
     loaded = ts.Structure.from_json(planned.to_json())
     c = ts.cost(lambda p: jax.tree.map(lambda w: w * 2, p), loaded)
     assert c.argument_bytes == 1024 * 256 * 4 // 32
@@ -163,3 +163,20 @@ def test_largest_fit_sizes_a_batch_for_a_far_mesh():
     after = ts.cost(train_step, params, opt_state, inputs("fsdp", mesh, batch=64 * (fit.size + 1))[2])
     assert at.peak_bytes <= budget < after.peak_bytes
     assert fit.cost.backend == "cpu x64 (simulated)"
+
+
+def test_an_interrupt_while_the_child_compiles_ends_the_child(monkeypatch):
+    started = []
+    real = subprocess.Popen
+
+    class Interrupted(real):  # type: ignore[misc,valid-type]
+        def communicate(self, *args, **kwargs):
+            started.append(self)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(subprocess, "Popen", Interrupted)
+    mesh = _abstract_mesh({"data": 16})
+    x = jax.ShapeDtypeStruct((16, 4), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    with pytest.raises(KeyboardInterrupt):
+        ts.cost(lambda x: x * 6, x)
+    assert len(started) == 1 and started[0].poll() is not None

@@ -522,18 +522,16 @@ def compile_module(module: bytes, devices: int) -> Any:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=1, process_id=0)
-    from jax.extend import backend as jax_backend
     from jax._src import compiler
     from jax._src.interpreters import mlir
-    from jax._src.lib import xla_client
-    from jax._src.lib.mlir import ir
+    from jax.extend import backend as jax_backend
 
     cpus = jax.devices("cpu")
     if len(cpus) < devices:
         raise RuntimeError(f"this process has {len(cpus)} CPU devices, not {devices}")
     context = mlir.make_ir_context()
     with context:
-        parsed = ir.Module.parse(module)
+        parsed = mlir.ir.Module.parse(module)  # type: ignore[attr-defined]
         attributes = parsed.operation.attributes
         partitions = _int_attribute(attributes, "mhlo.num_partitions", 1)
         replicas = _int_attribute(attributes, "mhlo.num_replicas", 1)
@@ -543,15 +541,15 @@ def compile_module(module: bytes, devices: int) -> Any:
             num_replicas=replicas, num_partitions=partitions, device_assignment=assignment
         )
         backend = jax_backend.get_backend("cpu")
-        return compiler.backend_compile_and_load(backend, parsed, xla_client.DeviceList(tuple(chosen)), options, [])
+        return compiler.backend_compile_and_load(backend, parsed, compiler.xc.DeviceList(tuple(chosen)), options, [])  # type: ignore[attr-defined]
 
 
 def _int_attribute(attributes: Any, name: str, default: int) -> int:
-    from jax._src.lib.mlir import ir
+    from jax._src.interpreters import mlir
 
     if name not in attributes:
         return default
-    return int(ir.IntegerAttr(attributes[name]).value)
+    return int(mlir.ir.IntegerAttr(attributes[name]).value)  # type: ignore[attr-defined]
 
 
 def optimized_hlo(compiled: Any) -> str:

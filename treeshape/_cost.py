@@ -19,6 +19,7 @@ it closes over, in an LRU cache of 4096 entries while tracer-leak checking is of
 """
 
 import dataclasses
+import html
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
@@ -26,7 +27,7 @@ from typing import Any, Final
 import jax
 import jax.tree_util as jtu
 
-from . import _cache, _compat
+from . import _cache, _compat, _simulate
 from ._cache import COST_CACHE, Key
 from ._infer import (
     Call,
@@ -96,6 +97,8 @@ class Cost:
     alias_bytes: int | None
     peak_bytes: int | None
     device_bytes: int | None
+    _: dataclasses.KW_ONLY
+    backend: str | None = None
 
     def _rows(self) -> list[tuple[str, str, str]]:
         rows = [("flops", _count(self.flops), exact(self.flops))]
@@ -111,15 +114,28 @@ class Cost:
             rows.append((label, _UNKNOWN if n is None else human_bytes(n), exact(n)))
         return rows
 
+    def _notes(self) -> list[str]:
+        notes = []
+        if self.backend is not None:
+            notes.append(f"compiled for: {self.backend}")
+            if self.backend.endswith(_SIMULATED):
+                notes.append(
+                    "the figures are XLA's CPU compiler's for this partitioning: arguments and outputs as on the "
+                    "target, temporaries on the target accelerator may differ"
+                )
+        return notes
+
     def __str__(self) -> str:
-        return grid(_HEADERS, self._rows(), right=1)
+        return "\n".join([grid(_HEADERS, self._rows(), right=1), *self._notes()])
 
     def _repr_html_(self) -> str:
-        return html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-cost")
+        table = html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-cost")
+        return table + "".join(f"<p>{html.escape(note)}</p>" for note in self._notes())
 
 
 _HEADERS: Final = ("per device", "value", "exact")
 _UNKNOWN: Final = "not reported"
+_SIMULATED: Final = "(simulated)"
 
 
 def _count(x: float | None) -> str:
@@ -299,12 +315,30 @@ def _compile(
     arguments = [_lowering_argument(x) for x, a in zip(leaves, abstract, strict=True) if a]
     dynamic = [i for i, a in enumerate(abstract) if a]
     donate = tuple(j for j, i in enumerate(dynamic) if i in donated)
+    far = _far_mesh(leaves, abstract, treedef)
+    if far is not None:
+        traced = jax.jit(program, donate_argnums=donate).trace(*arguments)
+        module = _compat.lowered_module(traced.lower(lowering_platforms=("cpu",)))
+        simulated = _simulate.compile_for(module, far.size)
+        return _read(simulated, backend=f"cpu x{far.size} {_SIMULATED}")
     if _compat.at_top_level():
         lowered = jax.jit(program, donate_argnums=donate).lower(*arguments)
     else:
         converted, hoisted = _hoist_tracers(program, arguments)
         lowered = jax.jit(converted, donate_argnums=donate).lower(*arguments, *hoisted)
     return _read(lowered.compile())
+
+
+def _far_mesh(leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef) -> Any:
+    """The abstract mesh the inputs are sharded over when it has more devices than this
+    process (the program is then compiled for simulated devices), else None."""
+    for i, (x, a) in enumerate(zip(leaves, abstract, strict=True)):
+        sharding = getattr(x, "sharding", None) if a else None
+        mesh = getattr(sharding, "mesh", None)
+        if isinstance(mesh, jax.sharding.AbstractMesh) and mesh.size > len(jax.devices()):
+            _simulate.check_devices(mesh.size, input_path(leaves, treedef, i))
+            return mesh
+    return None
 
 
 def _figure(x: Any) -> float | None:
@@ -319,7 +353,7 @@ def _bytes(x: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _read(compiled: Any) -> Cost:
+def _read(compiled: Any, backend: str | None = None) -> Cost:
     analysis = _compat.cost_analysis(compiled)
     memory = _compat.memory_analysis(compiled)
     argument, output, temp, alias = (_bytes(memory[k]) for k in ("argument", "output", "temp", "alias"))
@@ -334,8 +368,14 @@ def _read(compiled: Any) -> Cost:
         temp_bytes=temp,
         alias_bytes=alias,
         peak_bytes=peak,
-        device_bytes=_device_limit(compiled),
+        device_bytes=None if isinstance(compiled, _simulate.Simulated) else _device_limit(compiled),
+        backend=backend if backend is not None else _backend(compiled),
     )
+
+
+def _backend(compiled: Any) -> str:
+    devices = _devices(compiled)
+    return f"{devices[0].platform} x{len(devices)}"
 
 
 def _devices(compiled: Any) -> list[Any]:

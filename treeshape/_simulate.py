@@ -105,26 +105,27 @@ def compile_for(module: bytes, devices: int) -> Simulated:
     request = json.dumps({"module": base64.b64encode(module).decode("ascii"), "devices": devices})
     command = [sys.executable, "-c", "from treeshape._simulate import child_main; child_main()"]
     start = time.monotonic()
-    process = subprocess.Popen(
+    with subprocess.Popen(
         command,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=_child_environment(devices),
         text=True,
-    )
-    try:
-        out, err = process.communicate(request, timeout=limit)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(
-            f"treeshape: compiling the program for {devices} simulated CPU devices ran past its timeout of "
-            f"{limit:g} s (in a child process, now ended). Set {_TIMEOUT_VARIABLE} to more seconds, or plan on "
-            "a smaller mesh."
-        ) from None
-    finally:
-        if process.poll() is None:  # a timeout, an interrupt, or any error while waiting
+    ) as process:  # leaving the block closes the pipes and waits for the child
+        try:
+            out, err = process.communicate(request, timeout=limit)
+        except subprocess.TimeoutExpired:
             process.kill()
-            process.wait()
+            process.communicate()
+            raise RuntimeError(
+                f"treeshape: compiling the program for {devices} simulated CPU devices ran past its timeout of "
+                f"{limit:g} s (in a child process, now ended). Set {_TIMEOUT_VARIABLE} to more seconds, or plan "
+                "on a smaller mesh."
+            ) from None
+        except BaseException:  # an interrupt, or any error while waiting: the child never outlives it
+            process.kill()
+            raise
     if process.returncode != 0:
         reason = _last_line(err) or f"exit status {process.returncode}"
         raise RuntimeError(
