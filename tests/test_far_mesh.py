@@ -180,3 +180,13 @@ def test_an_interrupt_while_the_child_compiles_ends_the_child(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         ts.cost(lambda x: x * 6, x)
     assert len(started) == 1 and started[0].poll() is not None
+
+
+def test_the_largest_mesh_a_child_simulates():
+    # Past 2048 devices XLA's CPU client needs cross-process collectives, which the child
+    # gets from a one-process jax.distributed on loopback.
+    mesh = _abstract_mesh({"data": 4096})
+    w = jax.ShapeDtypeStruct((4096 * 4, 256), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    c = ts.cost(lambda w: w * 2, w)
+    assert c.argument_bytes == c.output_bytes == 4 * 256 * 4
+    assert c.backend == "cpu x4096 (simulated)"
