@@ -337,7 +337,7 @@ def test_no_analysis_at_all(monkeypatch):
     monkeypatch.setattr(jax.stages.Compiled, "memory_analysis", lambda self: None)
     monkeypatch.setattr(jax.stages.Compiled, "cost_analysis", lambda self: None)
     c = ts.cost(lambda x: x * 2, jax.ShapeDtypeStruct((16,), F32))
-    assert c == ts.Cost(None, None, None, None, None, None, None, None)
+    assert c == ts.Cost(None, None, None, None, None, None, None, None, backend="cpu x1")  # where it was compiled
 
 
 # -- display -----------------------------------------------------------------------

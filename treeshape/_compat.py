@@ -700,5 +700,95 @@ def broken_constraints(scope: Any, sizes: Mapping[str, int]) -> list[tuple[str, 
     return broken
 
 
+# -- compiling for simulated devices (`_simulate`) --------------------------------------
+# A program lowered here over an abstract mesh larger than this process is compiled in a
+# child process with that many simulated CPU devices. JAX has no public API that compiles a
+# lowered module apart from the function it was traced from (`jax.export` drops the abstract
+# mesh's shardings on 0.10.2, and serializing an export needs flatbuffers), so these use
+# JAX's own compile path: the same functions `jax.jit(...).lower(...).compile()` calls.
+
+MEMORY_STATS_FIELDS: Final = (*_MEMORY_FIELDS.values(), "generated_code_size_in_bytes")
+
+# XLA's CPU client gives device ids of one process 11 bits; a device count above this makes
+# it refuse the program ("Multiprocess computations aren't implemented on the CPU backend")
+# unless the process has cross-process collectives, which a one-process `jax.distributed`
+# gives it.
+_CPU_DEVICES_PER_PROCESS: Final = 2048
+
+
+def lowered_module(lowered: Any) -> bytes:
+    """A lowered program (`jax.stages.Lowered`) as StableHLO bytecode, with its locations (so
+    the compiled program's metadata keeps the user's op names and source lines)."""
+    from jax._src.interpreters import mlir
+
+    module = lowered.compiler_ir("stablehlo")
+    return bytes(mlir.module_to_bytecode(module))
+
+
+def compile_module(module: bytes, devices: int) -> Any:
+    """Compile StableHLO bytecode for `devices` CPU devices (this process must have them) with
+    the options `jax.jit` compiles a partitioned program with: one replica, one partition per
+    device (as the module's `mhlo.num_partitions` says), SPMD partitioning."""
+    if devices > _CPU_DEVICES_PER_PROCESS:
+        import socket
+
+        with socket.socket() as s:  # a free loopback port for a coordinator of this process only
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=1, process_id=0)
+    from jax._src import compiler
+    from jax._src.interpreters import mlir
+    from jax.extend import backend as jax_backend
+
+    cpus = jax.devices("cpu")
+    if len(cpus) < devices:
+        raise RuntimeError(f"this process has {len(cpus)} CPU devices, not {devices}")
+    context = mlir.make_ir_context()
+    with context:
+        parsed = mlir.ir.Module.parse(module)  # type: ignore[attr-defined]
+        attributes = parsed.operation.attributes
+        partitions = _int_attribute(attributes, "mhlo.num_partitions", 1)
+        replicas = _int_attribute(attributes, "mhlo.num_replicas", 1)
+        chosen = cpus[: partitions * replicas]
+        assignment = np.array(chosen).reshape(replicas, partitions)
+        options = compiler.get_compile_options(
+            num_replicas=replicas, num_partitions=partitions, device_assignment=assignment
+        )
+        backend = jax_backend.get_backend("cpu")
+        return compiler.backend_compile_and_load(backend, parsed, compiler.xc.DeviceList(tuple(chosen)), options, [])  # type: ignore[attr-defined]
+
+
+def _int_attribute(attributes: Any, name: str, default: int) -> int:
+    from jax._src.interpreters import mlir
+
+    if name not in attributes:
+        return default
+    return int(mlir.ir.IntegerAttr(attributes[name]).value)  # type: ignore[attr-defined]
+
+
+def optimized_hlo(compiled: Any) -> str:
+    """The optimized HLO text of a loaded executable (what `Compiled.as_text()` gives)."""
+    modules = compiled.hlo_modules()
+    return "\n\n".join(m.to_string() for m in modules)
+
+
+def optimized_module_proto(loaded: Any) -> bytes | None:
+    """The optimized module of a loaded executable as a serialized `xla.HloModuleProto` (what
+    `optimized_module` reads from a `jax.stages.Compiled`), or None where there is not one."""
+    try:
+        modules = loaded.hlo_modules()
+        data = modules[0].as_serialized_hlo_module_proto() if len(modules) == 1 else None
+    except Exception:
+        return None
+    return data if isinstance(data, bytes) else None
+
+
+def lowered_kept_arguments(lowered: Any) -> Any:
+    """The positions of the arguments a lowered program keeps (`jax.jit` leaves out unused
+    ones), as `kept_arguments` reads them from a compiled one; None where not found."""
+    kept = getattr(getattr(lowered, "_lowering", None), "compile_args", {}).get("kept_var_idx")
+    return kept if isinstance(kept, (set, frozenset)) else None
+
+
 # The public classes report module `treeshape`, so doctest would not look for their examples here.
 __test__ = {"JaxReleaseError": JaxReleaseError}

@@ -40,7 +40,7 @@ import jax
 import jax.tree_util as jtu
 from jax.sharding import PartitionSpec as P
 
-from . import _buffers, _cache, _compat, _nodes, _sharding
+from . import _buffers, _cache, _compat, _nodes, _sharding, _simulate
 from ._buffers import Buffer, Donation
 from ._cache import COST_CACHE, NEEDS_CONCRETE, Key
 from ._infer import (
@@ -60,7 +60,7 @@ from ._infer import (
     split_call,
 )
 from ._leaf import ARRAY, DIM, OTHER, SDS, from_aval, human_bytes, is_duck_array, kind_of
-from ._loops import NO_LOOPS, LoopCorrection, loop_correction
+from ._loops import NO_LOOPS, LoopCorrection, holds_loops, loop_correction
 from ._structure import Structure
 from ._table import grid, html_grid
 
@@ -149,6 +149,7 @@ class Cost:
     donation: dict[str, Donation] | None = dataclasses.field(default=None, compare=False)
     live_peak_bytes: int | None = None
     exact_flops: bool = True
+    backend: str | None = None
 
     def breakdown(self, depth: int | None = None) -> str:
         """The buffers at the peak grouped by input path, output path or module, with
@@ -203,6 +204,14 @@ class Cost:
             rows.append((label, _UNKNOWN if n is None else human_bytes(n), exact(n)))
         return rows
 
+    def _notes(self) -> list[str]:
+        if self.backend is None or not self.backend.endswith(_SIMULATED):
+            return []
+        return [
+            f"compiled for: {self.backend}: the figures are XLA's CPU compiler's for this partitioning, arguments "
+            "and outputs as on the target; temporaries on the target accelerator may differ"
+        ]
+
     def __str__(self) -> str:
         return self._text(5)
 
@@ -211,6 +220,8 @@ class Cost:
         text = grid(_HEADERS, self._rows(), right=1)
         if not self.exact_flops:
             text += f"\n{_COUNTED_ONCE}"
+        for note in self._notes():
+            text += f"\n{note}"
         if self.buffers and n_buffers:
             text += "\n\n" + _buffers.largest(self.buffers, self.live_peak_bytes, n_buffers)
         return text
@@ -219,6 +230,7 @@ class Cost:
         page = html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-cost")
         if not self.exact_flops:
             page += f"<p>{html.escape(_COUNTED_ONCE)}</p>"
+        page += "".join(f"<p>{html.escape(note)}</p>" for note in self._notes())
         if self.buffers:
             page += _buffers.largest_html(self.buffers, self.live_peak_bytes, 5)
         return page
@@ -227,6 +239,7 @@ class Cost:
 _HEADERS: Final = ("per device", "value", "exact")
 _COUNTED_ONCE: Final = "flops and bytes accessed count a loop body once: its trip count or its cost per run is unknown"
 _UNKNOWN: Final = "not reported"
+_SIMULATED: Final = "(simulated)"
 
 
 def _count(x: float | None) -> str:
@@ -670,7 +683,9 @@ def _compile(
 ) -> Cost:
     per_device = _in_shard_map()
     values, mesh = leaves, None  # tracers stay as they are: `_hoist_tracers` types them
-    if _compat.at_top_level():  # a tracer's sharding is on the mesh of its trace
+    # A mesh larger than this process: compiled for simulated devices, its shardings kept.
+    far = _far_mesh(values, abstract, treedef) if _compat.at_top_level() else None
+    if _compat.at_top_level() and far is None:  # a tracer's sharding is on the mesh of its trace
         values, mesh = _on_concrete_meshes(values, abstract, treedef)
     kwarg_names = list(treedef.children()[1].children()[1].node_data()[1] or ())
     wanted = _donated_arguments(donated, treedef, kwarg_names)
@@ -700,8 +715,9 @@ def _compile(
             inner = _inner_donations(traced.jaxpr, program.owners)
             if not inner <= wanted:
                 traced = _jit(program, wanted | inner).trace(*args, **named)
-        lowered = traced.lower()
-    compiled = lowered.compile()
+        # A mesh larger than this process: lowered here for the CPU, compiled in a child.
+        lowered = traced.lower() if far is None else traced.lower(lowering_platforms=("cpu",))
+    compiled: Any = lowered.compile() if far is None else _simulate.compile_for(lowered, far.size)
     infos = jtu.tree_flatten_with_path(lowered.args_info)[0]
     donate = frozenset(i for i, (_, info) in enumerate(infos) if getattr(info, "donated", False))
     if _compat.at_top_level():
@@ -714,8 +730,12 @@ def _compile(
     analysis = _compat.cost_analysis(compiled)
     reported = (_figure(analysis.get("flops")), _figure(analysis.get("bytes accessed")))
     flat_arguments = [_lowering_argument(x) for x in jtu.tree_leaves((args, named))]
-    loops = loop_correction(traced.jaxpr, _shardings(compiled), arguments=flat_arguments, reported=reported)
-    return _read(compiled, paths, output_paths, donate, loops)
+    if far is None:
+        loops = loop_correction(traced.jaxpr, _shardings(compiled), arguments=flat_arguments, reported=reported)
+        return _read(compiled, paths, output_paths, donate, loops)
+    # Loop bodies are compiled here, and cannot be for the far mesh: counted once, and said so.
+    loops = LoopCorrection(exact=not holds_loops(traced.jaxpr.jaxpr))
+    return _read(compiled, paths, output_paths, donate, loops, backend=f"cpu x{far.size} {_SIMULATED}")
 
 
 def _argument_path(keys: Any, kwarg_names: list[str]) -> str:
@@ -727,6 +747,18 @@ def _argument_path(keys: Any, kwarg_names: list[str]) -> str:
     name = getattr(keys[1], "key", "") if len(keys) > 1 else ""
     root = f"kwargs[{name!r}]" if name in kwarg_names else str(name)
     return root + jtu.keystr(keys[2:])
+
+
+def _far_mesh(leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef) -> Any:
+    """The abstract mesh the inputs are sharded over when it has more devices than this
+    process (the program is then compiled for simulated devices), else None."""
+    for i, (x, a) in enumerate(zip(leaves, abstract, strict=True)):
+        sharding = getattr(x, "sharding", None) if a else None
+        mesh = getattr(sharding, "mesh", None)
+        if isinstance(mesh, jax.sharding.AbstractMesh) and mesh.size > len(jax.devices()):
+            _simulate.check_devices(mesh.size, input_path(leaves, treedef, i))
+            return mesh
+    return None
 
 
 def _figure(x: Any) -> float | None:
@@ -747,6 +779,7 @@ def _read(
     output_paths: Sequence[str] = (),
     donated: frozenset[int] = frozenset(),
     loops: LoopCorrection = NO_LOOPS,
+    backend: str | None = None,
 ) -> Cost:
     """The figures of a compiled program, each loop body's FLOPs and bytes counted as often
     as it runs (`loops`), and what is at its peak (`_buffers.read`): `argument_paths` name
@@ -768,12 +801,21 @@ def _read(
         temp_bytes=temp,
         alias_bytes=alias,
         peak_bytes=peak,
-        device_bytes=_device_limit(compiled),
+        device_bytes=None if isinstance(compiled, _simulate.Simulated) else _device_limit(compiled),
         buffers=None if reading is None else reading.buffers,
         donation=None if reading is None else reading.donation,
         live_peak_bytes=None if reading is None else reading.live_peak_bytes,
         exact_flops=loops.exact,
+        backend=backend if backend is not None else _backend(compiled),
     )
+
+
+def _backend(compiled: Any) -> str | None:
+    """`platform xN`: where the program was compiled for, from its shardings (None without)."""
+    devices: set[Any] = {d for s in _shardings(compiled) if isinstance(s, jax.sharding.Sharding) for d in s.device_set}
+    if not devices:
+        return None
+    return f"{next(iter(devices)).platform} x{len(devices)}"
 
 
 def _shardings(compiled: Any) -> list[Any]:

@@ -132,7 +132,7 @@ class _Walk:
                 # unrolled twice (a scan outside other loops, without loops inside).
                 if scan is not None and trips is not None and trips >= 2 and counted == 1 and self.depth == 0:
                     self.partitioned.append((eqn, runs * (trips - 1), trips % 2))
-                    if _holds_loops(body.jaxpr):
+                    if holds_loops(body.jaxpr):
                         self.exact = False
                 else:
                     self.exact = False
@@ -186,10 +186,10 @@ def _explicit(body: jex.ClosedJaxpr, mesh: Any) -> bool:
     return True
 
 
-def _holds_loops(jaxpr: jex.Jaxpr) -> bool:
+def holds_loops(jaxpr: jex.Jaxpr) -> bool:
     """Whether `jaxpr` runs a loop, at any depth (`cond` branches included)."""
     return any(
-        eqn.primitive.name in ("scan", "while") or any(_holds_loops(sub.jaxpr) for sub in _sub_jaxprs(eqn))
+        eqn.primitive.name in ("scan", "while") or any(holds_loops(sub.jaxpr) for sub in _sub_jaxprs(eqn))
         for eqn in jaxpr.eqns
     )
 
