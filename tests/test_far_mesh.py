@@ -193,3 +193,43 @@ def test_the_largest_mesh_a_child_simulates():
     c = ts.cost(lambda w: w * 2, w)
     assert c.argument_bytes == c.output_bytes == 4 * 256 * 4
     assert c.backend == "cpu x4096 (simulated)"
+
+
+def _saved(tmp_path, name, tree):
+    path = tmp_path / f"{name}.json"
+    path.write_text(ts.structure_of(tree).to_json())
+    return f"@{path}"
+
+
+def test_the_command_line_takes_structures_planned_for_a_far_mesh(tmp_path, capsys):
+    from treeshape._cli import main
+
+    mesh = _abstract_mesh({"data": 16})
+    params, opt_state, data = inputs("fsdp", mesh)
+    files = [_saved(tmp_path, n, t) for n, t in (("params", params), ("opt", opt_state), ("batch", data))]
+    assert main(["cost", "far_mesh_programs:train_step", *files, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    expected = ts.cost(train_step, params, opt_state, data)
+    assert shown["backend"] == "cpu x16 (simulated)"
+    assert (shown["argument_bytes"], shown["peak_bytes"]) == (expected.argument_bytes, expected.peak_bytes)
+
+    rows = jax.export.symbolic_shape("16*b, 512")
+    batches = {k: jax.ShapeDtypeStruct(rows, v.dtype, sharding=v.sharding) for k, v in data.items()}
+    files[2] = _saved(tmp_path, "batches", batches)
+    argv = ["fit", "far_mesh_programs:train_step", *files, "--dim", "b", "--budget", "32MiB", "--json"]
+    assert main([*argv, "--no-progress"]) == 0
+    fit = json.loads(capsys.readouterr().out)
+    assert fit["cost"]["backend"] == "cpu x16 (simulated)" and fit["cost"]["peak_bytes"] <= 32 * 2**20
+    at = ts.cost(train_step, params, opt_state, inputs("fsdp", mesh, batch=16 * fit["size"])[2])
+    after = ts.cost(train_step, params, opt_state, inputs("fsdp", mesh, batch=16 * (fit["size"] + 1))[2])
+    assert at.peak_bytes <= 32 * 2**20 < after.peak_bytes
+
+
+def test_a_missing_or_malformed_structure_file_is_bad_input(tmp_path, capsys):
+    from treeshape._cli import main
+
+    assert main(["cost", "jax.numpy:sin", f"@{tmp_path / 'nope.json'}"]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["cost", "jax.numpy:sin", f"@{tmp_path / 'bad.json'}"]) == 2
+    assert "is not a Structure's JSON" in capsys.readouterr().err

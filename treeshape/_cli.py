@@ -59,6 +59,9 @@ specs:
     LITERAL       a Python literal, passed to the function as the Python
                   value itself (concrete): 0, 0.5, True, 'relu', (1, 2),
                   None. For an abstract scalar, use f32[] or ~f32[].
+    @FILE         the tree of a Structure saved with Structure.to_json:
+                  shapes, dtypes and shardings, also over an AbstractMesh
+                  larger than this machine (compiled for simulated devices).
 
   64-bit dtypes need JAX_ENABLE_X64=1, as everywhere in JAX: without it, a
   64-bit spec is an error. MODULE is imported from the current directory or
@@ -318,8 +321,11 @@ def _resolve(target: str) -> Callable[..., Any]:
     return obj  # type: ignore[no-any-return]
 
 
-def _arguments(specs: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
+def _arguments(specs: Sequence[str], target: str | None = None) -> tuple[list[Any], dict[str, Any]]:
     from ._spec import Names, SpecError, parse_spec, split_kwarg
+
+    if target is not None and any(split_kwarg(text)[1].startswith("@") for text in specs):
+        _resolve(target)  # a Structure's JSON names classes of the modules that MODULE imports
 
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
@@ -327,7 +333,7 @@ def _arguments(specs: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
     for text in specs:
         name, spec = split_kwarg(text)
         try:
-            value = parse_spec(spec, names)
+            value = _load_structure(spec[1:]) if spec.startswith("@") else parse_spec(spec, names)
         except SpecError as err:
             raise _Fail(str(err), 2) from err
         if name is None:
@@ -341,6 +347,37 @@ def _arguments(specs: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
     return args, kwargs
 
 
+def _load_structure(path: str) -> Any:
+    """The Structure written with `Structure.to_json` (`@state.json`): shapes, dtypes and
+    shardings, also over an abstract mesh of any size; passed to the command's function as
+    the tree it describes."""
+    from ._spec import SpecError
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except OSError as err:
+        raise SpecError(f"cannot read {path!r} for @{path}: {err.strerror or err}") from None
+    try:
+        from ._structure import Structure
+
+        return Structure.from_json(text)
+    except ValueError as err:
+        raise SpecError(f"@{path} is not a Structure's JSON (Structure.to_json): {_one_line(err)}") from None
+
+
+def _spec_leaves(value: Any) -> list[Any]:
+    """The abstract arrays of one parsed argument: a spec's, or an `@FILE` Structure's."""
+    import jax
+
+    from ._spec import abstract_leaves
+    from ._structure import Structure
+
+    if isinstance(value, Structure):
+        return [leaf for leaf in value.leaves if isinstance(leaf, jax.ShapeDtypeStruct)]
+    return abstract_leaves(value)
+
+
 def _bind(
     fn: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]
 ) -> tuple[Callable[..., Any], list[Any], dict[str, Any]]:
@@ -348,18 +385,20 @@ def _bind(
     function of the abstract arguments alone that passes the literals to `fn` as Python values
     (`out_structure` would trace a Python number, as `jax.eval_shape` does)."""
     from ._spec import abstract_leaves, is_abstract, put_back
+    from ._structure import Structure
 
     values = [*args, *kwargs.values()]
-    if all(is_abstract(value) for value in values):
+    if all(isinstance(value, Structure) or is_abstract(value) for value in values):
         return fn, args, kwargs
 
     def call(*leaves: Any) -> Any:
         it = iter(leaves)
-        filled = [put_back(value, it) for value in values]
+        filled = [next(it) if isinstance(value, Structure) else put_back(value, it) for value in values]
         return fn(*filled[: len(args)], **dict(zip(kwargs, filled[len(args) :], strict=True)))
 
     call.__wrapped__ = fn  # type: ignore[attr-defined]  # JAX's messages name `fn`, not `call`
-    return call, [leaf for value in values for leaf in abstract_leaves(value)], {}
+    abstract = [[value] if isinstance(value, Structure) else abstract_leaves(value) for value in values]
+    return call, [leaf for leaves in abstract for leaf in leaves], {}
 
 
 def _as_json(structure: Any) -> list[dict[str, Any]]:
@@ -373,7 +412,7 @@ def _call_target(args: argparse.Namespace, how: Callable[..., Any]) -> Any:
     """`how(fn, *specs)` for the command's `MODULE:ATTR` and specs: what `inspect` and `cost` share."""
     if args.target is None:
         raise _Fail("the following arguments are required: MODULE:ATTR", 2)
-    positional, keywords = _arguments(args.specs)
+    positional, keywords = _arguments(args.specs, args.target)
     fn, positional, keywords = _bind(_resolve(args.target), positional, keywords)
     try:
         return how(fn, *positional, **keywords)
@@ -406,11 +445,10 @@ def _cost(args: argparse.Namespace, stdout: TextIO) -> int:
 
     from ._dims import bind_leaves, free_names
     from ._leaf import short_dtype, short_shape
-    from ._spec import abstract_leaves
 
-    positional, keywords = _arguments(args.specs)
+    positional, keywords = _arguments(args.specs, args.target)
     for text, value in zip(args.specs, [*positional, *keywords.values()], strict=True):
-        leaves = abstract_leaves(value)
+        leaves = _spec_leaves(value)
         names = free_names(leaves)
         if names:
             free = [leaf for leaf in leaves if free_names([leaf])][0]
@@ -524,7 +562,6 @@ def _fit(args: argparse.Namespace, stdout: TextIO) -> int:
 
     from ._dims import free_names
     from ._fit import BudgetError, SizeError, bind_at, check_arguments, check_names, largest_allowed
-    from ._spec import abstract_leaves
 
     try:
         budget = None if args.budget is None else parse_bytes(args.budget)
@@ -536,13 +573,13 @@ def _fit(args: argparse.Namespace, stdout: TextIO) -> int:
         raise _Fail(
             f"--budget is required: the device ({device.platform}) reports no memory limit; e.g. --budget 16GiB", 2
         )
-    positional, keywords = _arguments(args.specs)
+    positional, keywords = _arguments(args.specs, args.target)
     texts = [
         text
         for text, value in zip(args.specs, [*positional, *keywords.values()], strict=True)
-        for _ in abstract_leaves(value)
+        for _ in _spec_leaves(value)
     ]  # the spec of each abstract leaf
-    leaves = [leaf for value in [*positional, *keywords.values()] for leaf in abstract_leaves(value)]
+    leaves = [leaf for value in [*positional, *keywords.values()] for leaf in _spec_leaves(value)]
     names = free_names(leaves)
     dim = args.dim
     try:
