@@ -149,6 +149,12 @@ cases = {
     "largest_fit": lambda: ts.largest_fit(
         lambda w: w.sum(), jax.ShapeDtypeStruct((b, 2**44), F32), dim="b", budget=2**70
     ),
+    # inputs XLA holds, a value inside the program it does not
+    "cost-inside": lambda: ts.cost(lambda x: jnp.outer(x, x).sum(), jax.ShapeDtypeStruct((2**33,), F32)),
+    "cost-inside-jit": under_jit(
+        lambda: ts.cost(lambda x: jax.lax.cond(x[0] > 0, lambda: jnp.outer(x, x).sum(), lambda: 0.0),
+                        jax.ShapeDtypeStruct((2**33,), F32))
+    ),
     # the largest that XLA holds: compiled (and, empty, made), never refused
     "cost-largest": lambda: ts.cost(lambda w: w, jax.ShapeDtypeStruct((2**61 - 1,), F32)).argument_bytes,
     "cost-largest-keys": lambda: ts.cost(lambda k: k, jax.ShapeDtypeStruct((2**60 - 1,), key)).argument_bytes,
@@ -185,6 +191,8 @@ def test_nothing_that_would_abort_reaches_xla():
         "full": "treeshape.Structure.full: tree['w'] (~f32[4294967296,4294967296]) has",
         "zeros-jit": "treeshape.Structure.zeros: tree['w'] (~f32[4294967296,4294967296]) has",
         "largest_fit": "treeshape.largest_fit: at b=1048576, args[0] (f32[1048576,17592186044416]) has",
+        "cost-inside": "treeshape.cost: the program makes a value of mul (f32[8589934592,8589934592]) that has",
+        "cost-inside-jit": "treeshape.cost: the program makes a value of mul (f32[8589934592,8589934592]) that has",
     }
     empty = f"OK {(0, 2**62, 4)}"
     results = _run([*refused, "cost-largest", "cost-largest-keys", "zeros-empty", "zeros-empty-jit"])

@@ -59,7 +59,7 @@ from ._infer import (
     note_abstract_scalars,
     split_call,
 )
-from ._leaf import ARRAY, DIM, OTHER, SDS, from_aval, human_bytes, is_duck_array, kind_of
+from ._leaf import ARRAY, DIM, OTHER, SDS, extent_problem, from_aval, human_bytes, is_duck_array, kind_of, leaf_str
 from ._loops import NO_LOOPS, LoopCorrection, holds_loops, loop_correction
 from ._structure import Structure
 from ._table import grid, html_grid
@@ -715,6 +715,7 @@ def _compile(
             inner = _inner_donations(traced.jaxpr, program.owners)
             if not inner <= wanted:
                 traced = _jit(program, wanted | inner).trace(*args, **named)
+        _refuse_too_large(traced.jaxpr.jaxpr)  # before XLA, which aborts the process on it
         # A mesh larger than this process: lowered here for the CPU, compiled in a child.
         lowered = traced.lower() if far is None else traced.lower(lowering_platforms=("cpu",))
     compiled: Any = lowered.compile() if far is None else _simulate.compile_for(lowered, far.size)
@@ -736,6 +737,30 @@ def _compile(
     # Loop bodies are compiled here, and cannot be for the far mesh: counted once, and said so.
     loops = LoopCorrection(exact=not holds_loops(traced.jaxpr.jaxpr))
     return _read(compiled, paths, output_paths, donate, loops, backend=f"cpu x{far.size} {_SIMULATED}")
+
+
+def _refuse_too_large(jaxpr: Any) -> None:
+    """A `ValueError` for the first value the program makes (nested jaxprs too) that XLA's
+    64-bit sizes cannot hold: compiling it would abort the process."""
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            aval = getattr(var, "aval", None)
+            shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
+            if type(shape) is not tuple or dtype is None:
+                continue
+            problem = extent_problem(shape, dtype)
+            if problem is not None:
+                raise ValueError(
+                    f"treeshape.cost: the program makes a value of {eqn.primitive.name} "
+                    f"({leaf_str(from_aval(aval))}) that {problem}: "
+                    "XLA would abort the process on it. Compute it in smaller pieces (a `lax.map` or `lax.scan` "
+                    "over chunks), or use smaller inputs."
+                )
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    _refuse_too_large(inner)
 
 
 def _argument_path(keys: Any, kwarg_names: list[str]) -> str:
