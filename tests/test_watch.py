@@ -516,3 +516,16 @@ def test_a_trace_over_max_traces_is_refused_each_time_and_not_recorded():
         with pytest.raises(ts.RetraceError):
             jitted(_B)
     assert len(jitted.traces) == 1 and jitted.retraces == []
+
+
+def test_under_nnx_jit_the_compiled_program_is_the_same_as_without_the_watch():
+    def train(model, x):
+        loss, grads = nnx.value_and_grad(lambda m: jnp.sum(m.linear(x) ** 2))(model)
+        nnx.update(model, jax.tree.map(lambda p, g: p - 0.1 * g, nnx.state(model, nnx.Param), grads))
+        return loss
+
+    model, x = _Block(0.5), np.ones((4, 3), np.float32)
+    plain = nnx.jit(train).lower(model, x)
+    watched = nnx.jit(ts.watch(train)).lower(model, x)
+    assert _hlo(watched) == _hlo(plain)
+    assert len(_hlo(plain)) > 5
