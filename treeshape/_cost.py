@@ -58,10 +58,10 @@ from ._infer import (
     is_output_array,
     note_abstract_scalars,
     split_call,
+    with_trees,
 )
 from ._leaf import ARRAY, DIM, OTHER, SDS, extent_problem, from_aval, human_bytes, is_duck_array, kind_of, leaf_str
 from ._loops import NO_LOOPS, LoopCorrection, holds_loops, loop_correction
-from ._structure import Structure
 from ._table import grid, html_grid
 
 
@@ -258,23 +258,6 @@ def exact(x: float | None) -> str:
 
 
 # -- inputs ----------------------------------------------------------------------
-def _is_structure(x: Any) -> bool:
-    return isinstance(x, Structure)
-
-
-def _with_trees(call: Call) -> Call:
-    """`call` with every `Structure` among its leaves (arguments or bound values) replaced
-    by the pytree of `ShapeDtypeStruct`s it describes (`s.tree`)."""
-    if not any(isinstance(x, Structure) for x in (*call.bound_leaves, *call.call_leaves)):
-        return call
-    bound = jtu.tree_unflatten(call.bound_treedef, call.bound_leaves)
-    args = jtu.tree_unflatten(call.call_treedef, call.call_leaves)
-    bound, args = jtu.tree_map(lambda x: x.tree if _is_structure(x) else x, (bound, args), is_leaf=_is_structure)
-    bound_leaves, bound_treedef = jtu.tree_flatten(bound)
-    call_leaves, call_treedef = jtu.tree_flatten(args)
-    return Call(call.core, bound_leaves, bound_treedef, call_leaves, call_treedef)
-
-
 def _refuse_symbolic(leaves: list[Any], treedef: jtu.PyTreeDef) -> None:
     """A leaf with symbolic dimensions cannot be compiled: name it and `Structure.bind`."""
     for i, x in enumerate(leaves):
@@ -661,11 +644,18 @@ def _refuse_collectives(jaxpr: Any, manual: set[str]) -> None:
                     "device alone. Cost the whole `shard_map` from outside it "
                     "(`ts.cost(jax.shard_map(f, ...), x)`), or cost the part of the body before the collective."
                 )
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    _refuse_collectives(inner, manual)
+        for inner in _inner_jaxprs(eqn):
+            _refuse_collectives(inner, manual)
+
+
+def _inner_jaxprs(eqn: Any) -> Iterator[Any]:
+    """The jaxprs an equation holds in its parameters (a `jit`'s, `cond`'s branches, a loop's
+    body, `shard_map`'s, ...), open."""
+    for value in eqn.params.values():
+        for sub in value if isinstance(value, (tuple, list)) else (value,):
+            inner = getattr(sub, "jaxpr", sub)
+            if hasattr(inner, "eqns"):
+                yield inner
 
 
 def _axis_names(params: dict[str, Any]) -> set[str]:
@@ -756,11 +746,8 @@ def _refuse_too_large(jaxpr: Any) -> None:
                     "XLA would abort the process on it. Compute it in smaller pieces (a `lax.map` or `lax.scan` "
                     "over chunks), or use smaller inputs."
                 )
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    _refuse_too_large(inner)
+        for inner in _inner_jaxprs(eqn):
+            _refuse_too_large(inner)
 
 
 def _argument_path(keys: Any, kwarg_names: list[str]) -> str:
@@ -979,7 +966,7 @@ def prepare(
 ) -> tuple[Call, frozenset[int]]:
     """The call split and flattened as `cost` compiles it (each `Structure` replaced by its
     tree), and the positions of its donated leaves."""
-    call = _with_trees(split_call(fn, args, kwargs, who))
+    call = with_trees(split_call(fn, args, kwargs, who))
     n_args = len(call.call_treedef.children()[0].children())
     return call, _donated(fn, call, n_args, donate_argnums, donate_argnames, who)
 
