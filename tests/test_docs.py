@@ -140,16 +140,26 @@ def test_every_public_example_is_run_by_the_doctests():
 _PRINTS = re.compile(r"^```python\n(.*?)^```\n\n```text\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
 
 
-def test_the_structures_guides_framework_models_run_and_print_what_they_show(capsys):
-    page = (ROOT / "docs" / "guide" / "structures.md").read_text()
-    section = page.split("\n## Framework models", 1)[1].split("\n## ", 1)[0]
+def _section_pairs(page: str, heading: str, count: int) -> list[tuple[str, str]]:
+    """The (code, what it prints) pairs of one section of a guide, `count` of them."""
+    text = (ROOT / "docs" / "guide" / page).read_text()
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
     pairs = _PRINTS.findall(section)
-    assert len(pairs) == 6
+    assert len(pairs) == count
+    return pairs
+
+
+def _prints_what_it_shows(pairs: list[tuple[str, str]], capsys) -> None:
     namespace: dict = {}
     with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
         for code, shown in pairs:
             exec(compile(code, "<docs example>", "exec"), namespace)
-            assert capsys.readouterr().out == shown
+            assert capsys.readouterr().out == shown, code
+    ts.clear_cache()
+
+
+def test_the_structures_guides_framework_models_run_and_print_what_they_show(capsys):
+    _prints_what_it_shows(_section_pairs("structures.md", "Framework models: flax, equinox, optax", 6), capsys)
 
 
 # -- the fit guide's search examples and the cost / fit commands shown in the guides ------------
@@ -253,26 +263,8 @@ def test_the_fit_guides_peak_section_runs_and_prints_what_it_shows(capsys):
 
 
 def test_the_fit_guides_loops_section_prints_what_it_shows(capsys):
-    page = (ROOT / "docs" / "guide" / "fit.md").read_text()
-    section = page.split("\n## Loops\n", 1)[1]
-    pairs = _PRINTS.findall(section)
-    assert len(pairs) == 2
-    namespace: dict = {}
-    with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
-        for code, shown in pairs:
-            exec(compile(code, "<docs example>", "exec"), namespace)
-            assert capsys.readouterr().out == shown
-    ts.clear_cache()
+    _prints_what_it_shows(_section_pairs("fit.md", "Loops", 2), capsys)
 
 
 def test_the_fit_guides_train_step_prints_what_it_shows(capsys):
-    page = (ROOT / "docs" / "guide" / "fit.md").read_text()
-    section = page.split("\n## A train step as you run it", 1)[1].split("\n## ", 1)[0]
-    pairs = _PRINTS.findall(section)
-    assert len(pairs) == 3
-    namespace: dict = {}
-    with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
-        for code, shown in pairs:
-            exec(compile(code, "<docs example>", "exec"), namespace)
-            assert capsys.readouterr().out == shown
-    ts.clear_cache()
+    _prints_what_it_shows(_section_pairs("fit.md", "A train step as you run it", 3), capsys)
