@@ -696,9 +696,9 @@ def test_a_structure_argument_is_cached_as_its_tree():
         n += 1
         return params["w"].sum()
 
-    s = ts.structure_of({"w": jnp.zeros((3, 2))})
+    s = ts.structure_of({"w": jnp.zeros((3, 2), jnp.float32)})
     ts.clear_cache()
     a = ts.out_structure(f, s)
-    b = ts.out_structure(f, ts.structure_of({"w": jnp.ones((3, 2))}))  # an equal Structure, another object
+    b = ts.out_structure(f, ts.structure_of({"w": jnp.ones((3, 2), jnp.float32)}))  # equal, another object
     c = ts.out_structure(f, s.tree)
     assert a == b == c == ts.structure_of(jnp.float32(0)) and n == 1

@@ -199,9 +199,9 @@ def test_ignore_static_leaves_out_nnx_and_equinox_static_attributes_not_the_leav
 
 
 def test_ignore_static_leaves_out_static_leaves_but_not_keys_types_or_arrays():
-    s = ts.structure_of({"act": "relu", "f": jax.nn.relu, "w": jnp.zeros(2)})
-    assert s.diff({"act": "gelu", "f": jax.nn.gelu, "w": jnp.zeros(2)}, ignore={"static"}) == []
-    kept = s.diff({"act": jnp.zeros(1), "g": jax.nn.relu, "w": [jnp.zeros(2)]}, ignore={"static"})
+    s = ts.structure_of({"act": "relu", "f": jax.nn.relu, "w": jnp.zeros(2, jnp.float32)})
+    assert s.diff({"act": "gelu", "f": jax.nn.gelu, "w": jnp.zeros(2, jnp.float32)}, ignore={"static"}) == []
+    kept = s.diff({"act": jnp.zeros(1, jnp.float32), "g": jax.nn.relu, "w": [jnp.zeros(2)]}, ignore={"static"})
     assert [(m.path, m.expected, m.actual) for m in kept] == [
         ("['act']", "the static value 'relu'", "f32[1]"),  # a static value against an array
         ("['f']", "the static value jax.nn.relu", None),

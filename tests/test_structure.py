@@ -564,7 +564,7 @@ def test_node_data_that_jax_cannot_compare_is_diffed_by_contents():
 
 
 # -- astype: Python types and 64-bit dtypes --------------------------------------------------
-_PARAMS = {"w": jnp.zeros((2, 3), jnp.bfloat16), "b": jnp.zeros(3), "n": jnp.int32(0)}
+_PARAMS = {"w": jnp.zeros((2, 3), jnp.bfloat16), "b": jnp.zeros(3, jnp.float32), "n": jnp.int32(0)}
 
 
 @pytest.mark.parametrize("kind", [float, int, complex, bool])

@@ -62,7 +62,7 @@ _A, _B = np.ones(3, np.float32), np.ones(4, np.float32)
 INPUT_CAUSES = {
     "weak type flipped": (
         (({"lr": 0.1},), {}),
-        (({"lr": np.float32(0.1)},), {}),
+        (({"lr": jnp.asarray(0.1, float)},), {}),  # JAX's default float dtype, strongly typed
         "args[0]['lr']",
         "weak_type",
         "jnp.asarray",
@@ -103,10 +103,10 @@ def test_a_python_scalar_in_the_state_that_becomes_an_array_is_a_weak_type_flip(
     @jax.jit
     @ts.watch
     def step(state):
-        return {"w": state["w"] * 2, "count": state["count"] + jnp.ones((), jnp.int32)}
+        return {"w": state["w"] * 2, "count": state["count"] + jnp.ones((), int)}  # JAX's default int dtype
 
     state = {"w": jnp.ones(3), "count": 0}
-    state = step(state)  # `count` comes back a strong int32
+    state = step(state)  # `count` comes back a strong int
     assert _compiles_of(compiles, lambda: step(state)) == 1
     [m] = step.retraces[0].mismatches
     assert (m.where, m.kind, m.expected, m.actual) == ("args[0]['count']", "weak_type", True, False)

@@ -168,7 +168,10 @@ def _history(fn: Callable[..., Any]) -> _History:
     key = _identity(fn)
 
     def forget(_: Any) -> None:
-        with _HISTORIES_LOCK:
+        lock = _HISTORIES_LOCK
+        if lock is None:  # the interpreter is shutting down: its module globals are gone
+            return
+        with lock:
             entry = _HISTORIES.get(key)
             if entry is not None and any(ref() is None for ref in entry[0]):
                 del _HISTORIES[key]
