@@ -26,6 +26,7 @@ from ._leaf import (
     as_abstract,
     check_extents,
     checked_sds,
+    cycle_problem,
     extent_message,
     flatten,
     is_duck_array,
@@ -190,6 +191,8 @@ def abstract_inputs(leaves: list[Any], treedef: jtu.PyTreeDef, fn_name: str = "o
 def check_splits(leaves: list[Any], treedef: jtu.PyTreeDef, fn_name: str) -> None:
     """Refuse a `ShapeDtypeStruct` whose sharding splits a symbolic dimension that it does not
     always divide, as `with_shardings` refuses it (a cache key need not cover shardings)."""
+    if jax.ShapeDtypeStruct not in map(type, leaves):  # a C-level scan: every call runs this
+        return
     for i, x in enumerate(leaves):
         if type(x) is jax.ShapeDtypeStruct and x.sharding is not None and not sizes(x.shape):
             problem = _sharding.split_problem(x)
@@ -506,8 +509,14 @@ def split_call(
     fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], who: str = "out_structure"
 ) -> Call:
     core, bound, bound_kw = _split_callable(fn)
-    for tree, root in ((args, "args"), (kwargs, "kwargs"), (bound, "the bound args"), (bound_kw, "the bound kwargs")):
-        refuse_cycles(tree, who, root)
+    if cycle_problem((args, kwargs, bound, bound_kw), "") is not None:  # one walk; then name the part
+        for tree, root in (
+            (args, "args"),
+            (kwargs, "kwargs"),
+            (bound, "the bound args"),
+            (bound_kw, "the bound kwargs"),
+        ):
+            refuse_cycles(tree, who, root)
     if bound or bound_kw:
         bound_leaves, bound_treedef = flatten((bound, bound_kw), who, "the bound arguments", checked=True)
     else:
@@ -523,8 +532,8 @@ def _is_structure(x: Any) -> bool:
 def with_trees(call: Call) -> Call:
     """`call` with every `Structure` among its leaves (arguments or bound values) replaced
     by the pytree of `ShapeDtypeStruct`s it describes (`s.tree`)."""
-    if not any(isinstance(x, Structure) for x in (*call.bound_leaves, *call.call_leaves)):
-        return call
+    if Structure not in map(type, call.call_leaves) and Structure not in map(type, call.bound_leaves):
+        return call  # (a C-level scan: this runs on every call, cached ones too)
     bound = jtu.tree_unflatten(call.bound_treedef, call.bound_leaves)
     args = jtu.tree_unflatten(call.call_treedef, call.call_leaves)
     bound, args = jtu.tree_map(lambda x: x.tree if _is_structure(x) else x, (bound, args), is_leaf=_is_structure)
@@ -551,9 +560,14 @@ def _out_structure(
 ) -> tuple[Structure, list[Any]]:
     """The structure of `fn(*args, **kwargs)`, and the flattened `(args, kwargs)`."""
     check_callable(fn, "out_structure")
-    call = with_trees(split_call(fn, args, kwargs))
+    call = split_call(fn, args, kwargs)
+    types = {*map(type, call.call_leaves), *map(type, call.bound_leaves)}  # (one pass: this runs on every call)
+    if Structure in types:
+        call = with_trees(call)
+        types = {*map(type, call.call_leaves), *map(type, call.bound_leaves)}
     core, bound_leaves, bound_treedef, call_leaves, call_treedef = call
-    check_splits([*bound_leaves, *call_leaves], call.treedef, "out_structure")
+    if jax.ShapeDtypeStruct in types:
+        check_splits([*bound_leaves, *call_leaves], call.treedef, "out_structure")
     refs: list[Any] = []
     key: Key | None = None
     hit = None
