@@ -354,8 +354,8 @@ def treedef_is_plain(treedef: jtu.PyTreeDef) -> bool:
 
 # -- text --------------------------------------------------------------------------------
 def clip(text: str, limit: int) -> str:
-    """`text` on one line, cut to `limit` characters with `...` where it is longer."""
-    text = " ".join(text.split())
+    """`text` cut to `limit` characters, ending in `...` where it was longer: how long a value
+    prints in a message, a table cell or a `repr`."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
