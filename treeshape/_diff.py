@@ -20,10 +20,10 @@ from typing import Any, Final, Protocol
 import jax
 import jax.tree_util as jtu
 
-from . import _compat, _nodes
+from . import _nodes, _tree
 from ._errors import FieldReprOnly, FieldValue, Mismatch, StaticReprOnly, StaticValue
 from ._leaf import leaf_str, node_type_name, same_symbolic_shape, same_type, static_value, varying_axes
-from ._tree import StaticRepr
+from ._tree import StaticRepr, child_texts, clip, key_text, mapping_keys
 
 
 class Compared(Protocol):
@@ -119,7 +119,7 @@ def static_equal(e: Any, a: Any) -> bool:
 
 def _subtree_paths(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> list[str]:
     flat, _ = jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, leaves))
-    return [jtu.keystr(path) for path, _ in flat]
+    return ["".join(map(key_text, path)) for path, _ in flat]
 
 
 # -- walking two treedefs --------------------------------------------------------
@@ -233,15 +233,7 @@ class _Walk:
 
     def _keyed_children(self, td: jtu.PyTreeDef, e0: int) -> tuple[list[str], list[jtu.PyTreeDef]]:
         """A node's children, each with its key as `keystr` writes it."""
-        node_type, aux = td.node_data()
-        children = td.children()
-        keys = _mapping_keys(node_type, aux)
-        if keys is not None:
-            return [jtu.keystr((jtu.DictKey(k),)) for k in keys], children
-        if node_type is list or node_type is tuple:
-            return [f"[{i}]" for i in range(len(children))], children
-        leaves = self.e_leaves[e0 : e0 + td.num_leaves]
-        return [jtu.keystr((key,)) for key in _child_keys(td, leaves)], children
+        return self._texts(td, self.e_leaves, e0), td.children()
 
     def _describe(self, td: jtu.PyTreeDef, leaves: tuple[Any, ...], start: int) -> str:
         return describe(td, leaves, start)
@@ -268,15 +260,14 @@ class _Walk:
             return [_Add(p.path, self._describe(e_td, self.e_leaves, p.e0), self._describe(a_td, self.a_leaves, p.a0))]
         node_type = e_node[0]
         e_children, a_children = e_td.children(), a_td.children()
-        e_keys, a_keys = _mapping_keys(node_type, e_node[1]), _mapping_keys(node_type, a_node[1])
+        e_keys, a_keys = mapping_keys(node_type, e_node[1]), mapping_keys(node_type, a_node[1])
         if e_keys is not None and a_keys is not None:
             # The same kind of mapping: children matched by key; missing and extra keys reported.
             ordered = node_type is collections.OrderedDict  # JAX keeps its insertion order
-            return self._children(p, e_children, a_children, list(e_keys), list(a_keys), jtu.DictKey, ordered)
+            return self._children(p, list(e_keys), list(a_keys), ordered)
         if node_type is list or node_type is tuple:
             # The same sequence type, another length: children matched by index.
-            e_range, a_range = list(range(len(e_children))), list(range(len(a_children)))
-            return self._children(p, e_children, a_children, e_range, a_range, jtu.SequenceKey, True)
+            return self._children(p, list(range(len(e_children))), list(range(len(a_children))), True)
         if not _same_data(e_node[1], a_node[1]) or len(e_children) != len(a_children) or _nodes.kind(node_type):
             # The same custom node type with other node data (or arity), or a framework's node (whose
             # own internal children are not named).
@@ -290,21 +281,26 @@ class _Walk:
         (e_type, e_aux), (a_type, a_aux) = e_node, a_node
         e_children, a_children = p.e_td.children(), p.a_td.children()
         if (e_type is dict and _nodes.is_nnx_state(a_type)) or (a_type is dict and _nodes.is_nnx_state(e_type)):
-            e_keys, a_keys = list(_mapping_keys(e_type, e_aux)), list(_mapping_keys(a_type, a_aux))
-            return self._children(p, e_children, a_children, e_keys, a_keys, jtu.DictKey, False)
+            return self._children(p, list(mapping_keys(e_type, e_aux)), list(mapping_keys(a_type, a_aux)), False)
         variable = _nodes.kind(e_type) == _nodes.NNX_VARIABLE
         one_child = len(e_children) == len(a_children) == 1
         if one_child and (
             (variable and a_type is dict and list(a_aux) == ["value"])
             or (e_type is dict and list(e_aux) == ["value"] and _nodes.kind(a_type) == _nodes.NNX_VARIABLE)
         ):
-            key = ".value" if variable else "['value']"
+            key = self._texts(p.e_td, self.e_leaves, p.e0)[0]  # `.value` of a Variable, `['value']` of a dict
             return [_Pair(p.path + key, e_children[0], p.e0, a_children[0], p.a0)]
         return None
 
+    @staticmethod
+    def _texts(td: jtu.PyTreeDef, leaves: tuple[Any, ...], start: int) -> list[str]:
+        """The keys of the children of the node `td` (whose leaves start at `leaves[start]`), as
+        `keystr` writes them."""
+        return child_texts(td, leaves[start : start + td.num_leaves])
+
     def _by_position(self, p: _Pair) -> list[_Task]:
         """Children of two nodes of one type and arity, lined up by position (keyed as `p.e_td`'s)."""
-        keys = [jtu.keystr((key,)) for key in _child_keys(p.e_td, self.e_leaves[p.e0 : p.e0 + p.e_td.num_leaves])]
+        keys = self._texts(p.e_td, self.e_leaves, p.e0)
         which = list(range(len(keys)))
         return self._line_up(p, keys, p.e_td.children(), p.a_td.children(), which, which)
 
@@ -335,9 +331,9 @@ class _Walk:
                 e_value, a_value = e_split.fields[key], a_split.fields[key]
                 if not field_equal(e_value, a_value):
                     e_text, a_text = value_texts(e_value, a_value)
-                    out.append(_Add(p.path + jtu.keystr((key,)), _field(e_value, e_text), _field(a_value, a_text)))
+                    out.append(_Add(p.path + key_text(key), _field(e_value, e_text), _field(a_value, a_text)))
                 continue
-            out.append(_Add(p.path + jtu.keystr((key,)), self._told(e, key), self._told(a, key)))
+            out.append(_Add(p.path + key_text(key), self._told(e, key), self._told(a, key)))
         hidden = [
             (e_split.hidden.get(k), a_split.hidden.get(k))
             for k in dict.fromkeys([*e_split.hidden, *a_split.hidden])
@@ -390,24 +386,16 @@ class _Walk:
         e_set, a_set = set(e_keys), set(a_keys)
         return self._line_up(
             p,
-            [jtu.keystr((k,)) for k in keys],
+            [key_text(k) for k in keys],
             e.td.children(),
             a.td.children(),
             [e.index[k] if k in e_set else -1 for k in keys],
             [a.index[k] if k in a_set else -1 for k in keys],
         )
 
-    def _children(
-        self,
-        p: _Pair,
-        e_children: Sequence[jtu.PyTreeDef],
-        a_children: Sequence[jtu.PyTreeDef],
-        e_keys: list[Any],
-        a_keys: list[Any],
-        make_key: Any,
-        ordered: bool,
-    ) -> list[_Task]:
-        """Children matched by key, in leaf order (sorted keys unless `ordered`)."""
+    def _children(self, p: _Pair, e_keys: list[Any], a_keys: list[Any], ordered: bool) -> list[_Task]:
+        """The children of two mappings or sequences, matched by key (`e_keys`, `a_keys`: their
+        keys or indices, in their order), in leaf order (sorted keys unless `ordered`)."""
         e_index = {k: i for i, k in enumerate(e_keys)}
         a_index = {k: i for i, k in enumerate(a_keys)}
         keys = e_keys + [k for k in a_keys if k not in e_index]
@@ -416,13 +404,12 @@ class _Walk:
                 keys = sorted(keys)
             except TypeError:  # keys of mixed types: the expected order, then the extra ones
                 pass
-        if make_key is jtu.SequenceKey:
-            texts = [f"[{k}]" for k in keys]  # as `keystr` writes a `SequenceKey`, without making one per child
-        else:
-            texts = [jtu.keystr((make_key(k),)) for k in keys]
+        e_texts = self._texts(p.e_td, self.e_leaves, p.e0)
+        a_texts = self._texts(p.a_td, self.a_leaves, p.a0)
+        texts = [e_texts[e_index[k]] if k in e_index else a_texts[a_index[k]] for k in keys]
         e_which = [e_index.get(k, -1) for k in keys]
         a_which = [a_index.get(k, -1) for k in keys]
-        return self._line_up(p, texts, e_children, a_children, e_which, a_which)
+        return self._line_up(p, texts, p.e_td.children(), p.a_td.children(), e_which, a_which)
 
     def _line_up(
         self,
@@ -518,7 +505,7 @@ def _describe_node(treedef: jtu.PyTreeDef, leaf: Any) -> str:
     n = len(treedef.children())
     if n == 0:  # told apart from None
         return f"an empty {node_type.__name__}"
-    keys = _mapping_keys(node_type, aux)
+    keys = mapping_keys(node_type, aux)
     if keys is not None:
         return f"{_type_name(node_type)} with keys {_short(list(keys), 120)}"
     if _nodes.kind(node_type) in (_nodes.NNX, _nodes.EQUINOX):  # a module: its attributes by name
@@ -628,7 +615,7 @@ def _fields(data: Any) -> dict[str, Any] | None:
     """A node's static data as named fields, where it has them."""
     if dataclasses.is_dataclass(data) and not isinstance(data, type):
         return {f.name: getattr(data, f.name, None) for f in dataclasses.fields(data)}
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
+    if _tree.is_namedtuple(type(data)):
         return dict(zip(data._fields, data, strict=True))
     if isinstance(data, (tuple, list)):
         return {f"[{i}]": item for i, item in enumerate(data)}
@@ -647,30 +634,10 @@ def _short(value: Any, limit: int = _SHORT) -> str:
 
 
 def _cut(text: str, limit: int = _SHORT) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _mapping_keys(node_type: type, aux: Any) -> Any:
-    """The keys of a dict-like node (dict, OrderedDict, defaultdict, nnx.State, FrozenDict), else None."""
-    if node_type is dict or node_type is collections.OrderedDict:
-        return aux
-    if node_type is collections.defaultdict:
-        return aux[1]
-    if node_type is list or node_type is tuple or node_type is type(None):
-        return None
-    return _nodes.mapping_keys(node_type, aux)
+    return clip(" ".join(text.split()), limit)
 
 
 def _type_name(node_type: type) -> str:
     name = node_type_name(node_type)
     article = "an" if name[:1].lower() in "aeiou" else "a"
     return f"{article} {name}"
-
-
-def _child_keys(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> list[Any]:
-    keys = _compat.namedtuple_keys(treedef.node_data()[0])  # no need to rebuild the node
-    if keys is not None:
-        return keys
-    keyed, _ = _compat.flatten_one_level_with_keys(jtu.tree_unflatten(treedef, leaves))
-    return [key for key, _ in keyed]
