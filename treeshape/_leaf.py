@@ -25,7 +25,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat
-from ._tree import chain_path
+from ._tree import chain_path, clip
 
 
 # How a leaf is treated, decided once per Python type.
@@ -798,8 +798,7 @@ def leaf_str(leaf: Any) -> str:
         if axes:
             text += axes_str(axes)
         return text
-    text = repr(leaf)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return clip(repr(leaf), 40)
 
 
 def spec_text(spec: Any) -> str:

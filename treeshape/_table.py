@@ -27,7 +27,7 @@ from ._leaf import (
 )
 from ._nodes import static_text
 from ._sharding import is_partitioned, is_replicated, per_device_nbytes, spec_str
-from ._tree import EDGE, StaticRepr, edge_paths
+from ._tree import EDGE, StaticRepr, clip, edge_paths, key_text
 
 
 class Described(Protocol):
@@ -53,7 +53,7 @@ class Described(Protocol):
 # -- the table -----------------------------------------------------------------
 DEFAULT_MAX_ROWS: Final = EDGE  # a table that is cut shows as many paths at each end as the tree model finds
 _HEADERS: Final = ("path", "shape", "dtype", "extra", "bytes")
-_ROOT: Final = "(root)"  # keystr of the empty path is "": show something
+_ROOT: Final = "(root)"  # the empty path is "": show something
 
 
 _PER_DEVICE: Final = "per device"
@@ -85,16 +85,12 @@ def _static_str(leaf: Any) -> str:
     (`static custom_jvp jax.nn.relu`)."""
     if isinstance(leaf, StaticRepr):  # loaded from JSON: its type by name, its value by repr only
         type_name = leaf.type_name.split(":")[-1].split(".")[-1]  # "module:Outer.Color" -> "Color"
-        return f"static {type_name} {_fit(leaf.text)} (repr from JSON)"
+        return f"static {type_name} {clip(leaf.text, _STATIC_WIDTH)} (repr from JSON)"
     kind = type(leaf)
     text = static_text(leaf)
     if text == f"<{kind.__module__}.{kind.__qualname__} object>":  # a default repr says no more than its type
         return f"static {kind.__name__}"
-    return f"static {kind.__name__} {_fit(text)}"
-
-
-def _fit(text: str) -> str:
-    return text if len(text) <= _STATIC_WIDTH else text[: _STATIC_WIDTH - 3] + "..."
+    return f"static {kind.__name__} {clip(text, _STATIC_WIDTH)}"
 
 
 def _row(path: str, leaf: Any, per_device: bool) -> tuple[str, str, str, str, str, str]:
@@ -340,7 +336,7 @@ def _groups(structure: Described, depth: int) -> tuple[list[_Group], bool]:
     for (keys, _), leaf in zip(flat, structure.leaves, strict=True):
         if keys[:depth] != head or not groups:
             head = keys[:depth]
-            groups.append(_Group(jtu.keystr(head) or _ROOT))
+            groups.append(_Group("".join(map(key_text, head)) or _ROOT))
         group = groups[-1]
         group.leaves += 1
         if isinstance(leaf, jax.ShapeDtypeStruct):
