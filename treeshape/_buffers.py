@@ -32,7 +32,9 @@ import numpy as np
 from . import _compat
 from ._compat import Fields as F
 from ._display import Description
-from ._leaf import human_bytes, short_dtype, short_shape
+from ._dtypes import short_dtype
+from ._leaf import human_bytes
+from ._shapes import short_shape
 from ._table import grid, html_grid
 
 

@@ -12,6 +12,7 @@ import jax.tree_util as jtu
 
 from . import _compat
 from ._diff import diff_structures
+from ._dtypes import key_impl_name, short_dtype
 from ._errors import (
     CarryMismatchError,
     Line,
@@ -32,17 +33,7 @@ from ._errors import (
     structure_as_values_message,
 )
 from ._infer import out_structure
-from ._leaf import (
-    SCALAR_TYPES,
-    flatten,
-    from_aval,
-    key_impl_name,
-    leaf_str,
-    refuse_leaked_tracers,
-    short_dtype,
-    spec_text,
-    varying_axes,
-)
+from ._leaf import SCALAR_TYPES, flatten, from_aval, leaf_str, refuse_leaked_tracers, spec_text, varying_axes
 from ._sharding import carry_spec, reshard, spec_value
 from ._structure import PyTree, Structure
 from ._weak import (

@@ -444,7 +444,8 @@ def _cost(args: argparse.Namespace, stdout: TextIO) -> int:
     import treeshape as ts
 
     from ._dims import bind_leaves, free_names
-    from ._leaf import short_dtype, short_shape
+    from ._dtypes import short_dtype
+    from ._shapes import short_shape
 
     positional, keywords = _arguments(args.specs, args.target)
     for text, value in zip(args.specs, [*positional, *keywords.values()], strict=True):

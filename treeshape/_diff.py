@@ -22,7 +22,9 @@ import jax.tree_util as jtu
 
 from . import _nodes, _tree
 from ._errors import FieldReprOnly, FieldValue, Mismatch, StaticReprOnly, StaticValue
-from ._leaf import leaf_str, node_type_name, same_symbolic_shape, same_type, static_value, varying_axes
+from ._leaf import leaf_str, same_type, static_value, varying_axes
+from ._nodes import node_type_name
+from ._shapes import same_symbolic_shape
 from ._tree import StaticRepr, child_texts, clip, key_text, mapping_keys
 
 

@@ -21,7 +21,8 @@ import jax.tree_util as jtu
 from . import _compat
 from ._diff import Compared, diff_structures
 from ._errors import Mismatch
-from ._leaf import has_symbolic, is_symbolic, leaf_str, shape_names, sizes as sizes_only, symbolic_scopes
+from ._leaf import leaf_str
+from ._shapes import has_symbolic, is_symbolic, shape_names, sizes as sizes_only, symbolic_scopes
 from ._tree import EDGE, edge_paths
 
 

@@ -8,7 +8,9 @@ from typing import Any, Final
 
 import jax
 
-from ._leaf import constraints_text, node_type_name, spec_text
+from ._leaf import spec_text
+from ._nodes import node_type_name
+from ._shapes import constraints_text
 
 
 def _spec(x: Any) -> Any:

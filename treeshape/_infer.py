@@ -13,6 +13,7 @@ import numpy as np
 
 from . import _cache, _compat, _sharding, _tree
 from ._cache import CACHE, NEEDS_CONCRETE, CacheInfo, Key, static_key
+from ._dtypes import jax_dtype
 from ._errors import bad_shape_message, int_too_big_message
 from ._leaf import (
     ARRAY,
@@ -21,20 +22,17 @@ from ._leaf import (
     OTHER,
     SCALAR,
     SDS,
-    BadShape,
     TooLarge,
     as_abstract,
     check_extents,
-    checked_sds,
     cycle_problem,
     extent_message,
     flatten,
     is_duck_array,
-    jax_dtype,
     kind_of,
     refuse_cycles,
-    sizes,
 )
+from ._shapes import BadShape, checked_sds, sizes
 from ._structure import PyTree, Structure, read_structure
 
 

@@ -57,16 +57,9 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat, _nodes
-from ._leaf import (
-    extent_problem,
-    is_symbolic,
-    jax_dtype,
-    key_dtype,
-    key_dtypes,
-    leaf_str,
-    manual_axis_sets,
-    symbolic_scopes,
-)
+from ._dtypes import jax_dtype, key_dtype, key_dtypes
+from ._leaf import leaf_str, manual_axis_sets
+from ._shapes import extent_problem, is_symbolic, symbolic_scopes
 from ._sharding import split_problem as _split_problem
 from ._tree import StaticRepr
 

@@ -1,30 +1,40 @@
-"""Leaves: how treeshape tells what a pytree leaf is, what it weighs, and how it is written.
+"""Leaves: what a pytree leaf is to JAX, a user's tree read leaf by leaf, and a leaf's text.
 
-The bottom of the package: everything else builds on these facts about one
-leaf. A leaf is an array for JAX (a `jax.Array` or tracer, a NumPy array or
-scalar of a dtype JAX holds, a `jax.ShapeDtypeStruct`, a Python scalar, or a
-duck array with `.shape` and such a `.dtype`), or a static value. Leaves are
-written compactly: `f32[2,3]`, `~f32[]` (weak), `key<fry>[4]`, `f32[8]{V:i}`
-(varying over manual axis `i`).
+A leaf is an array for JAX (a `jax.Array` or tracer, a NumPy array or scalar
+of a dtype JAX holds, a `jax.ShapeDtypeStruct`, a Python scalar, or a duck
+array with `.shape` and such a `.dtype`), or a static value. `read_leaves`
+types each leaf as JAX would, refusing what JAX or XLA cannot take (a Python
+int too big, a shape that is no shape, an array too large); `flatten` refuses
+a tree that contains itself before JAX's flatten meets it; a tracer leaked
+from an earlier trace is refused at top level. Leaves are written compactly:
+`f32[2,3]`, `~f32[]` (weak), `key<fry>[4]`, `f32[8]{V:i}` (varying over manual
+axis `i`). Dtypes are `_dtypes`'s to know, shapes and their dimensions `_shapes`'s.
 """
 
 import collections
 import functools as ft
 import gc
 import itertools
-import math
-import operator
-import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 import jax
-import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat
+from ._dtypes import jax_dtype, short_dtype
+from ._shapes import (
+    BadShape,
+    checked_shape,
+    extent_problem,
+    has_symbolic,
+    is_symbolic,
+    same_symbolic_shape,
+    short_shape,
+    sizes,
+)
 from ._tree import chain_path, clip
 
 
@@ -60,119 +70,9 @@ def kind_of(cls: type) -> int:
     return kind
 
 
-_jax_dtypes_seen: dict[Any, bool] = {}
-
-
-def jax_dtype(dtype: Any) -> bool:
-    """Whether JAX can hold an array of `dtype` (numbers, bool, bfloat16, float8, PRNG keys, ...)."""
-    try:
-        return _jax_dtypes_seen[dtype]
-    except (KeyError, TypeError):
-        pass
-    try:
-        ok = any(jnp.issubdtype(dtype, kind) for kind in (jnp.number, jnp.bool_, jax.dtypes.extended))
-    except TypeError:  # not a dtype at all
-        ok = False
-    try:
-        _jax_dtypes_seen[dtype] = ok
-    except TypeError:
-        pass
-    return ok
-
-
 def is_duck_array(x: Any) -> bool:
     """An object JAX takes as an array: `.shape` and a `.dtype` JAX can hold."""
     return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, type) and jax_dtype(x.dtype)
-
-
-class BadShape(Exception):
-    """A leaf's `.shape` that JAX cannot take; `error` is the exception type to raise
-    (`ValueError` for a negative size, `TypeError` for anything that is no size)."""
-
-    def __init__(self, shape: Any, problem: str, error: type[Exception]) -> None:
-        super().__init__(shape, problem)
-        self.shape, self.problem, self.error = shape, problem, error
-        self.index = -1  # the leaf's position, set by whoever knows it
-
-
-def _dimension(d: Any, axis: int, shape: Any) -> Any:
-    if jax.export.is_symbolic_dim(d):
-        return d
-    if isinstance(d, (float, complex, str, bytes)) or d is None:
-        raise BadShape(shape, f"dimension {axis} is {d!r}, a {type(d).__name__}", TypeError)
-    try:
-        size = operator.index(d)  # int, bool (0 or 1, as JAX reads it), NumPy and JAX integers
-    except Exception:
-        raise BadShape(shape, f"dimension {axis} is {d!r}, a {type(d).__name__}, not an integer", TypeError) from None
-    if size < 0:
-        raise BadShape(shape, f"dimension {axis} is {size}, and sizes must be >= 0", ValueError)
-    return size
-
-
-def sizes(shape: Any) -> bool:
-    """Whether `shape` is already what JAX reads: a tuple of ints >= 0 (the fast path)."""
-    if type(shape) is not tuple:
-        return False
-    for d in shape:
-        if type(d) is not int or d < 0:
-            return False
-    return True
-
-
-def checked_shape(shape: Any) -> tuple[Any, ...]:
-    """`shape` as JAX reads it: a tuple of integers >= 0 (or symbolic dimensions).
-
-    Raises:
-        BadShape: `shape` is not a sequence, or a dimension is not such an integer.
-    """
-    if sizes(shape):
-        return tuple(shape)
-    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
-        what = f"the string {shape!r}" if isinstance(shape, (str, bytes)) else repr(shape)
-        raise BadShape(shape, f"it is {what}, not a sequence of sizes", TypeError)
-    return tuple(_dimension(d, axis, shape) for axis, d in enumerate(shape))
-
-
-MAX_EXTENT: Final = 2**63 - 1  # XLA counts elements and bytes in int64
-_SURELY_FITS: Final = MAX_EXTENT // 64  # elements of any dtype (a typed PRNG key's data is at most 32 bytes)
-
-
-@ft.lru_cache(maxsize=4096)  # a tree has few distinct leaf types
-def _extent_problem(shape: tuple[Any, ...], dtype: Any) -> str | None:
-    itemsize = key_data_bytes(dtype) if is_key_dtype(dtype) else np.dtype(dtype).itemsize
-    product = itemsize
-    for axis, d in enumerate(shape):
-        if is_symbolic(d):  # a size for each binding: checked once bound
-            return None
-        product *= d
-        if product > MAX_EXTENT:
-            return _too_large(shape, itemsize, axis, product)
-    return None
-
-
-def _too_large(shape: tuple[int, ...], itemsize: int, axis: int, product: int) -> str:
-    elements = math.prod(shape)
-    if elements > MAX_EXTENT:
-        return f"has {elements:,} elements, more than 2**63 - 1"
-    if elements:
-        return f"takes {elements * itemsize:,} bytes ({elements:,} elements of {itemsize} B), more than 2**63 - 1"
-    return (
-        f"has no elements, but its dimensions up to axis {axis} come to {product:,} bytes, more than 2**63 - 1 "
-        "(XLA multiplies them in order, before it reaches the 0)"
-    )
-
-
-def extent_problem(shape: tuple[Any, ...], dtype: Any) -> str | None:
-    """Why XLA cannot hold an array of `shape` and `dtype`, or None when it can.
-
-    XLA multiplies a shape's element size by its dimensions, in order, in 64-bit
-    integers, and on an overflow aborts the whole process (a notebook kernel
-    dies): every prefix of that product must fit in 63 bits. Symbolic shapes are
-    checked once bound.
-    """
-    if sizes(shape) and 0 < math.prod(shape) <= _SURELY_FITS:  # the fast path: any dtype fits
-        return None
-    return _extent_problem(shape, dtype)
 
 
 def extent_message(who: str, where: str, leaf: jax.ShapeDtypeStruct, problem: str, fix: str = "") -> str:
@@ -197,11 +97,6 @@ def as_abstract(x: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(
         checked_shape(x.shape), x.dtype, weak_type=bool(getattr(x, "weak_type", False)), sharding=sharding
     )
-
-
-def checked_sds(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
-    """A `ShapeDtypeStruct` whose shape JAX can take, with its sizes as ints (raises `BadShape`)."""
-    return x if sizes(x.shape) else x.update(shape=checked_shape(x.shape))
 
 
 @ft.lru_cache(maxsize=4096)  # a tree has few distinct types: reading a big one stays cheap
@@ -496,30 +391,6 @@ def _find_cycle(tree: Any) -> tuple[str, str] | None:
     return None
 
 
-# -- nodes ---------------------------------------------------------------------------
-_TYPING_BASES: Final = frozenset({"Protocol", "Generic", "object"})
-
-
-def node_type_name(cls: type) -> str:
-    """A node type as users know it: its first public class (orbax's private
-    `_TreeMetadataImpl` is a `TreeMetadata`)."""
-    for klass in cls.__mro__:
-        if not klass.__name__.startswith("_") and klass.__name__ not in _TYPING_BASES:
-            return klass.__name__
-    return cls.__name__
-
-
-def wrapper_hint(cls: type) -> str | None:
-    """What to pass instead of a node that wraps the tree a user means (a checkpoint's
-    metadata object around its tree of array metadata), or None."""
-    if cls.__module__.startswith("orbax.") and node_type_name(cls) == "TreeMetadata":
-        return (
-            "an orbax checkpoint's metadata (a TreeMetadata), which wraps the tree it describes: pass its "
-            "`.tree` instead, e.g. `ts.structure_of(checkpointer.metadata(path).item_metadata.tree)`"
-        )
-    return None
-
-
 def static_value(leaf: Any) -> Any:
     """What a static leaf is compared by: a NumPy array (of strings, objects) by
     its dtype, shape and contents, anything else by itself."""
@@ -529,245 +400,7 @@ def static_value(leaf: Any) -> Any:
     return leaf
 
 
-# -- typed PRNG keys -----------------------------------------------------------------
-@ft.cache
-def key_data_bytes(dtype: Any) -> int:
-    data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
-    return int(math.prod(data.shape) * np.dtype(data.dtype).itemsize)
-
-
-@ft.cache
-def is_key_dtype(dtype: Any) -> bool:
-    return bool(jnp.issubdtype(dtype, jax.dtypes.prng_key))
-
-
-# Each built-in PRNG implementation's tag, the name its key dtype prints (`key<fry>`).
-KEY_TAGS: Final = {tag: impl for impl, (tag, _) in _compat.PRNG_IMPLS.items()}
-
-
-def key_dtype(name: str) -> Any:
-    """The key dtype of a PRNG implementation named as `jax.random.key` takes it
-    (`"threefry2x32"`) or by its tag (`"fry"`, as in `key<fry>`).
-
-    Raises:
-        JaxReleaseError: a built-in implementation that the running JAX lacks.
-        ValueError: no implementation of that name.
-    """
-    return _compat.key_dtype(KEY_TAGS.get(name, name))
-
-
-def key_dtypes() -> dict[str, Any]:
-    """Every key dtype the running JAX has, by the name it prints (`"key<fry>"`)."""
-    return {str(dtype): dtype for dtype in map(_compat.key_dtype, _compat.key_impls())}
-
-
-def key_tags() -> tuple[str, ...]:
-    """The tags of the PRNG implementations the running JAX has, `fry` first (JAX's default)."""
-    return tuple(_compat.PRNG_IMPLS[impl][0] for impl in _compat.key_impls())
-
-
-@ft.cache
-def key_impl_name(dtype: Any) -> str:
-    """The `impl=` name of a typed PRNG key dtype, as `jax.random.key` takes it ("" for others)."""
-    if not is_key_dtype(dtype):
-        return ""
-    names: list[str] = []
-
-    def read(key: Any) -> None:
-        names.append(str(jax.random.key_impl(key)))
-
-    jax.eval_shape(read, jax.ShapeDtypeStruct((), dtype))
-    return names[0]
-
-
-def leaf_nbytes(leaf: jax.ShapeDtypeStruct) -> int:
-    size: int = math.prod(leaf.shape)
-    if is_key_dtype(leaf.dtype):
-        return size * key_data_bytes(leaf.dtype)
-    itemsize: int = np.dtype(leaf.dtype).itemsize
-    return size * itemsize
-
-
-# -- symbolic dimensions -----------------------------------------------------------------
-# A dimension is an int, or a `jax.export` dimension expression (`b`, `2*b + 1`) of a
-# symbolic scope that may constrain it (`b >= 4`). Two expressions of different scopes
-# never compare equal in JAX; Structures compare them by their written form and their
-# scopes' constraints, so that a Structure loaded from JSON (a scope of its own) equals
-# the one it was saved from.
-is_symbolic = _compat.is_symbolic
-_IDENTIFIER: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def has_symbolic(shape: tuple[Any, ...]) -> bool:
-    """Whether a shape holds a symbolic dimension (the fast path: a tuple of ints)."""
-    return not sizes(shape) and any(is_symbolic(d) for d in shape)
-
-
-def dim_key(d: Any) -> Any:
-    """What a dimension is compared and hashed by: an int as itself, an expression by
-    its written form and its scope's constraints."""
-    if not is_symbolic(d):
-        return d
-    return (str(d), _compat.scope_constraints(_compat.dim_scope(d)))
-
-
-def same_symbolic_shape(e: tuple[Any, ...], a: tuple[Any, ...]) -> bool:
-    """Two shapes that JAX calls unequal but that are the same family of shapes: equal
-    dimension by dimension in written form, in scopes with the same constraints."""
-    if len(e) != len(a) or not (has_symbolic(e) and has_symbolic(a)):
-        return False
-    return _same_symbolic(e, a)
-
-
-@ft.lru_cache(maxsize=1024)  # comparing two big trees compares few distinct pairs of shapes
-def _same_symbolic(e: tuple[Any, ...], a: tuple[Any, ...]) -> bool:
-    return all(x == y or dim_key(x) == dim_key(y) for x, y in zip(e, a, strict=True))
-
-
-def shape_key(shape: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A shape as Structures hash it (see `dim_key`)."""
-    return tuple(map(dim_key, shape)) if has_symbolic(shape) else shape
-
-
-def shape_names(shape: tuple[Any, ...]) -> list[str]:
-    """The dimension variables of a shape, in order of first appearance (axis by axis,
-    then as written: `b*s` gives `b`, `s`)."""
-    names: list[str] = []
-    for d in shape:
-        if is_symbolic(d):
-            used = _compat.dim_names(d)
-            names.extend(n for n in _IDENTIFIER.findall(str(d)) if n in used and n not in names)
-    return names
-
-
-def constraints_text(shape: tuple[Any, ...]) -> str:
-    """The constraints of the symbolic scope of a shape, as written (`b >= 4, b <= 64`),
-    or "" when it has none (or no symbolic dimension)."""
-    for d in shape:
-        if is_symbolic(d):
-            return ", ".join(_compat.scope_constraints(_compat.dim_scope(d)))
-    return ""
-
-
-def symbolic_scopes(leaves: Any) -> list[Any]:
-    """The distinct symbolic scopes of the array leaves' dimensions, first seen first."""
-    found: dict[int, Any] = {}
-    seen: set[Any] = set()  # a big tree has few distinct shapes
-    for leaf in leaves:
-        if not isinstance(leaf, jax.ShapeDtypeStruct) or leaf.shape in seen:
-            continue
-        seen.add(leaf.shape)
-        if has_symbolic(leaf.shape):
-            for d in leaf.shape:
-                if is_symbolic(d):
-                    scope = _compat.dim_scope(d)
-                    found.setdefault(id(scope), scope)
-    return list(found.values())
-
-
-def dim_sum(values: Any) -> Any:
-    """The sum of sizes: an int, or (when some are symbolic) a dimension expression.
-
-    Expressions of different symbolic scopes cannot be added in JAX: they are read
-    again, by their written form, in one new scope with all of the scopes'
-    constraints (as `from_json` would read them); should those constraints not
-    make one scope, the sum is its written form, a `str`.
-    """
-    total = 0
-    symbolic: list[Any] = []
-    for v in values:
-        if type(v) is int:
-            total += v
-        elif is_symbolic(v):
-            symbolic.append(v)
-        else:
-            total += int(v)
-    if not symbolic:
-        return total
-    scopes = {id(_compat.dim_scope(d)): _compat.dim_scope(d) for d in symbolic}
-    if len(scopes) > 1:
-        constraints = dict.fromkeys(c for scope in scopes.values() for c in _compat.scope_constraints(scope))
-        try:
-            scope = _compat.make_scope(constraints)
-            symbolic = [_compat.parse_dim(str(d), scope) for d in symbolic]
-        except ValueError:
-            return " + ".join([*map(str, symbolic), *([str(total)] if total else [])])
-    out = symbolic[0]
-    for d in symbolic[1:]:
-        out = out + d
-    return out + total
-
-
-def leaf_total(leaves: Any, measure: Any) -> Any:
-    """`measure(leaf)` summed over the array leaves (`dim_sum`); a symbolic measure is taken
-    once per distinct leaf type and multiplied by its count (expressions add slowly)."""
-    total = 0
-    symbolic: dict[Any, list[Any]] = {}  # (shape, dtype, sharding) -> [a leaf, how many]
-    for leaf in leaves:
-        if not isinstance(leaf, jax.ShapeDtypeStruct):
-            continue
-        if sizes(leaf.shape) or not has_symbolic(leaf.shape):
-            total += measure(leaf)
-            continue
-        key = (leaf.shape, leaf.dtype, leaf.sharding)
-        entry = symbolic.get(key)
-        if entry is None:
-            symbolic[key] = [leaf, 1]
-        else:
-            entry[1] += 1
-    if not symbolic:
-        return total
-    return dim_sum([total, *(count * measure(leaf) for leaf, count in symbolic.values())])
-
-
-def leaf_size(leaf: jax.ShapeDtypeStruct) -> Any:
-    """A leaf's number of elements (one per PRNG key): an int, or an expression."""
-    return math.prod(leaf.shape)
-
-
-def count_text(n: Any) -> str:
-    """A count with thousands separators (`1,024`), or a symbolic one as JAX writes it (`8*b`)."""
-    return str(n) if is_symbolic(n) else f"{n:,}"
-
-
 # -- notation --------------------------------------------------------------------------
-# Short dtype names: each long prefix and its short form (`bfloat16` <-> `bf16`),
-# in the order both directions must try them.
-DTYPE_PREFIXES: Final = (
-    ("bfloat", "bf"),
-    ("float", "f"),
-    ("uint", "u"),
-    ("int", "i"),
-    ("complex", "c"),
-)
-
-
-@ft.cache
-def short_dtype(dtype: Any) -> str:
-    """`float32` -> `f32`, `bfloat16` -> `bf16`, `key<fry>` unchanged."""
-    if jnp.issubdtype(dtype, jax.dtypes.prng_key):
-        name = str(dtype)
-    else:
-        name = np.dtype(dtype).name
-    for long, short in DTYPE_PREFIXES:
-        if name.startswith(long):
-            return short + name[len(long) :]
-    return name
-
-
-def long_dtype_name(name: str) -> str:
-    """A short dtype name in full (`bf16` -> `bfloat16`, `u8` -> `uint8`); other names unchanged."""
-    for long, short in DTYPE_PREFIXES:
-        rest = name[len(short) :]
-        if name.startswith(short) and rest[:1].isdigit():
-            return long + rest
-    return name
-
-
-def short_shape(shape: tuple[int, ...]) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
-
-
 # The manual mesh axes a leaf (or aval) varies over, empty outside `shard_map`; and all
 # its manual axis sets `(varying, unreduced, reduced)`, None when it has none.
 varying_axes = _compat.varying_axes

@@ -637,3 +637,27 @@ def _rebuild_nnx(cls: type, parts: dict[str, Any], n: int) -> tuple[Any, list[Ke
     else:
         aux = (tuple(keys), tuple(zip(names, values, strict=True)))
     return aux, [attr_key(k) for k in keys]
+
+
+# -- node types ---------------------------------------------------------------------
+_TYPING_BASES: Final = frozenset({"Protocol", "Generic", "object"})
+
+
+def node_type_name(cls: type) -> str:
+    """A node type as users know it: its first public class (orbax's private
+    `_TreeMetadataImpl` is a `TreeMetadata`)."""
+    for klass in cls.__mro__:
+        if not klass.__name__.startswith("_") and klass.__name__ not in _TYPING_BASES:
+            return klass.__name__
+    return cls.__name__
+
+
+def wrapper_hint(cls: type) -> str | None:
+    """What to pass instead of a node that wraps the tree a user means (a checkpoint's
+    metadata object around its tree of array metadata), or None."""
+    if cls.__module__.startswith("orbax.") and node_type_name(cls) == "TreeMetadata":
+        return (
+            "an orbax checkpoint's metadata (a TreeMetadata), which wraps the tree it describes: pass its "
+            "`.tree` instead, e.g. `ts.structure_of(checkpointer.metadata(path).item_metadata.tree)`"
+        )
+    return None

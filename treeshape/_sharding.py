@@ -24,7 +24,8 @@ from ._errors import (
     shardings_unfit_message,
     unresolved_mesh_message,
 )
-from ._leaf import is_symbolic, leaf_nbytes, leaf_str, spec_text
+from ._leaf import leaf_str, spec_text
+from ._shapes import is_symbolic, leaf_nbytes
 
 
 class Leaves(Protocol):

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 
 from . import _compat
 from ._compat import JaxReleaseError
-from ._leaf import extent_problem, key_dtype, key_tags, long_dtype_name
+from ._dtypes import key_dtype, key_tags, long_dtype_name
+from ._shapes import extent_problem
 
 
 SPEC_EXAMPLE: Final = "f32[8,784]"

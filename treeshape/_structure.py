@@ -14,6 +14,7 @@ from jax import lax
 
 from . import _compat, _dims, _json, _sharding
 from ._diff import diff_structures, static_equal
+from ._dtypes import is_key_dtype, short_dtype
 from ._errors import (
     Mismatch,
     StructureMismatchError,
@@ -31,28 +32,21 @@ from ._errors import (
 )
 from ._leaf import (
     SCALAR_TYPES,
-    BadShape,
     IntTooBig,
     TooLarge,
     check_extents,
     extent_message,
     flatten,
-    has_symbolic,
     human_bytes,
-    is_key_dtype,
-    leaf_nbytes,
-    leaf_size,
     leaf_str,
-    leaf_total,
     manual_axis_sets,
     read_leaves,
     same_type,
-    shape_key,
-    short_dtype,
     static_value,
     varying_axes,
-    wrapper_hint,
 )
+from ._nodes import wrapper_hint
+from ._shapes import BadShape, has_symbolic, leaf_nbytes, leaf_size, leaf_total, shape_key
 from ._table import DEFAULT_MAX_ROWS, html_table, table
 from ._tree import edge_paths
 

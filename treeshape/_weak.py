@@ -12,21 +12,9 @@ from jax import lax
 
 from . import _compat, _dims
 from ._diff import diff_structures
+from ._dtypes import is_key_dtype, key_impl_name, short_dtype
 from ._errors import Mismatch, StructureMismatchError, format_report, key_change_fix, mismatch_line, policy_fix
-from ._leaf import (
-    ARRAY,
-    DIM,
-    NUMPY,
-    SCALAR,
-    SCALAR_TYPES,
-    flatten,
-    is_key_dtype,
-    key_impl_name,
-    kind_of,
-    refuse_cycles,
-    refuse_leaked_tracers,
-    short_dtype,
-)
+from ._leaf import ARRAY, DIM, NUMPY, SCALAR, SCALAR_TYPES, flatten, kind_of, refuse_cycles, refuse_leaked_tracers
 from ._structure import PyTree, Structure, check_x64, read_structure
 
 
