@@ -141,10 +141,10 @@ def _same_data(e: Any, a: Any) -> bool:
     try:
         return bool(e == a)
     except Exception:
-        e_fields, a_fields = _fields(e), _fields(a)
-        if e_fields is None or a_fields is None or e_fields.keys() != a_fields.keys():
+        e_named, a_named = _named(e), _named(a)
+        if e_named is None or a_named is None or e_named.keys() != a_named.keys():
             return static_equal(e, a)
-        return all(static_equal(e_fields[k], a_fields[k]) for k in e_fields)
+        return all(static_equal(e_named[k], a_named[k]) for k in e_named)
 
 
 @dataclasses.dataclass
@@ -613,7 +613,7 @@ def _node_text(td: jtu.PyTreeDef | None) -> _NodeText:
     return _NodeText("a leaf" if data is None else _cut(_nodes.static_text(data[1])))
 
 
-def _fields(data: Any) -> dict[str, Any] | None:
+def _named(data: Any) -> dict[str, Any] | None:
     """A node's static data as named fields, where it has them."""
     if dataclasses.is_dataclass(data) and not isinstance(data, type):
         return {f.name: getattr(data, f.name, None) for f in dataclasses.fields(data)}

@@ -33,7 +33,9 @@ names. A framework release that lays its node data out another way makes
 `tests/test_frameworks.py`, which pins every layout on the installed
 releases. flax and equinox are never imported here: a node type is
 recognised by the frameworks' public base classes, looked up in
-`sys.modules` (a framework whose objects exist has been imported).
+`sys.modules` (a framework whose objects exist has been imported). A node
+type is named as users know it by `node_type_name` (orbax's private
+`_TreeMetadataImpl` is a `TreeMetadata`).
 """
 
 import dataclasses
