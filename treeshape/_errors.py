@@ -298,38 +298,6 @@ class PrecisionWarning(UserWarning):
     __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
 
-def narrowing_message(fn_name: str, leaves: Sequence[tuple[str, str, str]], init: str = "init") -> str:
-    """Weak float leaves (where, from, to) that settle on a float narrower than 32 bits."""
-    where, src, dst = leaves[0]
-    if len(leaves) == 1:
-        what = f"{where} ({src} -> {dst}) starts as a weakly typed float (a Python scalar) and takes"
-    else:
-        what = (
-            f"{len(leaves)} leaves (e.g. {where}: {src} -> {dst}) start as weakly typed floats (Python scalars) "
-            "and take"
-        )
-    return (
-        f"treeshape.{fn_name}: {what} the body's narrower dtype, as JAX's weak-type rule says; accumulating "
-        "in it loses precision fast (a thousand 1.001s sum to 256 in bfloat16). To accumulate in float32, "
-        f"start from `jnp.float32(0)` in `{init}`."
-    )
-
-
-def fori_bound_message(fn_name: str, name: str, bound: object, typed: str | None) -> str:
-    what = user_value(bound, typed or f"a {type(bound).__name__}")
-    return (
-        f"treeshape.{fn_name}: `{name}` must be an integer scalar (a Python int, or an int array or tracer "
-        f"of shape ()), as for `lax.fori_loop`, got {what}. Pass the bound you will pass to `lax.fori_loop`."
-    )
-
-
-def fori_bounds_message(fn_name: str, lower: str, upper: str) -> str:
-    return (
-        f"treeshape.{fn_name}: `lower` ({lower}) and `upper` ({upper}) have different integer types, which "
-        "`lax.fori_loop` rejects too. Give both bounds one dtype (e.g. `upper.astype(lower.dtype)`)."
-    )
-
-
 def free_dims_message(fn_name: str, dims: Sequence[str], example: str) -> str:
     names = ", ".join(dims)
     sizes = ", ".join(f"{name}=..." for name in dims)
@@ -590,31 +558,6 @@ def key_change_fix(
     return f'The dtypes differ, and no policy {what} (not even policy="cast"): {todo}'
 
 
-# -- scan lengths --------------------------------------------------------------
-def length_type_message(fn_name: str, length: object, traced: str | None) -> str:
-    """`length` is not an int (`traced`: its type when it is a tracer)."""
-    if traced is not None:
-        return (
-            f"treeshape.{fn_name}: `length` must be a concrete int >= 0, as for `lax.scan`, but it is a traced "
-            f"{traced} here. Pass a Python int (for an argument of a jitted function, mark it static with "
-            "`static_argnames`), or use `lax.while_loop` and `ts.while_carry` for a number of steps known "
-            "only at run time."
-        )
-    text = repr(length)
-    text = text if len(text) <= 40 else text[:37] + "..."
-    return (
-        f"treeshape.{fn_name}: `length` must be an int >= 0 (the number of steps, as for `lax.scan`), "
-        f"got {type(length).__name__} {text}. Pass the number of steps as an int, e.g. `length=3`."
-    )
-
-
-def length_negative_message(fn_name: str, length: int) -> str:
-    return (
-        f"treeshape.{fn_name}: `length` must be an int >= 0 (the number of steps, as for `lax.scan`), "
-        f"got {length}. Pass 0 or more."
-    )
-
-
 # -- 64-bit dtypes with x64 off ------------------------------------------------
 def x64_message(fn_name: str, groups: dict[str, list[str]], example: str) -> str:
     """Leaves of 64-bit dtypes (`groups`: short dtype -> paths) that JAX cannot hold with x64
@@ -752,20 +695,6 @@ def bad_shape_message(fn_name: str, where: str, shape: Any, problem: str) -> str
         f"treeshape.{fn_name}: {where} has shape {shape!r}, which is not a sequence of integer sizes >= 0: "
         f"{problem}. Give it integer sizes (a `jax.ShapeDtypeStruct((8, 3), jnp.float32)`, or an object whose "
         "`.shape` is a tuple of ints), or keep it out of the tree if it is not an array."
-    )
-
-
-def structure_as_values_message(fn_name: str, where: str, needs: str) -> str:
-    """A `Structure` passed where a tree of values (or of abstract values) is needed.
-
-    `needs` is what the callee takes there: "values" (arrays, e.g. a carry to convert)
-    or "abstract" (arrays or `ShapeDtypeStruct`s)."""
-    fix = "`s.zeros()` (arrays of that structure)" + (
-        " or `s.tree` (its `ShapeDtypeStruct`s)" if needs == "abstract" else ""
-    )
-    return (
-        f"treeshape.{fn_name}: {where} is a treeshape.Structure, a description of a tree rather than a tree of "
-        f"{'arrays' if needs == 'values' else 'arrays or abstract values'}. Pass {fix} instead."
     )
 
 

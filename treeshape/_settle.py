@@ -6,8 +6,7 @@ from typing import Any, Final
 import jax
 import jax.tree_util as jtu
 
-from ._carry import Roles, convert_init, fixed_point, sub_structure
-from ._errors import structure_as_values_message
+from ._fixpoint import Roles, convert_init, fixed_point, structure_as_values_message, sub_structure
 from ._infer import out_structure
 from ._leaf import OTHER, kind_of
 from ._structure import PyTree, Structure
