@@ -363,7 +363,7 @@ def _is_key(dtype: object) -> bool:
 # -- reports: one sentence, or bullets; leaves that fail alike grouped ----------------
 Line = tuple[str, str, str]  # (where: root + path, what differs, the fix)
 _MAX_LINE: Final = 300  # characters: a message stays readable for trees of any size
-_MAX_WHERE: Final = 100
+MAX_WHERE: Final = 100
 SHOWN: Final = 3  # the paths (or fields) a message names before "and N more"
 
 
@@ -382,22 +382,7 @@ def mismatch_line(m: Mismatch) -> Line:
 def format_mismatches(header: str, mismatches: Sequence[Mismatch]) -> str:
     """`header` plus one sentence (or one bullet per mismatch) with its fix; entries missing (or
     extra) at consecutive indices under one node are one line (`layers: entries 12-15 missing`)."""
-    return format_report(header, _lines(mismatches), "differences")
-
-
-def listing_message(
-    header: str, mismatches: Sequence[Mismatch], rule: str, what: Callable[[Mismatch], str], limit: int = 20
-) -> str:
-    """`header`, then each mismatch as one line, `what(m)` telling it (entries at consecutive
-    indices merged, at most `limit` lines), then `rule`, the one fix they share."""
-    lines = _lines(mismatches, what)
-    if len(lines) == 1:
-        where, told, _ = lines[0]
-        return f"{header}: {_clip(where, _MAX_WHERE)}: {told}\n\n{rule}"
-    bullets = [f"  * {_clip(where, _MAX_WHERE)}: {told}" for where, told, _ in lines[:limit]]
-    if len(lines) > limit:
-        bullets.append(f"  * ... and {len(lines) - limit} more (every one is on the exception's `.mismatches`)")
-    return f"{header}; {len(mismatches)} differences:\n\n" + "\n".join(bullets) + f"\n\n{rule}"
+    return format_report(header, merged_lines(mismatches), "differences")
 
 
 _INDEXED: Final = re.compile(r"(?P<parent>.*)\[(?P<quote>'?)(?P<n>[0-9]+)(?P=quote)\]")
@@ -414,7 +399,9 @@ def _entry(m: Mismatch) -> tuple[str, str, int, bool] | None:
     return m.root + found["parent"], found["quote"], int(found["n"]), m.actual is None
 
 
-def _lines(mismatches: Sequence[Mismatch], what: Callable[[Mismatch], str] | None = None) -> list[Line]:
+def merged_lines(mismatches: Sequence[Mismatch], what: Callable[[Mismatch], str] | None = None) -> list[Line]:
+    """One report line per mismatch (`what(m)` telling it, else its own text and fix); entries
+    missing (or extra) at consecutive indices under one node are one line."""
     lines: list[Line] = []
     i = 0
     while i < len(mismatches):
@@ -466,13 +453,13 @@ def format_report(header: str, lines: Sequence[Line], noun: str) -> str:
 def _group_line(group: Sequence[Line]) -> str:
     where, what, fix = group[0]
     if len(group) == 1:
-        return f"{_clip(where, _MAX_WHERE)}: {what} {fix}"
-    shown = first_few([_clip(w, _MAX_WHERE // 2) for w, _, _ in group[:SHOWN]], len(group))
-    first = f"{_clip(where, _MAX_WHERE // 2)}: {what}" if len(group) > 1 else ""
+        return f"{clip(where, MAX_WHERE)}: {what} {fix}"
+    shown = first_few([clip(w, MAX_WHERE // 2) for w, _, _ in group[:SHOWN]], len(group))
+    first = f"{clip(where, MAX_WHERE // 2)}: {what}" if len(group) > 1 else ""
     return f"{len(group)} leaves fail alike ({shown}); e.g. {first} {fix}"
 
 
-def _clip(text: str, limit: int) -> str:
+def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -583,77 +570,13 @@ def x64_message(fn_name: str, groups: dict[str, list[str]], example: str) -> str
     return f"treeshape.{fn_name}: {count} leaves have 64-bit dtypes, {why.format(them='them')}\n\n{listing}\n\n{fix}"
 
 
-# -- shardings (placement, with_shardings, loop carries) -------------------------------
-def unresolved_mesh_message(fn_name: str, paths: Sequence[str], example: str, mesh: str) -> str:
-    """Leaves sharded over an abstract mesh that no concrete mesh in sight matches."""
-    if len(paths) == 1:
-        what = f"{paths[0]} ({example}) is sharded over an abstract mesh ({mesh})"
-    else:
-        listed = first_few([f"{paths[0]} ({example})", *paths[1:SHOWN]], len(paths))
-        what = f"{len(paths)} leaves are sharded over an abstract mesh ({mesh}): {listed}"
-    return (
-        f"treeshape.{fn_name}: {what}; no concrete mesh "
-        "with those axes is known here: none is set with `jax.set_mesh`, and this Structure does not come "
-        "from an `out_structure` call whose arguments live on such a mesh (e.g. it was unpickled or read "
-        "from JSON). treeshape does not drop a sharding silently. Either build the values inside "
-        "`with jax.set_mesh(mesh):`, or give the leaves concrete shardings first: "
-        "`s.with_shardings(NamedSharding(mesh, P(...)))` (a callable `(path, leaf) -> Sharding` picks one "
-        "per leaf; `s.with_shardings(None)` keeps JAX's default placement)."
-    )
-
-
-def shardings_prefix_message(path: str, expected: str, actual: str) -> str:
-    """`with_shardings` got a pytree that is not a prefix of the structure's tree."""
-    where = "the top" if path == "tree" else path
-    return (
-        f"treeshape.Structure.with_shardings: `shardings` is not a prefix of the structure's tree: at {where} "
-        f"it has {expected}, where the tree has {actual}. Give one `Sharding` (or `None`) per subtree, in "
-        "containers like the tree's (the same dict keys and lengths), or one `Sharding` for every leaf, or a "
-        "callable `(path, leaf) -> Sharding | None`."
-    )
-
-
-def shardings_type_message(wrong: Sequence[tuple[str, str, bool]]) -> str:
-    """`with_shardings` values that are not shardings: (where, what it is, is a PartitionSpec)."""
-    lines = [f"{where} is {what}" for where, what, _ in wrong]
-    fix = "Each value must be a `jax.sharding.Sharding` (e.g. `NamedSharding(mesh, P('data'))`) or `None`."
-    if any(is_spec for _, _, is_spec in wrong):
-        fix += " A PartitionSpec needs its mesh: wrap it as `NamedSharding(mesh, spec)`."
-    if len(lines) == 1:
-        return f"treeshape.Structure.with_shardings: {lines[0]}, not a sharding. {fix}"
-    listing = "\n".join(f"  * {line}" for line in lines)
-    return f"treeshape.Structure.with_shardings: {len(lines)} values are not shardings:\n\n{listing}\n\n{fix}"
-
-
-def shardings_unfit_message(lines: Sequence[str]) -> str:
-    """Shardings that do not fit their leaves (rank, divisibility): one line per leaf."""
-    fix = (
-        "Give such leaves a spec with at most one entry per dimension, over mesh axes whose sizes divide "
-        "that dimension (`None` replicates a dimension), or `None` (a callable `(path, leaf) -> Sharding | "
-        "None` can choose by `leaf.shape`)."
-    )
-    if len(lines) == 1:
-        return f"treeshape.Structure.with_shardings: the sharding does not fit {lines[0]}. {fix}"
-    listing = "\n".join(f"  * {line}" for line in lines)
-    return f"treeshape.Structure.with_shardings: {len(lines)} shardings do not fit their leaves:\n\n{listing}\n\n{fix}"
-
-
+# -- a loop carry's sharding --------------------------------------------------------------
 def carry_sharding_fix(history: Sequence[str], fn: str = "body") -> str:
     """A carry leaf whose sharding keeps changing from one evaluation of `fn` to the next."""
     return (
         f"`{fn}` changes this leaf's sharding on every pass ({' -> '.join(history)}), so no sharding is a "
         f"fixed point (explicit mesh axes are part of a carry's type). Give it one sharding at the end of "
         f"`{fn}`: `jax.sharding.reshard(x, P(...))`."
-    )
-
-
-def carry_reshard_message(fn_name: str, where: str, spec: str) -> str:
-    """`init` must move to an explicit-axes sharding but no concrete mesh is in sight."""
-    return (
-        f"treeshape.{fn_name}: {where} must be resharded to {spec} (the body returns it so, and explicit "
-        "mesh axes are part of a carry's type), but it is not placed on a mesh and no mesh is set. Call it "
-        "inside `with jax.set_mesh(mesh):`, or place the initial value on the mesh first "
-        "(`jax.device_put(x, NamedSharding(mesh, P()))`)."
     )
 
 
