@@ -130,14 +130,12 @@ def carry_structure(
 ) -> Structure:
     """Find the carry type for which `lax.scan(body, carry, xs, length=length)` type-checks.
 
-    Starts from `init`'s abstract types, evaluates `body` abstractly (through
-    [treeshape.out_structure][], so it is cached and safe under any
-    transformation), joins each input leaf with the matching output leaf under
-    `policy`, and repeats until nothing changes: one trace of `body` when
-    `init` already is a fixed point, one more per promotion step. Unlike JAX's
-    own two-pass weak-type promotion, this reaches a true fixed point. Under
-    `jax.shard_map`, a leaf whose output varies over manual mesh axes is made
-    varying over them too.
+    A fixed point: `body` is evaluated abstractly (through
+    [treeshape.out_structure][]: cached, safe under any transformation) from
+    `init`'s types, and each input leaf joined with its output leaf under
+    `policy` until nothing changes (one trace when `init` already is a fixed
+    point, one more per promotion step). Under `jax.shard_map`, a leaf whose
+    output varies over manual mesh axes is made varying over them too.
 
     Args:
         body: A `lax.scan` body, `body(carry, x) -> (carry, y)`.
@@ -192,7 +190,7 @@ def scan_carry(
     The values of `init` converted to [treeshape.carry_structure][]'s types:
     the dtype casts `policy` allows, and `lax.pcast(..., to="varying")` where
     the body's carry varies over manual mesh axes. Leaves that need no change
-    are returned as they are. The result can be passed straight to `lax.scan`.
+    are returned as they are.
 
     Args:
         body: A `lax.scan` body, `body(carry, x) -> (carry, y)`.
@@ -273,16 +271,15 @@ def fori_carry(
 
     As [treeshape.scan_carry][], for `lax.fori_loop(lower, upper, body, init)`.
     The index `i` has the type `lax.fori_loop` gives it for these bounds: a
-    weak `int32` when both are concrete (Python ints or arrays), the bounds'
-    dtype when they are traced (e.g. arguments of a jitted function), as
-    `lax.fori_loop` itself decides.
+    weak `int32` when both are concrete, the bounds' dtype when they are
+    traced (e.g. arguments of a jitted function).
 
     Args:
         body: The loop body, `body(i, carry) -> carry`.
         init: The initial carry values.
-        lower: The loop's lower bound, as it will be passed to `lax.fori_loop`
-            (a value or a tracer); only its type matters.
-        upper: The loop's upper bound, likewise.
+        lower: The lower bound you will pass to `lax.fori_loop` (a value or a
+            tracer); only its type matters.
+        upper: The upper bound, likewise.
         policy: `"weak"` (default), `"promote"` or `"cast"`, as in
             [treeshape.carry_structure][].
 
