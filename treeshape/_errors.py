@@ -1,4 +1,6 @@
-"""Mismatches, treeshape's exceptions, and the only place mismatch data becomes prose."""
+"""Mismatches, treeshape's exceptions, the fixes, and the report formatting every message
+shares (grouping, line limits, "the first three, then N more"). A message about one check's
+input lives beside that check."""
 
 import dataclasses
 import inspect
