@@ -17,6 +17,7 @@ from ._fixpoint import abstract_tree, convert_init, fixed_point, sub_structure
 from ._infer import out_structure
 from ._leaf import from_aval, leaf_str
 from ._structure import PyTree, Structure
+from ._tree import clip
 
 
 def _one_step(leaf: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
@@ -65,11 +66,9 @@ def _length_type_message(fn_name: str, length: object, traced: str | None) -> st
             "`static_argnames`), or use `lax.while_loop` and `ts.while_carry` for a number of steps known "
             "only at run time."
         )
-    text = repr(length)
-    text = text if len(text) <= 40 else text[:37] + "..."
     return (
         f"treeshape.{fn_name}: `length` must be an int >= 0 (the number of steps, as for `lax.scan`), "
-        f"got {type(length).__name__} {text}. Pass the number of steps as an int, e.g. `length=3`."
+        f"got {type(length).__name__} {clip(repr(length), 40)}. Pass the number of steps as an int, e.g. `length=3`."
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any, Final
 import jax
 
 from ._leaf import constraints_text, node_type_name, spec_text
+from ._tree import clip
 
 
 def _spec(x: Any) -> Any:
@@ -461,10 +462,6 @@ def _group_line(group: Sequence[Line]) -> str:
     return f"{len(group)} leaves fail alike ({shown}); e.g. {first} {fix}"
 
 
-def clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def policy_fix(src: str, src_weak: bool, dst: str, policy: str, allowing: str | None) -> str:
     """Why `policy` forbids a dtype change from `src` to `dst`, and which policy allows it."""
     strength = "weakly typed" if src_weak else "strongly typed"
@@ -625,9 +622,7 @@ def user_value(x: Any, typed: str | None = None) -> str:
     a tracer by its type alone."""
     if isinstance(x, jax.core.Tracer):
         return f"a traced {typed}" if typed else "a tracer"
-    text = repr(x)
-    if len(text) > 60:
-        text = text[:57] + "..."
+    text = clip(repr(x), 60)
     return f"{text} ({typed})" if typed else text
 
 

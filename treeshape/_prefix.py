@@ -7,9 +7,10 @@ import jax
 import jax.tree_util as jtu
 
 from ._diff import diff_structures
-from ._errors import MAX_WHERE, Mismatch, StructureMismatchError, clip, merged_lines
+from ._errors import MAX_WHERE, Mismatch, StructureMismatchError, merged_lines
 from ._leaf import spec_text
 from ._structure import Structure, read_structure
+from ._tree import clip
 
 
 PyTree = Any

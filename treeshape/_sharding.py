@@ -18,6 +18,7 @@ import numpy as np
 from . import _compat
 from ._errors import SHOWN, check_path_leaf_callback, first_few
 from ._leaf import is_symbolic, leaf_nbytes, leaf_str, spec_text
+from ._tree import clip
 
 
 class Leaves(Protocol):
@@ -305,8 +306,7 @@ def _is_sharding_leaf(x: Any) -> bool:
 
 def _what(x: Any) -> str:
     spec = isinstance(x, jax.sharding.PartitionSpec)
-    text = spec_text(x) if spec else repr(x)
-    text = text if len(text) <= 60 else text[:57] + "..."
+    text = clip(spec_text(x) if spec else repr(x), 60)
     kind = "a PartitionSpec" if spec else type(x).__name__
     return f"{kind} {text}"
 
