@@ -14,7 +14,6 @@ import numpy as np
 from . import _cache, _compat, _sharding, _tree
 from ._cache import CACHE, NEEDS_CONCRETE, CacheInfo, Key, static_key
 from ._dtypes import jax_dtype
-from ._errors import bad_shape_message, int_too_big_message
 from ._leaf import (
     ARRAY,
     DIM,
@@ -24,10 +23,12 @@ from ._leaf import (
     SDS,
     TooLarge,
     as_abstract,
+    bad_shape_message,
     check_extents,
     cycle_problem,
     extent_message,
     flatten,
+    int_too_big_message,
     is_duck_array,
     kind_of,
     refuse_cycles,
