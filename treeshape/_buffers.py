@@ -33,8 +33,7 @@ from . import _compat
 from ._compat import Fields as F
 from ._display import Description
 from ._dtypes import short_dtype
-from ._leaf import human_bytes
-from ._shapes import short_shape
+from ._shapes import human_bytes, short_shape
 from ._table import grid, html_grid
 
 

@@ -541,7 +541,7 @@ def parse_bytes(text: str) -> int:
 
 def _amount(n: int) -> str:
     """`512 B`, or `36.8 KiB (37,712 B)`."""
-    from ._leaf import human_bytes
+    from ._shapes import human_bytes
 
     return human_bytes(n) if n < 1024 else f"{human_bytes(n)} ({n:,} B)"
 

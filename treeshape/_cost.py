@@ -60,9 +60,9 @@ from ._infer import (
     split_call,
     with_trees,
 )
-from ._leaf import ARRAY, DIM, OTHER, SDS, from_aval, human_bytes, is_duck_array, kind_of, leaf_str
+from ._leaf import ARRAY, DIM, OTHER, SDS, from_aval, is_duck_array, kind_of, leaf_str
 from ._loops import NO_LOOPS, LoopCorrection, holds_loops, loop_correction
-from ._shapes import extent_problem
+from ._shapes import extent_problem, human_bytes
 from ._table import grid, html_grid
 
 

@@ -33,8 +33,8 @@ from . import _buffers
 from ._cost import Cost, cost_of, exact, prepare
 from ._dims import DimOverflow, bind_leaves, check_sizes, free_names
 from ._infer import Call, abstract_inputs, check_callable, input_path
-from ._leaf import human_bytes, leaf_str
-from ._shapes import extent_problem
+from ._leaf import leaf_str
+from ._shapes import extent_problem, human_bytes
 from ._sharding import split_problem
 from ._table import grid, html_grid
 

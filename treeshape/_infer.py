@@ -23,7 +23,6 @@ from ._leaf import (
     SDS,
     TooLarge,
     as_abstract,
-    bad_shape_message,
     check_extents,
     cycle_problem,
     extent_message,
@@ -33,7 +32,7 @@ from ._leaf import (
     kind_of,
     refuse_cycles,
 )
-from ._shapes import BadShape, checked_sds, sizes
+from ._shapes import BadShape, bad_shape_message, checked_sds, sizes
 from ._structure import PyTree, Structure, read_structure
 
 

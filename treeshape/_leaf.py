@@ -30,7 +30,6 @@ from ._shapes import (
     checked_shape,
     extent_problem,
     has_symbolic,
-    is_symbolic,
     same_symbolic_shape,
     short_shape,
     sizes,
@@ -445,20 +444,6 @@ def spec_text(spec: Any) -> str:
     return text + ")"
 
 
-def human_bytes(n: Any) -> str:
-    """`36 B`, `1.5 KiB`, `64.0 GiB`; a symbolic count as JAX writes it (`40*b + 12 B`)."""
-    if is_symbolic(n):
-        return f"{n} B"
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
-        value /= 1024
-        if value < 1024 or unit == "PiB":
-            return f"{value:.1f} {unit}"
-    raise AssertionError("unreachable")
-
-
 def int_too_big_message(fn_name: str, where: str, value: int, bits: int) -> str:
     other = (
         "bind it with `functools.partial` so it stays a concrete Python value"
@@ -468,13 +453,4 @@ def int_too_big_message(fn_name: str, where: str, value: int, bits: int) -> str:
     return (
         f"treeshape.{fn_name}: {where} is the Python int {value}, which does not fit the int{bits} JAX gives "
         f"Python ints. Pass it as a typed array (e.g. `np.int64({value})` with jax_enable_x64 on), or {other}."
-    )
-
-
-def bad_shape_message(fn_name: str, where: str, shape: Any, problem: str) -> str:
-    """A leaf with `.shape` and `.dtype` whose shape JAX cannot take."""
-    return (
-        f"treeshape.{fn_name}: {where} has shape {shape!r}, which is not a sequence of integer sizes >= 0: "
-        f"{problem}. Give it integer sizes (a `jax.ShapeDtypeStruct((8, 3), jnp.float32)`, or an object whose "
-        "`.shape` is a tuple of ints), or keep it out of the tree if it is not an array."
     )

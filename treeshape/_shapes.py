@@ -5,7 +5,8 @@ A dimension is an int >= 0, or a `jax.export` dimension expression (`b`,
 checked as JAX reads it (`checked_shape`), compared and hashed with its
 symbolic dimensions by written form (`same_symbolic_shape`, `shape_key`),
 summed across scopes (`dim_sum`), and refused when XLA's 64-bit sizes cannot
-hold it (`extent_problem`).
+hold it (`extent_problem`). Shapes, counts and byte counts are written here
+too (`[2,3]`, `1,024`, `1.5 KiB`, symbolic ones as JAX writes them).
 """
 
 import functools as ft
@@ -39,6 +40,15 @@ class BadShape(Exception):
         super().__init__(shape, problem)
         self.shape, self.problem, self.error = shape, problem, error
         self.index = -1  # the leaf's position, set by whoever knows it
+
+
+def bad_shape_message(fn_name: str, where: str, shape: Any, problem: str) -> str:
+    """A leaf with `.shape` and `.dtype` whose shape JAX cannot take."""
+    return (
+        f"treeshape.{fn_name}: {where} has shape {shape!r}, which is not a sequence of integer sizes >= 0: "
+        f"{problem}. Give it integer sizes (a `jax.ShapeDtypeStruct((8, 3), jnp.float32)`, or an object whose "
+        "`.shape` is a tuple of ints), or keep it out of the tree if it is not an array."
+    )
 
 
 def _dimension(d: Any, axis: int, shape: Any) -> Any:
@@ -271,3 +281,17 @@ def leaf_total(leaves: Any, measure: Any) -> Any:
 def count_text(n: Any) -> str:
     """A count with thousands separators (`1,024`), or a symbolic one as JAX writes it (`8*b`)."""
     return str(n) if is_symbolic(n) else f"{n:,}"
+
+
+def human_bytes(n: Any) -> str:
+    """`36 B`, `1.5 KiB`, `64.0 GiB`; a symbolic count as JAX writes it (`40*b + 12 B`)."""
+    if is_symbolic(n):
+        return f"{n} B"
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        value /= 1024
+        if value < 1024 or unit == "PiB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")

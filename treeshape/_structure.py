@@ -32,11 +32,9 @@ from ._leaf import (
     SCALAR_TYPES,
     IntTooBig,
     TooLarge,
-    bad_shape_message,
     check_extents,
     extent_message,
     flatten,
-    human_bytes,
     int_too_big_message,
     leaf_str,
     manual_axis_sets,
@@ -46,7 +44,16 @@ from ._leaf import (
     varying_axes,
 )
 from ._nodes import wrapper_hint
-from ._shapes import BadShape, has_symbolic, leaf_nbytes, leaf_size, leaf_total, shape_key
+from ._shapes import (
+    BadShape,
+    bad_shape_message,
+    has_symbolic,
+    human_bytes,
+    leaf_nbytes,
+    leaf_size,
+    leaf_total,
+    shape_key,
+)
 from ._table import DEFAULT_MAX_ROWS, html_table, table
 from ._tree import edge_paths
 

@@ -14,9 +14,9 @@ import jax
 import jax.tree_util as jtu
 
 from ._dtypes import short_dtype
-from ._leaf import axes_str, human_bytes, varying_axes
+from ._leaf import axes_str, varying_axes
 from ._nodes import static_text
-from ._shapes import count_text, dim_sum, leaf_nbytes, leaf_size, leaf_total, short_shape
+from ._shapes import count_text, dim_sum, human_bytes, leaf_nbytes, leaf_size, leaf_total, short_shape
 from ._sharding import is_partitioned, is_replicated, per_device_nbytes, spec_str
 from ._tree import EDGE, StaticRepr, clip, edge_paths, key_text
 

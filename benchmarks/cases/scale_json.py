@@ -68,7 +68,7 @@ import jax
 import jax.numpy as jnp
 
 import treeshape as ts
-from treeshape._leaf import human_bytes  # only to check the table's total row
+from treeshape._shapes import human_bytes  # only to check the table's total row
 
 from harness import Config, Row, at_most, case, compare, k, per_call, repeat, timed_row
 from workloads import BF16, F32, I32, model_leaves, model_tree
