@@ -4,20 +4,18 @@ tree without tracing."""
 
 import dataclasses
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any, Final, NoReturn
+from typing import Any, NoReturn
 
 import jax
 import jax.tree_util as jtu
 
-from . import _compat, _dims, _json, _sharding, _values
-from ._diff import diff_structures, static_equal
+from . import _compare, _compat, _dims, _json, _sharding, _values
 from ._errors import (
     Mismatch,
     StructureMismatchError,
     bad_shape_message,
     format_mismatches,
     int_too_big_message,
-    is_static,
 )
 from ._leaf import (
     BadShape,
@@ -31,52 +29,13 @@ from ._leaf import (
     leaf_size,
     leaf_str,
     leaf_total,
-    manual_axis_sets,
     read_leaves,
-    same_type,
-    shape_key,
-    static_value,
     wrapper_hint,
 )
 from ._table import DEFAULT_MAX_ROWS, edge_paths, html_table, table
 
 
 PyTree = Any
-
-
-IGNORABLE: Final = ("weak_type", "vma", "sharding", "dtype", "shape", "static")
-
-
-def _ignored(ignore: Collection[str], fn_name: str) -> frozenset[str]:
-    kinds = frozenset((ignore,) if isinstance(ignore, str) else ignore)
-    unknown = kinds - set(IGNORABLE)
-    if unknown:
-        allowed = ", ".join(repr(k) for k in IGNORABLE)
-        raise ValueError(
-            f"treeshape.Structure.{fn_name}: `ignore` takes mismatch kinds among {allowed}; got "
-            f"{', '.join(repr(k) for k in sorted(unknown, key=repr))}. (Tree structure differences are never ignored.)"
-        )
-    return kinds
-
-
-def _same_leaf(e: Any, a: Any) -> bool:
-    """Leaf equality for `==`: array leaves by shape, dtype, weak type and manual
-    axes (not sharding), static leaves as `diff` compares them."""
-    if e is a:
-        return True
-    sds = jax.ShapeDtypeStruct
-    if isinstance(e, sds):
-        return isinstance(a, sds) and same_type(e, a)
-    return not isinstance(a, sds) and static_equal(e, a)
-
-
-def _leaf_hash(leaf: Any) -> int:
-    if isinstance(leaf, jax.ShapeDtypeStruct):
-        return hash((shape_key(leaf.shape), leaf.dtype, leaf.weak_type, manual_axis_sets(leaf)))
-    try:
-        return hash((type(leaf), static_value(leaf)))
-    except Exception:  # unhashable (compared by `==` only), or a `__hash__` that raises: by its type
-        return hash(type(leaf))
 
 
 class _Text:
@@ -322,10 +281,9 @@ class Structure:
     def match_dims(self, tree: PyTree) -> dict[str, int]:
         """Return the sizes that `tree` binds this structure's dimension names to.
 
-        Each name takes one size across the tree: the first leaf whose
-        dimension tells it (`b` from 5, also from `2*b` or `b + 1`) binds it,
-        and every other use must agree. Only shapes and the tree structure are
-        compared.
+        The first leaf whose dimension tells a name's size (`b` from 5, also
+        from `2*b` or `b + 1`) binds it; every other use must agree. Only
+        shapes and the tree structure are compared.
 
         Args:
             tree: A pytree of arrays or `jax.ShapeDtypeStruct`s.
@@ -359,13 +317,12 @@ class Structure:
     def full(self, value: Any) -> PyTree:
         """Build a pytree of arrays of exactly this structure, filled with `value`.
 
-        Each array has its leaf's shape, dtype, `weak_type` and manual axes
-        (under `jax.shard_map`); typed PRNG-key leaves are keys made from zero
-        key data, and static leaves are returned as they are. At top level each
-        leaf is placed on its sharding: one over an abstract mesh on the
-        `jax.set_mesh` mesh, else on the mesh of the [treeshape.out_structure][]
-        call that made it. Under `jit` the arrays are constants, as `jnp.full`
-        makes them. The [guide](../guide/structures.md#building-values) says more.
+        Each array has its leaf's shape, dtype, `weak_type` and manual axes;
+        typed PRNG-key leaves are keys from zero key data, static leaves are
+        returned as they are. At top level each leaf is placed on its sharding
+        (an abstract mesh's on the `jax.set_mesh` mesh, else on the mesh of the
+        [treeshape.out_structure][] call that made it). See
+        [the guide](../guide/structures.md#building-values).
 
         Args:
             value: A number or bool scalar (or a 0-d array), converted to each
@@ -375,13 +332,11 @@ class Structure:
             A pytree with this structure's treedef.
 
         Raises:
-            TypeError: `value` is not such a scalar, or it is complex and some
-                leaf is integer or real floating; or the tree's nodes cannot be
-                rebuilt from new leaves.
-            ValueError: a leaf is 64-bit while `jax_enable_x64` is off (JAX
-                would make it 32-bit), the structure has free dimensions, or a
-                leaf's abstract mesh is on no mesh in sight. The message names
-                the leaves and the fix.
+            TypeError: `value` is not such a scalar, or is complex for an
+                integer or real leaf; or the tree's nodes cannot be rebuilt.
+            ValueError: a leaf is 64-bit while `jax_enable_x64` is off, the
+                structure has free dimensions, or no mesh in sight has a leaf's
+                abstract mesh (the message names the leaves and the fix).
 
         Examples:
             >>> import jax.numpy as jnp
@@ -437,10 +392,8 @@ class Structure:
     def with_shardings(self, shardings: Any) -> "Structure":
         """Return the same structure with new shardings on its array leaves.
 
-        For placing values (`s.with_shardings(...).zeros()`), for
-        [treeshape.Structure.nbytes_per_device][], and for Structures whose
-        shardings name an abstract mesh. The result equals `self` (equality
-        ignores shardings).
+        For placing values (`s.with_shardings(...).zeros()`) and for
+        [treeshape.Structure.nbytes_per_device][]. The result equals `self`.
 
         Args:
             shardings: One of:
@@ -469,16 +422,11 @@ class Structure:
             >>> from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
             >>> import treeshape as ts
             >>> mesh = AbstractMesh((4,), ("fsdp",))
-            >>> params = {"w": jnp.zeros((512, 128)), "b": jnp.zeros(128)}
+            >>> s = ts.structure_of({"w": jnp.zeros((512, 128)), "b": jnp.zeros(128)})
             >>> def fsdp(path, leaf):  # shard every matrix over 'fsdp', replicate the rest
             ...     return NamedSharding(mesh, P("fsdp") if len(leaf.shape) == 2 else P())
-            >>> print(ts.structure_of(params).with_shardings(fsdp))
-            path   shape      dtype  extra                bytes  per device
-            -----  ---------  -----  ---------------  ---------  ----------
-            ['b']  [128]      f32    replicated           512 B       512 B
-            ['w']  [512,128]  f32    P('fsdp', None)  256.0 KiB    64.0 KiB
-            -----  ---------  -----  ---------------  ---------  ----------
-            total: 2 leaves, 65,664 elements          256.5 KiB    64.5 KiB
+            >>> s.with_shardings(fsdp).nbytes_per_device
+            66048
             >>> ts.structure_of({"b": jnp.zeros(3)}).with_shardings(NamedSharding(mesh, P("fsdp")))
             Traceback (most recent call last):
             ...
@@ -489,8 +437,8 @@ class Structure:
     def astype(self, dtype: Any, *, where: Callable[[str, jax.ShapeDtypeStruct], bool] | None = None) -> "Structure":
         """Return the same structure with `dtype` on its floating array leaves (or on those `where` picks).
 
-        A converted leaf keeps its shape, sharding and manual axes and becomes
-        strongly typed (as `x.astype(dtype)` does); other leaves are kept.
+        A converted leaf keeps its shape, sharding and manual axes, and becomes
+        strongly typed (as `x.astype(dtype)` does).
 
         Args:
             dtype: The new dtype; a Python type (`float`, `int`, `complex`,
@@ -504,9 +452,8 @@ class Structure:
 
         Raises:
             TypeError: `dtype` is not a dtype, or a typed PRNG key would be
-                converted (the message names the leaves).
-            ValueError: `dtype` is 64-bit and `jax_enable_x64` is off (the
-                message names the leaves and the fix).
+                converted.
+            ValueError: `dtype` is 64-bit and `jax_enable_x64` is off.
 
         Examples:
             >>> import jax.numpy as jnp
@@ -615,12 +562,8 @@ class Structure:
             >>> ts.structure_of({"step": 0}).diff({"step": jnp.int32(0)}, ignore={"weak_type"})
             []
         """
-        kinds = _ignored(ignore, "diff")
-        other = read_structure(tree, "Structure.diff")
-        found = _dims.match(self, other, "tree")[1] if self.dims else diff_structures(self, other, "tree")
-        if "static" in kinds:  # static leaves and fields differ as "structure": told apart by their values
-            found = [m for m in found if not is_static(m)]
-        return [m for m in found if m.kind not in kinds] if kinds else found
+        kinds = _compare.ignored(ignore, "diff")
+        return _compare.diff(self, read_structure(tree, "Structure.diff"), kinds)
 
     def matches(self, tree: PyTree, *, ignore: Collection[str] = ()) -> bool:
         """Return `True` iff `self.diff(tree, ignore=ignore)` is empty.
@@ -671,28 +614,14 @@ class Structure:
         hashes = self._cache.get("hash"), other._cache.get("hash")
         if hashes[0] is not None and hashes[1] is not None and hashes[0] != hashes[1]:
             return False
-        try:
-            same_treedef = bool(self._treedef == other._treedef)
-        except Exception:  # node data JAX cannot compare (e.g. an array): as `diff` compares it
-            return not diff_structures(self, other, "tree")
-        return same_treedef and all(map(_same_leaf, self._leaves, other._leaves))
+        return _compare.equal(self, other)
 
     def __hash__(self) -> int:
-        def compute() -> int:
-            try:
-                treedef_hash = hash(self._treedef)
-            except Exception:  # node data that cannot be hashed: the shape of the tree
-                treedef_hash = hash((self._treedef.num_nodes, self._treedef.num_leaves))
-            return hash((treedef_hash, tuple(map(_leaf_hash, self._leaves))))
-
-        value: int = self._memo("hash", compute)
+        value: int = self._memo("hash", lambda: _compare.hash_of(self._treedef, self._leaves))
         return value
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Devices do not pickle: a concrete sharding travels as its abstract
-        # form (a NamedSharding keeps its spec over the abstract mesh). Equality
-        # ignores sharding, so the copy is equal to the original.
-        return (Structure, (self._treedef, tuple(_picklable_leaf(leaf) for leaf in self._leaves)))
+        return (Structure, (self._treedef, _compare.picklable(self._leaves)))
 
     def __str__(self) -> str:
         return table(self)
@@ -720,18 +649,6 @@ class Structure:
         return f"Structure({body}, {n} {'leaf' if n == 1 else 'leaves'}, {human_bytes(self.nbytes)})"
 
 
-def _picklable_leaf(leaf: Any) -> Any:
-    if not isinstance(leaf, jax.ShapeDtypeStruct) or leaf.sharding is None:
-        return leaf
-    sharding = leaf.sharding
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        if isinstance(sharding.mesh, jax.sharding.AbstractMesh):
-            return leaf
-        abstract = jax.sharding.NamedSharding(sharding.mesh.abstract_mesh, sharding.spec)
-        return leaf.update(sharding=abstract)
-    return leaf.update(sharding=None)
-
-
 def read_structure(tree: PyTree, fn_name: str, root: str = "tree") -> Structure:
     """`tree`'s structure, read leaf by leaf without tracing (`_leaf.read_leaves`);
     a Structure is returned as it is."""
@@ -741,23 +658,23 @@ def read_structure(tree: PyTree, fn_name: str, root: str = "tree") -> Structure:
     if hint is not None:  # its nodes describe the tree but cannot rebuild it: no Structure would work
         raise TypeError(f"treeshape.{fn_name}: {root} is {hint}.")
     leaves, treedef = flatten(tree, fn_name, root)
+
+    def where(i: int) -> str:  # the path of leaf `i`, only for a message
+        return root + jtu.keystr(jtu.tree_flatten_with_path(tree)[0][i][0])
+
     sharded_symbolic: list[tuple[int, jax.ShapeDtypeStruct]] = []
     try:
         described = read_leaves(leaves, _compat.at_top_level(), sharded_symbolic)
     except IntTooBig as e:
-        path = jtu.keystr(jtu.tree_flatten_with_path(tree)[0][e.index][0])
-        raise OverflowError(int_too_big_message(fn_name, root + path, e.value, e.bits)) from None
+        raise OverflowError(int_too_big_message(fn_name, where(e.index), e.value, e.bits)) from None
     except BadShape as e:
-        path = jtu.keystr(jtu.tree_flatten_with_path(tree)[0][e.index][0])
-        raise e.error(bad_shape_message(fn_name, root + path, e.shape, e.problem)) from None
+        raise e.error(bad_shape_message(fn_name, where(e.index), e.shape, e.problem)) from None
     except TooLarge as e:
-        path = jtu.keystr(jtu.tree_flatten_with_path(tree)[0][e.index][0])
-        raise ValueError(extent_message(fn_name, root + path, e.leaf, e.problem)) from None
+        raise ValueError(extent_message(fn_name, where(e.index), e.leaf, e.problem)) from None
     for i, leaf in sharded_symbolic:  # as `with_shardings` checks a sharding
         problem = _sharding.split_problem(leaf)
         if problem is not None:
-            path = jtu.keystr(jtu.tree_flatten_with_path(tree)[0][i][0])
-            raise ValueError(_sharding.split_message(fn_name, root + path, leaf, problem))
+            raise ValueError(_sharding.split_message(fn_name, where(i), leaf, problem))
     structure = Structure(treedef, tuple(described))
     if len(leaves) > DEFAULT_MAX_ROWS:  # its table will be cut: note the paths it shows, from the tree at hand
         structure._cache["edges"] = edge_paths(tree, leaves)

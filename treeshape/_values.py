@@ -31,20 +31,11 @@ from ._leaf import (
 PyTree = Any
 
 
-class Source(Protocol):
-    """What building values reads of a Structure."""
+class Source(_sharding.Leaves, Protocol):
+    """What building values reads of a Structure (`leaves`, `paths` and `tree` for placing)."""
 
     @property
     def treedef(self) -> jtu.PyTreeDef: ...
-
-    @property
-    def leaves(self) -> tuple[Any, ...]: ...
-
-    @property
-    def paths(self) -> tuple[str, ...]: ...
-
-    @property
-    def tree(self) -> Any: ...
 
     @property
     def dims(self) -> tuple[str, ...]: ...
