@@ -4,7 +4,7 @@ tree without tracing."""
 
 import dataclasses
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import jax
 import jax.tree_util as jtu
@@ -36,6 +36,7 @@ from ._table import DEFAULT_MAX_ROWS, edge_paths, html_table, table
 
 
 PyTree = Any
+_T = TypeVar("_T")
 
 
 class _Text:
@@ -110,12 +111,12 @@ class Structure:
     def __delattr__(self, name: str) -> NoReturn:
         raise dataclasses.FrozenInstanceError(f"treeshape.Structure is immutable; cannot delete {name!r}")
 
-    def _memo(self, name: str, compute: Any) -> Any:
+    def _memo(self, name: str, compute: Callable[[], _T]) -> _T:
         try:
-            return self._cache[name]
+            known: _T = self._cache[name]
         except KeyError:
-            value = self._cache[name] = compute()
-            return value
+            known = self._cache[name] = compute()
+        return known
 
     def _known_paths(self, head: int, tail: int) -> list[str] | None:
         """The paths of the first `head` and last `tail` leaves, if known without rebuilding
@@ -149,8 +150,7 @@ class Structure:
             flat, _ = jtu.tree_flatten_with_path(jtu.tree_unflatten(self._treedef, self._leaves))
             return tuple(jtu.keystr(path) for path, _ in flat)
 
-        paths: tuple[str, ...] = self._memo("paths", compute)
-        return paths
+        return self._memo("paths", compute)
 
     @property
     def tree(self) -> PyTree:
@@ -215,8 +215,7 @@ class Structure:
             >>> ts.structure_of({"tokens": jax.ShapeDtypeStruct((b, s), "int32")}).dims
             ('b', 's')
         """
-        dims: tuple[str, ...] = self._memo("dims", lambda: _dims.free_names(self._leaves))
-        return dims
+        return self._memo("dims", lambda: _dims.free_names(self._leaves))
 
     def bind(self, **sizes: int) -> "Structure":
         """Return the structure with the named dimensions replaced by sizes.
@@ -381,8 +380,7 @@ class Structure:
 
     def _sharded(self) -> bool:
         """Whether some array leaf has a sharding (so top-level values need placing)."""
-        sharded: bool = self._memo("sharded", lambda: any(leaf.sharding is not None for leaf in self._array_leaves()))
-        return sharded
+        return self._memo("sharded", lambda: any(leaf.sharding is not None for leaf in self._array_leaves()))
 
     def _with_leaves(self, leaves: Sequence[Any]) -> "Structure":
         """The same treedef (and meshes of its call) with new leaf descriptions."""
@@ -617,8 +615,7 @@ class Structure:
         return _compare.equal(self, other)
 
     def __hash__(self) -> int:
-        value: int = self._memo("hash", lambda: _compare.hash_of(self._treedef, self._leaves))
-        return value
+        return self._memo("hash", lambda: _compare.hash_of(self._treedef, self._leaves))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Structure, (self._treedef, _compare.picklable(self._leaves)))
