@@ -13,18 +13,18 @@ from . import _compare, _compat, _dims, _json, _sharding, _values
 from ._errors import (
     Mismatch,
     StructureMismatchError,
-    bad_shape_message,
     format_mismatches,
-    int_too_big_message,
 )
 from ._leaf import (
     BadShape,
     IntTooBig,
     TooLarge,
+    bad_shape_message,
     check_extents,
     extent_message,
     flatten,
     human_bytes,
+    int_too_big_message,
     leaf_nbytes,
     leaf_size,
     leaf_str,
@@ -32,7 +32,8 @@ from ._leaf import (
     read_leaves,
     wrapper_hint,
 )
-from ._table import DEFAULT_MAX_ROWS, edge_paths, html_table, table
+from ._table import DEFAULT_MAX_ROWS, html_table, table
+from ._tree import edge_paths
 
 
 PyTree = Any
