@@ -536,30 +536,6 @@ def key_change_fix(
 
 
 # -- 64-bit dtypes with x64 off ------------------------------------------------
-def x64_message(fn_name: str, groups: dict[str, list[str]], example: str) -> str:
-    """Leaves of 64-bit dtypes (`groups`: short dtype -> paths) that JAX cannot hold with x64
-    off; `example` is the first such leaf in compact notation."""
-    count = sum(len(paths) for paths in groups.values())
-    fix = (
-        'Turn x64 on first: `jax.config.update("jax_enable_x64", True)`, or build the values inside '
-        "`with jax.enable_x64(True):`. Or rebuild the Structure with the dtypes JAX uses with x64 off: "
-        "`ts.structure_of(s.tree)`, called with x64 off, makes each 64-bit leaf 32-bit."
-    )
-    why = (
-        "but jax_enable_x64 is off, so JAX would silently make {them} 32-bit and the result would not match "
-        "this Structure (one made with x64 on, e.g. unpickled from such a process)."
-    )
-    if count == 1:
-        [[path]] = groups.values()
-        return f"treeshape.{fn_name}: {path} is {example}, a 64-bit dtype, {why.format(them='it')}\n\n{fix}"
-    lines = []
-    for dtype, paths in groups.items():
-        shown = first_few(paths, unit=f" ({len(paths)} leaves)")
-        lines.append(f"  * {dtype}: {shown}")
-    listing = "\n".join(lines)
-    return f"treeshape.{fn_name}: {count} leaves have 64-bit dtypes, {why.format(them='them')}\n\n{listing}\n\n{fix}"
-
-
 # -- a loop carry's sharding --------------------------------------------------------------
 def carry_sharding_fix(history: Sequence[str], fn: str = "body") -> str:
     """A carry leaf whose sharding keeps changing from one evaluation of `fn` to the next."""
