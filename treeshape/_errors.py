@@ -11,7 +11,6 @@ from typing import Any, Final
 import jax
 
 from ._leaf import spec_text
-from ._nodes import node_type_name
 from ._shapes import constraints_text
 from ._tree import clip
 
@@ -303,15 +302,6 @@ class PrecisionWarning(UserWarning):
     __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
 
-def free_dims_message(fn_name: str, dims: Sequence[str], example: str) -> str:
-    names = ", ".join(dims)
-    sizes = ", ".join(f"{name}=..." for name in dims)
-    return (
-        f"treeshape.{fn_name}: the structure has free symbolic dimensions ({names}; e.g. {example}), and arrays "
-        f"need sizes. Bind them first: `structure.bind({sizes}).{fn_name.rsplit('.', 1)[-1]}()`."
-    )
-
-
 def fix_for(m: Mismatch) -> str:
     """The sentence that tells the user how to repair one mismatch."""
     if m.kind == "shape":
@@ -547,30 +537,6 @@ def key_change_fix(
 
 
 # -- 64-bit dtypes with x64 off ------------------------------------------------
-def x64_message(fn_name: str, groups: dict[str, list[str]], example: str) -> str:
-    """Leaves of 64-bit dtypes (`groups`: short dtype -> paths) that JAX cannot hold with x64
-    off; `example` is the first such leaf in compact notation."""
-    count = sum(len(paths) for paths in groups.values())
-    fix = (
-        'Turn x64 on first: `jax.config.update("jax_enable_x64", True)`, or build the values inside '
-        "`with jax.enable_x64(True):`. Or rebuild the Structure with the dtypes JAX uses with x64 off: "
-        "`ts.structure_of(s.tree)`, called with x64 off, makes each 64-bit leaf 32-bit."
-    )
-    why = (
-        "but jax_enable_x64 is off, so JAX would silently make {them} 32-bit and the result would not match "
-        "this Structure (one made with x64 on, e.g. unpickled from such a process)."
-    )
-    if count == 1:
-        [[path]] = groups.values()
-        return f"treeshape.{fn_name}: {path} is {example}, a 64-bit dtype, {why.format(them='it')}\n\n{fix}"
-    lines = []
-    for dtype, paths in groups.items():
-        shown = first_few(paths, unit=f" ({len(paths)} leaves)")
-        lines.append(f"  * {dtype}: {shown}")
-    listing = "\n".join(lines)
-    return f"treeshape.{fn_name}: {count} leaves have 64-bit dtypes, {why.format(them='them')}\n\n{listing}\n\n{fix}"
-
-
 # -- a loop carry's sharding --------------------------------------------------------------
 def carry_sharding_fix(history: Sequence[str], fn: str = "body") -> str:
     """A carry leaf whose sharding keeps changing from one evaluation of `fn` to the next."""
@@ -578,26 +544,6 @@ def carry_sharding_fix(history: Sequence[str], fn: str = "body") -> str:
         f"`{fn}` changes this leaf's sharding on every pass ({' -> '.join(history)}), so no sharding is a "
         f"fixed point (explicit mesh axes are part of a carry's type). Give it one sharding at the end of "
         f"`{fn}`: `jax.sharding.reshard(x, P(...))`."
-    )
-
-
-def astype_key_message(leaves: Sequence[str], dtype: str) -> str:
-    """`Structure.astype` would convert typed PRNG keys (or make them)."""
-    listed = first_few(leaves)
-    return (
-        f"treeshape.Structure.astype: no conversion to or from typed PRNG keys ({dtype}): {listed}. Leave key "
-        "leaves out with `where=`, or convert explicitly with `jax.random.key_data` / `jax.random.wrap_key_data`."
-    )
-
-
-def astype_x64_message(leaves: Sequence[str], dtype: str, narrow: str) -> str:
-    """`Structure.astype` towards a 64-bit dtype that JAX would make 32-bit (x64 off)."""
-    listed = first_few(leaves)
-    return (
-        f"treeshape.Structure.astype: {dtype} is a 64-bit dtype, but jax_enable_x64 is off, so JAX would silently "
-        f"make arrays of it {narrow} (`zeros()` refuses such a Structure). It would convert {listed}. Turn x64 on "
-        'first: `jax.config.update("jax_enable_x64", True)`, or build inside `with jax.enable_x64(True):`; or '
-        f"convert to {narrow}."
     )
 
 
@@ -626,27 +572,6 @@ def user_value(x: Any, typed: str | None = None) -> str:
         return f"a traced {typed}" if typed else "a tracer"
     text = clip(repr(x), 60)
     return f"{text} ({typed})" if typed else text
-
-
-def complex_fill_message(value: Any, paths: list[str], n_leaves: int) -> str:
-    """`Structure.full` with a complex value for leaves that cannot hold one."""
-    named = first_few(paths)
-    return (
-        f"treeshape.Structure.full: `value` {user_value(value)} is complex, but {named} "
-        f"({len(paths)} of {n_leaves} leaves) {'is' if len(paths) == 1 else 'are'} of an integer or real floating "
-        "dtype, which JAX refuses to fill with a complex value (as `jnp.full` does). Fill with a real value, or make "
-        "those leaves complex first: `s.astype(jnp.complex64, where=...)`."
-    )
-
-
-def unflatten_message(fn_name: str, node_types: list[type], error: BaseException) -> str:
-    """A Structure whose tree could not be rebuilt with new leaves."""
-    names = ", ".join(node_type_name(t) for t in node_types[:SHOWN]) or "its nodes"
-    return (
-        f"treeshape.{fn_name}: the tree cannot be rebuilt with new leaves: unflattening its nodes ({names}) "
-        f"failed with {type(error).__name__}: {error}. Describe a tree whose node types rebuild from any leaves "
-        "(their registered unflatten), or build the values from `s.tree` with `jax.tree.map`."
-    )
 
 
 # The public classes report module `treeshape`, so doctest would not look for their examples here.

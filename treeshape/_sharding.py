@@ -15,7 +15,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from . import _compat
+from . import _compat, _tree
 from ._errors import SHOWN, check_path_leaf_callback, first_few
 from ._leaf import leaf_str, spec_text
 from ._shapes import is_symbolic, leaf_nbytes
@@ -317,7 +317,7 @@ def _node(x: Any) -> tuple[Any, list[tuple[Any, Any]]] | None:
     if _is_sharding_leaf(x):
         return None
     try:
-        keyed, aux = _compat.flatten_one_level_with_keys(x)
+        keyed, aux = _tree.keyed_children(x)
     except ValueError:  # a leaf
         return None
     return (type(x), aux), list(keyed)
@@ -345,7 +345,7 @@ def _prefix_mismatch(prefix: Any, tree: Any) -> tuple[str, str, str]:
         if t_node is None or p_node[0] != t_node[0] or len(p_node[1]) != len(t_node[1]):
             return path, _node_str(p), _node_str(t)
         pairs = zip(p_node[1], t_node[1], strict=True)
-        stack.extend(reversed([(path + jtu.keystr((pk,)), pc, tc) for (pk, pc), (_, tc) in pairs]))
+        stack.extend(reversed([(path + _tree.key_text(pk), pc, tc) for (pk, pc), (_, tc) in pairs]))
     return "", _node_str(prefix), _node_str(tree)
 
 

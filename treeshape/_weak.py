@@ -15,7 +15,8 @@ from ._diff import diff_structures
 from ._dtypes import is_key_dtype, key_impl_name, short_dtype
 from ._errors import Mismatch, StructureMismatchError, format_report, key_change_fix, mismatch_line, policy_fix
 from ._leaf import ARRAY, DIM, NUMPY, SCALAR, SCALAR_TYPES, flatten, kind_of, refuse_cycles, refuse_leaked_tracers
-from ._structure import PyTree, Structure, check_x64, read_structure
+from ._structure import PyTree, Structure, read_structure
+from ._values import check_x64
 
 
 POLICIES: Final = ("weak", "promote", "cast")
