@@ -54,11 +54,12 @@ def test_imports_form_a_dag():
 
 def test_the_graph_is_what_the_architecture_page_says():
     graph = _graph()
-    assert graph["_leaf"] == {"_compat"}
+    assert graph["_leaf"] == {"_compat", "_tree"}
+    assert graph["_tree"] == {"_compat", "_nodes"}  # the tree model, below every walker
     assert graph["_compat"] == set()
     assert "_infer" not in graph["_structure"] and "_cache" not in graph["_structure"]
     assert graph["_nodes"] == {"_compat"}  # framework knowledge, below everything that reads node data
-    assert graph["_diff"] <= {"_compat", "_errors", "_leaf", "_nodes", "_json"}
+    assert graph["_diff"] <= {"_compat", "_errors", "_leaf", "_nodes", "_tree"}
     assert "_infer" not in graph["_weak"]
 
 
