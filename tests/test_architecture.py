@@ -102,8 +102,10 @@ def test_the_floors_hold_the_modules_the_page_describes_below_others():
     imports = graph()
     code = floors(imports)
     assert code["_compat"] == 1
-    assert code["_leaf"] < code["_structure"] < code["_infer"] < code["_carry"]
-    assert code["_nodes"] < code["_json"] and code["_nodes"] < code["_diff"]  # framework knowledge, below its readers
+    # framework knowledge below the tree model, and the tree model below every walker
+    assert code["_nodes"] < code["_tree"] < code["_leaf"] < code["_structure"] < code["_infer"] < code["_carry"]
+    assert all(code["_tree"] < code[m] for m in ["_json", "_diff", "_table", "_sharding", "_dims", "_cache"])
+    assert imports["_diff"] <= {"_compat", "_errors", "_leaf", "_nodes", "_tree"}
     assert "_infer" not in imports["_structure"] and "_cache" not in imports["_structure"]
     assert "_infer" not in imports["_weak"]
 

@@ -35,10 +35,10 @@ if TYPE_CHECKING:
         out_structure as out_structure,
         structure_of as structure_of,
     )
-    from ._json import StaticRepr as StaticRepr
     from ._prefix import check_prefix as check_prefix
     from ._settle import settle as settle
     from ._structure import Structure as Structure
+    from ._tree import StaticRepr as StaticRepr
     from ._watch import Retrace as Retrace, RetraceError as RetraceError, Trace as Trace, watch as watch
     from ._weak import (
         is_weak as is_weak,
@@ -65,7 +65,7 @@ _MODULES: Final = {
     "PrecisionWarning": "._errors",
     "Retrace": "._watch",
     "RetraceError": "._watch",
-    "StaticRepr": "._json",
+    "StaticRepr": "._tree",
     "Structure": "._structure",
     "StructureMismatchError": "._errors",
     "Trace": "._watch",

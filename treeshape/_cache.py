@@ -19,10 +19,7 @@ uncacheable: it still works, it just traces.
 
 import builtins
 import collections
-import dataclasses
-import enum
 import gc
-import sys
 import threading
 import types
 import weakref
@@ -33,29 +30,14 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from . import _compat
+from . import _compat, _tree
 from ._leaf import ARRAY, is_duck_array, kind_of, static_value
 from ._structure import Structure
+from ._tree import Strong, calls_python, importable
 
 
 class Uncacheable(Exception):
     """A part of the call cannot be part of a cache key."""
-
-
-class _Strong:
-    """A key part compared by identity that holds its object (classes,
-    enum members and module-level functions: they live as long as their module)."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __hash__(self) -> int:
-        return id(self.obj)
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _Strong and other.obj is self.obj
 
 
 class _WeakId:
@@ -77,29 +59,11 @@ class _WeakId:
 
 
 # -- plain values ---------------------------------------------------------------
-_BY_VALUE: Final = frozenset({int, bool, str, bytes, type(None)})
 _MAX_ARRAY_KEY_BYTES: Final = 1 << 16  # a larger NumPy array in a static value is not copied into a key
-_MAX_DEPTH: Final = 32
-
-
-def _importable(fn: Any) -> bool:
-    """True for a callable reachable as `module.qualname`: it lives as long as its module."""
-    module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    qualname = getattr(fn, "__qualname__", None)
-    if module is None or not isinstance(qualname, str) or "<" in qualname:
-        return False
-    obj: Any = module
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    return obj is fn
 
 
 def plain_key(x: Any, depth: int = 0, refs: list[Any] | None = None) -> Hashable | None:
-    """A key for `x` by type and value if `x` is plain data, else None.
-
-    Keys differ wherever the values could behave differently: `1`, `True` and
-    `1.0` are three keys, and so are `0.0` and `-0.0`. No user `__hash__` or
-    `__eq__` is called.
+    """A key for `x` by type and value if `x` is plain data (`_tree.plain_key`), else None.
 
     With `refs` (a list, as `static_key` takes it), a mutable object (a
     dataclass that is not frozen, an object with attributes, a set, a NumPy
@@ -108,50 +72,9 @@ def plain_key(x: Any, depth: int = 0, refs: list[Any] | None = None) -> Hashable
     never holds the object itself (nor its class, unless that is importable:
     a local class is appended to `refs` and weakly keyed).
     """
-    cls = type(x)
-    if cls in _BY_VALUE:
-        return (cls, x)
-    if cls is float:
-        return (float, x.hex())
-    if cls is complex:
-        return (complex, x.real.hex(), x.imag.hex())
-    if depth >= _MAX_DEPTH:
-        return None
-    if cls is tuple or cls is frozenset or (issubclass(cls, tuple) and hasattr(cls, "_fields")):
-        parts = []
-        for item in x:
-            key = plain_key(item, depth + 1, refs)
-            if key is None:
-                return None
-            parts.append(key)
-        return (_Strong(cls), frozenset(parts) if cls is frozenset else tuple(parts))
-    if isinstance(x, (type, enum.Enum, types.ModuleType)):
-        return _Strong(x)
-    if isinstance(x, _JAX_VALUES):  # immutable, compared by value by JAX itself
-        return (_Strong(cls), x)
-    params = getattr(cls, "__dataclass_params__", None)
-    if params is not None and params.frozen and params.eq:
-        try:
-            values = tuple(getattr(x, f.name) for f in dataclasses.fields(x))
-        except AttributeError:  # a field left unset
-            return None
-        key = plain_key(values, depth + 1, refs)
-        return None if key is None else (_Strong(cls), key)
-    if callable(x) and not _calls_python(x):
-        return _Strong(x) if _importable(x) else None
-    if refs is not None:
-        return _state_key(x, depth, refs)
-    return None
-
-
-# JAX's own immutable value types, safe to hold and to compare with their own `==`.
-_JAX_VALUES: Final = (
-    jax.sharding.Mesh,
-    jax.sharding.AbstractMesh,
-    jax.sharding.Sharding,
-    jax.sharding.PartitionSpec,
-    np.dtype,
-)
+    if refs is None:
+        return _tree.plain_key(x, depth)
+    return _tree.plain_key(x, depth, lambda obj, at: _state_key(obj, at, refs))
 
 
 def _state_key(x: Any, depth: int, refs: list[Any]) -> Hashable | None:
@@ -184,14 +107,10 @@ def _state_key(x: Any, depth: int, refs: list[Any]) -> Hashable | None:
     if key is None:
         return None
     cls = type(x)
-    if _importable(cls):
-        return (_Strong(cls), "state", key)
+    if importable(cls):
+        return (Strong(cls), "state", key)
     refs.append(cls)
     return (_WeakId(weakref.ref(cls), id(cls)), "state", key)
-
-
-def is_plain(x: Any) -> bool:
-    return plain_key(x) is not None
 
 
 def static_key(x: Any, refs: list[Any]) -> Hashable:
@@ -208,7 +127,7 @@ def static_key(x: Any, refs: list[Any]) -> Hashable:
     """
     if type(x) is types.MethodType:  # made afresh on each attribute access: key its parts
         return (types.MethodType, static_key(x.__func__, refs), static_key(x.__self__, refs))
-    callable_ = callable(x) and not _calls_python(x)  # an object with a `__call__` method is keyed by its state
+    callable_ = callable(x) and not calls_python(x)  # an object with a `__call__` method is keyed by its state
     if not callable_:
         key = plain_key(x, refs=refs)
         if key is not None:
@@ -226,34 +145,11 @@ def static_key(x: Any, refs: list[Any]) -> Hashable:
     return _WeakId(ref, id(x))
 
 
-def _calls_python(x: Any) -> bool:
-    """Whether `x` is an instance of a class with a `__call__` method written in Python
-    (whose answers may depend on the instance's attributes), as opposed to a function."""
-    return callable(x) and not isinstance(x, type) and isinstance(type(x).__call__, types.FunctionType)
-
-
 def _has_state(x: Any) -> bool:
     """Whether `x` has contents Python can see and change (attributes, slots, array items)."""
     if isinstance(x, (set, np.ndarray)) or isinstance(getattr(x, "__dict__", None), dict):
         return True
     return any(klass.__dict__.get("__slots__") for klass in type(x).__mro__)
-
-
-_PLAIN_NODES: Final = frozenset({tuple, list, dict, collections.OrderedDict})  # node data: keys
-
-
-def treedef_is_plain(treedef: jtu.PyTreeDef) -> bool:
-    """Whether every node's static data is plain (so the treedef may be held)."""
-    stack = [treedef]
-    while stack:
-        td = stack.pop()
-        data = td.node_data()
-        if data is None:  # a leaf
-            continue
-        if data[0] not in _PLAIN_NODES and plain_key(data[1]) is None:
-            return False
-        stack.extend(td.children())
-    return True
 
 
 # -- tracers hidden in outputs ---------------------------------------------------

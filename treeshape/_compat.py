@@ -496,12 +496,21 @@ _flatten_one_level_with_keys: Final[Callable[[Any], Any]] = (
 )  # public from jax 0.10.2
 
 
+def is_namedtuple(node_type: Any) -> bool:
+    """Whether JAX flattens instances of `node_type` as a NamedTuple node (children keyed
+    by field name)."""
+    return (
+        isinstance(node_type, type)
+        and issubclass(node_type, tuple)
+        and isinstance(getattr(node_type, "_fields", None), tuple)
+    )
+
+
 def namedtuple_keys(node_type: type) -> list[Any] | None:
     """The keys JAX's paths give the children of a NamedTuple node type (one
     `GetAttrKey` per field), or None for any other type."""
-    fields = getattr(node_type, "_fields", None)
-    if isinstance(node_type, type) and issubclass(node_type, tuple) and isinstance(fields, tuple):
-        return [jtu.GetAttrKey(name) for name in fields]
+    if is_namedtuple(node_type):
+        return [jtu.GetAttrKey(name) for name in node_type._fields]  # type: ignore[attr-defined]
     return None
 
 

@@ -40,7 +40,7 @@ import jax
 import jax.tree_util as jtu
 from jax.sharding import PartitionSpec as P
 
-from . import _buffers, _cache, _compat, _nodes, _sharding, _simulate
+from . import _buffers, _compat, _nodes, _sharding, _simulate, _tree
 from ._buffers import Buffer, Donation
 from ._cache import COST_CACHE, NEEDS_CONCRETE, Key
 from ._infer import (
@@ -991,8 +991,8 @@ def cost_of(call: Call, donated: frozenset[int]) -> tuple[Cost, int]:
     leaves = abstract_inputs(leaves, treedef, "cost")
     abstract = [is_abstract(x, i < call.n_concrete) for i, x in enumerate(leaves)]
     check_inputs(leaves, abstract, treedef, "cost")
-    cacheable = key is not None and _cache.treedef_is_plain(call.bound_treedef)
-    cacheable = cacheable and _cache.treedef_is_plain(call.call_treedef)
+    cacheable = key is not None and _tree.treedef_is_plain(call.bound_treedef)
+    cacheable = cacheable and _tree.treedef_is_plain(call.call_treedef)
     if hit is NEEDS_CONCRETE:
         return _with_bound_values(call, leaves, abstract, donated, key, refs, look_up=True)
     n_bound = len(call.bound_leaves)

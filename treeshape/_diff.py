@@ -22,8 +22,8 @@ import jax.tree_util as jtu
 
 from . import _compat, _nodes
 from ._errors import FieldReprOnly, FieldValue, Mismatch, StaticReprOnly, StaticValue
-from ._json import StaticRepr
 from ._leaf import leaf_str, node_type_name, same_symbolic_shape, same_type, static_value, varying_axes
+from ._tree import StaticRepr
 
 
 class Compared(Protocol):

@@ -22,7 +22,7 @@ from . import _compat
 from ._diff import Compared, diff_structures
 from ._errors import Mismatch
 from ._leaf import has_symbolic, is_symbolic, leaf_str, shape_names, sizes as sizes_only, symbolic_scopes
-from ._table import EDGE, edge_paths
+from ._tree import EDGE, edge_paths
 
 
 # -- names -----------------------------------------------------------------------

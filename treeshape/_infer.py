@@ -11,7 +11,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from . import _cache, _compat, _sharding
+from . import _cache, _compat, _sharding, _tree
 from ._cache import CACHE, NEEDS_CONCRETE, CacheInfo, Key, static_key
 from ._errors import bad_shape_message, int_too_big_message
 from ._leaf import (
@@ -324,7 +324,7 @@ def dynamic_arguments(
         part = [x for x, a in items if a]
         if jtu.treedef_is_leaf(td):
             return part[0] if part else part
-        if not part or not _cache.treedef_is_plain(td):
+        if not part or not _tree.treedef_is_plain(td):
             return part  # user objects in node data would enter JAX's caches, and stay
         try:  # `None` is a node without leaves: the abstract leaves keep their paths
             tree = jtu.tree_unflatten(td, [x if a else None for x, a in items])
@@ -428,7 +428,7 @@ def _tracer_escapes(out: Any, treedef: jtu.PyTreeDef, descriptions: list[Any], r
     suspects = [
         i
         for i, d in enumerate(descriptions)
-        if d is not _TRACED and not isinstance(d, jax.ShapeDtypeStruct) and not _cache.is_plain(d)
+        if d is not _TRACED and not isinstance(d, jax.ShapeDtypeStruct) and not _tree.is_plain(d)
     ]
     found = [i for i in suspects if _cache.holds_tracer(descriptions[i])]
     noun = "" if root else "output "
@@ -436,25 +436,18 @@ def _tracer_escapes(out: Any, treedef: jtu.PyTreeDef, descriptions: list[Any], r
     if found:
         paths = [root + jtu.keystr(path) for path, _ in jtu.tree_flatten_with_path(out)[0]]
         where += [f"the {noun}leaf {paths[i] or '(the whole output)'}" for i in found]
-    if not _cache.treedef_is_plain(treedef):
+    if not _tree.treedef_is_plain(treedef):
         where += [f"the static data of the {noun}node {node}" for node in _nodes_holding_tracers(out, root)]
     return where
 
 
 def _nodes_holding_tracers(out: Any, root: str) -> list[str]:
     """`type at path` for each node of `out` whose static data holds a tracer."""
-    found = []
-    stack: list[tuple[str, Any]] = [(root, out)]
-    while stack:
-        path, node = stack.pop()
-        try:
-            keyed, aux = _compat.flatten_one_level_with_keys(node)
-        except ValueError:  # a leaf
-            continue
-        if _cache.holds_tracer(aux):
-            found.append(f"{type(node).__name__} at {path or '(the root)'}")
-        stack.extend((path + jtu.keystr((key,)), child) for key, child in reversed(list(keyed)))
-    return found
+    return [
+        f"{type(node).__name__} at {path or '(the root)'}"
+        for path, node, aux in _tree.nodes(out, root)
+        if _cache.holds_tracer(aux)
+    ]
 
 
 _ESCAPE_FIXES = {
@@ -655,10 +648,10 @@ def _may_hold(bound_treedef: jtu.PyTreeDef, call_treedef: jtu.PyTreeDef, structu
     """Whether an entry may keep its key's treedefs and its result alive:
     only if their node data and static leaves are plain data."""
     return (
-        _cache.treedef_is_plain(bound_treedef)
-        and _cache.treedef_is_plain(call_treedef)
-        and _cache.treedef_is_plain(structure.treedef)
-        and all(isinstance(leaf, jax.ShapeDtypeStruct) or _cache.is_plain(leaf) for leaf in structure.leaves)
+        _tree.treedef_is_plain(bound_treedef)
+        and _tree.treedef_is_plain(call_treedef)
+        and _tree.treedef_is_plain(structure.treedef)
+        and all(isinstance(leaf, jax.ShapeDtypeStruct) or _tree.is_plain(leaf) for leaf in structure.leaves)
     )
 
 

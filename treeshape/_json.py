@@ -68,6 +68,7 @@ from ._leaf import (
     symbolic_scopes,
 )
 from ._sharding import split_problem as _split_problem
+from ._tree import StaticRepr
 
 
 VERSION: Final = 1
@@ -79,54 +80,6 @@ _LEAF_TREEDEF: Final = jtu.tree_structure(0)
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*")
 _NUMERIC_NAME: Final = re.compile(r"[a-z]+[0-9]*")
 _KEY_NAME: Final = re.compile(r"key<[a-z0-9_]+>")
-
-
-class StaticRepr:
-    """A static leaf loaded from JSON: known only by its type's name and its `repr`.
-
-    JSON keeps `str`, `int`, `float`, `bool` and `None` static leaves as
-    themselves, and functions and classes of imported modules by name; any
-    other static value (an enum, a closure, an object) is stored as its text
-    (its `repr` without memory addresses, a function inside it by its import
-    path) and loaded back as this marker, whose `repr` is that text. It
-    equals another marker with the same type name and text, and nothing
-    else, so comparing a loaded Structure with a live tree that holds such a
-    value reports a difference (and the two Structures are unequal): the
-    value itself cannot be rebuilt from its text (and must not be, for
-    untrusted input).
-
-    Attributes:
-        type_name: The original value's type, as `"module:qualname"`.
-        text: The original value's text, as tables and messages print it.
-    """
-
-    __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
-
-    __slots__ = ("type_name", "text")
-
-    type_name: str
-    text: str
-
-    def __init__(self, type_name: str, text: str) -> None:
-        object.__setattr__(self, "type_name", type_name)
-        object.__setattr__(self, "text", text)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("treeshape StaticRepr markers are immutable")
-
-    def __repr__(self) -> str:
-        return self.text
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not StaticRepr:
-            return NotImplemented
-        return self.type_name == other.type_name and self.text == other.text
-
-    def __hash__(self) -> int:
-        return hash((StaticRepr, self.type_name, self.text))
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (StaticRepr, (self.type_name, self.text))
 
 
 # -- encoding ------------------------------------------------------------------
@@ -1180,4 +1133,3 @@ def loads(text: str | bytes | bytearray) -> tuple[jtu.PyTreeDef, tuple[Any, ...]
 
 
 # The public classes report module `treeshape`, so doctest would not look for their examples here.
-__test__ = {"StaticRepr": StaticRepr}

@@ -25,6 +25,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat
+from ._tree import chain_path
 
 
 # How a leaf is treated, decided once per Python type.
@@ -478,7 +479,7 @@ def _find_cycle(tree: Any) -> tuple[str, str] | None:
             if i in done:
                 continue
             if i in on_path:
-                return _path_of([*ancestors, child]), _path_of(ancestors[: [id(a) for a in ancestors].index(i) + 1])
+                return chain_path([*ancestors, child]), chain_path(ancestors[: [id(a) for a in ancestors].index(i) + 1])
             inner = [c for c in values[type(child)](child) if type(c) in values]
             if not inner:  # most containers hold only leaves
                 done.add(i)
@@ -493,17 +494,6 @@ def _find_cycle(tree: Any) -> tuple[str, str] | None:
             on_path.discard(i)
             done.add(i)
     return None
-
-
-def _path_of(chain: Sequence[Any]) -> str:
-    """The `keystr` path along a chain of containers, each a child of the one before."""
-    keys: list[Any] = []
-    for parent, child in zip(chain, chain[1:], strict=False):
-        if isinstance(parent, dict):
-            keys.append(jtu.DictKey(next(k for k, v in parent.items() if v is child)))
-        else:
-            keys.append(jtu.SequenceKey(next(k for k, v in enumerate(parent) if v is child)))
-    return jtu.keystr(tuple(keys))
 
 
 # -- nodes ---------------------------------------------------------------------------

@@ -216,7 +216,7 @@ def static_text(x: Any) -> str:
         name = public_name(x)
         if name is not None:
             return _dotted(name)
-        if _compat.namedtuple_keys(kind) is not None:
+        if _compat.is_namedtuple(kind):
             fields = ", ".join(f"{field}={static_text(value)}" for field, value in zip(x._fields, x, strict=True))
             return f"{kind.__name__}({fields})"
         if kind is tuple:
@@ -492,7 +492,7 @@ def _split_named(aux: Any) -> Split | None:
     """Node data that names its own parts: a dict, a NamedTuple or a dataclass instance."""
     if type(aux) is dict:
         return Split({jtu.DictKey(k): v for k, v in aux.items()}, {}, None)
-    if _compat.namedtuple_keys(type(aux)) is not None:
+    if _compat.is_namedtuple(type(aux)):
         return Split({jtu.GetAttrKey(name): v for name, v in zip(aux._fields, aux, strict=True)}, {}, None)
     if dataclasses.is_dataclass(aux) and not isinstance(aux, type):
         named = [(f.name, getattr(aux, f.name, None)) for f in dataclasses.fields(aux)]

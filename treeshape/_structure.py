@@ -53,7 +53,8 @@ from ._leaf import (
     varying_axes,
     wrapper_hint,
 )
-from ._table import DEFAULT_MAX_ROWS, edge_paths, html_table, table
+from ._table import DEFAULT_MAX_ROWS, html_table, table
+from ._tree import edge_paths
 
 
 PyTree = Any

@@ -6,16 +6,13 @@ value type can use it without the renderer depending on it.
 
 import dataclasses
 import html
-import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Final, Protocol
 
 import jax
 import jax.tree_util as jtu
 
-from . import _compat
-from ._json import StaticRepr
 from ._leaf import (
     axes_str,
     count_text,
@@ -30,6 +27,7 @@ from ._leaf import (
 )
 from ._nodes import static_text
 from ._sharding import is_partitioned, is_replicated, per_device_nbytes, spec_str
+from ._tree import EDGE, StaticRepr, edge_paths
 
 
 class Described(Protocol):
@@ -53,7 +51,7 @@ class Described(Protocol):
 
 
 # -- the table -----------------------------------------------------------------
-DEFAULT_MAX_ROWS: Final = 50
+DEFAULT_MAX_ROWS: Final = EDGE  # a table that is cut shows as many paths at each end as the tree model finds
 _HEADERS: Final = ("path", "shape", "dtype", "extra", "bytes")
 _ROOT: Final = "(root)"  # keystr of the empty path is "": show something
 
@@ -148,61 +146,6 @@ def _totals(leaves: Sequence[Any]) -> tuple[int, int, bool]:
         split = split or any(is_partitioned(leaf) for leaf in leaves if getattr(leaf, "sharding", None) is not None)
         return leaf_total(leaves, leaf_size), leaf_total(leaves, leaf_nbytes), split
     return size, nbytes, split
-
-
-_NO_LEAF: Final = object()
-
-
-def _children(path: str, x: Any, backwards: bool) -> Iterator[tuple[str, Any]]:
-    """The children of node `x`, with their paths, in JAX's order or backwards
-    (lazily for lists and tuples, however long they are)."""
-    kind = type(x)
-    if kind is dict:
-        ordered = sorted(x)  # JAX's order (a user's dict need not be in it; a rebuilt one is)
-        keys = reversed(ordered) if backwards else iter(ordered)
-        return ((path + str(jtu.DictKey(key)), x[key]) for key in keys)
-    if kind is list or kind is tuple:
-        indices = range(len(x) - 1, -1, -1) if backwards else range(len(x))
-        return ((f"{path}[{i}]", x[i]) for i in indices)
-    keyed, _ = _compat.flatten_one_level_with_keys(x)  # NamedTuple children keyed by their own fields
-    items = [(path + jtu.keystr((key,)), child) for key, child in keyed]
-    return reversed(items) if backwards else iter(items)
-
-
-def _leaf_paths(tree: Any, leaves: Sequence[Any], backwards: bool) -> Iterator[str]:
-    """The `keystr` path of each leaf of `tree` (the treedef rebuilt with `leaves`, as
-    `Structure.paths` reads it), from the first leaf on or from the last one back, found as the
-    caller reads them: the rest of the tree is never visited."""
-    order = reversed(leaves) if backwards else iter(leaves)
-    expected = next(order, _NO_LEAF)  # the leaf the walk meets next
-    frames = [iter([("", tree)])]  # for each node being walked, its children still to visit
-    while frames:
-        for path, x in frames[-1]:
-            if x is expected:
-                yield path
-                expected = next(order, _NO_LEAF)
-                continue
-            try:
-                children = _children(path, x, backwards)
-            except ValueError:  # not a node after all: a leaf that the tree's nodes rebuilt as another object
-                yield path
-                continue
-            frames.append(children)
-            break  # visit its children first, then go on with its siblings
-        else:
-            frames.pop()
-
-
-EDGE: Final = DEFAULT_MAX_ROWS  # how many paths at each end a table that is cut can show
-
-
-def edge_paths(tree: Any, leaves: Sequence[Any], n: int = EDGE) -> tuple[list[str], list[str]]:
-    """The paths of the first `n` leaves of `tree` and of the last `n` (last first), found
-    from each end of the tree without visiting the rest: what a cut table shows. `leaves`
-    are `tree`'s own leaves, in order (the tree a Structure was read from, or one rebuilt)."""
-    first = list(itertools.islice(_leaf_paths(tree, leaves, backwards=False), n))
-    last = list(itertools.islice(_leaf_paths(tree, leaves, backwards=True), n))
-    return first, last
 
 
 def _shown_paths(structure: Described, head: int, tail: int) -> list[str]:
