@@ -1,30 +1,14 @@
 """`ts.describe`: any pytree (or Structure) as the table `str(Structure)` shows."""
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ._structure import Structure, read_structure
-from ._table import DEFAULT_MAX_ROWS, depth_table, html_depth_table, html_table, table
+from ._table import DEFAULT_MAX_ROWS, Description, depth_table, html_depth_table, html_table, table
 
 
 PyTree = Any
-
-
-class Description(str):
-    """The text table of [treeshape.describe][]: a `str`, which a notebook shows as an HTML table."""
-
-    __slots__ = ("_html",)
-    _html: Callable[[], str]
-
-    def __new__(cls, text: str, html: Callable[[], str]) -> "Description":
-        self = super().__new__(cls, text)
-        self._html = html
-        return self
-
-    def _repr_html_(self) -> str:
-        return self._html()
 
 
 def describe(tree_or_structure: PyTree, *, depth: int | None = None, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:

@@ -7,7 +7,7 @@ value type can use it without the renderer depending on it.
 import dataclasses
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
 import jax
@@ -39,6 +39,21 @@ class Described(Protocol):
     def __len__(self) -> int: ...
 
     def _known_paths(self, head: int, tail: int) -> list[str] | None: ...
+
+
+class Description(str):
+    """The text table of [treeshape.describe][]: a `str`, which a notebook shows as an HTML table."""
+
+    __slots__ = ("_html",)
+    _html: Callable[[], str]
+
+    def __new__(cls, text: str, html: Callable[[], str]) -> "Description":
+        self = super().__new__(cls, text)
+        self._html = html
+        return self
+
+    def _repr_html_(self) -> str:
+        return self._html()
 
 
 # -- the table -----------------------------------------------------------------
