@@ -542,48 +542,25 @@ def _with_bound_values(
 def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Structure:
     """Infer the structure of `fn(*args, **kwargs)` without running it.
 
-    Abstract evaluation with `jax.eval_shape`: no FLOPs, no device memory, no
-    lowering and no compilation. Safe at top level and inside `jit`, `vmap`,
-    `grad`, `jvp`/`vjp`, loop and `cond` bodies, `checkpoint`, custom
-    derivative rules and `shard_map`, with closures and partials over tracers:
-    no tracer escapes, and the result describes the values as seen at that
-    level (under `vmap`, per-example shapes).
+    One `jax.eval_shape` (no FLOPs, no device memory, no compilation), safe at
+    top level and under every JAX transformation, also with closures and
+    partials over tracers: no tracer escapes, and the result describes the
+    values as seen at that level (under `vmap`, per-example shapes).
 
-    Array leaves of the arguments (arrays, tracers, `jax.ShapeDtypeStruct`s,
-    NumPy arrays and scalars, duck arrays) and Python scalars are abstract
-    inputs, typed as JAX types them (`int`/`float`/`complex` weak, `bool`
-    strong). A [treeshape.Structure][] among the arguments (or bound in a
-    partial) stands for the tree it describes (`s.tree`), as in
-    [treeshape.cost][], so a step can be checked on a model that was never
-    allocated. Any other leaf (a string, a callable, an object) is passed to
-    `fn` unchanged, as a static value. In the output, Python scalars become
-    weak arrays and other non-array leaves are kept as static leaves.
+    Arrays, tracers, `jax.ShapeDtypeStruct`s, NumPy arrays, duck arrays and
+    Python scalars are abstract inputs, typed as JAX types them; a
+    [treeshape.Structure][] stands for the tree it describes; any other leaf
+    is passed to `fn` unchanged, as a static value (in the output, Python
+    scalars become weak arrays and other non-array leaves stay static). A
+    `jax.jit`-wrapped `fn` receives Python scalars concrete, so its static
+    arguments work.
 
-    Results are cached (LRU, 4096 entries): a repeated call with the same
-    callable and the same abstract inputs, in the same context, is answered
-    without tracing, and the answer is exactly what `jax.eval_shape` gives
-    there. The key covers the abstract inputs (an array, a NumPy array and a
-    `ShapeDtypeStruct` of one type are one input), static values by type and
-    value, every JAX setting that changes tracing (x64, promotion modes, PRNG
-    settings, ...), the abstract mesh and the named axes in scope (`vmap`
-    axis names and sizes, `shard_map` manual axes). A `functools.partial` or
-    `jax.tree_util.Partial` rebuilt on every call hits the cache when its
-    function, its bound Python values (passed to `fn` concrete) and the
-    abstract values of its bound arrays match; where `fn` needs those arrays
-    as values (a size, an `int()`), they are passed concrete, as
-    `jax.eval_shape` passes them, and the answer is keyed by their values.
-    A mutable static value (a dataclass that is not frozen, an object with
-    attributes, a set) gives the answer for its state at the time of the
-    call: it is keyed by that state where it is plain data, otherwise the
-    call simply traces. The cache keeps nothing alive: functions are keyed
-    by weak reference, and a call whose inputs or outputs cannot be keyed or
-    held that way simply traces. Answers are cached by inputs: a function
-    that reads mutable global state needs [treeshape.clear_cache][] after
-    the state changes.
-
-    A `jax.jit`-wrapped `fn` receives Python scalars concrete, so its
-    `static_argnums`/`static_argnames` work; `jit` abstracts the others
-    itself, exactly as `jax.eval_shape` does.
+    Answers are cached (LRU, 4096 entries) by the callable, the abstract
+    inputs, static values and every setting that changes tracing: a repeated
+    call is answered without tracing, with exactly what `jax.eval_shape` gives
+    there. The cache keeps nothing alive; a function that reads mutable global
+    state needs [treeshape.clear_cache][] after that state changes (what the
+    key holds: [the caching guide][the-cache]).
 
     Args:
         fn: Any callable: a function, lambda or closure, `functools.partial`,
@@ -605,13 +582,17 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
     Errors raised by `fn` itself propagate unchanged.
 
     Examples:
-        >>> import jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp
         >>> import treeshape as ts
         >>> def predict(params, x):
         ...     return params["w"] @ x + params["b"]
         >>> params = {"w": jnp.zeros((2, 3)), "b": jnp.zeros(2)}
+        >>> ts.clear_cache()
         >>> ts.out_structure(predict, params, jnp.zeros(3))
         Structure(f32[2], 1 leaf, 8 B)
+        >>> _ = ts.out_structure(predict, params, jax.ShapeDtypeStruct((3,), jnp.float32))
+        >>> ts.cache_info().hits  # the same abstract input: answered from the cache
+        1
     """
     structure, call_leaves = _out_structure(fn, args, kwargs)
     return _with_call_meshes(structure, fn, call_leaves)
@@ -649,6 +630,10 @@ def structure_of(tree: PyTree) -> Structure:
 
     Returns:
         Its [treeshape.Structure][].
+
+    Raises:
+        TypeError: under a transformation, a static leaf or node data holds a
+            tracer, which would escape.
 
     Examples:
         >>> import jax.numpy as jnp
