@@ -70,14 +70,15 @@ def test_out_structure_holds_no_entry_whose_node_data_is_not_plain(fn, shape):
 def test_cost_holds_no_entry_whose_node_data_is_not_plain(fn, shape):
     meta = Meta("w")
     ref = weakref.ref(meta)
-    expected = jax.jit(fn).lower(Box(jnp.ones(4), meta)).compile().memory_analysis()
+    # The oracle's own node data: JAX's caches may hold what it compiled (jax 0.8.0 does).
+    expected = jax.jit(fn).lower(Box(jnp.ones(4), Meta("w"))).compile().memory_analysis()
     for _ in range(2):
         cost = ts.cost(fn, Box(jnp.ones(4), meta))
         assert cost.output_bytes == expected.output_size_in_bytes == 4 * shape[0]
     info = ts.cache_info()
     assert (info.cost_hits, info.cost_misses, info.cost_size) == (0, 2, 0)
-    del meta, expected
-    jax.clear_caches()  # JAX's own jit caches hold the treedef of the programs compiled
+    del meta
+    jax.clear_caches()  # JAX's own jit caches hold the treedefs of the programs cost compiled
     assert _collected(ref)
 
 
