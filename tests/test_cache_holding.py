@@ -41,16 +41,20 @@ def _scaled(scale, box):
     return box.x * scale
 
 
+# A partial over an array whose value `fn` needs, and one over an array it only traces.
+PARTIALS = pytest.mark.parametrize(
+    ("fn", "shape"),
+    [(ft.partial(_sized, jnp.array(3)), (3,)), (ft.partial(_scaled, jnp.array(2.0)), (4,))],
+    ids=["bound-value-needed", "bound-abstract"],
+)
+
+
 def _collected(ref):
     gc.collect()
     return ref() is None
 
 
-@pytest.mark.parametrize(
-    ("fn", "shape"),
-    [(ft.partial(_sized, jnp.array(3)), (3,)), (ft.partial(_scaled, jnp.array(2.0)), (4,))],
-    ids=["bound-value-needed", "bound-abstract"],
-)
+@PARTIALS
 def test_out_structure_holds_no_entry_whose_node_data_is_not_plain(fn, shape):
     meta = Meta("w")
     ref = weakref.ref(meta)
@@ -62,11 +66,7 @@ def test_out_structure_holds_no_entry_whose_node_data_is_not_plain(fn, shape):
     assert _collected(ref)
 
 
-@pytest.mark.parametrize(
-    ("fn", "shape"),
-    [(ft.partial(_sized, jnp.array(3)), (3,)), (ft.partial(_scaled, jnp.array(2.0)), (4,))],
-    ids=["bound-value-needed", "bound-abstract"],
-)
+@PARTIALS
 def test_cost_holds_no_entry_whose_node_data_is_not_plain(fn, shape):
     meta = Meta("w")
     ref = weakref.ref(meta)

@@ -560,7 +560,7 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
     call is answered without tracing, with exactly what `jax.eval_shape` gives
     there. The cache keeps nothing alive; a function that reads mutable global
     state needs [treeshape.clear_cache][] after that state changes (what the
-    key holds: [the caching guide][the-cache]).
+    key holds: [the caching guide](../guide/caching.md#the-cache)).
 
     Args:
         fn: Any callable: a function, lambda or closure, `functools.partial`,
