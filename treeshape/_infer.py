@@ -549,18 +549,15 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
 
     Arrays, tracers, `jax.ShapeDtypeStruct`s, NumPy arrays, duck arrays and
     Python scalars are abstract inputs, typed as JAX types them; a
-    [treeshape.Structure][] stands for the tree it describes; any other leaf
-    is passed to `fn` unchanged, as a static value (in the output, Python
-    scalars become weak arrays and other non-array leaves stay static). A
-    `jax.jit`-wrapped `fn` receives Python scalars concrete, so its static
-    arguments work.
+    [treeshape.Structure][] stands for its tree; other leaves are passed to
+    `fn` unchanged (static). A `jax.jit`-wrapped `fn` gets Python scalars
+    concrete, so its static arguments work.
 
-    Answers are cached (LRU, 4096 entries) by the callable, the abstract
-    inputs, static values and every setting that changes tracing: a repeated
-    call is answered without tracing, with exactly what `jax.eval_shape` gives
-    there. The cache keeps nothing alive; a function that reads mutable global
-    state needs [treeshape.clear_cache][] after that state changes (what the
-    key holds: [the caching guide](../guide/caching.md#the-cache)).
+    Answers are cached (LRU, 4096 entries; what the key holds: [the caching
+    guide](../guide/caching.md#the-cache)): a repeated call is answered
+    without tracing, with exactly what `jax.eval_shape` gives there, and the
+    cache keeps nothing alive. A function that reads mutable global state
+    needs [treeshape.clear_cache][] after that state changes.
 
     Args:
         fn: Any callable: a function, lambda or closure, `functools.partial`,
@@ -571,8 +568,9 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
         **kwargs: As `args`.
 
     Returns:
-        A [treeshape.Structure][]: the output treedef and one
-        `jax.ShapeDtypeStruct` (or static value) per output leaf.
+        A [treeshape.Structure][]: the output treedef and, per output leaf,
+        a `jax.ShapeDtypeStruct` (Python scalars become weak arrays) or the
+        static value itself.
 
     Raises:
         TypeError: `fn` is not callable, or a static output leaf (an object,
