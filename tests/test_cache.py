@@ -19,7 +19,7 @@ import pytest
 from jax import lax
 
 import treeshape as ts
-from treeshape import _cache, _compat, _infer
+from treeshape import _cache, _compat
 
 
 # The dtypes JAX gives Python scalars: 64-bit under `jax_enable_x64`, 32-bit otherwise.
@@ -390,9 +390,9 @@ def test_cache_holds_no_tracer_jax_24818():
 # -- bound and threads ---------------------------------------------------------
 @pytest.fixture
 def small_cache():
-    old = _infer.set_cache_maxsize(3)
+    old = _cache.set_cache_maxsize(3)
     yield
-    _infer.set_cache_maxsize(old)
+    _cache.set_cache_maxsize(old)
 
 
 def test_lru_bound_holds(small_cache):
@@ -414,7 +414,7 @@ def test_lru_bound_holds(small_cache):
 
 def test_set_cache_maxsize_rejects_bad_sizes():
     with pytest.raises(ValueError, match="maxsize"):
-        _infer.set_cache_maxsize(-1)
+        _cache.set_cache_maxsize(-1)
     assert ts.cache_info().maxsize == 4096
 
 

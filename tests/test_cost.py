@@ -16,7 +16,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import treeshape as ts
-from treeshape._infer import set_cache_maxsize
+from treeshape._cache import set_cache_maxsize
 
 
 F32 = jnp.float32

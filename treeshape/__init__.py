@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 # XLA_FLAGS) before JAX is imported. Type checkers read the imports below.
 if TYPE_CHECKING:
     from ._buffers import Buffer as Buffer, Donation as Donation
-    from ._cache import CacheInfo as CacheInfo
+    from ._cache import CacheInfo as CacheInfo, cache_info as cache_info, clear_cache as clear_cache
     from ._carry import (
         carry_structure as carry_structure,
         fori_carry as fori_carry,
@@ -29,12 +29,7 @@ if TYPE_CHECKING:
         StructureMismatchError as StructureMismatchError,
     )
     from ._fit import Fit as Fit, largest_fit as largest_fit
-    from ._infer import (
-        cache_info as cache_info,
-        clear_cache as clear_cache,
-        out_structure as out_structure,
-        structure_of as structure_of,
-    )
+    from ._infer import out_structure as out_structure, structure_of as structure_of
     from ._prefix import check_prefix as check_prefix
     from ._settle import settle as settle
     from ._structure import Structure as Structure
@@ -69,10 +64,10 @@ _MODULES: Final = {
     "Structure": "._structure",
     "StructureMismatchError": "._errors",
     "Trace": "._watch",
-    "cache_info": "._infer",
+    "cache_info": "._cache",
     "carry_structure": "._carry",
     "check_prefix": "._prefix",
-    "clear_cache": "._infer",
+    "clear_cache": "._cache",
     "cost": "._cost",
     "describe": "._display",
     "fori_carry": "._carry",

@@ -1,39 +1,42 @@
-"""The `out_structure` cache: keys that are never wrong, entries that keep nothing alive.
+"""The `out_structure` and `ts.cost` caches, whole: each call's key, which answers may
+be held, the entries, and their administration (`cache_info`, `clear_cache`).
 
 A key is built from three kinds of parts:
 
-- *values* for what is compared by equality: abstract values of array inputs,
-  and static values made of plain data (numbers, strings, bytes, `None`,
-  enums, classes, module-level functions, and tuples / frozensets /
-  namedtuples / frozen dataclasses of these). They may be held strongly:
-  they keep nothing alive that the user could free.
+- *values* for what is compared by equality: the abstract value JAX traces
+  for each array-like leaf, Python scalars by type, and static values made of
+  plain data (`_tree.plain_key`). They may be held strongly: they keep nothing
+  alive that the user could free.
 - *weak identities* for every other object and every callable: the entry is
   dropped when the object dies, and the object's own `__hash__`/`__eq__` is
   never called.
-- the tracing context (`_compat.tracing_context`) and the abstract mesh.
+- the treedefs, the tracing context (`_compat.tracing_context`) and the
+  abstract mesh.
 
-Anything that fits none of these (an object that cannot be weakly
-referenced, a treedef whose node data is not plain) makes the call
-uncacheable: it still works, it just traces.
+A call with a part that fits none of these (an object that cannot be weakly
+referenced, a mutable object whose state is not plain) is keyed `NOT_CACHED`:
+it still works, it just traces. An answer is held only where the call's
+treedefs (and an `out_structure` answer's treedef and static leaves) are plain
+data.
 """
 
-import builtins
 import collections
-import gc
+import enum
 import threading
 import types
 import weakref
-from collections.abc import Hashable
-from typing import Any, ClassVar, Final, Generic, NamedTuple, NoReturn, TypeVar
+from collections.abc import Callable, Hashable
+from typing import Any, ClassVar, Final, Generic, NamedTuple, NoReturn, Protocol, TypeVar
 
 import jax
 import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat, _tree
-from ._leaf import ARRAY, is_duck_array, kind_of, static_value
+from ._dtypes import jax_dtype
+from ._leaf import ARRAY, DIM, NUMPY, OTHER, SCALAR, SDS, as_abstract, is_duck_array, kind_of, static_value
 from ._structure import Structure
-from ._tree import Strong, calls_python, importable
+from ._tree import Strong, calls_python, importable, is_plain, treedef_is_plain
 
 
 class Uncacheable(Exception):
@@ -152,34 +155,235 @@ def _has_state(x: Any) -> bool:
     return any(klass.__dict__.get("__slots__") for klass in type(x).__mro__)
 
 
-# -- tracers hidden in outputs ---------------------------------------------------
-_LIMIT: Final = 10_000
-_BUILTINS: Final = vars(builtins)
-_OPAQUE: Final = (str, bytes, int, float, complex, type, types.ModuleType, types.CodeType, np.ndarray, jax.Array)
+# -- leaves -------------------------------------------------------------------------
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31
 
 
-def holds_tracer(x: Any) -> bool | None:
-    """Whether a tracer is reachable from `x` (an attribute, a closure cell, a
-    generator frame, a container...): True, False, or None when `x` reaches
-    more objects than can be searched."""
-    seen: set[int] = set()
-    stack = [x]
-    while stack:
-        obj = stack.pop()
-        if isinstance(obj, jax.core.Tracer):
-            return True
-        if id(obj) in seen or isinstance(obj, _OPAQUE):
-            continue
-        if type(obj) is dict and ("__builtins__" in obj or obj is _BUILTINS):  # a module's globals
-            continue
-        seen.add(id(obj))
-        if len(seen) > _LIMIT:
-            return None
-        stack.extend(gc.get_referents(obj))
-    return False
+def _scalar_key(x: Any) -> Any:
+    cls = type(x)
+    if cls is int and not _INT32_MIN <= x < _INT32_MAX:
+        return (int, x)  # may not fit the weak int dtype: never share an entry
+    return cls
 
 
-# -- the cache -----------------------------------------------------------------
+def _leaf_keys(leaves: list[Any], concrete_scalars: bool, refs: list[Any]) -> list[Any]:
+    """Per-leaf key parts: the abstract value JAX traces for an array-like leaf
+    (so an array, a NumPy array, a ShapeDtypeStruct and a duck array of one
+    type share them), Python scalars by type (or value, when passed
+    concrete), static values as `static_key` says."""
+    out = []
+    for x in leaves:
+        kind = kind_of(type(x))
+        if kind == ARRAY:
+            out.append(x.aval)
+        elif kind == SCALAR:
+            out.append((type(x), x) if concrete_scalars else _scalar_key(x))
+        elif kind == SDS or kind == DIM or (kind == NUMPY and jax_dtype(x.dtype)):
+            out.append(_compat.abstractify(x))
+        elif kind == OTHER and is_duck_array(x):
+            out.append(_compat.abstractify(as_abstract(x)))
+        else:
+            out.append(static_key(x, refs))
+    return out
+
+
+def has_value(x: Any) -> bool:
+    """An array with a value (or a tracer of an enclosing trace), as opposed to a
+    `ShapeDtypeStruct` or a duck array, which only describe one."""
+    kind = kind_of(type(x))
+    return kind == ARRAY or (kind == NUMPY and jax_dtype(x.dtype))
+
+
+_MAX_VALUE_KEY_BYTES: Final = 1 << 16
+
+
+def _value_part(x: Any) -> Any:
+    """A bound leaf's key part when bound arrays are passed concrete: their value."""
+    if not has_value(x) or isinstance(x, jax.core.Tracer):
+        return None  # keyed by its abstract value in the call's key
+    if x.nbytes > _MAX_VALUE_KEY_BYTES:
+        raise Uncacheable
+    return (_compat.abstractify(x), np.asarray(x).tobytes())
+
+
+# -- keys -----------------------------------------------------------------------------
+class SplitCall(Protocol):
+    """A call split as `core(*bound, *args, **{**bound_kw, **kwargs})` and flattened (`_infer.Call`)."""
+
+    @property
+    def core(self) -> Callable[..., Any]: ...
+    @property
+    def bound_leaves(self) -> list[Any]: ...
+    @property
+    def bound_treedef(self) -> jtu.PyTreeDef: ...
+    @property
+    def call_leaves(self) -> list[Any]: ...
+    @property
+    def call_treedef(self) -> jtu.PyTreeDef: ...
+
+
+class Key:
+    """A cache key that hashes its (long) tuple once, with what its entry must not keep alive
+    (`refs`, guarded weakly) and the treedefs that must be plain for its entry to be held."""
+
+    __slots__ = ("items", "hash", "refs", "treedefs")
+
+    def __init__(self, items: tuple[Any, ...], refs: list[Any], treedefs: tuple[jtu.PyTreeDef, ...]) -> None:
+        self.items, self.refs, self.treedefs = items, refs, treedefs
+        self.hash = hash(items)
+
+    def held(self) -> "Key":
+        """This key as an entry holds it: without `refs`."""
+        key = Key.__new__(Key)
+        key.items, key.hash, key.refs, key.treedefs = self.items, self.hash, [], ()
+        return key
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Key) and self.hash == other.hash and self.items == other.items
+
+
+# The key of a call that is not cached: never found, never stored.
+NOT_CACHED: Final = Key((), [], ())
+
+
+def call_key(call: SplitCall, *extra: Hashable, concrete_scalars: bool) -> Key:
+    """The key of `call`: its core function, treedefs, each leaf's part (`_leaf_keys`), the
+    tracing context and the abstract mesh, then `extra` (`ts.cost` adds its own); `NOT_CACHED`
+    where a part cannot be keyed. `concrete_scalars`: the call's Python scalars are passed
+    concrete (to a jitted core), so they are keyed by value (bound ones always are)."""
+    refs: list[Any] = []
+    try:
+        items = (
+            static_key(call.core, refs),
+            call.bound_treedef,
+            call.call_treedef,
+            *_leaf_keys(call.bound_leaves, True, refs),
+            *_leaf_keys(call.call_leaves, concrete_scalars, refs),
+            _compat.tracing_context(),
+            jax.sharding.get_abstract_mesh(),
+            *extra,
+        )
+        return Key(items, refs, (call.bound_treedef, call.call_treedef))
+    except Exception:  # Uncacheable, or a user object's __hash__ (in node data) failing
+        return NOT_CACHED
+
+
+def value_key(key: Key, bound_leaves: list[Any]) -> Key:
+    """The key of a call whose bound arrays are passed concrete: `key` with their values
+    (`NOT_CACHED` where one is larger than 64 KiB or not addressable here)."""
+    if key is NOT_CACHED:
+        return NOT_CACHED
+    try:
+        parts = tuple(_value_part(x) for x in bound_leaves)
+        return Key((NEEDS_CONCRETE, key.held(), *parts), key.refs, key.treedefs)
+    except Exception:
+        return NOT_CACHED
+
+
+# -- entries --------------------------------------------------------------------------
+class _Marker(enum.Enum):
+    NEEDS_CONCRETE = "NEEDS_CONCRETE"
+
+
+# An entry saying that the call's `fn` needs its bound arrays as values: the answer
+# is then keyed by those values too (`value_key`), and the entry counts no hit.
+NEEDS_CONCRETE: Final = _Marker.NEEDS_CONCRETE
+
+_Value = TypeVar("_Value")
+
+
+class Cache(Generic[_Value]):
+    """A thread-safe LRU map that forgets entries whose objects die; `holdable` says which
+    answers it may keep."""
+
+    def __init__(self, maxsize: int, holdable: Callable[[_Value], bool] = lambda _: True) -> None:
+        self.maxsize = maxsize
+        self._holdable = holdable
+        # key -> (value, weakref guards, the stored key: moved by identity on a hit)
+        self._entries: collections.OrderedDict[Key, tuple[_Value, list[Any], Key]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._dead: list[Any] = []  # filled by weakref callbacks, purged under the lock
+        self.hits = 0
+        self.misses = 0
+
+    def _purge(self) -> None:
+        while self._dead:
+            self._entries.pop(self._dead.pop(), None)
+
+    def get(self, key: Key) -> _Value | None:
+        """The entry of `key`, or None (a miss, counted; `NOT_CACHED` is always one)."""
+        with self._lock:
+            self._purge()
+            try:
+                entry = None if key is NOT_CACHED else self._entries.get(key)
+            except Exception:  # a user object's __eq__ (in node data), on a hash collision
+                entry = None
+            if entry is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(entry[2])  # found by identity: no second key comparison
+            if entry[0] is not NEEDS_CONCRETE:  # a lookup on, whose hit or miss is counted next
+                self.hits += 1
+            return entry[0]
+
+    def put(self, key: Key, value: _Value) -> None:
+        """Store `value` under `key`, unless the key is `NOT_CACHED` or the entry may not be held."""
+        if key is NOT_CACHED or not all(map(treedef_is_plain, key.treedefs)) or not self._holdable(value):
+            return
+        held = key.held()
+        dead = self._dead
+
+        def forget(_: Any) -> None:
+            dead.append(held)
+
+        guards = [weakref.ref(obj, forget) for obj in key.refs]
+        with self._lock:
+            self._purge()
+            try:
+                self._entries[held] = (value, guards, held)
+            except Exception:  # a user object's __eq__ (in node data), on a hash collision
+                return
+            self._entries.move_to_end(held)
+            while len(self._entries) > self.maxsize:
+                self._entries.popitem(last=False)
+
+    def resize(self, maxsize: int) -> int:
+        with self._lock:
+            old, self.maxsize = self.maxsize, maxsize
+            while len(self._entries) > maxsize:
+                self._entries.popitem(last=False)
+            return old
+
+    def info(self) -> "Counts":
+        with self._lock:
+            self._purge()
+            return Counts(self.hits, self.misses, len(self._entries), self.maxsize)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._dead.clear()
+            self.hits = self.misses = 0
+
+
+def _holdable(answer: Structure | _Marker) -> bool:
+    """Whether an `out_structure` answer may be kept: its treedef and static leaves are plain."""
+    if answer is NEEDS_CONCRETE:
+        return True
+    return treedef_is_plain(answer.treedef) and all(
+        isinstance(leaf, jax.ShapeDtypeStruct) or is_plain(leaf) for leaf in answer.leaves
+    )
+
+
+CACHE: Cache[Structure | _Marker] = Cache(maxsize=4096, holdable=_holdable)
+# `ts.cost`'s answers (small figures, never a compiled program), keyed as `CACHE` is.
+COST_CACHE: Cache[Any] = Cache(maxsize=4096)
+
+
+# -- administration -------------------------------------------------------------------
 class Counts(NamedTuple):
     """One cache's statistics."""
 
@@ -264,103 +468,52 @@ class CacheInfo(Counts):
         return "CacheInfo(" + ", ".join(f"{name}={value!r}" for name, value in fields.items()) + ")"
 
 
-class Key:
-    """A cache key that hashes its (long) tuple once."""
+def cache_info() -> CacheInfo:
+    """Return the statistics of every cache that [treeshape.clear_cache][] empties.
 
-    __slots__ = ("items", "hash")
+    Returns:
+        A [treeshape.CacheInfo][]: `(hits, misses, size, maxsize)` of the
+        `out_structure` cache, with `cost_hits`, `cost_misses` and
+        `cost_size` for the cache of [treeshape.cost][] (also behind
+        [treeshape.largest_fit][]).
 
-    def __init__(self, items: tuple[Any, ...]) -> None:
-        self.items = items
-        self.hash = hash(items)
-
-    def __hash__(self) -> int:
-        return self.hash
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Key) and self.hash == other.hash and self.items == other.items
-
-
-def context_key() -> tuple[Any, ...]:
-    """Everything outside the arguments that can change a traced result."""
-    return (_compat.tracing_context(), jax.sharding.get_abstract_mesh())
-
-
-# An entry saying that the call's `fn` needs its bound arrays as values: the answer
-# is then keyed by those values too (see `_infer`).
-NEEDS_CONCRETE: Final = Structure(jtu.tree_structure(None), ())
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> ts.clear_cache()
+        >>> f = lambda x: x * 2
+        >>> _ = ts.out_structure(f, jnp.ones(3))
+        >>> _ = ts.out_structure(f, jnp.zeros(3))  # same abstract input: a hit
+        >>> _ = ts.cost(f, jnp.ones(3))
+        >>> ts.cache_info()
+        CacheInfo(hits=1, misses=1, size=1, maxsize=4096, cost_hits=0, cost_misses=1, cost_size=1)
+    """
+    cost_hits, cost_misses, cost_size, _ = COST_CACHE.info()
+    return CacheInfo(*CACHE.info(), cost_hits, cost_misses, cost_size)
 
 
-_Value = TypeVar("_Value")
+def clear_cache() -> None:
+    """Empty the `out_structure` cache and `cost`'s, and reset their counts (see [treeshape.cache_info][]).
+
+    Examples:
+        >>> import treeshape as ts
+        >>> ts.clear_cache()
+        >>> ts.cache_info().size
+        0
+    """
+    CACHE.clear()
+    COST_CACHE.clear()
 
 
-class Cache(Generic[_Value]):
-    """A thread-safe LRU map that forgets entries whose objects die."""
+def set_cache_maxsize(maxsize: int) -> int:
+    """Bound both caches to `maxsize` entries (evicting the oldest); return the old bound.
 
-    def __init__(self, maxsize: int) -> None:
-        self.maxsize = maxsize
-        # key -> (value, weakref guards, the stored key: moved by identity on a hit)
-        self._entries: collections.OrderedDict[Key, tuple[_Value, list[Any], Key]] = collections.OrderedDict()
-        self._lock = threading.Lock()
-        self._dead: list[Any] = []  # filled by weakref callbacks, purged under the lock
-        self.hits = 0
-        self.misses = 0
-
-    def _purge(self) -> None:
-        while self._dead:
-            self._entries.pop(self._dead.pop(), None)
-
-    def get(self, key: Key) -> _Value | None:
-        with self._lock:
-            self._purge()
-            entry = self._entries.get(key)
-            if entry is None:
-                self.misses += 1
-                return None
-            self._entries.move_to_end(entry[2])  # found by identity: no second key comparison
-            if entry[0] is not NEEDS_CONCRETE:  # a lookup on, whose hit or miss is counted next
-                self.hits += 1
-            return entry[0]
-
-    def put(self, key: Key, value: _Value, objects: list[Any]) -> None:
-        dead = self._dead
-
-        def forget(_: Any) -> None:
-            dead.append(key)
-
-        guards = [weakref.ref(obj, forget) for obj in objects]
-        with self._lock:
-            self._purge()
-            self._entries[key] = (value, guards, key)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.maxsize:
-                self._entries.popitem(last=False)
-
-    def resize(self, maxsize: int) -> int:
-        with self._lock:
-            old, self.maxsize = self.maxsize, maxsize
-            while len(self._entries) > maxsize:
-                self._entries.popitem(last=False)
-            return old
-
-    def miss(self) -> None:
-        with self._lock:
-            self.misses += 1
-
-    def info(self) -> Counts:
-        with self._lock:
-            self._purge()
-            return Counts(self.hits, self.misses, len(self._entries), self.maxsize)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._dead.clear()
-            self.hits = self.misses = 0
-
-
-CACHE: Cache[Structure] = Cache(maxsize=4096)
-# `ts.cost`'s answers (small figures, never a compiled program), keyed as `CACHE` is.
-COST_CACHE: Cache[Any] = Cache(maxsize=4096)
+    Private (tests and benchmarks): the public default stays 4096.
+    """
+    if not isinstance(maxsize, int) or maxsize < 0:
+        raise ValueError(f"treeshape: the cache maxsize must be an int >= 0, got {maxsize!r}")
+    COST_CACHE.resize(maxsize)
+    return CACHE.resize(maxsize)
 
 
 # The public classes report module `treeshape`, so doctest would not look for their examples here.

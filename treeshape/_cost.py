@@ -2,8 +2,8 @@
 abstract values, from XLA's own analysis of it (compiled, never run, and cached like
 `out_structure`).
 
-How a call flows: the inputs are split, flattened, checked and keyed by `_infer`'s own
-code (`split_call`, `call_key`), with each leaf's placement and the donation
+How a call flows: the inputs are split, flattened and checked by `_infer` (`split_call`)
+and keyed by `_cache` (`call_key`), with each leaf's placement and the donation
 (`prepare`, `cost_of`); at a miss, `_program` traces, lowers and compiles the program
 the user runs (`compile_program`), and its analyses are read through `_compat` (`_read`,
 each loop body counted as often as it runs by `_loops`, what is at the peak by
@@ -19,17 +19,14 @@ from typing import Any, Final
 import jax
 import jax.tree_util as jtu
 
-from . import _buffers, _compat, _simulate, _tree
+from . import _buffers, _compat, _simulate
 from ._buffers import Buffer, Donation
-from ._cache import COST_CACHE, NEEDS_CONCRETE, Key
+from ._cache import COST_CACHE, NEEDS_CONCRETE, Key, call_key, has_value, value_key
 from ._infer import (
     Call,
     abstract_inputs,
-    bound_value_key,
-    call_key,
     check_callable,
     check_inputs,
-    has_value,
     input_path,
     is_abstract,
     note_abstract_scalars,
@@ -483,23 +480,15 @@ def cost_of(call: Call, donated: frozenset[int]) -> tuple[Cost, int]:
     leaves = call.bound_leaves + call.call_leaves
     treedef = call.treedef
     _refuse_symbolic(leaves, treedef)
-    refs: list[Any] = []
-    key: Key | None = None
-    try:
-        key = Key((*call_key(call, refs), tuple(sorted(donated)), tuple(_placement(x) for x in leaves)))
-        hit = COST_CACHE.get(key)
-    except Exception:  # uncacheable (see out_structure), answered all the same
-        key, hit = None, None
-        COST_CACHE.miss()
+    key = call_key(call, tuple(sorted(donated)), tuple(_placement(x) for x in leaves), concrete_scalars=call.jitted)
+    hit = COST_CACHE.get(key)
     if hit is not None and hit is not NEEDS_CONCRETE:
         return hit, 0
     leaves = abstract_inputs(leaves, treedef, "cost")
     abstract = [is_abstract(x, i < call.n_concrete) for i, x in enumerate(leaves)]
     check_inputs(leaves, abstract, treedef, "cost")
-    cacheable = key is not None and _tree.treedef_is_plain(call.bound_treedef)
-    cacheable = cacheable and _tree.treedef_is_plain(call.call_treedef)
     if hit is NEEDS_CONCRETE:
-        return _with_bound_values(call, leaves, abstract, donated, key, refs, look_up=True)
+        return _with_bound_values(call, leaves, abstract, donated, key, look_up=True)
     n_bound = len(call.bound_leaves)
     try:
         result = _figures(compile_program(call.core, leaves, abstract, treedef, donated))
@@ -513,11 +502,9 @@ def cost_of(call: Call, donated: frozenset[int]) -> tuple[Cost, int]:
     else:
         retry = False
     if retry:  # outside the handler: an error now is the user's, not a consequence of the first
-        if cacheable and key is not None:
-            COST_CACHE.put(key, NEEDS_CONCRETE, refs)
-        return _with_bound_values(call, leaves, abstract, donated, key if cacheable else None, refs, look_up=False)
-    if cacheable and key is not None:
-        COST_CACHE.put(key, result, refs)
+        COST_CACHE.put(key, NEEDS_CONCRETE)
+        return _with_bound_values(call, leaves, abstract, donated, key, look_up=False)
+    COST_CACHE.put(key, result)
     return result, 1
 
 
@@ -526,25 +513,21 @@ def _with_bound_values(
     leaves: list[Any],
     abstract: list[bool],
     donated: frozenset[int],
-    key: Key | None,
-    refs: list[Any],
+    key: Key,
     look_up: bool,
 ) -> tuple[Cost, int]:
     """The cost when `fn` needs the arrays bound in a partial as values: they are constants
     of the program, and the answer is cached by their values on top of the abstract key
     (as `out_structure` caches it), looked up first with `look_up`."""
-    value_key = None if key is None else bound_value_key(key, call.bound_leaves)
+    values = value_key(key, call.bound_leaves)
     if look_up:  # else this call's miss is counted already
-        hit = COST_CACHE.get(value_key) if value_key is not None else None
+        hit = COST_CACHE.get(values)
         if hit is not None:
             return hit, 0
-        if value_key is None:
-            COST_CACHE.miss()
     n_bound = len(call.bound_leaves)
     closed = [a and not (i < n_bound and has_value(x)) for i, (x, a) in enumerate(zip(leaves, abstract, strict=True))]
     result = _figures(compile_program(call.core, leaves, closed, call.treedef, donated))
-    if value_key is not None:
-        COST_CACHE.put(value_key, result, refs)
+    COST_CACHE.put(values, result)
     return result, 1
 
 

@@ -1,6 +1,8 @@
 """`out_structure` (one abstract evaluation, cached) and `structure_of` (read without tracing)."""
 
+import builtins
 import functools as ft
+import gc
 import inspect
 import itertools
 import types
@@ -12,7 +14,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import _cache, _compat, _sharding, _tree
-from ._cache import CACHE, NEEDS_CONCRETE, CacheInfo, Key, static_key
+from ._cache import CACHE, NEEDS_CONCRETE, Key, has_value
 from ._dtypes import jax_dtype
 from ._leaf import (
     ARRAY,
@@ -34,37 +36,6 @@ from ._leaf import (
 )
 from ._shapes import BadShape, bad_shape_message, checked_sds, sizes
 from ._structure import PyTree, Structure, read_structure
-
-
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31
-
-
-def _scalar_key(x: Any) -> Any:
-    cls = type(x)
-    if cls is int and not _INT32_MIN <= x < _INT32_MAX:
-        return (int, x)  # may not fit the weak int dtype: never share an entry
-    return cls
-
-
-def _call_key(leaves: list[Any], concrete_scalars: bool, refs: list[Any]) -> list[Any]:
-    """Per-leaf key parts: the abstract value JAX traces for an array-like leaf
-    (so an array, a NumPy array, a ShapeDtypeStruct and a duck array of one
-    type share them), Python scalars by type (or value, when passed
-    concrete), static values as `_cache.static_key` says."""
-    out = []
-    for x in leaves:
-        kind = kind_of(type(x))
-        if kind == ARRAY:
-            out.append(x.aval)
-        elif kind == SCALAR:
-            out.append((type(x), x) if concrete_scalars else _scalar_key(x))
-        elif kind == SDS or kind == DIM or (kind == NUMPY and jax_dtype(x.dtype)):
-            out.append(_compat.abstractify(x))
-        elif kind == OTHER and is_duck_array(x):
-            out.append(_compat.abstractify(as_abstract(x)))
-        else:
-            out.append(static_key(x, refs))
-    return out
 
 
 def is_abstract(x: Any, concrete_scalars: bool) -> bool:
@@ -102,53 +73,6 @@ def _split_callable(fn: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[
     if not isinstance(fn, types.BuiltinFunctionType) and not jtu.treedef_is_leaf(jtu.tree_structure(fn)):
         return _call_pytree, (fn,), {}
     return fn, (), {}
-
-
-# -- the cache -----------------------------------------------------------------
-def cache_info() -> CacheInfo:
-    """Return the statistics of every cache that [treeshape.clear_cache][] empties.
-
-    A named tuple `(hits, misses, size, maxsize)` of the `out_structure` cache,
-    with `cost_hits`, `cost_misses` and `cost_size` for the cache of
-    [treeshape.cost][] (also behind [treeshape.largest_fit][]).
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> import treeshape as ts
-        >>> ts.clear_cache()
-        >>> f = lambda x: x * 2
-        >>> _ = ts.out_structure(f, jnp.ones(3))
-        >>> _ = ts.out_structure(f, jnp.zeros(3))  # same abstract input: a hit
-        >>> _ = ts.cost(f, jnp.ones(3))
-        >>> ts.cache_info()
-        CacheInfo(hits=1, misses=1, size=1, maxsize=4096, cost_hits=0, cost_misses=1, cost_size=1)
-    """
-    cost_hits, cost_misses, cost_size, _ = _cache.COST_CACHE.info()
-    return CacheInfo(*CACHE.info(), cost_hits, cost_misses, cost_size)
-
-
-def clear_cache() -> None:
-    """Empty the `out_structure` cache and `cost`'s, and reset their counts (see [treeshape.cache_info][]).
-
-    Examples:
-        >>> import treeshape as ts
-        >>> ts.clear_cache()
-        >>> ts.cache_info().size
-        0
-    """
-    CACHE.clear()
-    _cache.COST_CACHE.clear()
-
-
-def set_cache_maxsize(maxsize: int) -> int:
-    """Bound the cache (and `cost`'s) to `maxsize` entries (evicting the oldest); return the old bound.
-
-    Private (tests and benchmarks): the public default stays 4096.
-    """
-    if not isinstance(maxsize, int) or maxsize < 0:
-        raise ValueError(f"treeshape: the cache maxsize must be an int >= 0, got {maxsize!r}")
-    _cache.COST_CACHE.resize(maxsize)
-    return CACHE.resize(maxsize)
 
 
 # -- inference -----------------------------------------------------------------
@@ -357,13 +281,6 @@ def _needed_concrete(error: BaseException) -> bool:
     return isinstance(error, _CONCRETIZATION_ERRORS) or _compat.is_traced_shape_error(error)
 
 
-def has_value(x: Any) -> bool:
-    """An array with a value (or a tracer of an enclosing trace), as opposed to a
-    `ShapeDtypeStruct` or a duck array, which only describe one."""
-    kind = kind_of(type(x))
-    return kind == ARRAY or (kind == NUMPY and jax_dtype(x.dtype))
-
-
 def note_abstract_scalars(
     error: BaseException,
     core: Callable[..., Any],
@@ -419,6 +336,33 @@ _EMPTY_BOUND = jtu.tree_structure(((), {}))
 _JITTED: type = type(jax.jit(lambda: None))
 
 
+# -- tracers hidden in outputs ---------------------------------------------------
+_LIMIT: Final = 10_000
+_BUILTINS: Final = vars(builtins)
+_OPAQUE: Final = (str, bytes, int, float, complex, type, types.ModuleType, types.CodeType, np.ndarray, jax.Array)
+
+
+def _holds_tracer(x: Any) -> bool | None:
+    """Whether a tracer is reachable from `x` (an attribute, a closure cell, a
+    generator frame, a container...): True, False, or None when `x` reaches
+    more objects than can be searched."""
+    seen: set[int] = set()
+    stack = [x]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, jax.core.Tracer):
+            return True
+        if id(obj) in seen or isinstance(obj, _OPAQUE):
+            continue
+        if type(obj) is dict and ("__builtins__" in obj or obj is _BUILTINS):  # a module's globals
+            continue
+        seen.add(id(obj))
+        if len(seen) > _LIMIT:
+            return None
+        stack.extend(gc.get_referents(obj))
+    return False
+
+
 def _tracer_escapes(out: Any, treedef: jtu.PyTreeDef, descriptions: list[Any], root: str = "") -> list[str]:
     """Where a static leaf or node data of `out` holds a tracer (an attribute, a
     closure cell, a generator frame...), which would escape the trace. Paths are
@@ -428,7 +372,7 @@ def _tracer_escapes(out: Any, treedef: jtu.PyTreeDef, descriptions: list[Any], r
         for i, d in enumerate(descriptions)
         if d is not _TRACED and not isinstance(d, jax.ShapeDtypeStruct) and not _tree.is_plain(d)
     ]
-    found = [i for i in suspects if _cache.holds_tracer(descriptions[i])]
+    found = [i for i in suspects if _holds_tracer(descriptions[i])]
     noun = "" if root else "output "
     where = []
     if found:
@@ -444,7 +388,7 @@ def _nodes_holding_tracers(out: Any, root: str) -> list[str]:
     return [
         f"{type(node).__name__} at {path or '(the root)'}"
         for path, node, aux in _tree.nodes(out, root)
-        if _cache.holds_tracer(aux)
+        if _holds_tracer(aux)
     ]
 
 
@@ -533,19 +477,6 @@ def with_trees(call: Call) -> Call:
     return Call(call.core, bound_leaves, bound_treedef, call_leaves, call_treedef)
 
 
-def call_key(call: Call, refs: list[Any]) -> tuple[Any, ...]:
-    """The cache key parts of a call: the core function, the treedefs, each leaf's part
-    (`_call_key`) and the tracing context. Raises what `static_key` raises."""
-    return (
-        static_key(call.core, refs),
-        call.bound_treedef,
-        call.call_treedef,
-        *_call_key(call.bound_leaves, True, refs),
-        *_call_key(call.call_leaves, call.jitted, refs),
-        _cache.context_key(),
-    )
-
-
 def _out_structure(
     fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[Structure, list[Any]]:
@@ -559,21 +490,14 @@ def _out_structure(
     core, bound_leaves, bound_treedef, call_leaves, call_treedef = call
     if jax.ShapeDtypeStruct in types:
         check_splits([*bound_leaves, *call_leaves], call.treedef, "out_structure")
-    refs: list[Any] = []
-    key: Key | None = None
-    hit = None
-    try:
-        key = Key(call_key(call, refs))
-        hit = CACHE.get(key)
-    except Exception:  # Uncacheable, or a user object's __hash__/__eq__ (in node data) failing
-        key = None
-        CACHE.miss()
-    if hit is not None and hit is not NEEDS_CONCRETE:
+    key = _cache.call_key(call, concrete_scalars=call.jitted)
+    hit = CACHE.get(key)
+    if isinstance(hit, Structure):
         return hit, call_leaves
     n_concrete = call.n_concrete
     treedef = call.treedef
     if hit is NEEDS_CONCRETE:
-        return _with_bound_values(core, n_concrete, bound_leaves, call_leaves, treedef, key, refs, True), call_leaves
+        return _with_bound_values(core, n_concrete, bound_leaves, call_leaves, treedef, key, True), call_leaves
     try:
         structure = _evaluate(core, n_concrete, bound_leaves, call_leaves, treedef)
     except (TypeError, IndexError):  # what JAX raises where a value is needed (a size, an `int()`, a slice)
@@ -583,16 +507,11 @@ def _out_structure(
     else:
         retry = False
     if retry:  # outside the handler: an error now is the user's, not a consequence of the first
-        structure = _with_bound_values(core, n_concrete, bound_leaves, call_leaves, treedef, key, refs, False)
-        if key is not None:
-            CACHE.put(key, NEEDS_CONCRETE, refs)
+        structure = _with_bound_values(core, n_concrete, bound_leaves, call_leaves, treedef, key, False)
+        CACHE.put(key, NEEDS_CONCRETE)
         return structure, call_leaves
-    if key is not None and _may_hold(bound_treedef, call_treedef, structure):
-        CACHE.put(key, structure, refs)
+    CACHE.put(key, structure)
     return structure, call_leaves
-
-
-_MAX_VALUE_KEY_BYTES: Final = 1 << 16
 
 
 def _with_bound_values(
@@ -601,103 +520,42 @@ def _with_bound_values(
     bound_leaves: list[Any],
     call_leaves: list[Any],
     treedef: jtu.PyTreeDef,
-    key: Key | None,
-    refs: list[Any],
+    key: Key,
     look_up: bool,
 ) -> Structure:
     """The answer when `fn` needs the arrays bound in a partial as values (a size, an
     `int()`): they are passed concrete, as `jax.eval_shape` passes them, and the
     answer is cached by those values (small arrays only) on top of the abstract key,
     looked up first with `look_up` (not on the first call, whose miss is counted)."""
-    value_key = None if key is None else bound_value_key(key, bound_leaves)
+    value_key = _cache.value_key(key, bound_leaves)
     if look_up:  # else this call's miss is counted already (and the entry cannot be there yet)
-        hit = CACHE.get(value_key) if value_key is not None else None
-        if hit is not None:
+        hit = CACHE.get(value_key)
+        if isinstance(hit, Structure):
             return hit
-        if value_key is None:
-            CACHE.miss()
     structure = _evaluate(core, n_concrete, bound_leaves, call_leaves, treedef, close_bound=True)
-    bound_treedef, call_treedef = treedef.children()
-    if value_key is not None and _may_hold(bound_treedef, call_treedef, structure):
-        CACHE.put(value_key, structure, refs)
+    CACHE.put(value_key, structure)
     return structure
-
-
-def bound_value_key(key: Key, bound_leaves: list[Any]) -> Key | None:
-    """The key of a call whose bound arrays are passed concrete: `key` with their values
-    (None where one is too large or not addressable here: answered uncached)."""
-    try:
-        return Key((NEEDS_CONCRETE, key, *(_value_key(x) for x in bound_leaves)))
-    except Exception:
-        return None
-
-
-def _value_key(x: Any) -> Any:
-    """A bound leaf's key part when bound arrays are passed concrete: their value."""
-    if not has_value(x) or isinstance(x, jax.core.Tracer):
-        return None  # keyed by its abstract value in the key below
-    if x.nbytes > _MAX_VALUE_KEY_BYTES:
-        raise _cache.Uncacheable
-    value = np.asarray(x)
-    return (_compat.abstractify(x), value.tobytes())
-
-
-def _may_hold(bound_treedef: jtu.PyTreeDef, call_treedef: jtu.PyTreeDef, structure: Structure) -> bool:
-    """Whether an entry may keep its key's treedefs and its result alive:
-    only if their node data and static leaves are plain data."""
-    return (
-        _tree.treedef_is_plain(bound_treedef)
-        and _tree.treedef_is_plain(call_treedef)
-        and _tree.treedef_is_plain(structure.treedef)
-        and all(isinstance(leaf, jax.ShapeDtypeStruct) or _tree.is_plain(leaf) for leaf in structure.leaves)
-    )
 
 
 def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Structure:
     """Infer the structure of `fn(*args, **kwargs)` without running it.
 
-    Abstract evaluation with `jax.eval_shape`: no FLOPs, no device memory, no
-    lowering and no compilation. Safe at top level and inside `jit`, `vmap`,
-    `grad`, `jvp`/`vjp`, loop and `cond` bodies, `checkpoint`, custom
-    derivative rules and `shard_map`, with closures and partials over tracers:
-    no tracer escapes, and the result describes the values as seen at that
-    level (under `vmap`, per-example shapes).
+    One `jax.eval_shape` (no FLOPs, no device memory, no compilation), safe at
+    top level and under every JAX transformation, also with closures and
+    partials over tracers: no tracer escapes, and the result describes the
+    values as seen at that level (under `vmap`, per-example shapes).
 
-    Array leaves of the arguments (arrays, tracers, `jax.ShapeDtypeStruct`s,
-    NumPy arrays and scalars, duck arrays) and Python scalars are abstract
-    inputs, typed as JAX types them (`int`/`float`/`complex` weak, `bool`
-    strong). A [treeshape.Structure][] among the arguments (or bound in a
-    partial) stands for the tree it describes (`s.tree`), as in
-    [treeshape.cost][], so a step can be checked on a model that was never
-    allocated. Any other leaf (a string, a callable, an object) is passed to
-    `fn` unchanged, as a static value. In the output, Python scalars become
-    weak arrays and other non-array leaves are kept as static leaves.
+    Arrays, tracers, `jax.ShapeDtypeStruct`s, NumPy arrays, duck arrays and
+    Python scalars are abstract inputs, typed as JAX types them; a
+    [treeshape.Structure][] stands for its tree; other leaves are passed to
+    `fn` unchanged (static). A `jax.jit`-wrapped `fn` gets Python scalars
+    concrete, so its static arguments work.
 
-    Results are cached (LRU, 4096 entries): a repeated call with the same
-    callable and the same abstract inputs, in the same context, is answered
-    without tracing, and the answer is exactly what `jax.eval_shape` gives
-    there. The key covers the abstract inputs (an array, a NumPy array and a
-    `ShapeDtypeStruct` of one type are one input), static values by type and
-    value, every JAX setting that changes tracing (x64, promotion modes, PRNG
-    settings, ...), the abstract mesh and the named axes in scope (`vmap`
-    axis names and sizes, `shard_map` manual axes). A `functools.partial` or
-    `jax.tree_util.Partial` rebuilt on every call hits the cache when its
-    function, its bound Python values (passed to `fn` concrete) and the
-    abstract values of its bound arrays match; where `fn` needs those arrays
-    as values (a size, an `int()`), they are passed concrete, as
-    `jax.eval_shape` passes them, and the answer is keyed by their values.
-    A mutable static value (a dataclass that is not frozen, an object with
-    attributes, a set) gives the answer for its state at the time of the
-    call: it is keyed by that state where it is plain data, otherwise the
-    call simply traces. The cache keeps nothing alive: functions are keyed
-    by weak reference, and a call whose inputs or outputs cannot be keyed or
-    held that way simply traces. Answers are cached by inputs: a function
-    that reads mutable global state needs [treeshape.clear_cache][] after
-    the state changes.
-
-    A `jax.jit`-wrapped `fn` receives Python scalars concrete, so its
-    `static_argnums`/`static_argnames` work; `jit` abstracts the others
-    itself, exactly as `jax.eval_shape` does.
+    Answers are cached (LRU, 4096 entries; what the key holds: [the caching
+    guide](../guide/caching.md#the-cache)): a repeated call is answered
+    without tracing, with exactly what `jax.eval_shape` gives there, and the
+    cache keeps nothing alive. A function that reads mutable global state
+    needs [treeshape.clear_cache][] after that state changes.
 
     Args:
         fn: Any callable: a function, lambda or closure, `functools.partial`,
@@ -708,8 +566,9 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
         **kwargs: As `args`.
 
     Returns:
-        A [treeshape.Structure][]: the output treedef and one
-        `jax.ShapeDtypeStruct` (or static value) per output leaf.
+        A [treeshape.Structure][]: the output treedef and, per output leaf,
+        a `jax.ShapeDtypeStruct` (Python scalars become weak arrays) or the
+        static value itself.
 
     Raises:
         TypeError: `fn` is not callable, or a static output leaf (an object,
@@ -719,13 +578,17 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
     Errors raised by `fn` itself propagate unchanged.
 
     Examples:
-        >>> import jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp
         >>> import treeshape as ts
         >>> def predict(params, x):
         ...     return params["w"] @ x + params["b"]
         >>> params = {"w": jnp.zeros((2, 3)), "b": jnp.zeros(2)}
+        >>> ts.clear_cache()
         >>> ts.out_structure(predict, params, jnp.zeros(3))
         Structure(f32[2], 1 leaf, 8 B)
+        >>> _ = ts.out_structure(predict, params, jax.ShapeDtypeStruct((3,), jnp.float32))
+        >>> ts.cache_info().hits  # the same abstract input: answered from the cache
+        1
     """
     structure, call_leaves = _out_structure(fn, args, kwargs)
     return _with_call_meshes(structure, fn, call_leaves)
@@ -763,6 +626,10 @@ def structure_of(tree: PyTree) -> Structure:
 
     Returns:
         Its [treeshape.Structure][].
+
+    Raises:
+        TypeError: under a transformation, a static leaf or node data holds a
+            tracer, which would escape.
 
     Examples:
         >>> import jax.numpy as jnp

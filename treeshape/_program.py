@@ -33,7 +33,8 @@ import jax
 import jax.tree_util as jtu
 
 from . import _compat, _nodes, _sharding, _simulate
-from ._infer import _JITTED, Call, dynamic_arguments, has_value, input_path, is_output_array
+from ._cache import has_value
+from ._infer import _JITTED, Call, dynamic_arguments, input_path, is_output_array
 from ._leaf import SDS, from_aval, kind_of, leaf_str
 from ._per_device import (
     in_shard_map,

@@ -26,6 +26,7 @@ MODULES = (
     "cost",  # 15 cost
     "fit",  # 16 fit
     "watch",  # 17 watch
+    "scale_cached_call",  # 18 scale_cached_call (group: scale)
 )
 
 for _name in MODULES:

@@ -18,7 +18,7 @@ Goals: `size == maxsize` (4096), and peak RSS growth from 10k to 100k calls
 about what comes after, when a leaking cache would keep growing.
 `jax_check_tracer_leaks` stays off (the default; the JSON records it). Under
 `--quick`: 3,000 calls, readings at 300 and 3,000, and the bound lowered to
-256 with the private `treeshape._infer.set_cache_maxsize` (restored
+256 with the private `treeshape._cache.set_cache_maxsize` (restored
 afterwards). The full case takes ~35 s.
 """
 
@@ -38,7 +38,7 @@ from harness import Config, Goal, Row, case, peak_rss_mb, probe, reset_peak, run
 
 CACHE_CALLS = 100_000
 CACHE_CALLS_QUICK = 3_000
-CACHE_MAXSIZE_QUICK = 256  # set with the private treeshape._infer.set_cache_maxsize under --quick
+CACHE_MAXSIZE_QUICK = 256  # set with the private treeshape._cache.set_cache_maxsize under --quick
 
 
 def _fresh_function() -> Callable[[Any], Any]:
@@ -55,11 +55,11 @@ def cache_probe(arg: str) -> dict[str, Any]:
     functions would), so the cache fills up and must evict by LRU; older ones
     die, and with them whatever the cache or JAX keyed on them.
     """
-    from treeshape import _infer  # private: lowering the bound is for tests and benchmarks only
+    from treeshape import _cache  # private: lowering the bound is for tests and benchmarks only
 
     calls, maxsize = (int(n) for n in arg.split(":"))
     default = ts.cache_info().maxsize
-    old = _infer.set_cache_maxsize(maxsize) if maxsize != default else None
+    old = _cache.set_cache_maxsize(maxsize) if maxsize != default else None
     try:
         x = jax.ShapeDtypeStruct((4,), jnp.float32)
         live: collections.deque[Callable[[Any], Any]] = collections.deque(maxlen=2 * maxsize)
@@ -94,7 +94,7 @@ def cache_probe(arg: str) -> dict[str, Any]:
         peak_mb = peak_rss_mb()
     finally:
         if old is not None:
-            _infer.set_cache_maxsize(old)
+            _cache.set_cache_maxsize(old)
     return {
         "calls": calls,
         "checkpoint": checkpoint,
@@ -125,7 +125,7 @@ def cache_memory(cfg: Config) -> list[Row]:
     note = (
         f"{r['seconds_per_call'] * 1e3:.2f} ms per call, {r['misses']:,} misses, {r['hits']} hits; "
         f"the newest {r['live_functions']:,} functions kept alive"
-        + (f"; --quick: maxsize lowered to {maxsize} with _infer.set_cache_maxsize" if cfg.quick else "")
+        + (f"; --quick: maxsize lowered to {maxsize} with _cache.set_cache_maxsize" if cfg.quick else "")
     )
     if r["misses"] != calls or r["check_tracer_leaks"]:
         note += "; WARNING: expected one miss per call and jax_check_tracer_leaks off"
