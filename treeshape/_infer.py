@@ -6,7 +6,7 @@ import gc
 import inspect
 import itertools
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, NamedTuple
 
 import jax
@@ -79,8 +79,12 @@ def _split_callable(fn: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[
 def input_path(leaves: list[Any], treedef: jtu.PyTreeDef, i: int) -> str:
     """Leaf `i` of the call as the user wrote it: `args[0]['w']`, `kwargs['n']`, or
     `the bound args[1]` for a value bound in a partial."""
-    keys = jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, leaves))[0][i][0]
-    # keys: (bound or call, args or kwargs, ...)
+    return call_path(jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, leaves))[0][i][0])
+
+
+def call_path(keys: Sequence[Any]) -> str:
+    """A place in the call `((bound args, bound kwargs), (args, kwargs))`, given by its keys,
+    as the user wrote it: `args[0]['w']`, `kwargs['n']`, `the bound args[1]`."""
     root = ("the bound " if keys[0] == jtu.SequenceKey(0) else "") + (
         "args" if keys[1] == jtu.SequenceKey(0) else "kwargs"
     )

@@ -34,7 +34,7 @@ import jax.tree_util as jtu
 
 from . import _compat, _nodes, _sharding, _simulate
 from ._cache import has_value
-from ._infer import _JITTED, Call, dynamic_arguments, input_path, is_output_array
+from ._infer import _JITTED, Call, call_path, dynamic_arguments, input_path, is_output_array
 from ._leaf import SDS, from_aval, kind_of, leaf_str
 from ._per_device import (
     in_shard_map,
@@ -220,7 +220,7 @@ def _outputs(state: list[tuple[Any, Any]], out: Any) -> tuple[list[Any], list[st
     the output; XLA's buffer plan follows the order), each nnx `Variable` once (an object
     both updated and returned is one output, as `nnx.jit` shares it), and their paths: an
     input's state by the input's path (`args[0].kernel`), the output by `out` and its path."""
-    roots = [_call_path(keys) for keys, _ in state]
+    roots = [call_path(keys) for keys, _ in state]
     seen: set[int] = set()
     found: list[Any] = []
     paths: list[str] = []
@@ -240,14 +240,6 @@ def _outputs(state: list[tuple[Any, Any]], out: Any) -> tuple[list[Any], list[st
             found.append(x)
             paths.append(where)
     return found, paths
-
-
-def _call_path(keys: Any) -> str:
-    """A place in the call `((bound, bound_kw), (args, kwargs))` as `out_structure` names it."""
-    root = ("the bound " if keys[0] == jtu.SequenceKey(0) else "") + (
-        "args" if keys[1] == jtu.SequenceKey(0) else "kwargs"
-    )
-    return root + jtu.keystr(tuple(keys[2:]))
 
 
 def _is_nnx(x: Any) -> bool:
