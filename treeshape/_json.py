@@ -46,6 +46,7 @@ import collections
 import dataclasses
 import itertools
 import json
+import marshal
 import operator
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -539,65 +540,165 @@ def _check_dataclass_node(cls: type, aux: Any, n: int, where: str) -> list[Any]:
 # Node types whose rebuilding runs no user code (no constructor that may reject a leaf).
 _BUILTIN_NODES: Final = frozenset({list, tuple, dict, collections.OrderedDict, collections.defaultdict, type(None)})
 _SHALLOW: Final = 100  # JAX rebuilds trees of builtin nodes this deep without reaching its own depth limit
+_SMALL: Final = 64  # a subtree with at most this many leaves keeps their paths (each big one is written once)
+_Parsed = tuple[Any, int, list[str] | None]  # a treedef entry: node data, number of children, their keys' texts
+
+
+def _ids(nodes: list[Any]) -> list[bytes] | list[str]:
+    """A text per treedef entry that tells apart every two different JSON values (1, 1.0, true)."""
+    try:
+        return list(map(marshal.dumps, nodes))
+    except ValueError:  # nested more deeply than marshal goes
+        return list(map(repr, nodes))
+
+
+class _Subtrees:
+    """The distinct subtrees of a treedef being rebuilt (an entry and its children's subtrees),
+    each built once; 0 is a leaf. A small subtree keeps the paths of its leaves below it; the
+    paths of a big one are written once, from the top (`paths`)."""
+
+    def __init__(self, parsed: list[_Parsed]) -> None:
+        self.parsed = parsed
+        self.max_depth = sys.getrecursionlimit()
+        # (treedef, depth, the paths below it if it is small), and (its children's keys, their subtrees)
+        self.built: list[tuple[jtu.PyTreeDef, int, list[str] | None]] = [(_LEAF_TREEDEF, 1, [""])]
+        self.links: list[tuple[list[str], tuple[int, ...]]] = [([], ())]
+        self.made: dict[tuple[int, tuple[int, ...]], int] = {}
+
+    def make(self, entry: int, kids: tuple[int, ...], where: str) -> int:
+        """The subtree of distinct entry `entry` (at `where`) over the subtrees `kids`."""
+        found = self.made.get((entry, kids))
+        if found is not None:
+            return found
+        node_data, _, keys = self.parsed[entry]
+        children = [self.built[k] for k in kids]
+        depth = 1 + max((d for _, d, _ in children), default=0)
+        # JAX flattens (and so rebuilds paths for) trees only as deep as Python's recursion limit,
+        # and deeper ones can crash its C++ code: refuse them before building anything deep.
+        if depth > self.max_depth:
+            fail("treedef", f"the tree is nested more deeply than JAX can flatten ({self.max_depth} levels)")
+        try:
+            node = jtu.PyTreeDef.from_node_data_and_children(
+                jtu.default_registry, node_data, [child for child, _, _ in children]
+            )
+        except (RuntimeError, TypeError, ValueError) as err:
+            fail(where, f"cannot rebuild this node: {err}")
+        paths: list[str] | None = None
+        if node.num_leaves <= _SMALL:  # so are its children
+            paths = []
+            for key, (_, _, below) in zip(keys or [], children, strict=True):
+                paths.extend(map(key.__add__, below or []))
+        self.made[(entry, kids)] = len(self.built)
+        self.built.append((node, depth, paths))
+        self.links.append((keys or [], kids))
+        return len(self.built) - 1
+
+    def paths(self, root: int) -> list[str]:
+        """The path of every leaf of subtree `root`, in order (iterative: no depth limit)."""
+        known = self.built[root][2]
+        if known is not None:
+            return known
+        out: list[str] = []
+        frames = [(iter(zip(*self.links[root], strict=True)), "")]
+        while frames:
+            children, prefix = frames[-1]
+            for key, kid in children:
+                below = self.built[kid][2]
+                if below is None:  # a big subtree: its children, under this path
+                    frames.append((iter(zip(*self.links[kid], strict=True)), prefix + key))
+                    break
+                out.extend(map((prefix + key).__add__, below))
+            else:
+                frames.pop()
+        return out
+
+
+def _top_down(order: list[int], trees: _Subtrees) -> int | None:
+    """The root subtree of the entries `order` (each a distinct entry's index), read from the top:
+    a child whose entries repeat those of the sibling before it is that sibling's subtree, found
+    by one comparison (a model's layers). None for anything irregular, which `_bottom_up` reads
+    and reports as it always has."""
+    stack: list[list[Any]] = []  # nodes being read: [entry, n, children's subtrees, start, last child's span]
+    pos = 0
+    while True:
+        start = pos
+        subtree = None
+        if stack and stack[-1][2]:
+            first, end = stack[-1][4]
+            if order[pos : pos + end - first] == order[first:end]:
+                subtree, pos = stack[-1][2][-1], pos + end - first
+        if subtree is None:
+            if pos == len(order):
+                return None
+            entry = order[pos]
+            pos += 1
+            node_data, n, _ = trees.parsed[entry]
+            if node_data is None:
+                subtree = 0
+            elif n:
+                stack.append([entry, n, [], start, None])
+                continue
+            else:
+                subtree = trees.make(entry, (), "")
+        while stack:  # `subtree` (from `start` to `pos`) is finished: the next child of its parent
+            frame = stack[-1]
+            frame[2].append(subtree)
+            frame[4] = (start, pos)
+            if len(frame[2]) < frame[1]:
+                break
+            stack.pop()
+            start, subtree = frame[3], trees.make(frame[0], tuple(frame[2]), "")
+        else:
+            return subtree if pos == len(order) else None
+
+
+def _bottom_up(order: list[int], trees: _Subtrees) -> int:
+    """The root subtree of the entries `order`, built from the last entry back with an explicit
+    stack; a malformed list is reported at the entry where it shows."""
+    stack: list[int] = []  # the finished subtrees, the next on top
+    for i in range(len(order) - 1, -1, -1):
+        node_data, n, _ = trees.parsed[order[i]]
+        if node_data is None:
+            stack.append(0)
+            continue
+        if n > len(stack):
+            fail(f"treedef[{i}]", f"the node has {n} children but only {len(stack)} nodes follow it")
+        kids = tuple(reversed(stack[len(stack) - n :]))
+        del stack[len(stack) - n :]
+        stack.append(trees.make(order[i], kids, f"treedef[{i}]"))
+    if len(stack) != 1:
+        fail("treedef", f"the nodes form {len(stack)} trees, not one (a count `n` or a key list is wrong)")
+    return stack[0]
 
 
 def _decode_treedef(entries: Any) -> tuple[jtu.PyTreeDef, list[str], bool]:
-    """Rebuild a treedef from its pre-order node list, bottom-up with an explicit stack; the
-    path of each of its leaves, in leaf order; and whether rebuilding the tree from
-    the treedef could still fail (`_check_rebuilds`).
+    """Rebuild a treedef from its pre-order node list; the path of each of its leaves, in leaf
+    order; and whether rebuilding the tree from the treedef could still fail (`_check_rebuilds`).
 
     A big tree repeats its nodes and subtrees (a model's layers): each distinct
-    entry is read once, and each distinct subtree (an entry and its children's
-    subtrees) is built once, with the paths of its leaves below it.
+    entry is read once, and each distinct subtree is built once.
     """
     nodes = read_list(entries, "treedef")
     if not nodes:
         fail("treedef", "expected at least one node")
-    texts = list(map(repr, nodes))  # tells JSON values apart (1, 1.0, true and "1" too)
-    first = dict(zip(reversed(texts), range(len(texts) - 1, -1, -1), strict=True))  # each distinct entry's first index
-    read: dict[str, int] = {}
-    parsed: list[tuple[Any, int, list[str] | None]] = []
+    ids = _ids(nodes)
+    first = dict(zip(reversed(ids), range(len(ids) - 1, -1, -1), strict=True))  # each distinct entry's first index
+    distinct: dict[Any, int] = {}
+    parsed: list[_Parsed] = []
     for text, i in sorted(first.items(), key=operator.itemgetter(1)):  # in order: the first error is reported
         node_data, n, keys = _node(nodes[i], f"treedef[{i}]")
-        read[text] = len(parsed)
+        distinct[text] = len(parsed)
         parsed.append((node_data, n, None if keys is None else [_tree.key_text(key) for key in keys]))
-    order = list(map(read.__getitem__, texts))
-    # JAX flattens (and so rebuilds paths for) trees only as deep as Python's recursion limit,
-    # and deeper ones can crash its C++ code: refuse them before building anything deep.
-    max_depth = sys.getrecursionlimit()
-    subtrees: list[tuple[jtu.PyTreeDef, int, list[str]]] = [(_LEAF_TREEDEF, 1, [""])]  # 0: a leaf
-    made: dict[tuple[int, tuple[int, ...]], int] = {}
-    built: list[int] = []  # the finished subtrees, the next on top
-    for i in range(len(order) - 1, -1, -1):
-        node_data, n, keys = parsed[order[i]]
-        if node_data is None:
-            built.append(0)
-            continue
-        if n > len(built):
-            fail(f"treedef[{i}]", f"the node has {n} children but only {len(built)} nodes follow it")
-        kids = tuple(reversed(built[len(built) - n :]))
-        del built[len(built) - n :]
-        subtree = made.get((order[i], kids))
-        if subtree is None:
-            children = [subtrees[k] for k in kids]
-            depth = 1 + max((d for _, d, _ in children), default=0)
-            if depth > max_depth:
-                fail("treedef", f"the tree is nested more deeply than JAX can flatten ({max_depth} levels)")
-            try:
-                node = jtu.PyTreeDef.from_node_data_and_children(
-                    jtu.default_registry, node_data, [child for child, _, _ in children]
-                )
-            except (RuntimeError, TypeError, ValueError) as err:
-                fail(f"treedef[{i}]", f"cannot rebuild this node: {err}")
-            paths: list[str] = []
-            for key, (_, _, below) in zip(keys or [], children, strict=True):
-                paths.extend(map(key.__add__, below))
-            subtree = made[(order[i], kids)] = len(subtrees)
-            subtrees.append((node, depth, paths))
-        built.append(subtree)
-    if len(built) != 1:
-        fail("treedef", f"the nodes form {len(built)} trees, not one (a count `n` or a key list is wrong)")
-    treedef, depth, paths = subtrees[built[0]]
+    order = list(map(distinct.__getitem__, ids))
+    trees = _Subtrees(parsed)
+    try:
+        root = _top_down(order, trees)
+    except Malformed:
+        root = None
+    if root is None:
+        root = _bottom_up(order, trees)
+    treedef, depth, _ = trees.built[root]
+    paths = trees.paths(root)
     builtin = all(data is None or data[0] in _BUILTIN_NODES for data, _, _ in parsed)
     return treedef, paths, not (builtin and depth <= _SHALLOW)
 
@@ -729,10 +830,10 @@ def _leaf(record: Any, where: str, dims: _Dims) -> Any:
     return leaf
 
 
-_PLAIN_FIELDS: Final = operator.itemgetter("path", "shape", "dtype", "weak_type")
+_PLAIN_FIELDS: Final = tuple(map(operator.itemgetter, ("path", "shape", "dtype", "weak_type")))
 
 
-def _plain_leaves(records: list[Any], constraints: Any) -> tuple[tuple[Any, ...], tuple[str, ...]] | None:
+def _plain_leaves(records: list[Any], constraints: Any) -> tuple[tuple[Any, ...], list[str]] | None:
     """The leaf descriptions and paths of `records` when every record is a plain array leaf's
     (`path`, `shape`, `dtype` and `weak_type` only) of fields of the right JSON types, else None
     (then `_leaves` reads them one by one, and says which is wrong).
@@ -744,7 +845,7 @@ def _plain_leaves(records: list[Any], constraints: Any) -> tuple[tuple[Any, ...]
     if set(map(type, records)) != {dict} or set(map(len, records)) != {4}:
         return None
     try:
-        paths, shapes, dtypes, weaks = zip(*map(_PLAIN_FIELDS, records), strict=True)
+        paths, shapes, dtypes, weaks = (list(map(field, records)) for field in _PLAIN_FIELDS)
     except KeyError:
         return None
     for column, expected in ((paths, str), (shapes, list), (dtypes, str), (weaks, bool)):
@@ -820,7 +921,7 @@ def _decode(text: str | bytes | bytearray) -> tuple[jtu.PyTreeDef, tuple[Any, ..
     if may_fail:
         _check_rebuilds(treedef)
     # Each record's `path` is where the treedef puts that leaf (a hand-edited file may disagree).
-    if plain is None or plain[1] != tuple(paths):
+    if plain is None or plain[1] != paths:
         for i, (path, record) in enumerate(zip(paths, records, strict=True)):
             if record["path"] != path:
                 fail(f"leaves[{i}].path", f"the treedef puts leaf {i} at {path!r}, not {short_repr(record['path'])}")
