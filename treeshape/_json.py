@@ -172,7 +172,18 @@ class _Frame:
     def __init__(self, children: Iterator[tuple[jtu.PyTreeDef, str]], node: Any, path: str, nodes: int, paths: int):
         self.children, self.node, self.path = children, node, path
         self.first_node, self.first_path = nodes, paths
-        self.last: tuple[jtu.PyTreeDef, int, int, int, int, int] | None = None
+        self.last: _Written | None = None
+
+
+class _Written:
+    """A subtree `_walk` has written whole: its treedef, where its node texts are, and the paths
+    of its leaves below it (read from the written paths when a sibling first copies it)."""
+
+    __slots__ = ("node", "nodes", "paths", "cut", "suffixes")
+
+    def __init__(self, node: jtu.PyTreeDef, nodes: slice, paths: slice, cut: int) -> None:
+        self.node, self.nodes, self.paths, self.cut = node, nodes, paths, cut
+        self.suffixes: list[str] | None = None
 
 
 def _same(a: jtu.PyTreeDef, b: jtu.PyTreeDef) -> bool:
@@ -208,10 +219,11 @@ def _walk(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[list[str], lis
                 nodes.append("null")
                 continue
             last = frame.last
-            if last is not None and _same(last[0], node):
-                _, n0, n1, p0, p1, cut = last
-                nodes.extend(nodes[n0:n1])
-                paths.extend([path + p[cut:] for p in paths[p0:p1]])
+            if last is not None and _same(last.node, node):
+                if last.suffixes is None:
+                    last.suffixes = [p[last.cut :] for p in paths[last.paths]]
+                nodes.extend(nodes[last.nodes])
+                paths.extend(map(path.__add__, last.suffixes))
                 continue
             children = node.children()
             text = _encode_node(node_type, aux, len(children), path)  # raises for a node JSON cannot describe
@@ -226,8 +238,8 @@ def _walk(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[list[str], lis
         else:
             frames.pop()
             if frames:  # `frame` is written: its parent's next child may be a copy of it
-                end = (len(nodes), len(paths))
-                frames[-1].last = (frame.node, frame.first_node, end[0], frame.first_path, end[1], len(frame.path))
+                written = slice(frame.first_node, len(nodes)), slice(frame.first_path, len(paths))
+                frames[-1].last = _Written(frame.node, *written, len(frame.path))
     return nodes, paths
 
 
@@ -310,13 +322,16 @@ _ARRAY_FIELDS: Final = operator.attrgetter("shape", "dtype", "weak_type", "shard
 _PATH_HEAD: Final = '{"path": '
 
 
-def _leaf_lines(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[list[str], list[Any]]:
-    """The JSON text of each leaf's record (as `json.dumps` writes those of `leaf_records`), and
-    one leaf of each kind the records tell apart (what `_constraints` reads).
+_SEP: Final = ",\n    "  # between two entries of the document's lists
+
+
+def _leaf_text(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[str, list[Any]]:
+    """The JSON text of the leaves' records (as `json.dumps` writes those of `leaf_records`, one
+    a line), and one leaf of each kind the records tell apart (what `_constraints` reads).
 
     A big tree has few kinds of array leaf: the text after each record's path
     is written once per kind (shape, dtype, weak type, sharding and manual
-    axes), and the path before it. Static leaves are written one by one.
+    axes), and joined with the paths in one go. Static leaves are written one by one.
     """
     if set(map(type, leaves)) == {jax.ShapeDtypeStruct}:
         try:
@@ -327,16 +342,21 @@ def _leaf_lines(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[list[str],
         # A `NamedSharding` equals another whose spec is written otherwise (`P('x')`, `P(('x',))`).
         if ones is not None and not any(isinstance(kind[3], jax.sharding.NamedSharding) for kind in ones):
             head = len(_PATH_HEAD) + 2  # `{"path": ""`
-            tails = {kind: _encode({"path": "", **_array_record(leaf)})[head:] for kind, leaf in ones.items()}
-            heads = map(_PATH_HEAD.__add__, map(_encode_str, paths))
-            return list(map(operator.add, heads, map(tails.__getitem__, kinds))), list(ones.values())
+            # Each record's text after its path, then the start of the next record.
+            ends = {
+                kind: _encode({"path": "", **_array_record(leaf)})[head:] + _SEP + _PATH_HEAD
+                for kind, leaf in ones.items()
+            }
+            pieces = zip(map(_encode_str, paths), map(ends.__getitem__, kinds), strict=True)
+            text = _PATH_HEAD + "".join(itertools.chain.from_iterable(pieces))
+            return text[: -len(_SEP + _PATH_HEAD)], list(ones.values())
     lines = [
         _encode({"path": path, **_array_record(leaf)})
         if isinstance(leaf, jax.ShapeDtypeStruct)
         else _encode(static_record(path, leaf))
         for path, leaf in zip(paths, leaves, strict=True)
     ]
-    return lines, list(leaves)
+    return _SEP.join(lines), list(leaves)
 
 
 def dumps(treedef: jtu.PyTreeDef, leaves: Sequence[Any], paths: Sequence[str] | None = None) -> str:
@@ -346,16 +366,14 @@ def dumps(treedef: jtu.PyTreeDef, leaves: Sequence[Any], paths: Sequence[str] | 
     they are found while the treedef is written, which costs no more.
     """
     nodes, walked = _walk(treedef, leaves)
-    leaf_lines, kinds = _leaf_lines(walked if paths is None else paths, leaves)
-    node_text = ",\n    ".join(nodes)
-    leaf_text = ",\n    ".join(leaf_lines)
+    leaf_text, kinds = _leaf_text(walked if paths is None else paths, leaves)
     constraints = _constraints(kinds)
     return (
         "{\n"
         f'  "version": {VERSION},\n'
         + ("" if constraints is None else f'  "constraints": {_encode(constraints)},\n')
-        + f'  "treedef": [\n    {node_text}\n  ],\n'
-        f'  "leaves": [{f"{chr(10)}    {leaf_text}{chr(10)}  " if leaf_lines else ""}]\n'
+        + f'  "treedef": [\n    {_SEP.join(nodes)}\n  ],\n'
+        f'  "leaves": [{f"{chr(10)}    {leaf_text}{chr(10)}  " if leaves else ""}]\n'
         "}\n"
     )
 
