@@ -1,4 +1,6 @@
-"""Mismatches, treeshape's exceptions, and the only place mismatch data becomes prose."""
+"""Mismatches, treeshape's exceptions, the fixes, and the report formatting every message
+shares (grouping, line limits, "the first three, then N more"). A message about one check's
+input lives beside that check."""
 
 import dataclasses
 import inspect
@@ -8,7 +10,8 @@ from typing import Any, Final
 
 import jax
 
-from ._leaf import constraints_text, node_type_name, spec_text
+from ._leaf import constraints_text, spec_text
+from ._tree import clip
 
 
 def _spec(x: Any) -> Any:
@@ -298,47 +301,6 @@ class PrecisionWarning(UserWarning):
     __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
 
-def narrowing_message(fn_name: str, leaves: Sequence[tuple[str, str, str]], init: str = "init") -> str:
-    """Weak float leaves (where, from, to) that settle on a float narrower than 32 bits."""
-    where, src, dst = leaves[0]
-    if len(leaves) == 1:
-        what = f"{where} ({src} -> {dst}) starts as a weakly typed float (a Python scalar) and takes"
-    else:
-        what = (
-            f"{len(leaves)} leaves (e.g. {where}: {src} -> {dst}) start as weakly typed floats (Python scalars) "
-            "and take"
-        )
-    return (
-        f"treeshape.{fn_name}: {what} the body's narrower dtype, as JAX's weak-type rule says; accumulating "
-        "in it loses precision fast (a thousand 1.001s sum to 256 in bfloat16). To accumulate in float32, "
-        f"start from `jnp.float32(0)` in `{init}`."
-    )
-
-
-def fori_bound_message(fn_name: str, name: str, bound: object, typed: str | None) -> str:
-    what = user_value(bound, typed or f"a {type(bound).__name__}")
-    return (
-        f"treeshape.{fn_name}: `{name}` must be an integer scalar (a Python int, or an int array or tracer "
-        f"of shape ()), as for `lax.fori_loop`, got {what}. Pass the bound you will pass to `lax.fori_loop`."
-    )
-
-
-def fori_bounds_message(fn_name: str, lower: str, upper: str) -> str:
-    return (
-        f"treeshape.{fn_name}: `lower` ({lower}) and `upper` ({upper}) have different integer types, which "
-        "`lax.fori_loop` rejects too. Give both bounds one dtype (e.g. `upper.astype(lower.dtype)`)."
-    )
-
-
-def free_dims_message(fn_name: str, dims: Sequence[str], example: str) -> str:
-    names = ", ".join(dims)
-    sizes = ", ".join(f"{name}=..." for name in dims)
-    return (
-        f"treeshape.{fn_name}: the structure has free symbolic dimensions ({names}; e.g. {example}), and arrays "
-        f"need sizes. Bind them first: `structure.bind({sizes}).{fn_name.rsplit('.', 1)[-1]}()`."
-    )
-
-
 def fix_for(m: Mismatch) -> str:
     """The sentence that tells the user how to repair one mismatch."""
     if m.kind == "shape":
@@ -395,7 +357,7 @@ def _is_key(dtype: object) -> bool:
 # -- reports: one sentence, or bullets; leaves that fail alike grouped ----------------
 Line = tuple[str, str, str]  # (where: root + path, what differs, the fix)
 _MAX_LINE: Final = 300  # characters: a message stays readable for trees of any size
-_MAX_WHERE: Final = 100
+MAX_WHERE: Final = 100
 SHOWN: Final = 3  # the paths (or fields) a message names before "and N more"
 
 
@@ -414,22 +376,7 @@ def mismatch_line(m: Mismatch) -> Line:
 def format_mismatches(header: str, mismatches: Sequence[Mismatch]) -> str:
     """`header` plus one sentence (or one bullet per mismatch) with its fix; entries missing (or
     extra) at consecutive indices under one node are one line (`layers: entries 12-15 missing`)."""
-    return format_report(header, _lines(mismatches), "differences")
-
-
-def listing_message(
-    header: str, mismatches: Sequence[Mismatch], rule: str, what: Callable[[Mismatch], str], limit: int = 20
-) -> str:
-    """`header`, then each mismatch as one line, `what(m)` telling it (entries at consecutive
-    indices merged, at most `limit` lines), then `rule`, the one fix they share."""
-    lines = _lines(mismatches, what)
-    if len(lines) == 1:
-        where, told, _ = lines[0]
-        return f"{header}: {_clip(where, _MAX_WHERE)}: {told}\n\n{rule}"
-    bullets = [f"  * {_clip(where, _MAX_WHERE)}: {told}" for where, told, _ in lines[:limit]]
-    if len(lines) > limit:
-        bullets.append(f"  * ... and {len(lines) - limit} more (every one is on the exception's `.mismatches`)")
-    return f"{header}; {len(mismatches)} differences:\n\n" + "\n".join(bullets) + f"\n\n{rule}"
+    return format_report(header, merged_lines(mismatches), "differences")
 
 
 _INDEXED: Final = re.compile(r"(?P<parent>.*)\[(?P<quote>'?)(?P<n>[0-9]+)(?P=quote)\]")
@@ -446,7 +393,9 @@ def _entry(m: Mismatch) -> tuple[str, str, int, bool] | None:
     return m.root + found["parent"], found["quote"], int(found["n"]), m.actual is None
 
 
-def _lines(mismatches: Sequence[Mismatch], what: Callable[[Mismatch], str] | None = None) -> list[Line]:
+def merged_lines(mismatches: Sequence[Mismatch], what: Callable[[Mismatch], str] | None = None) -> list[Line]:
+    """One report line per mismatch (`what(m)` telling it, else its own text and fix); entries
+    missing (or extra) at consecutive indices under one node are one line."""
     lines: list[Line] = []
     i = 0
     while i < len(mismatches):
@@ -498,14 +447,10 @@ def format_report(header: str, lines: Sequence[Line], noun: str) -> str:
 def _group_line(group: Sequence[Line]) -> str:
     where, what, fix = group[0]
     if len(group) == 1:
-        return f"{_clip(where, _MAX_WHERE)}: {what} {fix}"
-    shown = first_few([_clip(w, _MAX_WHERE // 2) for w, _, _ in group[:SHOWN]], len(group))
-    first = f"{_clip(where, _MAX_WHERE // 2)}: {what}" if len(group) > 1 else ""
+        return f"{clip(where, MAX_WHERE)}: {what} {fix}"
+    shown = first_few([clip(w, MAX_WHERE // 2) for w, _, _ in group[:SHOWN]], len(group))
+    first = f"{clip(where, MAX_WHERE // 2)}: {what}" if len(group) > 1 else ""
     return f"{len(group)} leaves fail alike ({shown}); e.g. {first} {fix}"
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def policy_fix(src: str, src_weak: bool, dst: str, policy: str, allowing: str | None) -> str:
@@ -590,182 +535,14 @@ def key_change_fix(
     return f'The dtypes differ, and no policy {what} (not even policy="cast"): {todo}'
 
 
-# -- scan lengths --------------------------------------------------------------
-def length_type_message(fn_name: str, length: object, traced: str | None) -> str:
-    """`length` is not an int (`traced`: its type when it is a tracer)."""
-    if traced is not None:
-        return (
-            f"treeshape.{fn_name}: `length` must be a concrete int >= 0, as for `lax.scan`, but it is a traced "
-            f"{traced} here. Pass a Python int (for an argument of a jitted function, mark it static with "
-            "`static_argnames`), or use `lax.while_loop` and `ts.while_carry` for a number of steps known "
-            "only at run time."
-        )
-    text = repr(length)
-    text = text if len(text) <= 40 else text[:37] + "..."
-    return (
-        f"treeshape.{fn_name}: `length` must be an int >= 0 (the number of steps, as for `lax.scan`), "
-        f"got {type(length).__name__} {text}. Pass the number of steps as an int, e.g. `length=3`."
-    )
-
-
-def length_negative_message(fn_name: str, length: int) -> str:
-    return (
-        f"treeshape.{fn_name}: `length` must be an int >= 0 (the number of steps, as for `lax.scan`), "
-        f"got {length}. Pass 0 or more."
-    )
-
-
 # -- 64-bit dtypes with x64 off ------------------------------------------------
-def x64_message(fn_name: str, groups: dict[str, list[str]], example: str) -> str:
-    """Leaves of 64-bit dtypes (`groups`: short dtype -> paths) that JAX cannot hold with x64
-    off; `example` is the first such leaf in compact notation."""
-    count = sum(len(paths) for paths in groups.values())
-    fix = (
-        'Turn x64 on first: `jax.config.update("jax_enable_x64", True)`, or build the values inside '
-        "`with jax.enable_x64(True):`. Or rebuild the Structure with the dtypes JAX uses with x64 off: "
-        "`ts.structure_of(s.tree)`, called with x64 off, makes each 64-bit leaf 32-bit."
-    )
-    why = (
-        "but jax_enable_x64 is off, so JAX would silently make {them} 32-bit and the result would not match "
-        "this Structure (one made with x64 on, e.g. unpickled from such a process)."
-    )
-    if count == 1:
-        [[path]] = groups.values()
-        return f"treeshape.{fn_name}: {path} is {example}, a 64-bit dtype, {why.format(them='it')}\n\n{fix}"
-    lines = []
-    for dtype, paths in groups.items():
-        shown = first_few(paths, unit=f" ({len(paths)} leaves)")
-        lines.append(f"  * {dtype}: {shown}")
-    listing = "\n".join(lines)
-    return f"treeshape.{fn_name}: {count} leaves have 64-bit dtypes, {why.format(them='them')}\n\n{listing}\n\n{fix}"
-
-
-# -- shardings (placement, with_shardings, loop carries) -------------------------------
-def unresolved_mesh_message(fn_name: str, paths: Sequence[str], example: str, mesh: str) -> str:
-    """Leaves sharded over an abstract mesh that no concrete mesh in sight matches."""
-    if len(paths) == 1:
-        what = f"{paths[0]} ({example}) is sharded over an abstract mesh ({mesh})"
-    else:
-        listed = first_few([f"{paths[0]} ({example})", *paths[1:SHOWN]], len(paths))
-        what = f"{len(paths)} leaves are sharded over an abstract mesh ({mesh}): {listed}"
-    return (
-        f"treeshape.{fn_name}: {what}; no concrete mesh "
-        "with those axes is known here: none is set with `jax.set_mesh`, and this Structure does not come "
-        "from an `out_structure` call whose arguments live on such a mesh (e.g. it was unpickled or read "
-        "from JSON). treeshape does not drop a sharding silently. Either build the values inside "
-        "`with jax.set_mesh(mesh):`, or give the leaves concrete shardings first: "
-        "`s.with_shardings(NamedSharding(mesh, P(...)))` (a callable `(path, leaf) -> Sharding` picks one "
-        "per leaf; `s.with_shardings(None)` keeps JAX's default placement)."
-    )
-
-
-def shardings_prefix_message(path: str, expected: str, actual: str) -> str:
-    """`with_shardings` got a pytree that is not a prefix of the structure's tree."""
-    where = "the top" if path == "tree" else path
-    return (
-        f"treeshape.Structure.with_shardings: `shardings` is not a prefix of the structure's tree: at {where} "
-        f"it has {expected}, where the tree has {actual}. Give one `Sharding` (or `None`) per subtree, in "
-        "containers like the tree's (the same dict keys and lengths), or one `Sharding` for every leaf, or a "
-        "callable `(path, leaf) -> Sharding | None`."
-    )
-
-
-def shardings_type_message(wrong: Sequence[tuple[str, str, bool]]) -> str:
-    """`with_shardings` values that are not shardings: (where, what it is, is a PartitionSpec)."""
-    lines = [f"{where} is {what}" for where, what, _ in wrong]
-    fix = "Each value must be a `jax.sharding.Sharding` (e.g. `NamedSharding(mesh, P('data'))`) or `None`."
-    if any(is_spec for _, _, is_spec in wrong):
-        fix += " A PartitionSpec needs its mesh: wrap it as `NamedSharding(mesh, spec)`."
-    if len(lines) == 1:
-        return f"treeshape.Structure.with_shardings: {lines[0]}, not a sharding. {fix}"
-    listing = "\n".join(f"  * {line}" for line in lines)
-    return f"treeshape.Structure.with_shardings: {len(lines)} values are not shardings:\n\n{listing}\n\n{fix}"
-
-
-def shardings_unfit_message(lines: Sequence[str]) -> str:
-    """Shardings that do not fit their leaves (rank, divisibility): one line per leaf."""
-    fix = (
-        "Give such leaves a spec with at most one entry per dimension, over mesh axes whose sizes divide "
-        "that dimension (`None` replicates a dimension), or `None` (a callable `(path, leaf) -> Sharding | "
-        "None` can choose by `leaf.shape`)."
-    )
-    if len(lines) == 1:
-        return f"treeshape.Structure.with_shardings: the sharding does not fit {lines[0]}. {fix}"
-    listing = "\n".join(f"  * {line}" for line in lines)
-    return f"treeshape.Structure.with_shardings: {len(lines)} shardings do not fit their leaves:\n\n{listing}\n\n{fix}"
-
-
+# -- a loop carry's sharding --------------------------------------------------------------
 def carry_sharding_fix(history: Sequence[str], fn: str = "body") -> str:
     """A carry leaf whose sharding keeps changing from one evaluation of `fn` to the next."""
     return (
         f"`{fn}` changes this leaf's sharding on every pass ({' -> '.join(history)}), so no sharding is a "
         f"fixed point (explicit mesh axes are part of a carry's type). Give it one sharding at the end of "
         f"`{fn}`: `jax.sharding.reshard(x, P(...))`."
-    )
-
-
-def carry_reshard_message(fn_name: str, where: str, spec: str) -> str:
-    """`init` must move to an explicit-axes sharding but no concrete mesh is in sight."""
-    return (
-        f"treeshape.{fn_name}: {where} must be resharded to {spec} (the body returns it so, and explicit "
-        "mesh axes are part of a carry's type), but it is not placed on a mesh and no mesh is set. Call it "
-        "inside `with jax.set_mesh(mesh):`, or place the initial value on the mesh first "
-        "(`jax.device_put(x, NamedSharding(mesh, P()))`)."
-    )
-
-
-def astype_key_message(leaves: Sequence[str], dtype: str) -> str:
-    """`Structure.astype` would convert typed PRNG keys (or make them)."""
-    listed = first_few(leaves)
-    return (
-        f"treeshape.Structure.astype: no conversion to or from typed PRNG keys ({dtype}): {listed}. Leave key "
-        "leaves out with `where=`, or convert explicitly with `jax.random.key_data` / `jax.random.wrap_key_data`."
-    )
-
-
-def astype_x64_message(leaves: Sequence[str], dtype: str, narrow: str) -> str:
-    """`Structure.astype` towards a 64-bit dtype that JAX would make 32-bit (x64 off)."""
-    listed = first_few(leaves)
-    return (
-        f"treeshape.Structure.astype: {dtype} is a 64-bit dtype, but jax_enable_x64 is off, so JAX would silently "
-        f"make arrays of it {narrow} (`zeros()` refuses such a Structure). It would convert {listed}. Turn x64 on "
-        'first: `jax.config.update("jax_enable_x64", True)`, or build inside `with jax.enable_x64(True):`; or '
-        f"convert to {narrow}."
-    )
-
-
-def int_too_big_message(fn_name: str, where: str, value: int, bits: int) -> str:
-    other = (
-        "bind it with `functools.partial` so it stays a concrete Python value"
-        if fn_name == "out_structure"
-        else "keep it out of the tree (a Python int leaf is an array to JAX)"
-    )
-    return (
-        f"treeshape.{fn_name}: {where} is the Python int {value}, which does not fit the int{bits} JAX gives "
-        f"Python ints. Pass it as a typed array (e.g. `np.int64({value})` with jax_enable_x64 on), or {other}."
-    )
-
-
-def bad_shape_message(fn_name: str, where: str, shape: Any, problem: str) -> str:
-    """A leaf with `.shape` and `.dtype` whose shape JAX cannot take."""
-    return (
-        f"treeshape.{fn_name}: {where} has shape {shape!r}, which is not a sequence of integer sizes >= 0: "
-        f"{problem}. Give it integer sizes (a `jax.ShapeDtypeStruct((8, 3), jnp.float32)`, or an object whose "
-        "`.shape` is a tuple of ints), or keep it out of the tree if it is not an array."
-    )
-
-
-def structure_as_values_message(fn_name: str, where: str, needs: str) -> str:
-    """A `Structure` passed where a tree of values (or of abstract values) is needed.
-
-    `needs` is what the callee takes there: "values" (arrays, e.g. a carry to convert)
-    or "abstract" (arrays or `ShapeDtypeStruct`s)."""
-    fix = "`s.zeros()` (arrays of that structure)" + (
-        " or `s.tree` (its `ShapeDtypeStruct`s)" if needs == "abstract" else ""
-    )
-    return (
-        f"treeshape.{fn_name}: {where} is a treeshape.Structure, a description of a tree rather than a tree of "
-        f"{'arrays' if needs == 'values' else 'arrays or abstract values'}. Pass {fix} instead."
     )
 
 
@@ -792,31 +569,8 @@ def user_value(x: Any, typed: str | None = None) -> str:
     a tracer by its type alone."""
     if isinstance(x, jax.core.Tracer):
         return f"a traced {typed}" if typed else "a tracer"
-    text = repr(x)
-    if len(text) > 60:
-        text = text[:57] + "..."
+    text = clip(repr(x), 60)
     return f"{text} ({typed})" if typed else text
-
-
-def complex_fill_message(value: Any, paths: list[str], n_leaves: int) -> str:
-    """`Structure.full` with a complex value for leaves that cannot hold one."""
-    named = first_few(paths)
-    return (
-        f"treeshape.Structure.full: `value` {user_value(value)} is complex, but {named} "
-        f"({len(paths)} of {n_leaves} leaves) {'is' if len(paths) == 1 else 'are'} of an integer or real floating "
-        "dtype, which JAX refuses to fill with a complex value (as `jnp.full` does). Fill with a real value, or make "
-        "those leaves complex first: `s.astype(jnp.complex64, where=...)`."
-    )
-
-
-def unflatten_message(fn_name: str, node_types: list[type], error: BaseException) -> str:
-    """A Structure whose tree could not be rebuilt with new leaves."""
-    names = ", ".join(node_type_name(t) for t in node_types[:SHOWN]) or "its nodes"
-    return (
-        f"treeshape.{fn_name}: the tree cannot be rebuilt with new leaves: unflattening its nodes ({names}) "
-        f"failed with {type(error).__name__}: {error}. Describe a tree whose node types rebuild from any leaves "
-        "(their registered unflatten), or build the values from `s.tree` with `jax.tree.map`."
-    )
 
 
 # The public classes report module `treeshape`, so doctest would not look for their examples here.

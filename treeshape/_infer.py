@@ -13,7 +13,6 @@ import numpy as np
 
 from . import _cache, _compat, _sharding, _tree
 from ._cache import CACHE, NEEDS_CONCRETE, CacheInfo, Key, static_key
-from ._errors import bad_shape_message, int_too_big_message
 from ._leaf import (
     ARRAY,
     DIM,
@@ -24,11 +23,13 @@ from ._leaf import (
     BadShape,
     TooLarge,
     as_abstract,
+    bad_shape_message,
     check_extents,
     checked_sds,
     cycle_problem,
     extent_message,
     flatten,
+    int_too_big_message,
     is_duck_array,
     jax_dtype,
     kind_of,

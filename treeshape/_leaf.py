@@ -825,3 +825,24 @@ def human_bytes(n: Any) -> str:
         if value < 1024 or unit == "PiB":
             return f"{value:.1f} {unit}"
     raise AssertionError("unreachable")
+
+
+def int_too_big_message(fn_name: str, where: str, value: int, bits: int) -> str:
+    other = (
+        "bind it with `functools.partial` so it stays a concrete Python value"
+        if fn_name == "out_structure"
+        else "keep it out of the tree (a Python int leaf is an array to JAX)"
+    )
+    return (
+        f"treeshape.{fn_name}: {where} is the Python int {value}, which does not fit the int{bits} JAX gives "
+        f"Python ints. Pass it as a typed array (e.g. `np.int64({value})` with jax_enable_x64 on), or {other}."
+    )
+
+
+def bad_shape_message(fn_name: str, where: str, shape: Any, problem: str) -> str:
+    """A leaf with `.shape` and `.dtype` whose shape JAX cannot take."""
+    return (
+        f"treeshape.{fn_name}: {where} has shape {shape!r}, which is not a sequence of integer sizes >= 0: "
+        f"{problem}. Give it integer sizes (a `jax.ShapeDtypeStruct((8, 3), jnp.float32)`, or an object whose "
+        "`.shape` is a tuple of ints), or keep it out of the tree if it is not an array."
+    )

@@ -7,14 +7,16 @@ import jax
 import jax.tree_util as jtu
 
 from ._diff import diff_structures
-from ._errors import Mismatch, StructureMismatchError, listing_message
+from ._errors import MAX_WHERE, Mismatch, StructureMismatchError, merged_lines
 from ._leaf import spec_text
 from ._structure import Structure, read_structure
+from ._tree import clip
 
 
 PyTree = Any
 
 _WHO: Final = "treeshape.check_prefix"
+_MAX_LINES: Final = 20  # places a message lists before "... and N more"
 
 
 class _PrefixLeaf:
@@ -111,7 +113,7 @@ def check_prefix(prefix: PyTree, tree: PyTree) -> None:
                 " (The top-level list of `prefix` was read as a tuple, as `jax.vmap` reads `in_axes` and `jax.jit` "
                 "its shardings against the tuple of arguments.)"
             )
-        raise StructureMismatchError(listing_message(header, found, rule, _what), found)
+        raise StructureMismatchError(_listing_message(header, found, rule), found)
     return None
 
 
@@ -122,6 +124,19 @@ def _what(m: Mismatch) -> str:
     if m.actual is None:
         return f"missing from the prefix; the tree has {m.expected} here."
     return f"the tree has {m.expected} here, the prefix {m.actual}."
+
+
+def _listing_message(header: str, mismatches: list[Mismatch], rule: str) -> str:
+    """`header`, then each mismatch as one line told by `_what` (entries at consecutive
+    indices merged, at most `_MAX_LINES` lines), then `rule`, the one fix they share."""
+    lines = merged_lines(mismatches, _what)
+    if len(lines) == 1:
+        where, told, _ = lines[0]
+        return f"{header}: {clip(where, MAX_WHERE)}: {told}\n\n{rule}"
+    bullets = [f"  * {clip(where, MAX_WHERE)}: {told}" for where, told, _ in lines[:_MAX_LINES]]
+    if len(lines) > _MAX_LINES:
+        bullets.append(f"  * ... and {len(lines) - _MAX_LINES} more (every one is on the exception's `.mismatches`)")
+    return f"{header}; {len(mismatches)} differences:\n\n" + "\n".join(bullets) + f"\n\n{rule}"
 
 
 def _is_tuple(treedef: jtu.PyTreeDef) -> bool:

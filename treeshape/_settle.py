@@ -6,8 +6,7 @@ from typing import Any, Final
 import jax
 import jax.tree_util as jtu
 
-from ._carry import Roles, convert_init, fixed_point, sub_structure
-from ._errors import structure_as_values_message
+from ._fixpoint import Roles, convert_init, fixed_point, structure_as_values_message, sub_structure
 from ._infer import out_structure
 from ._leaf import OTHER, kind_of
 from ._structure import PyTree, Structure
@@ -57,16 +56,13 @@ def _check_leaves(state: PyTree) -> None:
 def settle(step: Callable[..., Any], state: PyTree, *args: Any, policy: str = "weak", **kwargs: Any) -> PyTree:
     """Convert `state` to the type `step` maps to itself, so a jitted `step` compiles once.
 
-    A train step often returns its state with other types than it received:
-    optimizer moments that start `bfloat16` come back `float32`, a Python-int
-    step counter comes back a strong `int32`. `jax.jit(step)` then compiles a
-    second time on the second call, for the new types. `settle` finds the
-    state type that `step` maps to itself, as the loop carries do: it
-    evaluates `step` abstractly (through [treeshape.out_structure][], so no
-    FLOPs, cached, and safe under any transformation), joins each input leaf
-    with the output leaf under `policy`, and repeats until nothing changes
-    (one evaluation of `step` when `state` already is a fixed point). Then it
-    returns `state`'s values converted to that type.
+    A train step often returns its state with other types than it received
+    (optimizer moments that start `bfloat16` come back `float32`, a Python-int
+    step counter comes back a strong `int32`), and `jax.jit(step)` then
+    compiles again on the second call. `settle` finds the state type that
+    `step` maps to itself as the loop carries do (abstract evaluation through
+    [treeshape.out_structure][], each leaf joined under `policy` until nothing
+    changes) and returns `state`'s values converted to it.
 
     Unlike a loop carry, a leaf whose only difference is its weak flag takes
     the output's flag (`jax.jit` retraces when a weak type changes), and every
@@ -82,14 +78,9 @@ def settle(step: Callable[..., Any], state: PyTree, *args: Any, policy: str = "w
             scalars (no static values, as for `jax.jit`).
         *args: The other arguments of `step` (e.g. a batch): arrays,
             `jax.ShapeDtypeStruct`s or anything `out_structure` accepts.
-        policy: Which leaves may change dtype to reach `step`'s type:
-
-            - `"weak"` (default): only weakly typed leaves (Python scalars,
-              weak arrays), to the dtype JAX's weak-type promotion gives;
-            - `"promote"`: also strong leaves, where
-              `jnp.promote_types(src, dst) == dst` (mixed precision:
-              `bfloat16` moments meeting `float32` gradients);
-            - `"cast"`: any leaf, to any dtype.
+        policy: `"weak"` (default), `"promote"` or `"cast"`, as in
+            [treeshape.carry_structure][] (`"promote"` for mixed precision:
+            `bfloat16` moments meeting `float32` gradients).
         **kwargs: Keyword arguments of `step` (any name but `policy`).
 
     Returns:

@@ -15,16 +15,10 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from . import _compat
-from ._errors import (
-    carry_reshard_message,
-    check_path_leaf_callback,
-    shardings_prefix_message,
-    shardings_type_message,
-    shardings_unfit_message,
-    unresolved_mesh_message,
-)
+from . import _compat, _tree
+from ._errors import SHOWN, check_path_leaf_callback, first_few
 from ._leaf import is_symbolic, leaf_nbytes, leaf_str, spec_text
+from ._tree import clip
 
 
 class Leaves(Protocol):
@@ -265,7 +259,7 @@ def place(structure: Leaves, meshes: Sequence[Any], value: Any, fn_name: str, fi
         first = leaves[unresolved[0]]
         example = f"{leaf_str(first)} {spec_str(first.sharding, len(first.shape)) or 'P()'}"
         mesh = _mesh_str(first.sharding.mesh)
-        raise ValueError(unresolved_mesh_message(f"Structure.{fn_name}", paths, example, mesh))
+        raise ValueError(_unresolved_mesh_message(f"Structure.{fn_name}", paths, example, mesh))
     out = list(leaves)
     remote: list[int] = []
     for i, (leaf, sharding) in enumerate(zip(leaves, shardings, strict=True)):
@@ -287,6 +281,24 @@ def place(structure: Leaves, meshes: Sequence[Any], value: Any, fn_name: str, fi
     return out
 
 
+def _unresolved_mesh_message(fn_name: str, paths: Sequence[str], example: str, mesh: str) -> str:
+    """Leaves sharded over an abstract mesh that no concrete mesh in sight matches."""
+    if len(paths) == 1:
+        what = f"{paths[0]} ({example}) is sharded over an abstract mesh ({mesh})"
+    else:
+        listed = first_few([f"{paths[0]} ({example})", *paths[1:SHOWN]], len(paths))
+        what = f"{len(paths)} leaves are sharded over an abstract mesh ({mesh}): {listed}"
+    return (
+        f"treeshape.{fn_name}: {what}; no concrete mesh "
+        "with those axes is known here: none is set with `jax.set_mesh`, and this Structure does not come "
+        "from an `out_structure` call whose arguments live on such a mesh (e.g. it was unpickled or read "
+        "from JSON). treeshape does not drop a sharding silently. Either build the values inside "
+        "`with jax.set_mesh(mesh):`, or give the leaves concrete shardings first: "
+        "`s.with_shardings(NamedSharding(mesh, P(...)))` (a callable `(path, leaf) -> Sharding` picks one "
+        "per leaf; `s.with_shardings(None)` keeps JAX's default placement)."
+    )
+
+
 # -- with_shardings ------------------------------------------------------------------
 def _is_sharding_leaf(x: Any) -> bool:
     return x is None or isinstance(x, jax.sharding.Sharding)
@@ -294,8 +306,7 @@ def _is_sharding_leaf(x: Any) -> bool:
 
 def _what(x: Any) -> str:
     spec = isinstance(x, jax.sharding.PartitionSpec)
-    text = spec_text(x) if spec else repr(x)
-    text = text if len(text) <= 60 else text[:57] + "..."
+    text = clip(spec_text(x) if spec else repr(x), 60)
     kind = "a PartitionSpec" if spec else type(x).__name__
     return f"{kind} {text}"
 
@@ -305,7 +316,7 @@ def _node(x: Any) -> tuple[Any, list[tuple[Any, Any]]] | None:
     if _is_sharding_leaf(x):
         return None
     try:
-        keyed, aux = _compat.flatten_one_level_with_keys(x)
+        keyed, aux = _tree.keyed_children(x)
     except ValueError:  # a leaf
         return None
     return (type(x), aux), list(keyed)
@@ -333,7 +344,7 @@ def _prefix_mismatch(prefix: Any, tree: Any) -> tuple[str, str, str]:
         if t_node is None or p_node[0] != t_node[0] or len(p_node[1]) != len(t_node[1]):
             return path, _node_str(p), _node_str(t)
         pairs = zip(p_node[1], t_node[1], strict=True)
-        stack.extend(reversed([(path + jtu.keystr((pk,)), pc, tc) for (pk, pc), (_, tc) in pairs]))
+        stack.extend(reversed([(path + _tree.key_text(pk), pc, tc) for (pk, pc), (_, tc) in pairs]))
     return "", _node_str(prefix), _node_str(tree)
 
 
@@ -411,7 +422,7 @@ def with_shardings(structure: Leaves, shardings: Any) -> list[Any]:
             subtrees = p_treedef.flatten_up_to(tree)
         except (ValueError, TypeError):
             path, expected, actual = _prefix_mismatch(shardings, tree)
-            raise ValueError(shardings_prefix_message("tree" + path, expected, actual)) from None
+            raise ValueError(_shardings_prefix_message("tree" + path, expected, actual)) from None
         per_leaf, where = [], []
         for (p_path, value), sub in zip(p_leaves, subtrees, strict=True):
             sub_treedef: jtu.PyTreeDef = jtu.tree_structure(sub)
@@ -419,14 +430,14 @@ def with_shardings(structure: Leaves, shardings: Any) -> list[Any]:
             per_leaf += [value] * n
             where += [f"shardings{jtu.keystr(p_path)}" if p_path else "`shardings`"] * n
         if len(per_leaf) != len(leaves):  # a static leaf that flattens differently: be safe
-            raise ValueError(shardings_prefix_message("tree", _node_str(shardings), _node_str(tree)))
+            raise ValueError(_shardings_prefix_message("tree", _node_str(shardings), _node_str(tree)))
     wrong = [
         (where[i], _what(s), isinstance(s, jax.sharding.PartitionSpec))
         for i, s in enumerate(per_leaf)
         if isinstance(leaves[i], jax.ShapeDtypeStruct) and not _is_sharding_leaf(s)
     ]
     if wrong:
-        raise TypeError(shardings_type_message(list(dict.fromkeys(wrong))))
+        raise TypeError(_shardings_type_message(list(dict.fromkeys(wrong))))
     out, unfit = [], []
     for path, leaf, sharding in zip(paths, leaves, per_leaf, strict=True):
         if not isinstance(leaf, jax.ShapeDtypeStruct):
@@ -439,8 +450,44 @@ def with_shardings(structure: Leaves, shardings: Any) -> list[Any]:
             leaf = leaf.update(sharding=sharding)
         out.append(leaf)
     if unfit:
-        raise ValueError(shardings_unfit_message(unfit))
+        raise ValueError(_shardings_unfit_message(unfit))
     return out
+
+
+def _shardings_prefix_message(path: str, expected: str, actual: str) -> str:
+    """`with_shardings` got a pytree that is not a prefix of the structure's tree."""
+    where = "the top" if path == "tree" else path
+    return (
+        f"treeshape.Structure.with_shardings: `shardings` is not a prefix of the structure's tree: at {where} "
+        f"it has {expected}, where the tree has {actual}. Give one `Sharding` (or `None`) per subtree, in "
+        "containers like the tree's (the same dict keys and lengths), or one `Sharding` for every leaf, or a "
+        "callable `(path, leaf) -> Sharding | None`."
+    )
+
+
+def _shardings_type_message(wrong: Sequence[tuple[str, str, bool]]) -> str:
+    """`with_shardings` values that are not shardings: (where, what it is, is a PartitionSpec)."""
+    lines = [f"{where} is {what}" for where, what, _ in wrong]
+    fix = "Each value must be a `jax.sharding.Sharding` (e.g. `NamedSharding(mesh, P('data'))`) or `None`."
+    if any(is_spec for _, _, is_spec in wrong):
+        fix += " A PartitionSpec needs its mesh: wrap it as `NamedSharding(mesh, spec)`."
+    if len(lines) == 1:
+        return f"treeshape.Structure.with_shardings: {lines[0]}, not a sharding. {fix}"
+    listing = "\n".join(f"  * {line}" for line in lines)
+    return f"treeshape.Structure.with_shardings: {len(lines)} values are not shardings:\n\n{listing}\n\n{fix}"
+
+
+def _shardings_unfit_message(lines: Sequence[str]) -> str:
+    """Shardings that do not fit their leaves (rank, divisibility): one line per leaf."""
+    fix = (
+        "Give such leaves a spec with at most one entry per dimension, over mesh axes whose sizes divide "
+        "that dimension (`None` replicates a dimension), or `None` (a callable `(path, leaf) -> Sharding | "
+        "None` can choose by `leaf.shape`)."
+    )
+    if len(lines) == 1:
+        return f"treeshape.Structure.with_shardings: the sharding does not fit {lines[0]}. {fix}"
+    listing = "\n".join(f"  * {line}" for line in lines)
+    return f"treeshape.Structure.with_shardings: {len(lines)} shardings do not fit their leaves:\n\n{listing}\n\n{fix}"
 
 
 # -- shardings that are part of a type (explicit mesh axes) ------------------------------
@@ -500,9 +547,19 @@ def reshard(x: Any, want: jax.ShapeDtypeStruct, fn_name: str, where: Callable[[]
         concrete = _resolve(sharding, meshes)
         if concrete is _UNRESOLVED:
             rank = len(want.shape)
-            raise ValueError(carry_reshard_message(fn_name, where(), spec_text(spec_value(carry_spec(want), rank))))
+            raise ValueError(_carry_reshard_message(fn_name, where(), spec_text(spec_value(carry_spec(want), rank))))
         sharding = concrete
     return jax.sharding.reshard(x, sharding)
+
+
+def _carry_reshard_message(fn_name: str, where: str, spec: str) -> str:
+    """`init` must move to an explicit-axes sharding but no concrete mesh is in sight."""
+    return (
+        f"treeshape.{fn_name}: {where} must be resharded to {spec} (the body returns it so, and explicit "
+        "mesh axes are part of a carry's type), but it is not placed on a mesh and no mesh is set. Call it "
+        "inside `with jax.set_mesh(mesh):`, or place the initial value on the mesh first "
+        "(`jax.device_put(x, NamedSharding(mesh, P()))`)."
+    )
 
 
 def spec_value(spec: tuple[Any, ...] | None, rank: int) -> Any:

@@ -27,7 +27,8 @@ from ._leaf import (
     refuse_leaked_tracers,
     short_dtype,
 )
-from ._structure import PyTree, Structure, check_x64, read_structure
+from ._structure import PyTree, Structure, read_structure
+from ._values import check_x64
 
 
 POLICIES: Final = ("weak", "promote", "cast")
