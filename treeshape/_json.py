@@ -80,7 +80,6 @@ from ._json_values import (
 )
 from ._leaf import extent_problem, is_symbolic, leaf_str, manual_axis_sets, symbolic_scopes
 from ._sharding import split_problem as _split_problem
-from ._tree import StaticRepr  # noqa: F401  (the public marker, where earlier releases had it)
 
 
 VERSION: Final = 1
