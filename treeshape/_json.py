@@ -324,9 +324,10 @@ _PATH_HEAD: Final = '{"path": '
 _SEP: Final = ",\n    "  # between two entries of the document's lists
 
 
-def _leaf_text(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[str, list[Any]]:
+def _leaf_text(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[list[str], list[Any]]:
     """The JSON text of the leaves' records (as `json.dumps` writes those of `leaf_records`, one
-    a line), and one leaf of each kind the records tell apart (what `_constraints` reads).
+    a line), in pieces to join, and one leaf of each kind the records tell apart (what
+    `_constraints` reads).
 
     A big tree has few kinds of array leaf: the text after each record's path
     is written once per kind (shape, dtype, weak type, sharding and manual
@@ -341,21 +342,21 @@ def _leaf_text(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[str, list[A
         # A `NamedSharding` equals another whose spec is written otherwise (`P('x')`, `P(('x',))`).
         if ones is not None and not any(isinstance(kind[3], jax.sharding.NamedSharding) for kind in ones):
             head = len(_PATH_HEAD) + 2  # `{"path": ""`
-            # Each record's text after its path, then the start of the next record.
-            ends = {
-                kind: _encode({"path": "", **_array_record(leaf)})[head:] + _SEP + _PATH_HEAD
-                for kind, leaf in ones.items()
-            }
-            pieces = zip(map(_encode_str, paths), map(ends.__getitem__, kinds), strict=True)
-            text = _PATH_HEAD + "".join(itertools.chain.from_iterable(pieces))
-            return text[: -len(_SEP + _PATH_HEAD)], list(ones.values())
+            tails = {kind: _encode({"path": "", **_array_record(leaf)})[head:] for kind, leaf in ones.items()}
+            ends = {kind: tail + _SEP + _PATH_HEAD for kind, tail in tails.items()}  # and the next record's start
+            pieces = [_PATH_HEAD]
+            pieces += itertools.chain.from_iterable(
+                zip(map(_encode_str, paths), map(ends.__getitem__, kinds), strict=True)
+            )
+            pieces[-1] = tails[kinds[-1]]
+            return pieces, list(ones.values())
     lines = [
         _encode({"path": path, **_array_record(leaf)})
         if isinstance(leaf, jax.ShapeDtypeStruct)
         else _encode(static_record(path, leaf))
         for path, leaf in zip(paths, leaves, strict=True)
     ]
-    return _SEP.join(lines), list(leaves)
+    return [_SEP.join(lines)], list(leaves)
 
 
 def dumps(treedef: jtu.PyTreeDef, leaves: Sequence[Any], paths: Sequence[str] | None = None) -> str:
@@ -367,14 +368,16 @@ def dumps(treedef: jtu.PyTreeDef, leaves: Sequence[Any], paths: Sequence[str] | 
     nodes, walked = _walk(treedef, leaves)
     leaf_text, kinds = _leaf_text(walked if paths is None else paths, leaves)
     constraints = _constraints(kinds)
-    return (
-        "{\n"
-        f'  "version": {VERSION},\n'
-        + ("" if constraints is None else f'  "constraints": {_encode(constraints)},\n')
-        + f'  "treedef": [\n    {_SEP.join(nodes)}\n  ],\n'
-        f'  "leaves": [{f"{chr(10)}    {leaf_text}{chr(10)}  " if leaves else ""}]\n'
-        "}\n"
-    )
+    parts = ["{\n", f'  "version": {VERSION},\n']
+    if constraints is not None:
+        parts.append(f'  "constraints": {_encode(constraints)},\n')
+    parts += ['  "treedef": [\n    ', _SEP.join(nodes), '\n  ],\n  "leaves": [']
+    if leaves:
+        parts.append("\n    ")
+        parts += leaf_text
+        parts.append("\n  ")
+    parts.append("]\n}\n")
+    return "".join(parts)  # one copy of a text that may be large
 
 
 def _constraints(leaves: Sequence[Any]) -> list[str] | None:
