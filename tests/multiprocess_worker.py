@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from helpers import train_step
 from jax import lax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
@@ -33,24 +34,9 @@ def training_data() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     return xs, ys, params
 
 
-def make_step(opt: optax.GradientTransformation):
-    """One training step, `step((params, opt_state), (x, y)) -> ((params, opt_state), loss)`."""
-
-    def loss_fn(p, x, y):
-        return jnp.mean((x @ p["w"] + p["b"] - y) ** 2)
-
-    def step(carry, batch):
-        params, opt_state = carry
-        loss, grads = jax.value_and_grad(loss_fn)(params, *batch)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), loss
-
-    return step
-
-
 def make_train(opt: optax.GradientTransformation):
     """`train(params, opt_state, xs, ys) -> losses`: `lax.scan` over the steps, carry from treeshape."""
-    step = make_step(opt)
+    step = train_step(opt)
 
     def train(params, opt_state, xs, ys):
         carry = ts.scan_carry(step, (params, opt_state), (xs, ys))

@@ -1,74 +1,177 @@
-"""The package's shape, as docs/architecture.md describes it: imports form a DAG,
-and no module imports another inside a function to dodge a cycle."""
+"""The package's shape, as docs/architecture.md lays it out: the imports form floors (floor 1
+imports no module of the package; every other module is one floor above the highest module it
+imports), the page's table puts each module on its floor, no module imports another inside a
+function to dodge a cycle, `treeshape/__init__.py` names each public name once, and the
+public classes report module `treeshape`, where users import them from."""
 
 import ast
-import graphlib
 import pathlib
+import pickle
+import re
+
+import pytest
 
 import treeshape
 
 
 PACKAGE = pathlib.Path(treeshape.__file__).parent
-# Modules that import late on purpose (not for a cycle): the command line loads
-# JAX only once it runs a command, so `--help` and usage errors stay fast.
-LATE_IMPORTS_ALLOWED = {"_cli"}
+PAGE = PACKAGE.parent / "docs" / "architecture.md"
+MODULES = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+# Modules that import late on purpose (not for a cycle): the command line loads JAX only
+# once it runs a command, so `--help` and usage errors stay fast; pytest loads the plugin
+# before any conftest.py, which must still be able to configure JAX.
+LATE_IMPORTS_ALLOWED = {"_cli", "pytest_plugin"}
 
 
-def _imports(path: pathlib.Path) -> tuple[set[str], set[str]]:
-    """The package modules `path` imports at module level, and inside functions."""
-    tree = ast.parse(path.read_text())
+def _imported(node: ast.ImportFrom) -> set[str]:
+    """The package modules a relative import reads (`from . import cost` reads `_cost`, the
+    module the package's lazy table imports `cost` from)."""
+    if node.level != 1:
+        return set()
+    if node.module:
+        return {node.module.split(".")[0]}
+    names = {alias.name for alias in node.names}
+    return (names & MODULES) | {treeshape._MODULES[n].lstrip(".") for n in names if n in treeshape._MODULES}
+
+
+def _imports(module: str) -> tuple[set[str], set[str]]:
+    """The package modules `module` imports anywhere, and those it imports only inside functions."""
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    functions = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
+    in_functions = {id(node) for f in functions for node in ast.walk(f)}
     top: set[str] = set()
     late: set[str] = set()
-
-    def names(node: ast.ImportFrom) -> set[str]:
-        if node.level != 1:
-            return set()
-        if node.module:
-            return {node.module.split(".")[0]}
-        return {alias.name for alias in node.names}
-
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            late |= names(node)
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom):
-            top |= names(node)
-        elif isinstance(node, ast.If):  # `if TYPE_CHECKING:` in __init__
-            for inner in ast.walk(node):
-                if isinstance(inner, ast.ImportFrom):
-                    top |= names(inner)
-    return top, late - top
+            (late if id(node) in in_functions else top).update(_imported(node))
+    return top | late, late - top
 
 
-def _graph() -> dict[str, set[str]]:
-    return {p.stem: _imports(p)[0] for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+def graph() -> dict[str, set[str]]:
+    return {m: _imports(m)[0] for m in MODULES}
 
 
-def test_imports_form_a_dag():
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each module's floor in an import graph (module: the modules it imports)."""
+    found: dict[str, int] = {}
+    path: list[str] = []
+
+    def floor(m: str) -> int:
+        if m in path:
+            raise AssertionError(f"import cycle: {' -> '.join([*path[path.index(m) :], m])}")
+        if m not in found:
+            path.append(m)
+            found[m] = 1 + max((floor(d) for d in graph[m]), default=0)
+            path.pop()
+        return found[m]
+
+    for m in sorted(graph):
+        floor(m)
+    return found
+
+
+def page_floors() -> dict[str, list[int]]:
+    """The floors docs/architecture.md gives each module: the rows `| N | `_module` | ... |` of
+    its table `| floor | module | owns |` (a module listed twice has two)."""
+    text = PAGE.read_text()
+    header = re.search(r"^\|\s*floor\s*\|\s*module\s*\|.*\n\|[-| :]+\|\n", text, flags=re.MULTILINE)
+    assert header, "docs/architecture.md has no table with the header `| floor | module | owns |`"
+    listed: dict[str, list[int]] = {}
+    for line in text[header.end() :].splitlines():
+        row = re.match(r"\|\s*(\d+)\s*\|\s*`(\w+)`\s*\|", line)
+        if not row:
+            break
+        listed.setdefault(row[2], []).append(int(row[1]))
+    return listed
+
+
+def test_the_architecture_page_puts_each_module_on_its_floor():
+    imports = graph()
+    code, page = floors(imports), page_floors()
+    wrong = [
+        f"`{m}` is on floor {code[m]} (it imports {sorted(imports[m]) or 'no package module'}), "
+        + (f"the page lists it on floor {', '.join(map(str, page[m]))}" if m in page else "the page does not list it")
+        for m in sorted(code, key=lambda m: (code[m], m))
+        if page.get(m) != [code[m]]
+    ]
+    wrong += [f"`{m}` is on the page (floor {page[m]}) but is no module of the package" for m in page if m not in code]
+    assert not wrong, "docs/architecture.md's table `| floor | module | owns |` is out of date:\n" + "\n".join(wrong)
+
+
+def test_the_floors_hold_the_modules_the_page_describes_below_others():
+    imports = graph()
+    code = floors(imports)
+    assert code["_compat"] == 1
+    # framework knowledge below the tree model, and the tree model below every walker
+    assert code["_nodes"] < code["_tree"] < code["_leaf"] < code["_structure"] < code["_infer"] < code["_carry"]
+    assert all(code["_tree"] < code[m] for m in ["_json", "_diff", "_table", "_sharding", "_dims", "_cache"])
+    assert imports["_diff"] <= {"_compat", "_errors", "_leaf", "_nodes", "_tree"}
+    assert "_infer" not in imports["_structure"] and "_cache" not in imports["_structure"]
+    assert "_infer" not in imports["_weak"]
+
+
+def test_floors_count_up_from_modules_that_import_none_and_report_a_cycle():
+    assert floors({"_a": set(), "_b": {"_a"}, "_c": {"_a", "_b"}}) == {"_a": 1, "_b": 2, "_c": 3}
     try:
-        order = list(graphlib.TopologicalSorter(_graph()).static_order())
-    except graphlib.CycleError as e:
-        raise AssertionError(f"import cycle: {' -> '.join(e.args[1])}") from None
-    assert order.index("_leaf") < order.index("_structure") < order.index("_infer") < order.index("_carry")
-
-
-def test_the_graph_is_what_the_architecture_page_says():
-    graph = _graph()
-    assert graph["_leaf"] == {"_compat", "_tree"}
-    assert graph["_tree"] == {"_compat", "_nodes"}  # the tree model, below every walker
-    assert graph["_compat"] == set()
-    assert "_infer" not in graph["_structure"] and "_cache" not in graph["_structure"]
-    assert graph["_nodes"] == {"_compat"}  # framework knowledge, below everything that reads node data
-    assert graph["_diff"] <= {"_compat", "_errors", "_leaf", "_nodes", "_tree"}
-    assert "_infer" not in graph["_weak"]
+        floors({"_a": {"_b"}, "_b": {"_c"}, "_c": {"_a"}, "_d": set()})
+    except AssertionError as e:
+        assert str(e) == "import cycle: _a -> _b -> _c -> _a"
+    else:
+        raise AssertionError("a cycle was not reported")
 
 
 def test_no_function_level_imports_inside_the_package():
-    late = {p.stem: _imports(p)[1] for p in PACKAGE.glob("*.py") if p.stem not in LATE_IMPORTS_ALLOWED}
-    assert {k: v for k, v in late.items() if v} == {}
+    late = {m: _imports(m)[1] for m in MODULES - LATE_IMPORTS_ALLOWED}
+    assert {m: v for m, v in late.items() if v} == {}
 
 
-def test_every_module_is_on_the_architecture_page():
-    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
-    modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
-    assert {m for m in modules if f"`{m}`" not in page} == set()
+def test_no_module_imports_the_package_by_its_absolute_name():
+    """`import treeshape` or `from treeshape import ...` inside the package: a late import
+    that hides a dependency from the floors (a relative `from . import name` shows it)."""
+    found = []
+    for m in sorted(MODULES):
+        for node in ast.walk(ast.parse((PACKAGE / f"{m}.py").read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            found += [f"{m}.py:{node.lineno} imports {n}" for n in names if n.split(".")[0] == "treeshape"]
+    assert found == []
+
+
+def test_the_public_names_are_written_once():
+    """`_MODULES` in `treeshape/__init__.py` is the one list (`__all__` is its keys); the
+    `TYPE_CHECKING` imports, which type checkers read, import exactly those names from exactly
+    those modules, each as itself (a re-export)."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    (checking,) = [node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"]
+    imported = {}
+    for node in ast.walk(checking):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                assert alias.asname == alias.name, f"write `{alias.name} as {alias.name}` (an explicit re-export)"
+                imported[alias.name] = "." * node.level + (node.module or "")
+    assert imported == treeshape._MODULES
+    assert treeshape.__all__ == sorted(treeshape._MODULES)
+
+
+# -- public classes as users import them -----------------------------------------------------
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Structure",
+        "Mismatch",
+        "StructureMismatchError",
+        "CarryMismatchError",
+        "PrecisionWarning",
+        "CacheInfo",
+        "StaticRepr",
+        "JaxReleaseError",
+    ],
+)
+def test_public_classes_report_module_treeshape(name):
+    cls = getattr(treeshape, name)
+    assert cls.__module__ == "treeshape" and repr(cls) == f"<class 'treeshape.{name}'>"
+    assert pickle.loads(pickle.dumps(cls)) is cls

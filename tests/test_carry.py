@@ -1,10 +1,16 @@
+"""The carry functions (`scan_carry`, `while_carry`, `fori_carry`, `carry_structure`): the
+fixed point of a loop body's carry type under each policy, `length` and `fori_carry` bounds,
+precision warnings, messages, and carries inside transformations and `shard_map`."""
+
 import dataclasses
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
-from _jax_range import varying
+from helpers import pcast_varying, varying
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
@@ -458,3 +464,287 @@ def test_structure_and_dtype_changes_are_reported_together():
     with pytest.raises(ts.CarryMismatchError) as info:
         ts.scan_carry(body, init, jnp.ones((4, 3)), policy="promote")
     assert [(m.where, m.kind) for m in info.value.mismatches] == [("carry[1]", "structure")]
+
+
+# -- `length` is an int >= 0, also without `xs` -----------------------------------------
+_BODY = lambda c, x: (c + 1, None)
+
+
+@pytest.mark.parametrize("length", ["abc", 2.5, 3.0, [3], jnp.float32(3), jnp.arange(3)], ids=repr)
+@pytest.mark.parametrize("fn", [ts.carry_structure, ts.scan_carry], ids=["carry_structure", "scan_carry"])
+@pytest.mark.parametrize("with_xs", [False, True], ids=["no_xs", "xs"])
+def test_length_must_be_an_int(top_or_jit, fn, length, with_xs):
+    def run():
+        xs = jnp.ones(3) if with_xs else None
+        with pytest.raises(TypeError) as info:
+            fn(_BODY, 0, xs, length=length)
+        message = str(info.value)
+        assert message.startswith(
+            f"treeshape.{fn.__name__}: `length` must be an int >= 0 (the number of steps, as for `lax.scan`), "
+            f"got {type(length).__name__} "
+        )
+        assert message.endswith("Pass the number of steps as an int, e.g. `length=3`.")
+        return jnp.zeros(())
+
+    top_or_jit(run)
+
+
+@pytest.mark.parametrize("length", [-3, np.int64(-1), -1], ids=repr)
+@pytest.mark.parametrize("fn", [ts.carry_structure, ts.scan_carry], ids=["carry_structure", "scan_carry"])
+def test_length_must_not_be_negative(top_or_jit, fn, length):
+    def run():
+        with pytest.raises(
+            ValueError,
+            match=re.escape(f"treeshape.{fn.__name__}: `length` must be an int >= 0 (the number of steps, as for "),
+        ) as info:
+            fn(_BODY, 0, length=length)
+        assert str(info.value).endswith(f"got {int(length)}. Pass 0 or more.")
+        return jnp.zeros(())
+
+    top_or_jit(run)
+
+
+# Integers as `lax.scan` takes them (it calls `int(length)`): Python and NumPy ints,
+# bools and concrete integer scalar arrays.
+@pytest.mark.parametrize("length", [0, 3, True, np.int64(3), np.uint8(2), np.array(3), jnp.int32(3)], ids=repr)
+def test_integer_lengths_are_accepted(top_or_jit, length):
+    def run():
+        carry = ts.scan_carry(_BODY, 0, length=length)
+        assert ts.carry_structure(_BODY, 0, length=length) == ts.structure_of(carry)
+        return lax.scan(_BODY, carry, length=length)[0]
+
+    assert top_or_jit(run) == int(length)
+    xs = jnp.ones(int(length))
+    assert ts.carry_structure(_BODY, 0, xs, length=length) == ts.structure_of(0)
+
+
+def test_traced_length_is_a_type_error():
+    def run(n):
+        with pytest.raises(TypeError):  # JAX's own ConcretizationTypeError
+            lax.scan(_BODY, 0, length=n)
+        with pytest.raises(TypeError, match=re.escape("`length` must be a concrete int >= 0")) as info:
+            ts.scan_carry(_BODY, 0, length=n)
+        assert "it is a traced i32[] here" in str(info.value)
+        assert "`static_argnames`" in str(info.value) and "`ts.while_carry`" in str(info.value)
+        return n
+
+    jax.jit(run)(jnp.int32(3))
+
+
+def test_length_still_checked_against_xs():
+    with pytest.raises(ValueError, match=re.escape("`length=4` disagrees with the leading axis of `xs` (5")):
+        ts.scan_carry(_BODY, 0, jnp.ones(5), length=np.int64(4))
+
+
+# -- shard_map carries that change shape ------------------------------------------------
+def _mesh(axis_type):
+    return jax.make_mesh((8,), ("i",), axis_types=(axis_type,))
+
+
+AXIS_TYPES = {"explicit": jax.sharding.AxisType.Explicit, "auto": jax.sharding.AxisType.Auto}
+
+
+@pytest.fixture(params=list(AXIS_TYPES))
+def axis_type(request):
+    return AXIS_TYPES[request.param]
+
+
+def _per_shard(f, mesh, jit):
+    """Run `f(x)` on each shard of a float32 vector of 16 (`x` is `f32[2]`, varying over `i`)."""
+    x = jax.device_put(jnp.arange(16.0, dtype=jnp.float32), jax.NamedSharding(mesh, P("i")))
+    g = jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    return (jax.jit(g) if jit else g)(x)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["shard_map", "jit_shard_map"])
+@pytest.mark.parametrize("fn", [ts.carry_structure, ts.scan_carry], ids=["carry_structure", "scan_carry"])
+def test_shard_map_carry_that_gains_a_shape(axis_type, jit, fn):
+    def per_shard(x):
+        body = lambda c, _: ({"acc": c["acc"] + x, "n": c["n"] + 1}, None)
+        for init in ({"acc": 0.0, "n": 0}, {"acc": jnp.zeros((), jnp.float32), "n": 0}):
+            in_type = f"~{F_NAME}[]" if isinstance(init["acc"], float) else "f32[]"
+            with pytest.raises(ts.CarryMismatchError) as info:
+                fn(body, init, length=3)
+            assert [(m.where, m.kind) for m in info.value.mismatches] == [("carry['acc']", "shape")]
+            assert str(info.value) == (
+                f'treeshape.{fn.__name__}: no carry type is a fixed point of `body` under policy="weak": '
+                f"carry['acc']: input {in_type}, output f32[2]{{V:i}}. The shapes differ, and no policy changes "
+                "a shape: give `init` shape (2,) here (e.g. `jnp.zeros((2,))` instead of a scalar), or make "
+                "`body` return shape ()."
+            )
+        # inside a jitted function within the shard_map too; and it is a TypeError, as JAX's own
+        with pytest.raises(TypeError, match=re.escape("carry['acc']: input f32[], output f32[2]{V:i}")):
+            jax.jit(lambda: fn(body, {"acc": jnp.zeros((), jnp.float32), "n": 0}, length=3))()
+        return x
+
+    _per_shard(per_shard, _mesh(axis_type), jit)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["shard_map", "jit_shard_map"])
+def test_shard_map_shape_and_varying_axes_change_together(axis_type, jit):
+    def per_shard(x):
+        # varying in, replicated and longer out: both are reported
+        with pytest.raises(ts.CarryMismatchError) as info:
+            ts.scan_carry(lambda c, _: (jnp.zeros(3, jnp.float32), None), x, length=2)
+        assert [m.kind for m in info.value.mismatches] == ["shape", "vma"]
+        message = str(info.value)
+        assert "carry: input f32[2]{V:i}, output f32[3]. The shapes differ" in message
+        assert "make `body` return shape (2,) here" in message
+        assert "apply `jax.lax.pcast(..., ('i',), to=\"varying\")` to that output inside `body`" in message
+        # varying in, varying and reshaped out: the shape only
+        with pytest.raises(ts.CarryMismatchError) as info:
+            ts.carry_structure(lambda c, _: (c[:, None] * 2, None), x, length=2)
+        assert [(m.where, m.kind) for m in info.value.mismatches] == [("carry", "shape")]
+        return x
+
+    _per_shard(per_shard, _mesh(axis_type), jit)
+
+
+def test_shard_map_two_axes():
+    mesh = jax.make_mesh((4, 2), ("i", "j"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    x = jax.device_put(jnp.arange(16.0, dtype=jnp.float32).reshape(8, 2), jax.NamedSharding(mesh, P("i", "j")))
+
+    def per_shard(x):  # x: f32[2,1], varying over i and j
+        only_i = pcast_varying(jnp.zeros((), jnp.float32), ("i",))
+        with pytest.raises(ts.CarryMismatchError) as info:  # gains j and a shape
+            ts.carry_structure(lambda c, _: (c + x[:, 0], None), only_i, length=2)
+        assert [(m.kind, m.expected, m.actual) for m in info.value.mismatches] == [("shape", (), (2,))]
+        assert "carry: input f32[]{V:i}, output f32[2]{V:i,j}" in str(info.value)
+        only_j = pcast_varying(jnp.zeros(2, jnp.float32), ("j",))
+        other = lambda c, _: (pcast_varying(jnp.zeros(3, jnp.float32), ("i",)), None)
+        with pytest.raises(ts.CarryMismatchError) as info:  # i for j, and a shape
+            ts.carry_structure(other, only_j, length=2)
+        assert [m.kind for m in info.value.mismatches] == ["shape", "vma"]
+        assert "carry: input f32[2]{V:j}, output f32[3]{V:i}" in str(info.value)
+        return x
+
+    jax.shard_map(per_shard, mesh=mesh, in_specs=P("i", "j"), out_specs=P("i", "j"))(x)
+
+
+# -- messages: paths under `carry`, and the fix for a scalar meeting a vector ----------------------
+def test_carry_mismatch_paths_are_keystr_paths_printed_under_carry():
+    body = lambda c, x: ({"w": c["w"] + x}, None)
+    with pytest.raises(ts.CarryMismatchError) as info:
+        ts.carry_structure(body, {"w": jnp.zeros(2, jnp.bfloat16)}, jnp.ones((3, 2), jnp.float32))
+    [m] = info.value.mismatches
+    assert (m.path, m.root, m.where) == ("['w']", "carry", "carry['w']")
+    assert "carry['w']: input bf16[2], output f32[2]" in str(info.value)
+
+
+def test_a_scalar_accumulator_meeting_a_vector_is_told_to_change_init():
+    body = lambda acc, x: (acc + x, None)
+    with pytest.raises(ts.CarryMismatchError) as info:
+        ts.carry_structure(body, 0.0, jnp.ones((4, 16), jnp.float32))
+    message = str(info.value)
+    assert f"carry: input ~f{FLOAT.itemsize * 8}[], output f32[16]" in message
+    assert "give `init` shape (16,) here" in message
+
+
+# -- precision warnings ----------------------------------------------------------------------------
+def test_a_python_float_accumulator_in_bfloat16_warns():
+    xs = jnp.full(1000, 1.001, jnp.bfloat16)
+    body = lambda total, x: (total + x, None)
+    weak = f"~f{FLOAT.itemsize * 8}[]"  # a Python float: f64 with x64 on
+    with pytest.warns(ts.PrecisionWarning, match=re.escape(f"carry ({weak} -> bf16[])")) as record:
+        carry = ts.scan_carry(body, 0.0, xs)
+    assert record[0].filename == __file__  # points at the user's call
+    assert issubclass(ts.PrecisionWarning, UserWarning)
+    total, _ = lax.scan(body, carry, xs)
+    assert float(total) == 256.0  # the loss the warning is about
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fixed = ts.scan_carry(body, jnp.float32(0), xs)  # the advice: no warning, and the right sum
+    assert float(lax.scan(body, fixed, xs)[0]) == 1000.0  # 1.001 is 1.0 in bfloat16; the sum is exact in float32
+
+
+def test_no_precision_warning_for_wide_floats_or_strong_leaves():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ts.carry_structure(lambda c, x: (c + x, None), 0.0, jnp.ones(3, jnp.float32))
+        ts.carry_structure(lambda c, x: (c + x, None), jnp.zeros((), jnp.bfloat16), jnp.ones(3, jnp.bfloat16))
+        ts.while_carry(lambda c: c + 1, 0)
+
+
+# -- fori_carry bounds -------------------------------------------------------------------
+def test_fori_index_follows_lax_fori_loop_for_traced_bounds():
+    body = lambda i, c: c + i  # the carry takes the index's type
+
+    @jax.jit
+    def run(lo, hi):
+        init = ts.fori_carry(body, jnp.int16(0), lower=lo, upper=hi, policy="promote")
+        return lax.fori_loop(lo, hi, body, init)
+
+    assert run(jnp.int16(0), jnp.int16(4)).dtype == jnp.int16
+    out = run(jnp.int32(0), jnp.int32(4))
+    assert out.dtype == jnp.int32 and int(out) == 6
+
+    @jax.jit
+    def mixed(hi):  # a Python lower bound is weak: the traced bound's dtype wins
+        init = ts.fori_carry(body, jnp.int8(0), lower=0, upper=hi, policy="promote")
+        return lax.fori_loop(0, hi, body, init)
+
+    assert mixed(jnp.int16(3)).dtype == jnp.int16
+
+
+def test_fori_index_for_concrete_bounds_is_weak():
+    body = lambda i, c: c + i
+    init = ts.fori_carry(body, jnp.int8(0), lower=0, upper=3)  # weak int32 index: int8 stays int8
+    assert init.dtype == jnp.int8
+    assert lax.fori_loop(0, 3, body, init).dtype == jnp.int8
+
+
+def test_fori_bounds_are_checked():
+    body = lambda i, c: c
+    with pytest.raises(TypeError, match="`upper` must be an integer scalar"):
+        ts.fori_carry(body, 0.0, upper=2.5)
+    with pytest.raises(TypeError, match="`lower` must be an integer scalar"):
+        ts.fori_carry(body, 0.0, lower="a")
+
+    @jax.jit
+    def run(lo, hi):
+        return ts.fori_carry(body, 0.0, lower=lo, upper=hi)
+
+    with pytest.raises(TypeError, match="different integer types"):
+        run(jnp.int16(0), jnp.int32(3))
+
+
+# -- a Structure where values are needed ---------------------------------------------
+def _step(carry, x):
+    return {"w": carry["w"] + x}, None
+
+
+@pytest.mark.parametrize(
+    "call, fix",
+    [
+        (lambda s: ts.scan_carry(_step, s, jnp.ones((3, 2))), "Pass `s.zeros()` (arrays of that structure) instead."),
+        (lambda s: ts.while_carry(lambda c: c, {"inner": s}), "Pass `s.zeros()`"),
+        (lambda s: ts.fori_carry(lambda i, c: c, s), "Pass `s.zeros()`"),
+        (lambda s: ts.settle(lambda st: st, s), "Pass `s.zeros()`"),
+        (
+            lambda s: ts.carry_structure(_step, s, jnp.ones((3, 2))),
+            "Pass `s.zeros()` (arrays of that structure) or `s.tree`",
+        ),
+    ],
+)
+def test_a_structure_passed_as_a_carry_says_to_pass_zeros_or_tree(call, fix):
+    s = ts.structure_of({"w": jnp.zeros(2)})
+    with pytest.raises(TypeError) as info:
+        call(s)
+    message = str(info.value)
+    assert "is a treeshape.Structure" in message and fix in message
+    assert "close over" not in message
+    assert re.match(r"treeshape\.\w+: (carry|state)(\['inner'\])? is a treeshape\.Structure", message)
+
+
+# -- fori_carry bounds as the user wrote them ------------------------------------------------------
+@pytest.mark.parametrize(
+    "lower, upper, shown",
+    [
+        (0.5, 3, "`lower` must be an integer scalar (.*), got 0.5 \\(~f(32|64)\\[\\]\\)"),
+        (0, "3", "`upper` .*, got '3' \\(a str\\)"),
+    ],
+)
+def test_fori_bounds_are_shown_as_written(lower, upper, shown):
+    with pytest.raises(TypeError, match=shown) as info:
+        ts.fori_carry(lambda i, c: c, 0.0, lower=lower, upper=upper)
+    assert "ShapedArray" not in str(info.value)

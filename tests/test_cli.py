@@ -1,6 +1,6 @@
 """The `treeshape` command: `python -m treeshape` for exit codes and stderr,
 `main(argv)` in-process for the rest. Functions to inspect live in
-`tests/cli_fixtures.py`."""
+`tests/helpers.py`."""
 
 import dataclasses
 import json
@@ -13,12 +13,12 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import assert_one_line_error
 
 from treeshape._cli import main
 
 
 TESTS = pathlib.Path(__file__).parent
-ERROR_LINE = re.compile(r"treeshape: error: [^\n]+\n")
 
 # The dtypes JAX gives the literals `3` and `0.5`: 64-bit under `jax_enable_x64`
 # (the subprocesses inherit JAX_ENABLE_X64), 32-bit otherwise.
@@ -29,7 +29,7 @@ TOO_BIG = "3" + "0" * (9 if INT == jnp.int32 else 19)
 
 
 def run(*argv, cwd=TESTS, **env_vars):
-    """`python -m treeshape ARGV` in `cwd` (where `cli_fixtures` is importable), with
+    """`python -m treeshape ARGV` in `cwd` (where `helpers` is importable), with
     `env_vars` (such as `JAX_ENABLE_X64="0"`) added to the environment."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", **env_vars}
     return subprocess.run(
@@ -40,14 +40,6 @@ def run(*argv, cwd=TESTS, **env_vars):
         text=True,
         timeout=300,
     )
-
-
-def assert_one_line_error(stderr, message):
-    """stderr is exactly one `treeshape: error:` line that contains `message`."""
-    assert ERROR_LINE.fullmatch(stderr), stderr
-    assert stderr[:-1].isprintable(), stderr  # no control character reaches the terminal
-    assert message in stderr, stderr
-    assert "Traceback" not in stderr
 
 
 EVERY_SPEC = [
@@ -108,7 +100,7 @@ EVERY_SPEC_JSON = [
 
 # -- subprocess: the real command ------------------------------------------------
 def test_every_spec_form_and_kwargs_as_json():
-    result = run("inspect", "cli_fixtures:echo", *EVERY_SPEC, "--json")
+    result = run("inspect", "helpers:echo", *EVERY_SPEC, "--json")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     assert json.loads(result.stdout) == EVERY_SPEC_JSON
@@ -140,7 +132,7 @@ def test_demo_runs_offline_and_the_loss_goes_down():
 BAD_INPUTS = {
     "usage": ([], 2, "the following arguments are required"),
     "malformed_spec": (
-        ["inspect", "cli_fixtures:echo", "f32[8,"],
+        ["inspect", "helpers:echo", "f32[8,"],
         2,
         "malformed spec 'f32[8,': expected DTYPE[DIMS], e.g. f32[8,784]",
     ),
@@ -150,39 +142,39 @@ BAD_INPUTS = {
         "no module named 'no_such_module_xyz'",
     ),
     "unknown_attribute": (
-        ["inspect", "cli_fixtures:nope", "f32[3]"],
+        ["inspect", "helpers:nope", "f32[3]"],
         2,
-        "'cli_fixtures' has no attribute 'nope'",
+        "'helpers' has no attribute 'nope'",
     ),
     "error_in_function": (
-        ["inspect", "cli_fixtures:fails", "f32[3]"],
+        ["inspect", "helpers:fails", "f32[3]"],
         1,
-        "calling cli_fixtures:fails failed: ValueError: fixture failure",
+        "calling helpers:fails failed: ValueError: fixture failure",
     ),
     "huge_dimension": (
-        ["inspect", "cli_fixtures:echo", "f32[" + "9" * 5000 + "]"],
+        ["inspect", "helpers:echo", "f32[" + "9" * 5000 + "]"],
         2,
         "dimension 9999999999... (5,000 digits) is too large (at most 2**63 - 1)",
     ),
     "system_exit_in_function": (
-        ["inspect", "cli_fixtures:quits", "f32[3]"],
+        ["inspect", "helpers:quits", "f32[3]"],
         1,
-        "calling cli_fixtures:quits failed: SystemExit with code 3 (rerun with --traceback",
+        "calling helpers:quits failed: SystemExit with code 3 (rerun with --traceback",
     ),
     "bare_system_exit_in_function": (
-        ["inspect", "cli_fixtures:quits_quietly", "f32[3]"],
+        ["inspect", "helpers:quits_quietly", "f32[3]"],
         1,
-        "calling cli_fixtures:quits_quietly failed: SystemExit with code None",
+        "calling helpers:quits_quietly failed: SystemExit with code None",
     ),
     "str_raises_in_error": (
-        ["inspect", "cli_fixtures:bad_str_error", "f32[3]"],
+        ["inspect", "helpers:bad_str_error", "f32[3]"],
         1,
-        "calling cli_fixtures:bad_str_error failed: BadStr (its message cannot be shown: str() raised RuntimeError)",
+        "calling helpers:bad_str_error failed: BadStr (its message cannot be shown: str() raised RuntimeError)",
     ),
     "control_characters_in_error": (
-        ["inspect", "cli_fixtures:terminal_error", "f32[3]"],
+        ["inspect", "helpers:terminal_error", "f32[3]"],
         1,
-        r"calling cli_fixtures:terminal_error failed: ValueError: \x1b[31mred\x1b[0m alert (rerun",
+        r"calling helpers:terminal_error failed: ValueError: \x1b[31mred\x1b[0m alert (rerun",
     ),
     "spec_too_big_for_xla": (
         ["cost", "jax.numpy:sin", "f32[4611686018427387904]"],
@@ -191,7 +183,7 @@ BAD_INPUTS = {
         "of 4 B), more than 2**63 - 1 (XLA would abort on it): use smaller sizes",
     ),
     "spec_elements_too_many_for_xla": (
-        ["inspect", "cli_fixtures:echo", "(u8[2], u8[3037000500,3037000500])"],
+        ["inspect", "helpers:echo", "(u8[2], u8[3037000500,3037000500])"],
         2,
         "spec 'u8[3037000500,3037000500]' has 9,223,372,037,000,250,000 elements",
     ),
@@ -225,14 +217,14 @@ BAD_INPUTS = {
         "1,180,591,620,717,411,303,424 elements, more than 2**63 - 1: pass --max-size 2047 or less",
     ),
     "error_in_function_cost": (
-        ["cost", "cli_fixtures:fails", "f32[3]"],
+        ["cost", "helpers:fails", "f32[3]"],
         1,
-        "calling cli_fixtures:fails failed: ValueError: fixture failure",
+        "calling helpers:fails failed: ValueError: fixture failure",
     ),
     "error_in_function_fit": (
-        ["fit", "cli_fixtures:fails", "f32[b]", "--dim", "b", "--budget", "1MiB"],
+        ["fit", "helpers:fails", "f32[b]", "--dim", "b", "--budget", "1MiB"],
         1,
-        "calling cli_fixtures:fails failed: ValueError: fixture failure",
+        "calling helpers:fails failed: ValueError: fixture failure",
     ),
     "abstract_axis": (
         ["inspect", "jax.nn:softmax", "f32[4,10]", "axis=i32[]"],
@@ -253,7 +245,7 @@ def test_bad_input_is_one_line_without_traceback(case):
 
 @pytest.mark.parametrize("spec", ["f64[3]", "i64[]", "c128[2]", "u64[1]", "float64[2]", "(f32[2], i64[])"])
 def test_64_bit_spec_with_x64_off_is_an_error(spec):
-    result = run("inspect", "cli_fixtures:echo", spec, JAX_ENABLE_X64="0")
+    result = run("inspect", "helpers:echo", spec, JAX_ENABLE_X64="0")
     assert result.returncode == 2
     assert result.stdout == ""
     assert_one_line_error(result.stderr, "but 64-bit types are off in JAX")
@@ -262,7 +254,7 @@ def test_64_bit_spec_with_x64_off_is_an_error(spec):
 
 
 def test_64_bit_spec_with_x64_on():
-    result = run("inspect", "cli_fixtures:echo", "f64[3]", "i64[]", "--json", JAX_ENABLE_X64="1")
+    result = run("inspect", "helpers:echo", "f64[3]", "i64[]", "--json", JAX_ENABLE_X64="1")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [
         _entry("['args'][0]", [3], "float64"),
@@ -280,7 +272,7 @@ def test_literal_axis_is_concrete():
 
 
 def test_control_characters_in_the_table_are_escaped():
-    result = run("inspect", "cli_fixtures:terminal_repr", "f32[2]")
+    result = run("inspect", "helpers:terminal_repr", "f32[2]")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     assert "\x1b" not in result.stdout
@@ -304,7 +296,7 @@ def test_error_while_importing_the_module(tmp_path):
 
 
 def test_traceback_option_after_the_subcommand():
-    result = run("inspect", "cli_fixtures:fails", "f32[3]", "--traceback")
+    result = run("inspect", "helpers:fails", "f32[3]", "--traceback")
     assert result.returncode == 1
     assert "Traceback (most recent call last)" in result.stderr
     assert 'in fails\n    raise ValueError("fixture failure' in result.stderr
@@ -313,7 +305,7 @@ def test_traceback_option_after_the_subcommand():
 
 # -- in-process: main(argv) ----------------------------------------------------------
 def test_main_table(capsys):
-    status = main(["inspect", "cli_fixtures:mlp", "bf16[8,784]", "scale=0.5"])
+    status = main(["inspect", "helpers:mlp", "bf16[8,784]", "scale=0.5"])
     out, err = capsys.readouterr()
     assert status == 0 and err == ""
     assert out == (
@@ -326,12 +318,12 @@ def test_main_table(capsys):
 
 
 def test_main_dotted_attribute_and_static_literal(capsys):
-    assert main(["inspect", "cli_fixtures:Model.apply", "f32[4]", "--json"]) == 0
+    assert main(["inspect", "helpers:Model.apply", "f32[4]", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == [
         _entry("['n']", [], INT.name, weak_type=True),
         _entry("['y']", [4], "float32"),
     ]
-    assert main(["inspect", "cli_fixtures:echo", "'relu'", "--json"]) == 0
+    assert main(["inspect", "helpers:echo", "'relu'", "--json"]) == 0
     [entry] = json.loads(capsys.readouterr().out)
     assert entry == {
         **_entry("['args'][0]", None, None, None),
@@ -339,7 +331,7 @@ def test_main_dotted_attribute_and_static_literal(capsys):
         "type": "builtins:str",
         "value": "relu",
     }
-    assert main(["inspect", "cli_fixtures:echo", "{'w': 1.0, 'n': (1, True)}", "--json"]) == 0
+    assert main(["inspect", "helpers:echo", "{'w': 1.0, 'n': (1, True)}", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == [
         _entry("['args'][0]['n'][0]", [], INT.name, weak_type=True),
         _entry("['args'][0]['n'][1]", [], "bool"),
@@ -348,17 +340,17 @@ def test_main_dotted_attribute_and_static_literal(capsys):
 
 
 def test_main_literals_are_concrete_also_inside_tuples(capsys):
-    assert main(["inspect", "cli_fixtures:repeat", "f32[2]", "3", "axis=0", "--json"]) == 0
+    assert main(["inspect", "helpers:repeat", "f32[2]", "3", "axis=0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == [_entry("", [6], "float32")]
-    assert main(["inspect", "cli_fixtures:tile", "(f32[2], 3)", "--json"]) == 0
+    assert main(["inspect", "helpers:tile", "(f32[2], 3)", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == [_entry("", [6], "float32")]
     # The same count as an abstract spec is traced, and jnp.tile refuses it.
-    assert main(["inspect", "cli_fixtures:tile", "(f32[2], i32[])"]) == 1
-    assert_one_line_error(capsys.readouterr().err, "calling cli_fixtures:tile failed: ")  # JAX's error, by release
+    assert main(["inspect", "helpers:tile", "(f32[2], i32[])"]) == 1
+    assert_one_line_error(capsys.readouterr().err, "calling helpers:tile failed: ")  # JAX's error, by release
 
 
 def test_main_table_escapes_control_characters(capsys):
-    assert main(["inspect", "cli_fixtures:terminal_repr", "f32[2]"]) == 0
+    assert main(["inspect", "helpers:terminal_repr", "f32[2]"]) == 0
     out, err = capsys.readouterr()
     assert err == ""
     assert out == (
@@ -372,10 +364,10 @@ def test_main_table_escapes_control_characters(capsys):
 
 
 def test_main_table_shows_a_static_value_whose_repr_raises_by_its_type(capsys):
-    assert main(["inspect", "cli_fixtures:bad_repr", "f32[3]"]) == 0
+    assert main(["inspect", "helpers:bad_repr", "f32[3]"]) == 0
     out, err = capsys.readouterr()
     assert err == "" and "['obj']                static BadRepr <BadRepr object (its repr raised)>" in out
-    assert main(["inspect", "--json", "cli_fixtures:bad_repr", "f32[3]"]) == 0
+    assert main(["inspect", "--json", "helpers:bad_repr", "f32[3]"]) == 0
     assert '"static": "<BadRepr object (its repr raised)>"' in capsys.readouterr().out
 
 
@@ -386,19 +378,19 @@ def test_main_unexpected_error_is_one_line(capsys, monkeypatch):
         raise RuntimeError("a bug\nwith two lines")
 
     monkeypatch.setattr(treeshape._cli, "_inspect", broken)
-    assert main(["inspect", "cli_fixtures:echo"]) == 1
+    assert main(["inspect", "helpers:echo"]) == 1
     assert_one_line_error(capsys.readouterr().err, "unexpected error: RuntimeError: a bug (rerun with --traceback")
-    assert main(["--traceback", "inspect", "cli_fixtures:echo"]) == 1
+    assert main(["--traceback", "inspect", "helpers:echo"]) == 1
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err
     assert err.splitlines()[-1] == "treeshape: error: unexpected error: RuntimeError: a bug"
 
 
 def test_main_traceback_option_before_the_subcommand(capsys):
-    assert main(["--traceback", "inspect", "cli_fixtures:fails", "f32[3]"]) == 1
+    assert main(["--traceback", "inspect", "helpers:fails", "f32[3]"]) == 1
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err
-    assert err.splitlines()[-1] == ("treeshape: error: calling cli_fixtures:fails failed: ValueError: fixture failure")
+    assert err.splitlines()[-1] == ("treeshape: error: calling helpers:fails failed: ValueError: fixture failure")
 
 
 @pytest.mark.parametrize(
@@ -406,38 +398,38 @@ def test_main_traceback_option_before_the_subcommand(capsys):
     [
         (["bogus"], 2, "invalid choice: 'bogus'"),
         (["inspect"], 2, "the following arguments are required: MODULE:ATTR"),
-        (["inspect", "cli_fixtures"], 2, "expected MODULE:ATTR"),
-        (["inspect", "cli_fixtures:NOT_CALLABLE"], 2, "is a int, not a callable"),
-        (["inspect", "cli_fixtures:Model.nope"], 2, "'cli_fixtures:Model' has no attribute"),
-        (["inspect", "cli_fixtures:echo", "f33[3]"], 2, "unknown dtype 'f33'"),
-        (["inspect", "cli_fixtures:echo", "float[3]"], 2, "unknown dtype 'float'"),
-        (["inspect", "cli_fixtures:echo", "f32[-1]"], 2, "malformed spec 'f32[-1]'"),
-        (["inspect", "cli_fixtures:echo", "f32[8,]"], 2, "malformed spec 'f32[8,]'"),
-        (["inspect", "cli_fixtures:echo", "relu"], 2, "expected DTYPE[DIMS] (e.g."),
-        (["inspect", "cli_fixtures:echo", "__import__('os')"], 2, "malformed spec"),
-        (["inspect", "cli_fixtures:echo", "x=1", "f32[3]"], 2, "after a keyword spec"),
-        (["inspect", "cli_fixtures:echo", "x=1", "x=2"], 2, "keyword 'x' given twice"),
-        (["inspect", "cli_fixtures:echo", "--jsn"], 2, "unrecognized arguments: --jsn"),
+        (["inspect", "helpers"], 2, "expected MODULE:ATTR"),
+        (["inspect", "helpers:NOT_CALLABLE"], 2, "is a int, not a callable"),
+        (["inspect", "helpers:Model.nope"], 2, "'helpers:Model' has no attribute"),
+        (["inspect", "helpers:echo", "f33[3]"], 2, "unknown dtype 'f33'"),
+        (["inspect", "helpers:echo", "float[3]"], 2, "unknown dtype 'float'"),
+        (["inspect", "helpers:echo", "f32[-1]"], 2, "malformed spec 'f32[-1]'"),
+        (["inspect", "helpers:echo", "f32[8,]"], 2, "malformed spec 'f32[8,]'"),
+        (["inspect", "helpers:echo", "relu"], 2, "expected DTYPE[DIMS] (e.g."),
+        (["inspect", "helpers:echo", "__import__('os')"], 2, "malformed spec"),
+        (["inspect", "helpers:echo", "x=1", "f32[3]"], 2, "after a keyword spec"),
+        (["inspect", "helpers:echo", "x=1", "x=2"], 2, "keyword 'x' given twice"),
+        (["inspect", "helpers:echo", "--jsn"], 2, "unrecognized arguments: --jsn"),
         (["demo", "extra"], 2, "unrecognized arguments: extra"),
         (["inspect", "jax.numpy:matmul", "f32[3]", "f32[4]"], 1, "TypeError: dot_general"),
-        (["inspect", "cli_fixtures:echo", TOO_BIG], 1, "OverflowError"),
-        (["inspect", "cli_fixtures:echo", "f32[9223372036854775808]"], 2, "dimension 9223372036854775808 is too large"),
-        (["inspect", "cli_fixtures:echo", "~bool[]"], 2, "'~' (weak type) applies to numeric dtypes only"),
-        (["inspect", "cli_fixtures:echo", "~0.5"], 2, "'~' marks a weak array spec, e.g. ~f32[]"),
-        (["inspect", "cli_fixtures:echo", "~key<fry>[]"], 2, "a PRNG key has no weak type"),
-        (["inspect", "cli_fixtures:echo", "key<bogus>[2]"], 2, "unknown PRNG implementation 'bogus'"),
-        (["inspect", "cli_fixtures:echo", "key<fry>[-1]"], 2, "malformed spec 'key<fry>[-1]'"),
+        (["inspect", "helpers:echo", TOO_BIG], 1, "OverflowError"),
+        (["inspect", "helpers:echo", "f32[9223372036854775808]"], 2, "dimension 9223372036854775808 is too large"),
+        (["inspect", "helpers:echo", "~bool[]"], 2, "'~' (weak type) applies to numeric dtypes only"),
+        (["inspect", "helpers:echo", "~0.5"], 2, "'~' marks a weak array spec, e.g. ~f32[]"),
+        (["inspect", "helpers:echo", "~key<fry>[]"], 2, "a PRNG key has no weak type"),
+        (["inspect", "helpers:echo", "key<bogus>[2]"], 2, "unknown PRNG implementation 'bogus'"),
+        (["inspect", "helpers:echo", "key<fry>[-1]"], 2, "malformed spec 'key<fry>[-1]'"),
         (
-            ["inspect", "cli_fixtures:echo", "(f32[2]"],
+            ["inspect", "helpers:echo", "(f32[2]"],
             2,
             "malformed spec '(f32[2]': expected ',' or ')', found the end",
         ),
-        (["inspect", "cli_fixtures:echo", "(f32[2],,)"], 2, "an empty item at position 8"),
-        (["inspect", "cli_fixtures:echo", "(f32[2]) x"], 2, "unexpected 'x' after the closing bracket"),
-        (["inspect", "cli_fixtures:echo", "(f33[2], 1)"], 2, "unknown dtype 'f33' in spec 'f33[2]'"),
-        (["inspect", "cli_fixtures:echo", "(f32[2], relu)"], 2, "(an item of '(f32[2], relu)')"),
-        (["inspect", "cli_fixtures:echo", "(" * 101 + "f32[2]" + ")" * 101], 2, "nest more than 100 deep"),
-        (["inspect", "cli_fixtures:echo", "--j\x1bson"], 2, r"unrecognized arguments: --j\x1bson"),
+        (["inspect", "helpers:echo", "(f32[2],,)"], 2, "an empty item at position 8"),
+        (["inspect", "helpers:echo", "(f32[2]) x"], 2, "unexpected 'x' after the closing bracket"),
+        (["inspect", "helpers:echo", "(f33[2], 1)"], 2, "unknown dtype 'f33' in spec 'f33[2]'"),
+        (["inspect", "helpers:echo", "(f32[2], relu)"], 2, "(an item of '(f32[2], relu)')"),
+        (["inspect", "helpers:echo", "(" * 101 + "f32[2]" + ")" * 101], 2, "nest more than 100 deep"),
+        (["inspect", "helpers:echo", "--j\x1bson"], 2, r"unrecognized arguments: --j\x1bson"),
     ],
 )
 def test_main_bad_input(capsys, argv, status, message):

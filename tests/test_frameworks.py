@@ -1,4 +1,4 @@
-"""Framework nodes, told by name (API.md section 13), with the real flax.nnx, flax.linen, equinox,
+"""Framework nodes, told by name, with the real flax.nnx, flax.linen, equinox,
 flax.struct, optax and orbax.
 
 - The layouts: what `treeshape/_nodes.py` knows of each framework's node data, pinned on the

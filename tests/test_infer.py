@@ -5,14 +5,14 @@ import enum
 import functools as ft
 import gc
 import re
-import traceback
 
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+import optax
 import pytest
-from _jax_range import listening
+from helpers import frames, listening
 from jax import lax
 
 import treeshape as ts
@@ -465,10 +465,6 @@ def _user_fn_with_shape_error(x):
     return x @ jnp.ones((7, 7))
 
 
-def _frames(excinfo):
-    return [frame.f_code.co_name for frame, _ in traceback.walk_tb(excinfo.tb)]
-
-
 @pytest.mark.parametrize("wrap", ["plain", "partial", "jitted"])
 def test_errors_from_fn_propagate_unchanged(wrap):
     fn = {
@@ -479,7 +475,7 @@ def test_errors_from_fn_propagate_unchanged(wrap):
     with pytest.raises(_BoomError, match=re.escape("user failure on (2,)")) as info:
         ts.out_structure(fn, jnp.ones(2))
     assert type(info.value) is _BoomError
-    assert "_user_fn_that_fails" in _frames(info)
+    assert "_user_fn_that_fails" in frames(info.value)
     # Nothing was cached for the failing call.
     assert ts.cache_info().size == 0
 
@@ -491,7 +487,7 @@ def test_errors_from_fn_propagate_under_jit():
 
     with pytest.raises(_BoomError) as info:
         outer(jnp.ones(2))
-    assert "_user_fn_that_fails" in _frames(info)
+    assert "_user_fn_that_fails" in frames(info.value)
 
 
 def test_jax_errors_from_fn_keep_their_type():
@@ -500,7 +496,7 @@ def test_jax_errors_from_fn_keep_their_type():
     with pytest.raises(TypeError) as info:
         ts.out_structure(_user_fn_with_shape_error, jnp.ones((2, 3)))
     assert type(info.value) is type(expected.value)
-    assert "_user_fn_with_shape_error" in _frames(info)
+    assert "_user_fn_with_shape_error" in frames(info.value)
 
 
 # -- Python scalars a function needs as Python values ---------------------------------
@@ -702,3 +698,11 @@ def test_a_structure_argument_is_cached_as_its_tree():
     b = ts.out_structure(f, ts.structure_of({"w": jnp.ones((3, 2), jnp.float32)}))  # equal, another object
     c = ts.out_structure(f, s.tree)
     assert a == b == c == ts.structure_of(jnp.float32(0)) and n == 1
+
+
+# -- a Structure as an argument --------------------------------------------------------------------
+def test_a_structure_passed_to_fn_stands_for_its_tree():
+    opt = optax.adam(1e-3)
+    s = ts.structure_of({"w": jnp.zeros((3, 2))})
+    assert ts.out_structure(opt.init, s) == ts.out_structure(opt.init, s.tree) == ts.out_structure(opt.init, s.zeros())
+    jax.jit(lambda: ts.out_structure(opt.init, s).zeros())()

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import train_step
 from jax import lax
 
 
@@ -106,7 +107,7 @@ def _reference_losses() -> np.ndarray:
     worker = _worker_module()
     xs, ys, params = worker.training_data()
     opt = optax.adam(1e-2)
-    step = worker.make_step(opt)
+    step = train_step(opt)
     params = jax.tree.map(jnp.asarray, params)
     _, losses = jax.jit(lambda p, s, xs, ys: lax.scan(step, (p, s), (xs, ys)))(params, opt.init(params), xs, ys)
     return np.asarray(losses)

@@ -1,4 +1,4 @@
-"""`ts.check_prefix` (API.md section 13): partition specs, `in_axes`, optax masks and per-layer
+"""`ts.check_prefix`: partition specs, `in_axes`, optax masks and per-layer
 learning rates against the tree they describe; every place where a prefix is not one, at once."""
 
 import re

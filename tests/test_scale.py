@@ -1,4 +1,4 @@
-"""Scale (API.md sections 1, 2 and 10): `structure_of` reads each leaf's type and
+"""Scale: `structure_of` reads each leaf's type and
 agrees with `out_structure(lambda t: t, tree)` everywhere; `diff`/`check`/`matches`
 stay exact on trees as deep as JAX flattens and on 100,000-leaf trees.
 
@@ -8,7 +8,7 @@ stay exact on trees as deep as JAX flattens and on 100,000-leaf trees.
 - Deep trees: nested lists and dicts almost as deep as `jax.tree_util` accepts
   (measured, not assumed), differing at the bottom.
 - Large trees: one difference among 100,000 leaves is reported exactly once.
-- The diff oracle: `tests/_reference_diff.py` (the 0.1 recursive algorithm,
+- The diff oracle: `helpers.diff_structures` (the 0.1 recursive algorithm,
   frozen) gives the exact mismatch list that `diff`, `check` and `matches`
   must agree with, on random pairs of trees and with `ignore=`.
 
@@ -27,8 +27,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
-from _jax_range import pcast_varying, varying
-from _reference_diff import diff_structures
+from helpers import diff_structures, pcast_varying, varying
 from hypothesis import event, given, settings, strategies as st
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from _jax_range import listening
+from helpers import listening
 
 import treeshape as ts
 

@@ -1,16 +1,21 @@
-"""`ts.Structure` and `ts.Mismatch`: value semantics, building values, comparing trees."""
+"""`ts.Structure` and `ts.Mismatch`: value semantics, building values (and refusing 64-bit leaves
+with x64 off), `astype`, comparing trees (paths, `ignore=`, messages for big trees)."""
 
 import collections
 import dataclasses
+import os
 import pickle
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+import optax
 import pytest
-from _jax_range import pcast_varying, varying
+from helpers import pcast_varying, varying
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -596,3 +601,381 @@ def test_astype_to_a_64_bit_dtype_with_x64_off_is_refused_as_zeros_refuses_it(dt
     with jax.enable_x64(True):
         wide = s.astype(dtype)
         assert wide.tree["b"].dtype == np.dtype(dtype) and wide.matches(wide.zeros())
+
+
+# -- NamedTuple children are keyed by their own fields -----------------------------------
+Pair = collections.namedtuple("Pair", "a b")
+
+
+def test_namedtuple_children_are_named_by_their_own_field_everywhere():
+    s = ts.structure_of(Pair(jnp.zeros(8), jnp.zeros(3)))
+    assert s.paths == (".a", ".b")
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+    with pytest.raises(TypeError, match=r"shardings\.b is str 'x', not a sharding") as info:
+        s.with_shardings(Pair(jax.NamedSharding(mesh, jax.P("d")), "x"))
+    assert "shardings.a" not in str(info.value)
+
+    class Holder:
+        def __init__(self, value):
+            self.value = value
+
+    with pytest.raises(TypeError, match=r"the output leaf \.b holds a JAX tracer"):
+        ts.out_structure(lambda x: Pair(x, Holder(x)), jnp.ones(2))
+    assert ts.Structure.from_json(s.to_json()).paths == (".a", ".b")
+    [m] = s.diff(Pair(jnp.zeros(8), jnp.zeros(4)))
+    assert (m.path, m.kind) == (".b", "shape")
+
+
+# -- 64-bit Structures with x64 off -------------------------------------------------
+def _wide_structure():
+    """A Structure made with x64 on: 64-bit leaves next to 32-bit and static ones."""
+    with jax.enable_x64(True):
+        tree = {
+            "w": jnp.zeros(3, jnp.float64),
+            "step": 1,  # a weak int64
+            "f32": jnp.zeros(2, jnp.float32),
+            "name": "adam",
+            "z": jax.ShapeDtypeStruct((2,), jnp.complex128),
+        }
+        return ts.structure_of(tree)
+
+
+X64_FIX = (
+    'Turn x64 on first: `jax.config.update("jax_enable_x64", True)`, or build the values inside '
+    "`with jax.enable_x64(True):`. Or rebuild the Structure with the dtypes JAX uses with x64 off: "
+    "`ts.structure_of(s.tree)`, called with x64 off, makes each 64-bit leaf 32-bit."
+)
+
+
+BUILDERS = {"zeros": lambda s: s.zeros(), "ones": lambda s: s.ones(), "full": lambda s: s.full(2)}
+
+
+@pytest.mark.parametrize("method", list(BUILDERS))
+def test_64_bit_leaves_with_x64_off_are_refused(top_or_jit, method):
+    s = _wide_structure()
+    assert [str(getattr(leaf, "dtype", "static")) for leaf in s.leaves] == [
+        "float32",
+        "static",
+        "int64",
+        "float64",
+        "complex128",
+    ]
+    with jax.enable_x64(False):
+
+        def run():
+            with pytest.raises(ValueError) as info:
+                BUILDERS[method](s)
+            assert str(info.value) == (
+                f"treeshape.Structure.{method}: 3 leaves have 64-bit dtypes, but jax_enable_x64 is off, so JAX "
+                "would silently make them 32-bit and the result would not match this Structure (one made with "
+                "x64 on, e.g. unpickled from such a process).\n\n"
+                "  * ~i64: tree['step']\n"
+                "  * f64: tree['w']\n"
+                "  * c128: tree['z']\n\n" + X64_FIX
+            )
+            # the fix: the same structure with the dtypes JAX uses now
+            narrow = ts.structure_of(s.tree)
+            assert [str(leaf.dtype) for leaf in narrow.leaves if hasattr(leaf, "dtype")] == [
+                "float32",
+                "int32",
+                "float32",
+                "complex64",
+            ]
+            assert narrow.leaves[2].weak_type
+            values = BUILDERS[method](narrow)
+            assert narrow.matches(values)
+            return jnp.zeros(())
+
+        top_or_jit(run)
+    with jax.enable_x64(True):  # and with x64 on, the values are exact
+
+        def exact():
+            assert s.matches(BUILDERS[method](s))
+            return jnp.zeros(())
+
+        top_or_jit(exact)
+
+
+def test_one_64_bit_leaf_and_many(top_or_jit):
+    with jax.enable_x64(True):
+        one = ts.structure_of(jnp.zeros((2, 3), jnp.float64))
+        many = ts.structure_of({"a": [jnp.zeros(2, jnp.float64)] * 10, "n": jnp.zeros((), jnp.uint64)})
+    with jax.enable_x64(False):
+
+        def run():
+            with pytest.raises(ValueError) as info:
+                one.zeros()
+            assert str(info.value) == (
+                "treeshape.Structure.zeros: tree is f64[2,3], a 64-bit dtype, but jax_enable_x64 is off, so JAX "
+                "would silently make it 32-bit and the result would not match this Structure (one made with x64 "
+                "on, e.g. unpickled from such a process).\n\n" + X64_FIX
+            )
+            with pytest.raises(ValueError) as info:
+                many.ones()
+            message = str(info.value)
+            assert message.startswith("treeshape.Structure.ones: 11 leaves have 64-bit dtypes")
+            assert "  * f64: tree['a'][0], tree['a'][1], tree['a'][2] and 7 more (10 leaves)\n" in message
+            assert "  * u64: tree['n']\n" in message
+            assert max(len(line) for line in message.splitlines()) < 300
+            return jnp.zeros(())
+
+        top_or_jit(run)
+
+
+def test_explicit_64_bit_dtypes_allowed():
+    # With `jax_explicit_x64_dtypes="allow"` JAX keeps explicit 64-bit dtypes with x64 off: nothing to refuse.
+    s = _wide_structure()
+    before = jax.config.jax_explicit_x64_dtypes.name.lower()
+    jax.config.update("jax_explicit_x64_dtypes", "allow")
+    try:
+        with jax.enable_x64(False):
+            values = s.zeros()
+            assert values["w"].dtype == jnp.float64 and s.matches(values)
+    finally:
+        jax.config.update("jax_explicit_x64_dtypes", before)
+
+
+_PICKLE_IN_X64 = """
+import pickle, sys
+import jax, jax.numpy as jnp
+import treeshape as ts
+assert jax.config.jax_enable_x64
+s = ts.structure_of({"w": jnp.zeros(3, jnp.float64), "step": 1, "b": jnp.zeros(2, jnp.float32)})
+sys.stdout.write(pickle.dumps(s).hex())
+"""
+
+
+def test_structure_pickled_in_an_x64_process():
+    env = {**os.environ, "JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-c", _PICKLE_IN_X64], env=env, capture_output=True, text=True, check=True, timeout=120
+    )
+    s = pickle.loads(bytes.fromhex(done.stdout))
+    assert [str(leaf.dtype) for leaf in s.leaves] == ["float32", "int64", "float64"]
+    with jax.enable_x64(False):
+        for build in (lambda: s.zeros(), jax.jit(lambda: s.zeros())):
+            with pytest.raises(ValueError) as info:
+                build()
+            message = str(info.value)
+            assert "2 leaves have 64-bit dtypes, but jax_enable_x64 is off" in message
+            assert "  * ~i64: tree['step']\n  * f64: tree['w']\n" in message
+    with jax.enable_x64(True):
+        assert s.matches(s.zeros()) and s.matches(jax.jit(s.ones)())
+
+
+@pytest.mark.parametrize("policy", ["promote", "cast"])
+def test_upcast_towards_64_bit_leaves_with_x64_off_is_refused(top_or_jit, policy):
+    s = _wide_structure()
+    with jax.enable_x64(False):
+        tree = {
+            "f32": jnp.ones(2),
+            "name": "adam",
+            "step": jnp.zeros((), jnp.int32),
+            "w": jnp.ones(3, jnp.float32),
+            "z": jnp.ones(2, jnp.complex64),
+        }
+
+        def run():
+            with pytest.raises(ValueError) as info:
+                ts.upcast(tree, s, policy=policy)  # what zeros() says: no helper makes a 64-bit array here
+            assert str(info.value) == (
+                "treeshape.upcast: 3 leaves have 64-bit dtypes, but jax_enable_x64 is off, so JAX "
+                "would silently make them 32-bit and the result would not match this Structure (one made with "
+                "x64 on, e.g. unpickled from such a process).\n\n"
+                "  * ~i64: tree['step']\n"
+                "  * f64: tree['w']\n"
+                "  * c128: tree['z']\n\n" + X64_FIX
+            )
+            # only the leaves that would be converted count: f32 stays f32
+            narrow = ts.upcast(tree, ts.structure_of(s.tree), policy=policy)
+            assert narrow["w"].dtype == jnp.float32 and narrow["step"].dtype == jnp.int32
+            return jnp.zeros(())
+
+        top_or_jit(run)
+    with jax.enable_x64(True):
+        wide = ts.upcast(jax.tree.map(lambda x: x, tree), s, policy=policy)
+        assert wide["w"].dtype == jnp.float64 and s.matches(wide)
+
+
+# -- paths that match -----------------------------------------------------------------
+def test_mismatch_paths_are_keystr_paths_like_structure_paths():
+    s = ts.structure_of(
+        {"w": jnp.zeros(3, jnp.float32), "opt": [jnp.zeros(2, jnp.float32), {"mu": jnp.zeros(2, jnp.float32)}]}
+    )
+    mismatches = s.diff(
+        {"w": jnp.zeros(4, jnp.float32), "opt": [jnp.zeros(2, jnp.float32), {"mu": jnp.zeros(2, jnp.int32)}]}
+    )
+    assert [m.path for m in mismatches] == ["['opt'][1]['mu']", "['w']"]
+    assert all(m.path in s.paths for m in mismatches)
+    assert [m.root for m in mismatches] == ["tree", "tree"]
+    assert str(mismatches[1]) == "tree['w']: expected shape (3,), got (4,)."
+    weak = ts.structure_of({"lr": 0.1, "w": jnp.zeros(2, jnp.float32)})
+    [m] = weak.diff({"lr": jnp.zeros((), FLOAT), "w": jnp.zeros(2, jnp.float32)})  # strong, same dtype
+    assert m.path in ts.weak_paths(weak)
+
+
+# -- ignore= ------------------------------------------------------------------------
+def test_ignore_leaves_out_the_named_kinds():
+    s = ts.structure_of({"step": 0, "w": jnp.zeros((2, 3), jnp.float32)})
+    restored = {"step": jnp.zeros((), INT), "w": jnp.zeros((2, 3), jnp.float32)}  # strong, same dtype
+    assert [m.kind for m in s.diff(restored)] == ["weak_type"]
+    assert s.diff(restored, ignore={"weak_type"}) == []
+    assert s.matches(restored, ignore=["weak_type"])
+    s.check(restored, ignore="weak_type")  # one kind as a string
+    other = {"step": jnp.zeros((), INT), "w": jnp.zeros((3, 2), jnp.bfloat16)}
+    assert [m.kind for m in s.diff(other, ignore={"weak_type", "dtype"})] == ["shape"]
+    assert s.diff(other, ignore={"weak_type", "dtype", "shape", "vma", "sharding"}) == []
+    with pytest.raises(ts.StructureMismatchError) as info:
+        s.check(other, ignore={"weak_type"})
+    assert [m.kind for m in info.value.mismatches] == ["shape", "dtype"]
+
+
+def test_ignore_never_hides_a_structure_difference():
+    s = ts.structure_of({"a": jnp.zeros(2, jnp.float32)})
+    assert [m.kind for m in s.diff({"b": jnp.zeros(2, jnp.float32)}, ignore={"shape", "dtype"})] == [
+        "structure",
+        "structure",
+    ]
+    with pytest.raises(ValueError, match=r"`ignore` takes mismatch kinds among .*'weak_type'.*got 'structure'"):
+        s.diff({"a": jnp.zeros(2, jnp.float32)}, ignore={"structure"})
+    with pytest.raises(ValueError, match="got 'dtypes'"):
+        s.check({"a": jnp.zeros(2, jnp.float32)}, ignore={"dtypes"})
+
+
+# -- messages for big trees ------------------------------------------------------------
+def test_leaves_that_fail_alike_are_one_line():
+    init = {f"layer{i}": {"w": jnp.zeros((3, 4), jnp.bfloat16), "b": jnp.zeros(4, jnp.bfloat16)} for i in range(19)}
+    body = lambda c, x: (jax.tree.map(lambda v: v + x.sum(), c), None)  # bf16 + f32 -> f32, 38 leaves
+    with pytest.raises(ts.CarryMismatchError) as info:
+        ts.carry_structure(body, init, jnp.ones((2, 3), jnp.float32))
+    err = info.value
+    assert len(err.mismatches) == 38  # every mismatch stays on the exception
+    message = str(err)
+    assert message.count('policy="promote" would') == 1
+    listed = "carry['layer0']['b'], carry['layer0']['w'], carry['layer1']['b'] and 35 more"
+    assert f"38 leaves fail alike ({listed})" in message
+    assert "e.g. carry['layer0']['b']: input bf16[4], output f32[4]." in message
+    assert max(len(line) for line in message.splitlines()) <= 300
+    assert len(message) < 600  # was 8 KB: one sentence repeated 38 times
+
+
+def test_check_groups_and_keeps_lines_short():
+    s = ts.structure_of({f"p{i:03d}": np.zeros(2, np.float32) for i in range(200)})
+    with pytest.raises(ts.StructureMismatchError) as info:
+        s.check({f"p{i:03d}": np.zeros(2, np.int32) for i in range(200)})
+    message = str(info.value)
+    assert "200 differences" in message and "200 leaves fail alike" in message and "and 197 more" in message
+    assert max(len(line) for line in message.splitlines()) <= 300
+    assert len(info.value.mismatches) == 200
+
+
+@jtu.register_dataclass
+@dataclasses.dataclass
+class _Linear:
+    """A node with big static data, like a flax.nnx module's graph description."""
+
+    kernel: jax.Array
+    in_features: int = dataclasses.field(metadata={"static": True})
+    out_features: int = dataclasses.field(metadata={"static": True})
+    config: tuple = dataclasses.field(default=tuple(f"option_{i}" for i in range(60)), metadata={"static": True})
+
+
+def test_node_data_is_told_by_the_fields_that_differ_and_the_leaves_under_them():
+    a = _Linear(jnp.zeros((3, 8), jnp.float32), 3, 8)
+    b = _Linear(jnp.zeros((3, 16), jnp.float32), 3, 16)
+    field, leaf = ts.structure_of(a).diff(b)
+    assert field == ts.Mismatch(".out_features", "structure", "8", "16")  # the differing field, by name
+    assert str(field).startswith("tree.out_features: expected 8, got 16.")
+    assert leaf == ts.Mismatch(".kernel", "shape", (3, 8), (3, 16))  # and on into the children
+    message = str(pytest.raises(ts.StructureMismatchError, ts.structure_of(a).check, b).value)
+    assert max(len(line) for line in message.splitlines()) <= 300
+
+
+def test_empty_containers_and_none_are_told_apart():
+    [m] = ts.structure_of([]).diff(None)
+    assert str(m) == "tree: expected an empty list, got None."
+    [m] = ts.structure_of({"a": {}}).diff({"a": ()})
+    assert str(m) == "tree['a']: expected an empty dict, got an empty tuple."
+    [m] = ts.structure_of(None).diff([])
+    assert str(m) == "tree: expected None, got an empty list."
+
+
+# -- astype ----------------------------------------------------------------------------------------
+def test_astype_for_mixed_precision():
+    params = {"w": jnp.ones((4, 3), jnp.bfloat16), "b": jnp.ones(3, jnp.bfloat16), "step": jnp.int32(0)}
+    acc = ts.structure_of(params).astype(jnp.float32)
+    assert acc.tree == {
+        "w": jax.ShapeDtypeStruct((4, 3), jnp.float32),
+        "b": jax.ShapeDtypeStruct((3,), jnp.float32),
+        "step": jax.ShapeDtypeStruct((), jnp.int32),
+    }
+    zeros = acc.zeros()
+    assert zeros["w"].dtype == jnp.float32 and zeros["step"].dtype == jnp.int32
+    only_w = ts.structure_of(params).astype(jnp.float16, where=lambda path, leaf: path == "['w']")
+    assert [leaf.dtype for leaf in only_w.leaves] == [jnp.bfloat16, jnp.int32, jnp.float16]
+    weak = ts.structure_of({"x": 1.0}).astype(jnp.bfloat16)
+    assert weak.tree["x"] == jax.ShapeDtypeStruct((), jnp.bfloat16)  # converted leaves are strong
+
+
+def test_astype_refuses_keys_and_non_dtypes():
+    s = ts.structure_of({"k": jax.random.key(0), "w": jnp.zeros(2, jnp.float32)})
+    assert s.astype(jnp.float16).tree["k"].dtype == s.tree["k"].dtype  # keys are not floating: left alone
+    with pytest.raises(TypeError, match=r"typed PRNG keys.*tree\['k'\]"):
+        s.astype(jnp.float16, where=lambda path, leaf: True)
+    with pytest.raises(TypeError, match="`dtype` must be a dtype"):
+        s.astype("not a dtype")
+
+
+# -- weak Python scalars in a restored checkpoint --------------------------------------------------
+def test_restored_checkpoint_style_comparison():
+    opt = optax.adam(1e-3)
+    params = {"w": jnp.zeros((2, 3), jnp.float32)}
+    state = {"params": params, "opt": opt.init(params), "step": 0}
+    restored = jax.tree.map(lambda x: jnp.asarray(x, dtype=jnp.asarray(x).dtype), state)
+    s = ts.structure_of(state)
+    assert not s.matches(restored)
+    assert s.matches(restored, ignore={"weak_type"})
+    np.testing.assert_array_equal(s.zeros()["params"]["w"], np.zeros((2, 3)))
+
+
+# -- values and callbacks as the user wrote them ---------------------------------------------------
+def test_full_with_a_complex_value_names_the_leaves_that_cannot_hold_it(top_or_jit):
+    s = ts.structure_of({"n": jnp.zeros(3, jnp.int32), "f": jnp.zeros(2), "z": jnp.zeros(2, jnp.complex64)})
+
+    def run():
+        with pytest.raises(TypeError) as info:
+            s.full(1 + 2j)
+        assert str(info.value).startswith(
+            "treeshape.Structure.full: `value` (1+2j) is complex, but tree['f'], tree['n'] (2 of 3 leaves) are of "
+            "an integer or real floating dtype, which JAX refuses to fill with a complex value"
+        )
+        complex_only = ts.structure_of({"z": jnp.zeros(2, jnp.complex64)})
+        return complex_only.full(1 + 2j)["z"]
+
+    out = top_or_jit(run)
+    np.testing.assert_array_equal(np.asarray(out), np.full(2, 1 + 2j, np.complex64))
+
+
+@pytest.mark.parametrize("callback", [lambda path: None, lambda: None, lambda a, b, c: None])
+def test_a_callback_of_the_wrong_arity_is_told_its_signature(callback):
+    s = ts.structure_of({"w": jnp.zeros(2)})
+    for call, name in [
+        (lambda: s.with_shardings(callback), "with_shardings"),
+        (lambda: s.astype(jnp.bfloat16, where=callback), "astype"),
+    ]:
+        with pytest.raises(TypeError) as info:
+            call()
+        message = str(info.value)
+        assert message.startswith(f"treeshape.Structure.{name}: the callable <lambda>(")
+        assert "is called as `fn(path, leaf)`" in message and "`lambda path, leaf: ...`" in message
+
+
+def test_a_type_error_inside_a_callback_is_the_users_own():
+    s = ts.structure_of({"w": jnp.zeros(2)})
+
+    def pick(path, leaf):
+        return leaf.shape + 1  # a bug: TypeError: can only concatenate tuple
+
+    with pytest.raises(TypeError, match="can only concatenate tuple") as info:
+        s.astype(jnp.bfloat16, where=pick)
+    assert "treeshape" not in str(info.value)

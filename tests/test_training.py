@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import linear_loss, train_step
 from jax import lax
 
 import treeshape as ts
@@ -34,20 +35,6 @@ def _data():
     return jnp.asarray(x), jnp.asarray(y)
 
 
-def _loss(params, x, y):
-    return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
-
-
-def _train_step(opt):
-    def step(carry, batch):
-        params, state = carry
-        loss, grads = jax.value_and_grad(_loss)(params, *batch)
-        updates, state = opt.update(grads, state, params)
-        return (optax.apply_updates(params, updates), state), loss
-
-    return step
-
-
 INITS = {
     # a bias made from a Python scalar is weakly typed, as is every state leaf built from it
     "weak_scalar": lambda: {"w": jnp.zeros(3), "b": jnp.asarray(0.0)},
@@ -56,7 +43,7 @@ INITS = {
 
 
 def _check_training(opt, params):
-    step = _train_step(opt)
+    step = train_step(opt)
     xs = _data()
 
     carry = ts.scan_carry(step, (params, opt.init(params)), xs)
@@ -93,7 +80,7 @@ def test_optax_training_from_a_python_float_parameter(name):
 @pytest.mark.parametrize("name", ["adam", "inject_hyperparams_adam"])
 def test_scan_carry_under_jit_is_cached(name):
     opt = OPTIMIZERS[name]()
-    step = _train_step(opt)
+    step = train_step(opt)
     xs = _data()
     traces = 0
 
@@ -123,7 +110,7 @@ class TrainState:
 
 def test_chex_dataclass_carry():
     def body(state, batch):
-        loss, grads = jax.value_and_grad(_loss)(state.params, *batch)
+        loss, grads = jax.value_and_grad(linear_loss)(state.params, *batch)
         lr = jnp.float32(0.05)  # a float32 learning rate meets bfloat16 parameters
         params = jax.tree.map(lambda p, g: p - lr * g, state.params, grads)
         new = TrainState(params=params, step=state.step + 1, loss_scale=state.loss_scale * 0.5)

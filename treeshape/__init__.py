@@ -2,7 +2,7 @@
 
 import importlib
 import importlib.metadata
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 
 # `import treeshape` does not import JAX: each public name is imported from its
@@ -48,45 +48,12 @@ if TYPE_CHECKING:
     )
 
 
-__all__ = [
-    "Buffer",
-    "CacheInfo",
-    "CarryMismatchError",
-    "Cost",
-    "Donation",
-    "Fit",
-    "JaxReleaseError",
-    "Mismatch",
-    "PrecisionWarning",
-    "Retrace",
-    "RetraceError",
-    "StaticRepr",
-    "Structure",
-    "StructureMismatchError",
-    "Trace",
-    "cache_info",
-    "carry_structure",
-    "check_prefix",
-    "clear_cache",
-    "cost",
-    "describe",
-    "fori_carry",
-    "is_weak",
-    "largest_fit",
-    "out_structure",
-    "scan_carry",
-    "settle",
-    "strip_weak_type",
-    "structure_of",
-    "upcast",
-    "watch",
-    "weak_paths",
-    "while_carry",
-]
 __version__ = importlib.metadata.version("treeshape")
 
-# Where each public name lives (the imports above, for the interpreter).
-_MODULES = {
+# The public names, one line each, and the module each is imported from on first use
+# (`__getattr__` below). The imports above say the same to type checkers, which cannot
+# read this table; tests/test_architecture.py checks that the two agree.
+_MODULES: Final = {
     "Buffer": "._buffers",
     "CacheInfo": "._cache",
     "CarryMismatchError": "._errors",
@@ -121,6 +88,7 @@ _MODULES = {
     "weak_paths": "._weak",
     "while_carry": "._carry",
 }
+__all__ = sorted(_MODULES)
 
 
 def __getattr__(name: str) -> Any:

@@ -4,8 +4,7 @@ schedule, and what became of donated inputs (`Cost.buffers`, `Cost.donation`).
 Read from what XLA returns with the compiled program, nothing runs: the buffer assignment
 (every logical buffer, its size, defining instruction and place in an allocation) and the
 optimized, scheduled module (instructions, operands, schedule, metadata, input/output
-aliases). Both are protobuf messages; a small reader of the wire format below decodes
-them with the field numbers that `_compat.Fields` pins.
+aliases). Both are protobuf messages, decoded by `_hlo`.
 
 Live ranges follow XLA's own `HloLiveRange` on the flattened schedule (a `while`'s
 condition and body, a `call`'s or `conditional`'s computations, placed before the
@@ -23,7 +22,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
 import jax
@@ -32,6 +31,7 @@ import numpy as np
 from . import _compat
 from ._compat import Fields as F
 from ._display import Description
+from ._hlo import Index, Instruction, Message, Module, fields, int_field, ints, message_field, str_field
 from ._leaf import human_bytes, short_dtype, short_shape
 from ._table import grid, html_grid
 
@@ -111,204 +111,11 @@ class Reading:
     donation: dict[str, Donation]
 
 
-# -- protobuf wire format ---------------------------------------------------------------
-Message = dict[int, list[Any]]  # field number -> values (ints, or memoryviews of nested bytes)
-
-
-def _varint(data: memoryview, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        b = data[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, i
-        shift += 7
-
-
-def fields(data: bytes | memoryview) -> Message:
-    """One message's fields: varints and fixed-width values as ints, length-delimited ones
-    (strings, nested messages, packed numbers) as memoryviews, each list in wire order."""
-    view = data if isinstance(data, memoryview) else memoryview(data)
-    out: Message = {}
-    i, end = 0, len(view)
-    while i < end:
-        key = view[i]  # one byte for field numbers below 16, the common case
-        if key < 0x80:
-            i += 1
-        else:
-            key, i = _varint(view, i)
-        wire = key & 7
-        value: Any
-        if wire == 0:
-            value = view[i]
-            if value < 0x80:
-                i += 1
-            else:
-                value, i = _varint(view, i)
-        elif wire == 2:
-            n = view[i]
-            if n < 0x80:
-                i += 1
-            else:
-                n, i = _varint(view, i)
-            value, i = view[i : i + n], i + n
-        elif wire == 1:
-            value, i = int.from_bytes(view[i : i + 8], "little"), i + 8
-        elif wire == 5:
-            value, i = int.from_bytes(view[i : i + 4], "little"), i + 4
-        else:
-            raise ValueError(f"protobuf wire type {wire} at byte {i}")
-        field = key >> 3
-        if field in out:
-            out[field].append(value)
-        else:
-            out[field] = [value]
-    return out
-
-
-def ints(message: Message, field: int) -> list[int]:
-    """A repeated integer field, packed or not (int64s as two's complement)."""
-    out: list[int] = []
-    for value in message.get(field, ()):
-        if isinstance(value, int):
-            out.append(value)
-            continue
-        i = 0
-        while i < len(value):
-            n, i = _varint(value, i)
-            out.append(n)
-    return [n - (1 << 64) if n >= 1 << 63 else n for n in out]
-
-
-def _int(message: Message, field: int, default: int = 0) -> int:
-    values = message.get(field)
-    if not values:
-        return default
-    n = values[-1]
-    return int(n - (1 << 64) if n >= 1 << 63 else n)
-
-
-def _str(message: Message, field: int) -> str:
-    values = message.get(field)
-    return bytes(values[-1]).decode("utf-8", "replace") if values else ""
-
-
-def _sub(message: Message, field: int) -> Message:
-    values = message.get(field)
-    return fields(values[-1]) if values else {}
-
-
-# -- the module -------------------------------------------------------------------------
-Index = tuple[int, ...]
-
-
-@dataclasses.dataclass
-class _Shape:
-    dtype: str
-    dims: tuple[int, ...]
-    tuple_shapes: "list[_Shape]"
-
-    @staticmethod
-    def read(message: Message) -> "_Shape":
-        kind = _int(message, F.SHAPE_ELEMENT_TYPE)
-        dtype = _compat.PRIMITIVE_TYPES.get(kind, f"xla type {kind}")
-        subs = [_Shape.read(fields(s)) for s in message.get(F.SHAPE_TUPLE_SHAPES, ())]
-        return _Shape(dtype, tuple(ints(message, F.SHAPE_DIMENSIONS)), subs)
-
-    def at(self, index: Index) -> "_Shape":
-        shape = self
-        for i in index:
-            shape = shape.tuple_shapes[i]
-        return shape
-
-    def indices(self, prefix: Index = ()) -> Iterator[Index]:
-        yield prefix
-        for i, sub in enumerate(self.tuple_shapes):
-            yield from sub.indices((*prefix, i))
-
-
-@dataclasses.dataclass
-class _Instruction:
-    id: int
-    name: str
-    opcode: str
-    shape: _Shape
-    operands: list[int]
-    called: list[int]
-    parameter: int
-    tuple_index: int
-    raw_metadata: memoryview | None
-    computation: int = 0
-
-    @property
-    def metadata(self) -> Message:
-        return {} if self.raw_metadata is None else fields(self.raw_metadata)
-
-
-def _instruction(data: memoryview) -> _Instruction:
-    m = fields(data)
-    return _Instruction(
-        id=_int(m, F.INSTRUCTION_ID),
-        name=_str(m, F.INSTRUCTION_NAME),
-        opcode=_str(m, F.INSTRUCTION_OPCODE),
-        shape=_Shape.read(_sub(m, F.INSTRUCTION_SHAPE)),
-        operands=ints(m, F.INSTRUCTION_OPERANDS),
-        called=ints(m, F.INSTRUCTION_CALLED),
-        parameter=_int(m, F.INSTRUCTION_PARAMETER_NUMBER),
-        tuple_index=_int(m, F.INSTRUCTION_TUPLE_INDEX),
-        raw_metadata=m[F.INSTRUCTION_METADATA][-1] if F.INSTRUCTION_METADATA in m else None,
-    )
-
-
-@dataclasses.dataclass
-class _Module:
-    instructions: dict[int, _Instruction]
-    roots: dict[int, int]  # computation -> root instruction
-    parameters: dict[int, dict[int, int]]  # computation -> parameter number -> instruction
-    sequences: dict[int, list[int]]  # scheduled computation -> instruction ids in order
-    entry: int
-    aliases: list[tuple[Index, int]]  # (output index, parameter number)
-    frames: Message
-
-    @staticmethod
-    def read(data: bytes) -> "_Module":
-        m = fields(data)
-        sequences = {}
-        for entry in _sub(m, F.MODULE_SCHEDULE).get(F.SCHEDULE_SEQUENCES, ()):
-            em = fields(entry)
-            sequences[_int(em, 1)] = ints(_sub(em, 2), F.SEQUENCE_INSTRUCTION_IDS)
-        instructions: dict[int, _Instruction] = {}
-        roots: dict[int, int] = {}
-        parameters: dict[int, dict[int, int]] = {}
-        for c in m.get(F.MODULE_COMPUTATIONS, ()):
-            cm = fields(c)
-            cid = _int(cm, F.COMPUTATION_ID)
-            roots[cid] = _int(cm, F.COMPUTATION_ROOT_ID)
-            params = parameters[cid] = {}
-            if cid not in sequences:  # fusions, reductions' regions: no live ranges of their own
-                continue
-            for raw in cm.get(F.COMPUTATION_INSTRUCTIONS, ()):
-                ins = _instruction(raw)
-                ins.computation = cid
-                instructions[ins.id] = ins
-                if ins.opcode == "parameter":
-                    params[ins.parameter] = ins.id
-        aliases = []
-        for a in _sub(m, F.MODULE_ALIASES).get(F.ALIAS_ENTRIES, ()):
-            am = fields(a)
-            aliases.append((tuple(ints(am, F.ALIAS_OUTPUT_INDEX)), _int(am, F.ALIAS_PARAMETER)))
-        return _Module(
-            instructions, roots, parameters, sequences, _int(m, F.MODULE_ENTRY_ID), aliases,
-            _sub(m, F.MODULE_STACK_FRAMES),
-        )  # fmt: skip
-
-
 # -- live ranges ------------------------------------------------------------------------
 _FLATTENED: Final = frozenset({"call", "conditional"})
 
 
-def _flatten(module: _Module) -> tuple[list[int], dict[int, tuple[int, int]]]:
+def _flatten(module: Module) -> tuple[list[int], dict[int, tuple[int, int]]]:
     """The flattened schedule (instruction ids) and each computation's span in it, as
     XLA's `HloLiveRange` flattens it."""
     order: list[int] = []
@@ -337,7 +144,7 @@ def _flatten(module: _Module) -> tuple[list[int], dict[int, tuple[int, int]]]:
     return order, spans
 
 
-def _while_parts(module: _Module, ins: _Instruction) -> tuple[int, int]:
+def _while_parts(module: Module, ins: Instruction) -> tuple[int, int]:
     """A while's (body, condition): the condition's root is a `pred[]`."""
     a, b = ins.called[0], ins.called[1]
     root_a = module.instructions.get(module.roots.get(a, -1))
@@ -358,10 +165,10 @@ class _Value:
     end: int = -1
 
 
-def _callers(module: _Module, order: list[int]) -> dict[int, _Instruction]:
+def _callers(module: Module, order: list[int]) -> dict[int, Instruction]:
     """The instruction that calls each flattened computation (a while's body and condition,
     a call's or a conditional's computations)."""
-    callers: dict[int, _Instruction] = {}
+    callers: dict[int, Instruction] = {}
     for iid in order:
         ins = module.instructions[iid]
         if ins.opcode in _FLATTENED or ins.opcode == "while":
@@ -371,7 +178,7 @@ def _callers(module: _Module, order: list[int]) -> dict[int, _Instruction]:
 
 
 def _value_sets(
-    module: _Module, order: list[int], defined: dict[tuple[int, Index], int]
+    module: Module, order: list[int], defined: dict[tuple[int, Index], int]
 ) -> dict[int, dict[Index, set[int]]]:
     """Which values each scheduled instruction holds at each shape index: its own where it
     defines one, else what flows into it (tuples, get-tuple-element, bitcasts, loops, calls)."""
@@ -382,7 +189,7 @@ def _value_sets(
     def at(iid: int, index: Index) -> set[int]:
         return sets.get(iid, {}).get(index, empty)
 
-    def inflow(ins: _Instruction, index: Index) -> set[int]:
+    def inflow(ins: Instruction, index: Index) -> set[int]:
         op = ins.opcode
         if op == "parameter":
             caller = callers.get(ins.computation)
@@ -415,7 +222,7 @@ def _value_sets(
     return sets
 
 
-def _live_ranges(module: _Module, values: dict[int, _Value]) -> tuple[int, dict[int, dict[Index, set[int]]]]:
+def _live_ranges(module: Module, values: dict[int, _Value]) -> tuple[int, dict[int, dict[Index, set[int]]]]:
     """Set each value's live range (start, end) on the flattened schedule, as XLA's
     `HloLiveRange` does; return the schedule's end time and the values each instruction holds."""
     order, spans = _flatten(module)
@@ -473,27 +280,30 @@ def _assignment(data: bytes) -> tuple[dict[int, _Value], dict[int, _Allocation]]
     values: dict[int, _Value] = {}
     for raw in m.get(F.LOGICAL_BUFFERS, ()):
         b = fields(raw)
-        at = _sub(b, F.BUFFER_DEFINED_AT)
-        vid = _int(b, F.BUFFER_ID)
+        at = message_field(b, F.BUFFER_DEFINED_AT)
+        vid = int_field(b, F.BUFFER_ID)
         values[vid] = _Value(
-            vid, _int(b, F.BUFFER_SIZE), _int(at, F.LOCATION_INSTRUCTION_ID), tuple(ints(at, F.LOCATION_SHAPE_INDEX))
+            vid,
+            int_field(b, F.BUFFER_SIZE),
+            int_field(at, F.LOCATION_INSTRUCTION_ID),
+            tuple(ints(at, F.LOCATION_SHAPE_INDEX)),
         )
     allocations: dict[int, _Allocation] = {}
     for raw in m.get(F.BUFFER_ALLOCATIONS, ()):
         a = fields(raw)
-        index = _int(a, F.ALLOCATION_INDEX)
+        index = int_field(a, F.ALLOCATION_INDEX)
         allocations[index] = _Allocation(
             index,
-            _int(a, F.ALLOCATION_SIZE),
-            bool(_int(a, F.ALLOCATION_ENTRY_PARAMETER)),
-            bool(_int(a, F.ALLOCATION_CONSTANT)),
-            bool(_int(a, F.ALLOCATION_THREAD_LOCAL)),
+            int_field(a, F.ALLOCATION_SIZE),
+            bool(int_field(a, F.ALLOCATION_ENTRY_PARAMETER)),
+            bool(int_field(a, F.ALLOCATION_CONSTANT)),
+            bool(int_field(a, F.ALLOCATION_THREAD_LOCAL)),
         )
         for assigned in a.get(F.ALLOCATION_ASSIGNED, ()):
             s = fields(assigned)
-            v = values.get(_int(s, F.ASSIGNED_BUFFER_ID))
+            v = values.get(int_field(s, F.ASSIGNED_BUFFER_ID))
             if v is not None:
-                v.allocation, v.offset, v.size = index, _int(s, F.ASSIGNED_OFFSET), _int(s, F.ASSIGNED_SIZE)
+                v.allocation, v.offset, v.size = index, int_field(s, F.ASSIGNED_OFFSET), int_field(s, F.ASSIGNED_SIZE)
     return values, allocations
 
 
@@ -594,7 +404,7 @@ def _read(
     output_paths: Sequence[str],
     donated: frozenset[int],
 ) -> Reading:
-    module = _Module.read(module_bytes)
+    module = Module.read(module_bytes)
     values, allocations = _assignment(assignment)
     end_time, sets = _live_ranges(module, values)
     live = [
@@ -624,7 +434,7 @@ def _read(
         elif allocations[v.allocation].constant or ins.opcode == "constant":
             buffers.append(Buffer(nbytes, shape.dims, dtype, "constant"))
         else:
-            name = _str(ins.metadata, F.METADATA_OP_NAME)
+            name = str_field(ins.metadata, F.METADATA_OP_NAME)
             # JAX names the program's operations `jit(fn)/...`; a copy XLA makes of a parameter
             # keeps the parameter's name (`dynamic[2]`): that is XLA's own buffer.
             op = name if name.startswith(_compat.JIT_OP_PREFIXES) else None
@@ -643,7 +453,7 @@ def _dtype(name: str) -> Any:
 
 
 def _outputs(
-    module: _Module, root: _Instruction | None, values: dict[int, _Value], sets: dict[int, dict[Index, set[int]]]
+    module: Module, root: Instruction | None, values: dict[int, _Value], sets: dict[int, dict[Index, set[int]]]
 ) -> dict[int, Index]:
     """The values the program returns (other than its arguments), each by its index in the result."""
     if root is None:
@@ -679,7 +489,7 @@ class _Frames:
     """Source locations of instructions: the module's stack frame index (jax 0.9 and newer)
     or the metadata's own file and line (before)."""
 
-    def __init__(self, module: _Module) -> None:
+    def __init__(self, module: Module) -> None:
         frames = module.frames
         self._files = [bytes(f).decode("utf-8", "replace") for f in frames.get(F.FRAMES_FILE_NAMES, ())]
         self._locations = frames.get(F.FRAMES_LOCATIONS, [])
@@ -690,27 +500,27 @@ class _Frames:
         return bool(file) and not file.startswith(self._libraries)
 
     def source(self, metadata: Message) -> str | None:
-        frame = _int(metadata, F.METADATA_STACK_FRAME)
+        frame = int_field(metadata, F.METADATA_STACK_FRAME)
         seen = set()
         while 0 < frame <= len(self._frames) and frame not in seen:
             seen.add(frame)
             fm = fields(self._frames[frame - 1])
-            location = _int(fm, F.FRAME_LOCATION)
+            location = int_field(fm, F.FRAME_LOCATION)
             if 0 < location <= len(self._locations):
                 lm = fields(self._locations[location - 1])
-                file_id = _int(lm, F.LOCATION_FILE)
+                file_id = int_field(lm, F.LOCATION_FILE)
                 file = self._files[file_id - 1] if 0 < file_id <= len(self._files) else ""
                 if self._user(file):
-                    return f"{os.path.basename(file)}:{_int(lm, F.LOCATION_LINE)}"
-            frame = _int(fm, F.FRAME_PARENT)
-        file = _str(metadata, F.METADATA_SOURCE_FILE)
+                    return f"{os.path.basename(file)}:{int_field(lm, F.LOCATION_LINE)}"
+            frame = int_field(fm, F.FRAME_PARENT)
+        file = str_field(metadata, F.METADATA_SOURCE_FILE)
         if self._user(file):
-            return f"{os.path.basename(file)}:{_int(metadata, F.METADATA_SOURCE_LINE)}"
+            return f"{os.path.basename(file)}:{int_field(metadata, F.METADATA_SOURCE_LINE)}"
         return None
 
 
 def _donations(
-    module: _Module,
+    module: Module,
     compiled: Any,
     kept: list[int],
     reused: dict[int, Index],

@@ -245,9 +245,9 @@ def _depth(text: str) -> int:
 
 
 def _version() -> str:
-    import treeshape
+    from . import __version__
 
-    return str(treeshape.__version__)
+    return str(__version__)
 
 
 # The exceptions user code may raise that become a one-line error (KeyboardInterrupt stays as it is).
@@ -421,14 +421,14 @@ def _call_target(args: argparse.Namespace, how: Callable[..., Any]) -> Any:
 
 
 def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
-    import treeshape as ts
+    from . import describe, out_structure
 
     if args.json and args.depth is not None:
         raise _Fail("--json prints every leaf and --depth groups them in a table: give one of the two", 2)
-    structure = _call_target(args, ts.out_structure)
+    structure = _call_target(args, out_structure)
     try:  # static output leaves are the user's objects: their repr may raise
         if args.depth is not None:
-            text = ts.describe(structure, depth=args.depth)
+            text = describe(structure, depth=args.depth)
         elif args.json:
             entries = [json.dumps(entry) for entry in _as_json(structure)]
             text = "[\n  " + ",\n  ".join(entries) + "\n]" if entries else "[]"
@@ -441,8 +441,7 @@ def _inspect(args: argparse.Namespace, stdout: TextIO) -> int:
 
 
 def _cost(args: argparse.Namespace, stdout: TextIO) -> int:
-    import treeshape as ts
-
+    from . import cost
     from ._dims import bind_leaves, free_names
     from ._leaf import short_dtype, short_shape
 
@@ -461,7 +460,7 @@ def _cost(args: argparse.Namespace, stdout: TextIO) -> int:
                 f"fits with treeshape fit ... --dim {names[0]} --budget 16GiB",
                 2,
             )
-    _print(_call_target(args, ts.cost), args.json, stdout, args.buffers)
+    _print(_call_target(args, cost), args.json, stdout, args.buffers)
     return 0
 
 
@@ -558,8 +557,7 @@ def _at_least(n: int) -> str:
 def _fit(args: argparse.Namespace, stdout: TextIO) -> int:
     import jax
 
-    import treeshape as ts
-
+    from . import largest_fit
     from ._dims import free_names
     from ._fit import BudgetError, SizeError, bind_at, check_arguments, check_names, largest_allowed
 
@@ -600,7 +598,7 @@ def _fit(args: argparse.Namespace, stdout: TextIO) -> int:
     progress = sys.stderr.isatty() if args.progress is None else args.progress
 
     def fit(fn: Callable[..., Any], *positional: Any, **keywords: Any) -> Any:
-        return ts.largest_fit(
+        return largest_fit(
             fn,
             *positional,
             dim=dim,
@@ -637,7 +635,7 @@ def _demo(stdout: TextIO) -> int:
     import jax.numpy as jnp
     from jax import lax
 
-    import treeshape as ts
+    from . import CarryMismatchError, cache_info, carry_structure, describe, out_structure, scan_carry
 
     def say(text: str = "") -> None:
         print(text, file=stdout)
@@ -695,10 +693,10 @@ def _demo(stdout: TextIO) -> int:
     say("treeshape demo: a 2-layer MLP regression trained with a hand-written Adam")
     say()
     say("1. The parameters: ts.describe(params)")
-    say(ts.describe(params))
+    say(describe(params))
     say()
 
-    opt_structure = ts.out_structure(adam_init, params)
+    opt_structure = out_structure(adam_init, params)
     say("2. The optimizer state, inferred without running adam_init:")
     say("   ts.out_structure(adam_init, params)")
     say(str(opt_structure))
@@ -714,17 +712,17 @@ def _demo(stdout: TextIO) -> int:
     say("   init = (params, opt_structure.astype(jnp.bfloat16).zeros())")
     say("   ts.scan_carry(train_step, init, xs) raises:")
     try:
-        ts.scan_carry(train_step, init, xs=(x[0], y[0]))
-    except ts.CarryMismatchError as err:
+        scan_carry(train_step, init, xs=(x[0], y[0]))
+    except CarryMismatchError as err:
         for line in f"{type(err).__name__}: {err}".splitlines():
             bullet = " " * (len(line) - len(line.lstrip(" *")))
             say(textwrap.fill(line, 96, initial_indent="   ", subsequent_indent="   " + bullet) if line else "")
     say()
     say('   The fix it names: ts.scan_carry(train_step, init, xs, policy="promote")')
-    carry = ts.scan_carry(train_step, init, xs=(x[0], y[0]), policy="promote")
-    carry_structure = ts.carry_structure(train_step, init, xs=(x[0], y[0]), policy="promote")
-    say(str(carry_structure))
-    say(f"   the initial carry matches it: {carry_structure.matches(carry)}")
+    carry = scan_carry(train_step, init, xs=(x[0], y[0]), policy="promote")
+    settled = carry_structure(train_step, init, xs=(x[0], y[0]), policy="promote")
+    say(str(settled))
+    say(f"   the initial carry matches it: {settled.matches(carry)}")
     say()
 
     @jax.jit
@@ -739,8 +737,8 @@ def _demo(stdout: TextIO) -> int:
     say()
 
     # The same question again is answered from the cache, without tracing.
-    ts.out_structure(adam_init, params)
-    info = ts.cache_info()
+    out_structure(adam_init, params)
+    info = cache_info()
     say("5. The out_structure cache: ts.cache_info()")
     hits, misses = _count(info.hits, "call"), _count(info.misses, "call")
     say(f"   {info}: {hits} answered without tracing, {misses} traced")

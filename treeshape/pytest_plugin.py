@@ -158,9 +158,9 @@ class StructureSnapshot:
             )
         self._used.add(path)
 
-        import treeshape as ts
+        from . import Structure, structure_of
 
-        structure = tree if isinstance(tree, ts.Structure) else ts.structure_of(tree)
+        structure = tree if isinstance(tree, Structure) else structure_of(tree)
         text = structure.to_json()
         shown = _shown(path, self._request.config)
         if self._update:
@@ -175,14 +175,14 @@ class StructureSnapshot:
                 pytrace=False,
             )
         try:
-            expected = ts.Structure.from_json(path.read_bytes())
+            expected = Structure.from_json(path.read_bytes())
         except ValueError as err:
             pytest.fail(
                 f"structure_snapshot: cannot read {shown}: {err}\nRerun with {_OPTION} to rewrite it.",
                 pytrace=False,
             )
         # Compare what JSON keeps on both sides (e.g. a static enum leaf is kept by its repr).
-        actual = ts.Structure.from_json(text)
+        actual = Structure.from_json(text)
         mismatches = expected.diff(actual)
         if mismatches:
             count = len(mismatches)
@@ -198,13 +198,13 @@ class StructureSnapshot:
 def _fits(path: pathlib.Path, text: str) -> bool:
     """Whether the snapshot at `path` already describes the structure written as `text`: a
     snapshot with symbolic dimensions (`b`) describes every size, and is kept."""
-    import treeshape as ts
+    from . import Structure
 
     try:
-        expected = ts.Structure.from_json(path.read_bytes())
+        expected = Structure.from_json(path.read_bytes())
     except ValueError:
         return False
-    return bool(expected.dims) and expected.matches(ts.Structure.from_json(text))
+    return bool(expected.dims) and expected.matches(Structure.from_json(text))
 
 
 def _shown(path: pathlib.Path, config: pytest.Config) -> str:

@@ -1,10 +1,8 @@
-"""Facts about JAX leaves and trees that treeshape keeps in one place (`_leaf`, and `_compat`
-for what depends on the release), checked against the running JAX through the public API,
-so every module that asks them answers alike: PRNG implementations, NamedTuple child keys,
-leaf classification, dtype short names, Python scalar types, "first three, then N more",
-and the module public classes report."""
+"""Facts about one leaf that treeshape keeps in one place (`_leaf`, and `_compat` for what
+depends on the release), checked against the running JAX through the public API, so every
+module that asks them answers alike: PRNG implementations, leaf classification and Python
+scalar types, static leaves, and dtype short names."""
 
-import collections
 import enum
 import json
 import pickle
@@ -13,18 +11,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import assert_one_line_error
 
 import treeshape as ts
 from treeshape import _compat
 from treeshape._cli import main
 
 
-Pair = collections.namedtuple("Pair", "a b")
 BITS = 64 if jax.config.jax_enable_x64 else 32  # Python scalars take the default width
-
-
-def assert_one_line_error(err, text):
-    assert err.count("\n") == 1 and text in err, err
 
 
 # -- PRNG implementations ------------------------------------------------------------
@@ -37,19 +31,19 @@ def test_every_prng_implementation_round_trips_through_json_and_the_command_line
         s = ts.structure_of({"k": jax.random.key(0, impl=impl)})
         assert json.loads(s.to_json())["leaves"][0]["dtype"] == f"key<{tag}>"
         assert ts.Structure.from_json(s.to_json()) == s == ts.Structure.from_json(text)
-        assert main(["inspect", "cli_fixtures:echo", f"key<{tag}>[2]", "--json"]) == 0
+        assert main(["inspect", "helpers:echo", f"key<{tag}>[2]", "--json"]) == 0
         assert json.loads(capsys.readouterr().out)[0]["dtype"] == f"key<{tag}>"
-        assert main(["inspect", "cli_fixtures:echo", f"key<{impl}>[2]", "--json"]) == 0
+        assert main(["inspect", "helpers:echo", f"key<{impl}>[2]", "--json"]) == 0
         assert json.loads(capsys.readouterr().out)[0]["dtype"] == f"key<{tag}>"
     else:  # a built-in implementation of a newer release: said so, by name and release
         with pytest.raises(ValueError, match=f"the PRNG implementation '{impl}' needs jax {since} or newer"):
             ts.Structure.from_json(text)
-        assert main(["inspect", "cli_fixtures:echo", f"key<{tag}>[2]"]) == 2
+        assert main(["inspect", "helpers:echo", f"key<{tag}>[2]"]) == 2
         assert_one_line_error(capsys.readouterr().err, f"'{impl}' needs jax {since} or newer")
 
 
 def test_unknown_prng_implementations_list_the_ones_this_release_has(capsys):
-    assert main(["inspect", "cli_fixtures:echo", "key<bogus>[2]"]) == 2
+    assert main(["inspect", "helpers:echo", "key<bogus>[2]"]) == 2
     err = capsys.readouterr().err
     assert "unknown PRNG implementation 'bogus'" in err
     assert all(f"key<{_compat.PRNG_IMPLS[impl][0]}>" in err for impl in _compat.key_impls())
@@ -60,26 +54,6 @@ def test_carry_mismatches_between_key_implementations_name_both():
     body = lambda c, _: ({"k": jax.random.key(0, impl="rbg")}, None)
     with pytest.raises(ts.CarryMismatchError, match='impl="rbg"'):
         ts.scan_carry(body, init, length=2)
-
-
-# -- NamedTuple children are keyed by their own fields -----------------------------------
-def test_namedtuple_children_are_named_by_their_own_field_everywhere():
-    s = ts.structure_of(Pair(jnp.zeros(8), jnp.zeros(3)))
-    assert s.paths == (".a", ".b")
-    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
-    with pytest.raises(TypeError, match=r"shardings\.b is str 'x', not a sharding") as info:
-        s.with_shardings(Pair(jax.NamedSharding(mesh, jax.P("d")), "x"))
-    assert "shardings.a" not in str(info.value)
-
-    class Holder:
-        def __init__(self, value):
-            self.value = value
-
-    with pytest.raises(TypeError, match=r"the output leaf \.b holds a JAX tracer"):
-        ts.out_structure(lambda x: Pair(x, Holder(x)), jnp.ones(2))
-    assert ts.Structure.from_json(s.to_json()).paths == (".a", ".b")
-    [m] = s.diff(Pair(jnp.zeros(8), jnp.zeros(4)))
-    assert (m.path, m.kind) == (".b", "shape")
 
 
 # -- leaf classification and Python scalar types -----------------------------------------
@@ -133,39 +107,8 @@ def test_the_short_dtype_names_printed_are_the_ones_specs_take(dtype, capsys):
     s = ts.structure_of(jax.ShapeDtypeStruct((2,), dtype))
     written = repr(s).split("(", 1)[1].split(",")[0]  # e.g. bf16[2]
     assert written.endswith("[2]") and written[0] in "bfuicb"
-    assert main(["inspect", "cli_fixtures:echo", written, "--json"]) == 0
+    assert main(["inspect", "helpers:echo", written, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["dtype"] == jnp.dtype(dtype).name
-
-
-# -- "first three, then N more" ------------------------------------------------------------
-def test_long_lists_name_the_first_three_then_the_count():
-    tree = {f"k{i}": jnp.zeros(2) for i in range(5)}
-    with pytest.raises(ts.StructureMismatchError) as info:
-        ts.structure_of(tree).check({k: jnp.zeros(3) for k in tree})
-    assert "5 leaves fail alike (tree['k0'], tree['k1'], tree['k2'] and 2 more)" in str(info.value)
-    keys = {f"k{i}": jax.random.key(i) for i in range(4)}
-    with pytest.raises(TypeError, match=r"tree\['k2'\] \(key<fry>\[\]\) and 1 more\. Leave key leaves out"):
-        ts.structure_of(keys).astype(jnp.float32, where=lambda path, leaf: True)
-
-
-# -- public classes as users import them -----------------------------------------------------
-@pytest.mark.parametrize(
-    "name",
-    [
-        "Structure",
-        "Mismatch",
-        "StructureMismatchError",
-        "CarryMismatchError",
-        "PrecisionWarning",
-        "CacheInfo",
-        "StaticRepr",
-        "JaxReleaseError",
-    ],
-)
-def test_public_classes_report_module_treeshape(name):
-    cls = getattr(ts, name)
-    assert cls.__module__ == "treeshape" and repr(cls) == f"<class 'treeshape.{name}'>"
-    assert pickle.loads(pickle.dumps(cls)) is cls
 
 
 def test_static_repr_is_what_json_gives_back_for_other_static_leaves():

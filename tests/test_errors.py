@@ -1,5 +1,8 @@
-"""A catalogue of bad inputs: each names what is wrong and where, and leaves the
-library (and its cache) working for the next good call."""
+"""What a user's mistake gets: a catalogue of bad inputs, each named with what is wrong and
+where, leaving the library (and its cache) working for the next good call; shapes JAX cannot
+take, leaked tracers and trees that contain themselves; long lists cut after the first three;
+errors from the user's own code keep their type and frame, and treeshape's are raised from
+treeshape, not from JAX's internals."""
 
 import dataclasses
 import functools as ft
@@ -14,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import frames
 from jax import lax
 
 import treeshape as ts
@@ -508,3 +512,52 @@ def test_a_shared_subtree_is_no_cycle():
     tree = {"a": shared, "b": [shared, (shared, shared)]}
     assert ts.structure_of(tree).paths == ("['a']['w']", "['b'][0]['w']", "['b'][1][0]['w']", "['b'][1][1]['w']")
     assert ts.out_structure(lambda t: t, tree) == ts.structure_of(tree)
+
+
+# -- errors keep the user's frame and are raised from treeshape ------------------------------------
+def test_errors_from_fn_keep_their_type_and_the_users_frame():
+    class ModelError(Exception):
+        pass
+
+    def my_model(x):
+        raise ModelError("bad config")
+
+    with pytest.raises(ModelError) as info:
+        ts.out_structure(my_model, jnp.ones(2))
+    assert frames(info.value)[-1] == "my_model"
+
+    with pytest.raises(ModelError) as info:
+        jax.jit(lambda x: ts.scan_carry(lambda c, xi: my_model(c), x, length=2))(jnp.ones(2))
+    assert frames(info.value)[-1] == "my_model"
+    # the cache holds nothing broken: the next good call works
+    assert ts.out_structure(lambda x: x * 2, jnp.ones(2)).leaves[0].shape == (2,)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: ts.structure_of(jnp.zeros(2)).check(jnp.zeros(3)),
+        lambda: ts.scan_carry(lambda c, x: (c.astype(jnp.float16), None), jnp.zeros(2), length=2),
+        lambda: ts.upcast(jnp.zeros(2), jnp.zeros(2, jnp.bfloat16)),
+        lambda: ts.out_structure(3),
+        lambda: ts.scan_carry(lambda c, x: (c, None), 0.0),
+    ],
+    ids=["check", "scan_carry", "upcast", "out_structure", "length"],
+)
+def test_treeshape_errors_are_raised_from_treeshape_not_jax_internals(bad):
+    with pytest.raises((TypeError, ValueError)) as info:
+        bad()
+    last = traceback.extract_tb(info.value.__traceback__)[-1]
+    assert "/treeshape/" in last.filename, last.filename
+    assert str(info.value).startswith("treeshape.")
+
+
+# -- "first three, then N more" ------------------------------------------------------------
+def test_long_lists_name_the_first_three_then_the_count():
+    tree = {f"k{i}": jnp.zeros(2) for i in range(5)}
+    with pytest.raises(ts.StructureMismatchError) as info:
+        ts.structure_of(tree).check({k: jnp.zeros(3) for k in tree})
+    assert "5 leaves fail alike (tree['k0'], tree['k1'], tree['k2'] and 2 more)" in str(info.value)
+    keys = {f"k{i}": jax.random.key(i) for i in range(4)}
+    with pytest.raises(TypeError, match=r"tree\['k2'\] \(key<fry>\[\]\) and 1 more\. Leave key leaves out"):
+        ts.structure_of(keys).astype(jnp.float32, where=lambda path, leaf: True)

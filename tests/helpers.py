@@ -1,41 +1,283 @@
-"""The 0.1 recursive diff, frozen: a test oracle for `Structure.diff`/`check`/`matches`.
+"""What the tests share (tests import it as `helpers`; conftest.py holds the fixtures).
 
-This is treeshape 0.1's own algorithm (`treeshape/_structure.py` as of commit
-2c50710, from `diff_structures` to the end of that file, with the helpers
-`_leaf_key` and `_static_value` it needs), kept verbatim as the reference that
-the iterative rewrite must agree with exactly: same mismatches, in the same
-order, with the same paths, kinds, expected and actual values and root. It
-recurses once per tree level and rebuilds sub-structures per node, so it is
-only for the small trees of the property tests, never for deep or large ones.
+- JAX as the supported releases spell it (the floor, jax 0.8.0, to the newest):
+  `pcast_varying`, `varying`, `listening` (JAX monitoring listeners for a block).
+- `frames`, `assert_one_line_error`: what an error's traceback and the command line's stderr show.
+- `CONTEXTS`: `f(x)` called inside each JAX transformation (the `in_context` fixture).
+- `train_step(opt)`: a linear model's optax step, shaped as a `lax.scan` body.
+- Functions the command-line tests inspect, as `helpers:NAME`.
+- `diff_structures`: the 0.1 recursive diff, frozen, an oracle for `Structure.diff`.
 
-Two calls into the production `Structure` are inlined so that the oracle does
-not move with the code under test: `_equal` compares the value keys that
-`Structure.__eq__` compared in 0.1 (treedef, then per leaf shape, dtype, weak
-flag and manual axes, or a static leaf by type and value), and `_diff_nodes`
-computes a sub-tree's `keystr` paths itself instead of through
-`Structure(...).paths`.
-
-It may import only the public `treeshape.Mismatch` and `treeshape.Structure`
-and the stable bottom module `treeshape._leaf` (`leaf_str`, `varying_axes`).
-Do not "fix" it: if the expected behaviour changes on purpose, change the
-tests that use it.
+Programs that a test runs as a child process by path stay files of their own, since each must
+be a script that configures JAX before importing it (`buffer_programs.py`: XLA dump flags;
+`far_mesh_programs.py`: a simulated device count; `multiprocess_worker.py`: one process of a
+`jax.distributed` group).
 """
 
 import collections
+import contextlib
 import dataclasses
+import re
+import sys
+import traceback
 from typing import Any, Final
 
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+import optax
+from jax._src import monitoring as _monitoring
+from jax.sharding import PartitionSpec as P
 
 from treeshape import Mismatch, Structure, _compat
 from treeshape._leaf import leaf_str, varying_axes
 
 
-__all__ = ["diff_structures"]
+# -- what the tests need of JAX that is spelled differently across releases ---------------------
+# treeshape's own differences live in `treeshape._compat`; these are the tests' few, detected
+# the same way (by feature, never by version).
+
+# `lax.pcast(x, axes, to="varying")` from jax 0.8.2, `lax.pvary(x, axes)` before.
+pcast_varying = _compat.pcast_varying
 
 
+def varying(x):
+    """The manual axes an array, tracer or ShapeDtypeStruct varies over (`manual_axis_type.varying`
+    from jax 0.10.0, `vma` before)."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return _compat.varying_axes(x)
+    return _compat.varying_axes(jax.typeof(x))
+
+
+def _unregister(name, callback):
+    public = getattr(jax.monitoring, name, None)  # public from jax 0.8.1
+    if public is not None:
+        public(callback)
+    else:
+        getattr(_monitoring, f"_{name}_by_callback")(callback)
+
+
+@contextlib.contextmanager
+def listening(on_event=None, on_duration=None):
+    """JAX monitoring listeners registered for the block (events, and durations in seconds)."""
+    if on_event is not None:
+        jax.monitoring.register_event_listener(on_event)
+    if on_duration is not None:
+        jax.monitoring.register_event_duration_secs_listener(on_duration)
+    try:
+        yield
+    finally:
+        if on_event is not None:
+            _unregister("unregister_event_listener", on_event)
+        if on_duration is not None:
+            _unregister("unregister_event_duration_listener", on_duration)
+
+
+# -- errors ----------------------------------------------------------------------------------------
+def frames(err):
+    """The names of the functions an exception's traceback passes through, outermost first."""
+    return [frame.name for frame in traceback.extract_tb(err.__traceback__)]
+
+
+def assert_one_line_error(stderr, message):
+    """stderr is exactly one `treeshape: error:` line that contains `message`."""
+    assert re.fullmatch(r"treeshape: error: [^\n]+\n", stderr), stderr
+    assert stderr[:-1].isprintable(), stderr  # no control character reaches the terminal
+    assert message in stderr, stderr
+    assert "Traceback" not in stderr
+
+
+# -- JAX transformations -------------------------------------------------------------------------
+def _shard_map(f, x):
+    mesh = jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Explicit,))
+    g = jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    xs = jnp.concatenate([x] * 8)
+    return g(jax.device_put(xs, jax.NamedSharding(mesh, P("i"))))
+
+
+def _custom_jvp(f, x):
+    @jax.custom_jvp
+    def g(y):
+        return y
+
+    @g.defjvp
+    def g_jvp(primals, tangents):
+        (y,), (t,) = primals, tangents
+        return f(y), f(t)
+
+    return jax.jvp(g, (x,), (x,))[1]
+
+
+def _custom_vjp_fwd(f, x):
+    @jax.custom_vjp
+    def g(y):
+        return y
+
+    def fwd(y):
+        return f(y), None
+
+    def bwd(_, ct):
+        return (ct,)
+
+    g.defvjp(fwd, bwd)
+    return jax.grad(lambda y: g(y).sum())(x)
+
+
+def _custom_vjp_bwd(f, x):
+    @jax.custom_vjp
+    def g(y):
+        return y
+
+    def fwd(y):
+        return y, None
+
+    def bwd(_, ct):
+        return (f(ct),)
+
+    g.defvjp(fwd, bwd)
+    return jax.grad(lambda y: g(y).sum())(x)
+
+
+# Each context calls `f(x)` with `x` a float32 vector seen through one JAX
+# transformation; `f` must return an array shaped like its input.
+CONTEXTS = {
+    "top": lambda f, x: f(x),
+    "jit": lambda f, x: jax.jit(f)(x),
+    "vmap": lambda f, x: jax.vmap(f)(jnp.stack([x, x]))[0],
+    "grad": lambda f, x: jax.grad(lambda y: f(y).sum())(x),
+    "jvp": lambda f, x: jax.jvp(f, (x,), (x,))[1],
+    "vjp": lambda f, x: jax.vjp(f, x)[1](x)[0],
+    "scan": lambda f, x: jax.lax.scan(lambda c, _: (f(c), None), x, length=2)[0],
+    "while": lambda f, x: jax.lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, f(c[1])), (0, x))[1],
+    "fori": lambda f, x: jax.lax.fori_loop(0, 2, lambda i, c: f(c), x),
+    "cond": lambda f, x: jax.lax.cond(x.sum() > 0, f, lambda y: y, x),
+    "checkpoint": lambda f, x: jax.checkpoint(f)(x),
+    "custom_jvp": _custom_jvp,
+    "custom_vjp_fwd": _custom_vjp_fwd,
+    "custom_vjp_bwd": _custom_vjp_bwd,
+    "shard_map": _shard_map,
+    "jit_vmap_grad": lambda f, x: jax.jit(jax.vmap(jax.grad(lambda y: f(y).sum())))(jnp.stack([x, x]))[0],
+}
+
+
+# -- a training step -----------------------------------------------------------------------------
+def linear_loss(params, x, y):
+    """A linear model's mean squared error."""
+    return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
+
+
+def train_step(opt: optax.GradientTransformation):
+    """One training step, `step((params, opt_state), (x, y)) -> ((params, opt_state), loss)`."""
+
+    def step(carry, batch):
+        params, opt_state = carry
+        value, grads = jax.value_and_grad(linear_loss)(params, *batch)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), value
+
+    return step
+
+
+# -- functions the command-line tests inspect: `treeshape inspect helpers:NAME` --------------------
+NOT_CALLABLE = 3
+
+
+def echo(*args, **kwargs):
+    """Return the arguments as they arrive: their structure is the input's."""
+    return {"args": args, "kwargs": kwargs}
+
+
+def mlp(x, scale=1.0):
+    return {"logits": (x @ jnp.ones((x.shape[-1], 10), x.dtype)) * scale}
+
+
+def fails(x):
+    raise ValueError("fixture failure\nsecond line of the message")
+
+
+class Model:
+    @staticmethod
+    def apply(x):
+        return {"y": x * 2, "n": x.size}
+
+
+def repeat(x, n, *, axis=0):
+    """Needs `n` and `axis` as Python ints: a literal is passed concrete."""
+    return jnp.concatenate([x] * n, axis=axis)
+
+
+def quits(x):
+    sys.exit(3)
+
+
+def quits_quietly(x):
+    sys.exit()
+
+
+class BadRepr:
+    """A static output leaf whose repr raises."""
+
+    def __repr__(self):
+        raise RuntimeError("repr is broken")
+
+
+class TerminalRepr:
+    """A static output leaf whose repr writes a newline and a terminal colour code."""
+
+    def __repr__(self):
+        return "line one\nline two \x1b[31mred\x1b[0m"
+
+
+class BadStr(Exception):
+    def __str__(self):
+        raise RuntimeError("str is broken")
+
+
+def bad_repr(x):
+    return {"x": x, "obj": BadRepr()}
+
+
+def terminal_repr(x):
+    return {"x": x, "obj": TerminalRepr()}
+
+
+def bad_str_error(x):
+    raise BadStr()
+
+
+def terminal_error(x):
+    raise ValueError("\x1b[31mred\x1b[0m alert\rover\nsecond line")
+
+
+def tile(pair):
+    """A pair (array, count): the count, a literal inside a tuple spec, must stay concrete."""
+    x, n = pair
+    return jnp.tile(x, n)
+
+
+# -- the 0.1 recursive diff, frozen ----------------------------------------------------------------
+# A test oracle for `Structure.diff`/`check`/`matches`.
+#
+# This is treeshape 0.1's own algorithm (`treeshape/_structure.py` as of commit
+# 2c50710, from `diff_structures` to the end of that file, with the helpers
+# `_leaf_key` and `_static_value` it needs), kept verbatim as the reference that
+# the iterative rewrite must agree with exactly: same mismatches, in the same
+# order, with the same paths, kinds, expected and actual values and root. It
+# recurses once per tree level and rebuilds sub-structures per node, so it is
+# only for the small trees of the property tests, never for deep or large ones.
+#
+# Two calls into the production `Structure` are inlined so that the oracle does
+# not move with the code under test: `_equal` compares the value keys that
+# `Structure.__eq__` compared in 0.1 (treedef, then per leaf shape, dtype, weak
+# flag and manual axes, or a static leaf by type and value), and `_diff_nodes`
+# computes a sub-tree's `keystr` paths itself instead of through
+# `Structure(...).paths`.
+#
+# It uses only the public `treeshape.Mismatch` and `treeshape.Structure` and the
+# stable bottom module `treeshape._leaf` (`leaf_str`, `varying_axes`).
+# Do not "fix" it: if the expected behaviour changes on purpose, change the
+# tests that use it.
 def _leaf_key(leaf: Any) -> tuple[Any, ...]:
     if isinstance(leaf, jax.ShapeDtypeStruct):
         axes = _compat.axis_sets(leaf)  # `manual_axis_type` from jax 0.10.0, `vma` before

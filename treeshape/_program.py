@@ -1,0 +1,424 @@
+"""The program `ts.cost` compiles: the one the user's own jit compiles for the call's
+abstract inputs, traced, lowered and compiled in one place (`compile_program`).
+
+A `jax.jit` wrapper is traced by itself (its donation, static arguments and shardings).
+Otherwise `_program` is jitted: `fn` as a function of the abstract leaves (static ones
+closed over, as `out_structure` passes them), named as the user wrote the inputs so that
+JAX's messages name them, returning the state of the flax.nnx objects among its inputs
+after the call (a step that updates them in place, as `nnx.jit` makes that state
+outputs) and then the output's arrays; the donation of jitted wrappers it calls
+(`eqx.filter_jit`, `nnx.jit`) is added to `cost`'s (`donated_leaves` reads `cost`'s own,
+as `jax.jit` maps it). Shardings over an abstract mesh are placed on a concrete mesh, or,
+for a mesh larger than this process, kept and compiled by `_simulate`. A value XLA's
+64-bit sizes cannot hold is refused before XLA sees it (`_refuse_too_large`).
+
+Under a transformation (`jit`, `vmap`, `grad`, a loop body), the program is first traced
+alone with `jax.make_jaxpr`; every constant of that trace that is a tracer of an enclosing
+transformation (a value closed over by `fn`) becomes an argument of the compiled program,
+of the type it has at this level (per example under `vmap`), and the other constants
+(concrete arrays a closure holds) stay constants, as `jax.jit` makes them. So no function
+that closes over a tracer is ever lowered. `jax.closure_convert` is not used for this: it
+hoists only the values that may carry a derivative (so not an integer tracer, nor a value
+batched by `vmap` at top level), and it keeps each function it converts, with the values
+it closes over, in an LRU cache of 4096 entries while tracer-leak checking is off. Inside
+`shard_map`, that trace is replayed as one device's program (`_per_device`).
+"""
+
+import contextlib
+import inspect
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.tree_util as jtu
+
+from . import _compat, _nodes, _sharding, _simulate
+from ._infer import _JITTED, Call, dynamic_arguments, has_value, input_path, is_output_array
+from ._leaf import SDS, extent_problem, from_aval, kind_of, leaf_str
+from ._per_device import (
+    in_shard_map,
+    inner_jaxprs,
+    local,
+    local_mesh,
+    manual_axes_dropped,
+    on_one_device,
+    refuse_collectives,
+    too_few_devices,
+)
+
+
+# -- donation ----------------------------------------------------------------------------
+def _index_tuple(value: Any, what: str, kind: type, who: str) -> tuple[Any, ...]:
+    items: tuple[Any, ...] = (value,) if isinstance(value, kind) else tuple(value)
+    if not all(isinstance(item, kind) and not isinstance(item, bool) for item in items):
+        raise TypeError(f"treeshape.{who}: {what} must be {kind.__name__}s, got {value!r}")
+    return items
+
+
+def donated_leaves(
+    fn: Any, call: Call, n_args: int, donate_argnums: Any, donate_argnames: Any, who: str
+) -> frozenset[int]:
+    """The positions (among all the call's leaves, bound ones first) of the donated leaves.
+
+    `donate_argnums` index the positional arguments; `donate_argnames` name keyword
+    arguments or, through `fn`'s signature, positional ones (also when both are given:
+    `jax.jit` then applies the names to keyword arguments only)."""
+    numbers = _index_tuple(donate_argnums, "donate_argnums", int, who)
+    names = _index_tuple(donate_argnames, "donate_argnames", str, who)
+    if not numbers and not names:
+        return frozenset()
+    args_td, kwargs_td = call.call_treedef.children()
+    keywords = list(kwargs_td.node_data()[1]) if kwargs_td.node_data() else []
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    positional = [p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positions: set[int] = set()
+    donated_keywords: set[str] = set()
+    for n in numbers:
+        if -n_args <= n < n_args:
+            positions.add(n % n_args)
+        elif 0 <= n < len(positional) and positional[n] in keywords:  # passed by keyword, as `jax.jit` maps it
+            donated_keywords.add(positional[n])
+        else:
+            passed = f" ({', '.join(keywords)} by keyword)" if keywords else ""
+            raise ValueError(
+                f"treeshape.{who}: donate_argnums has {n}, but fn is called with {n_args} positional "
+                f"arguments{passed}. Give the position of an argument passed by position, or of a parameter of "
+                "fn passed by keyword, or name it in donate_argnames."
+            )
+    if names:
+        open_keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters) or not parameters
+        for name in names:
+            if name in keywords:
+                donated_keywords.add(name)
+            elif name in positional and positional.index(name) < n_args:
+                positions.add(positional.index(name))
+            elif name not in positional and not open_keywords and all(p.name != name for p in parameters):
+                raise ValueError(f"treeshape.{who}: donate_argnames has {name!r}, which is no parameter of fn")
+    start = len(call.bound_leaves)
+    donated: set[int] = set()
+    for i, td in enumerate(args_td.children()):
+        if i in positions:
+            donated.update(range(start, start + td.num_leaves))
+        start += td.num_leaves
+    for name, td in zip(keywords, kwargs_td.children(), strict=True):
+        if name in donated_keywords:
+            donated.update(range(start, start + td.num_leaves))
+        start += td.num_leaves
+    return frozenset(donated)
+
+
+# -- abstract meshes -------------------------------------------------------------------
+def _on_concrete_meshes(values: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef) -> tuple[list[Any], Any]:
+    """The leaves with every sharding over an abstract mesh placed on a concrete mesh of
+    the same axes: the `jax.set_mesh` mesh or one of the call's own (as `zeros()` places
+    them), else a mesh of this process's devices (`local_mesh`); and that last mesh, if
+    one was made and the `jax.set_mesh` mesh has other axes (it is then set instead while
+    the program is traced: JAX refuses values on a mesh other than the one set)."""
+    meshes: tuple[Any, ...] | None = None
+    out = list(values)
+    local = None
+    for i, (x, a) in enumerate(zip(values, abstract, strict=True)):
+        if not (a and kind_of(type(x)) == SDS and _sharding.abstract_mesh_of(x.sharding) is not None):
+            continue
+        if meshes is None:
+            meshes = _sharding.concrete_meshes([values])
+        sharding = _sharding.resolved(x.sharding, meshes)
+        if sharding is None:
+            mesh = local_mesh(x.sharding.mesh)
+            if mesh is None:  # more devices than this process has
+                raise too_few_devices(x.sharding.mesh, len(jax.devices()), input_path(values, treedef, i))
+            sharding = jax.sharding.NamedSharding(mesh, x.sharding.spec, memory_kind=x.sharding.memory_kind)
+            local = local or mesh
+        out[i] = x.update(sharding=sharding)
+    current = _compat.current_mesh()
+    return out, None if local is None or current.empty or _sharding.same_axes(current, local) else local
+
+
+def _far_mesh(leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef) -> Any:
+    """The abstract mesh the inputs are sharded over when it has more devices than this
+    process (the program is then compiled for simulated devices), else None."""
+    for i, (x, a) in enumerate(zip(leaves, abstract, strict=True)):
+        sharding = getattr(x, "sharding", None) if a else None
+        mesh = getattr(sharding, "mesh", None)
+        if isinstance(mesh, jax.sharding.AbstractMesh) and mesh.size > len(jax.devices()):
+            _simulate.check_devices(mesh.size, input_path(leaves, treedef, i))
+            return mesh
+    return None
+
+
+# -- the program ---------------------------------------------------------------------
+_Arg = tuple[str, Any]  # an argument of the program: ("args", position) or ("named", name)
+
+
+class _Program(NamedTuple):
+    """`core` as the function `jax.jit` traces, with its arguments."""
+
+    fn: Callable[..., list[Any]]
+    args: tuple[Any, ...]
+    named: dict[str, Any]
+    owners: list[_Arg]  # the argument each of its flat inputs belongs to, in JAX's order
+    output_paths: list[str]  # each output's path (`out[1]['w']`), once traced
+
+
+def _program(core: Callable[..., Any], values: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef) -> _Program:
+    """`core` as a function of the call's abstract leaves grouped as the call was written:
+    positional arguments as `*args`, keyword arguments and bound values by name, so that
+    JAX's messages name them as the user wrote them (`args[0]['w']`, `state['params']`),
+    and point at `core`. It returns, as `nnx.jit` makes them outputs, the state of the
+    flax.nnx objects among the inputs after the call (`core` may update them in place:
+    `opt.update(model, grads)`), then the array leaves of `core`'s output. The objects
+    passed in are never changed: the program updates the copies it rebuilds from the
+    leaves."""
+    args, kwargs, bound = dynamic_arguments(core, values, abstract, treedef)
+    if set(bound) & set(kwargs):  # a keyword argument overriding a bound one: both are inputs
+        bound = {f"_bound{i}": v for i, v in enumerate(bound.values())}
+    order, keywords = list(bound), list(kwargs)
+
+    def program(*args: Any, **named: Any) -> list[Any]:
+        it = iter(jtu.tree_leaves(([named[n] for n in order], args, {k: named[k] for k in keywords})))
+        inputs = jtu.tree_unflatten(treedef, [next(it) if a else x for x, a in zip(values, abstract, strict=True)])
+        (bound_args, bound_kw), (call_args, call_kw) = inputs
+        out = core(*bound_args, *call_args, **{**bound_kw, **call_kw})
+        state = [(keys, x) for keys, x in jtu.tree_flatten_with_path(inputs, is_leaf=_is_nnx)[0] if _is_nnx(x)]
+        found, paths = _outputs(state, out)
+        output_paths[:] = paths
+        return found
+
+    output_paths: list[str] = []  # filled when traced
+
+    name = getattr(core, "__name__", None)
+    program.__name__ = program.__qualname__ = name if isinstance(name, str) else "fn"
+    program.__wrapped__ = core  # type: ignore[attr-defined]
+    program.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)]
+        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in order]
+        + [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
+    )
+    named = {**kwargs, **bound}
+    owners: list[_Arg] = [
+        ("args", path[1].idx) if path[0] == jtu.SequenceKey(0) else ("named", path[1].key)
+        for path, _ in jtu.tree_flatten_with_path((args, named))[0]
+    ]
+    return _Program(program, args, named, owners, output_paths)
+
+
+def _lowering_argument(x: Any) -> Any:
+    """An abstract leaf as `jax.jit(...).trace` takes it: a tracer by its type at this
+    level, anything else as it is (arrays keep their placement, scalars are weak)."""
+    if isinstance(x, jax.core.Tracer):
+        return from_aval(jax.typeof(x))
+    return x
+
+
+def _outputs(state: list[tuple[Any, Any]], out: Any) -> tuple[list[Any], list[str]]:
+    """The program's outputs as `nnx.jit` orders them (the inputs' flax.nnx objects, then
+    the output; XLA's buffer plan follows the order), each nnx `Variable` once (an object
+    both updated and returned is one output, as `nnx.jit` shares it), and their paths: an
+    input's state by the input's path (`args[0].kernel`), the output by `out` and its path."""
+    roots = [_call_path(keys) for keys, _ in state]
+    seen: set[int] = set()
+    found: list[Any] = []
+    paths: list[str] = []
+    flat = jtu.tree_flatten_with_path(([x for _, x in state], out), is_leaf=_is_variable)[0]
+    for keys, x in flat:
+        where = (
+            roots[keys[1].idx] + jtu.keystr(keys[2:]) if keys[0] == jtu.SequenceKey(0) else "out" + jtu.keystr(keys[1:])
+        )
+        if _is_variable(x):
+            if id(x) not in seen:
+                seen.add(id(x))
+                for sub, y in jtu.tree_flatten_with_path(x)[0]:
+                    if is_output_array(y, kind_of(type(y))):
+                        found.append(y)
+                        paths.append(where + jtu.keystr(sub))
+        elif is_output_array(x, kind_of(type(x))):
+            found.append(x)
+            paths.append(where)
+    return found, paths
+
+
+def _call_path(keys: Any) -> str:
+    """A place in the call `((bound, bound_kw), (args, kwargs))` as `out_structure` names it."""
+    root = ("the bound " if keys[0] == jtu.SequenceKey(0) else "") + (
+        "args" if keys[1] == jtu.SequenceKey(0) else "kwargs"
+    )
+    return root + jtu.keystr(tuple(keys[2:]))
+
+
+def _is_nnx(x: Any) -> bool:
+    return _nodes.kind(type(x)) in (_nodes.NNX, _nodes.NNX_VARIABLE)
+
+
+def _is_variable(x: Any) -> bool:
+    return _nodes.kind(type(x)) == _nodes.NNX_VARIABLE
+
+
+def _donated_arguments(donated: frozenset[int], treedef: jtu.PyTreeDef, kwarg_names: list[str]) -> set[_Arg]:
+    """The program's arguments holding the donated leaves (`cost` donates whole arguments)."""
+    (bound_td, bound_kw_td), (args_td, kwargs_td) = (td.children() for td in treedef.children())
+    start = bound_td.num_leaves + bound_kw_td.num_leaves
+    found: set[_Arg] = set()
+    for owner, td in [(("args", i), td) for i, td in enumerate(args_td.children())] + [
+        (("named", k), td) for k, td in zip(kwarg_names, kwargs_td.children(), strict=True)
+    ]:
+        if donated & set(range(start, start + td.num_leaves)):
+            found.add(owner)
+        start += td.num_leaves
+    return found
+
+
+def _jit(program: _Program, donated: set[_Arg]) -> Any:
+    return jax.jit(
+        program.fn,
+        donate_argnums=sorted(i for kind, i in donated if kind == "args"),
+        donate_argnames=sorted(n for kind, n in donated if kind == "named"),
+    )
+
+
+def _inner_donations(jaxpr: Any, owners: list[_Arg]) -> set[_Arg]:
+    """The arguments that a jitted function called by the program donates (a `jax.jit`,
+    `eqx.filter_jit` or `nnx.jit` wrapper): as the program that wrapper compiles."""
+    position = {id(v): i for i, v in enumerate(jaxpr.jaxpr.invars)}
+    found: set[_Arg] = set()
+    for eqn in jaxpr.jaxpr.eqns:
+        for v, donated in zip(eqn.invars, eqn.params.get("donated_invars", ()), strict=False):
+            if donated and id(v) in position:
+                found.add(owners[position[id(v)]])
+    return found
+
+
+def _hoist_tracers(program: _Program, donated: set[_Arg]) -> tuple[Any, list[Any]]:
+    """The jitted program with the tracers it closes over as extra trailing arguments, and
+    its flat arguments.
+
+    One trace of `program` (`jax.make_jaxpr`); the returned function replays it, so no
+    tracer of an enclosing transformation reaches the lowering. Concrete constants stay
+    constants of the program."""
+    closed = jax.make_jaxpr(program.fn)(*program.args, **program.named)
+    donated = donated | _inner_donations(closed, program.owners)
+    per_device = in_shard_map()
+    if per_device:
+        refuse_collectives(closed.jaxpr, set(jax.sharding.get_abstract_mesh().manual_axes))
+    hoist = [isinstance(c, jax.core.Tracer) for c in closed.consts]
+    kept = [c for c, h in zip(closed.consts, hoist, strict=True) if not h]
+    types = [from_aval(jax.typeof(c)) for c, h in zip(closed.consts, hoist, strict=True) if h]
+    jaxpr, out_types = closed.jaxpr, closed.out_avals
+    n_args = len(program.owners)
+    del closed  # it holds the tracers
+
+    def converted(*flat: Any) -> list[Any]:
+        extra, constants = iter(flat[n_args:]), iter(kept)
+        values = [next(extra) if h else next(constants) for h in hoist]
+        return jax.core.eval_jaxpr(jaxpr, values, *flat[:n_args])
+
+    converted.__name__ = converted.__qualname__ = program.fn.__name__
+    donate = [i for i, owner in enumerate(program.owners) if owner in donated]
+    flat = [*(_lowering_argument(x) for x in jtu.tree_leaves((program.args, program.named))), *types]
+    if per_device:
+        return jax.jit(on_one_device(converted, flat, out_types), donate_argnums=donate), [local(x) for x in flat]
+    return jax.jit(converted, donate_argnums=donate), flat
+
+
+# -- trace, lower, compile ------------------------------------------------------------
+class Compiled(NamedTuple):
+    """A compiled program, and what `_cost` needs to read its figures."""
+
+    compiled: Any  # a `jax.stages.Compiled`, or `_simulate.Simulated` for a far mesh
+    argument_paths: list[str | None]  # each argument's input path (None: a value closed over)
+    output_paths: list[str]  # each output's `out` path
+    donated: frozenset[int]  # the positions of the donated arguments
+    jaxpr: Any  # the traced program (`jax.jit(...).trace(...).jaxpr`), for its loops
+    arguments: list[Any]  # its flat arguments, as lowered
+    far: Any  # the abstract mesh it was compiled for in a child process, else None
+
+
+def compile_program(
+    core: Callable[..., Any], leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef, donated: frozenset[int]
+) -> Compiled:
+    """`core` compiled as the user's jit compiles it for the call's leaves (`abstract[i]`:
+    leaf `i` is an argument of the program, else a constant), `donated` holding the
+    positions of the donated leaves."""
+    per_device = in_shard_map()
+    values, mesh = leaves, None  # tracers stay as they are: `_hoist_tracers` types them
+    # A mesh larger than this process: compiled for simulated devices, its shardings kept.
+    far = _far_mesh(values, abstract, treedef) if _compat.at_top_level() else None
+    if _compat.at_top_level() and far is None:  # a tracer's sharding is on the mesh of its trace
+        values, mesh = _on_concrete_meshes(values, abstract, treedef)
+    kwarg_names = list(treedef.children()[1].children()[1].node_data()[1] or ())
+    wanted = _donated_arguments(donated, treedef, kwarg_names)
+    jitted: Any
+    args: tuple[Any, ...]
+    named: dict[str, Any]
+    output_paths: list[str] | None = None
+    closed = any(has_value(x) and not a for x, a in zip(leaves, abstract, strict=True))
+    if type(core) is _JITTED and not wanted and not closed and _compat.at_top_level():
+        # The user's own `jax.jit` wrapper: its donation, static arguments and shardings.
+        (bound_args, bound_kw), (call_args, call_kw) = jtu.tree_unflatten(treedef, values)
+        jitted, args, named = core, (*bound_args, *call_args), {**bound_kw, **call_kw}
+    elif _compat.at_top_level():
+        program = _program(core, values, abstract, treedef)
+        jitted, args, named = _jit(program, wanted), program.args, program.named
+        output_paths = program.output_paths
+    else:
+        program = _program(core, values, abstract, treedef)
+        jitted, flat = _hoist_tracers(program, wanted)
+        args, named = tuple(flat), {}
+        output_paths = program.output_paths
+    with manual_axes_dropped(per_device), contextlib.ExitStack() as context:
+        if mesh is not None:
+            context.enter_context(jax.set_mesh(mesh))
+        traced = jitted.trace(*args, **named)
+        if jitted is not core and _compat.at_top_level():
+            inner = _inner_donations(traced.jaxpr, program.owners)
+            if not inner <= wanted:
+                traced = _jit(program, wanted | inner).trace(*args, **named)
+        _refuse_too_large(traced.jaxpr.jaxpr)  # before XLA, which aborts the process on it
+        # A mesh larger than this process: lowered here for the CPU, compiled in a child.
+        lowered = traced.lower() if far is None else traced.lower(lowering_platforms=("cpu",))
+    compiled: Any = lowered.compile() if far is None else _simulate.compile_for(lowered, far.size)
+    infos = jtu.tree_flatten_with_path(lowered.args_info)[0]
+    donate = frozenset(i for i, (_, info) in enumerate(infos) if getattr(info, "donated", False))
+    if _compat.at_top_level():
+        paths: list[str | None] = [_argument_path(keys, kwarg_names) for keys, _ in infos]
+    else:  # the program's flat arguments: its own, then the tracers it closes over
+        own = [_argument_path(k, kwarg_names) for k, _ in jtu.tree_flatten_with_path((program.args, program.named))[0]]
+        paths = [*own, *[None] * (len(infos) - len(own))]
+    if output_paths is None:  # the user's jitted function: its outputs as it returns them
+        output_paths = ["out" + jtu.keystr(tuple(keys)) for keys, _ in jtu.tree_flatten_with_path(lowered.out_info)[0]]
+    arguments = [_lowering_argument(x) for x in jtu.tree_leaves((args, named))]
+    return Compiled(compiled, paths, output_paths, donate, traced.jaxpr, arguments, far)
+
+
+def _refuse_too_large(jaxpr: Any) -> None:
+    """A `ValueError` for the first value the program makes (nested jaxprs too) that XLA's
+    64-bit sizes cannot hold: compiling it would abort the process."""
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            aval = getattr(var, "aval", None)
+            shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
+            if type(shape) is not tuple or dtype is None:
+                continue
+            problem = extent_problem(shape, dtype)
+            if problem is not None:
+                raise ValueError(
+                    f"treeshape.cost: the program makes a value of {eqn.primitive.name} "
+                    f"({leaf_str(from_aval(aval))}) that {problem}: "
+                    "XLA would abort the process on it. Compute it in smaller pieces (a `lax.map` or `lax.scan` "
+                    "over chunks), or use smaller inputs."
+                )
+        for inner in inner_jaxprs(eqn):
+            _refuse_too_large(inner)
+
+
+def _argument_path(keys: Any, kwarg_names: list[str]) -> str:
+    """An argument of the jitted program named as `out_structure` names inputs: `args[0]['w']`,
+    `kwargs['x']`, a bound value by its parameter name."""
+    keys = tuple(keys)
+    if keys and keys[0] == jtu.SequenceKey(0):
+        return "args" + jtu.keystr(keys[1:])
+    name = getattr(keys[1], "key", "") if len(keys) > 1 else ""
+    root = f"kwargs[{name!r}]" if name in kwarg_names else str(name)
+    return root + jtu.keystr(keys[2:])
