@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import treeshape as ts
 from treeshape._cli import main
-from treeshape._json import StaticRepr
+from treeshape._tree import StaticRepr
 
 
 Point = collections.namedtuple("Point", "x y")

@@ -1,0 +1,64 @@
+"""A Structure loaded from JSON shares one leaf description among the leaves of a type:
+paths, tables, `describe` and diffs still tell every leaf apart by where it is."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import treeshape as ts
+
+
+def _layer(i):
+    # Layers alike but for every 97th one, so a big tree has both runs of equal subtrees and breaks.
+    width = 5 if i % 97 == 42 else 4
+    return {"b": jax.ShapeDtypeStruct((width,), jnp.float32), "w": jax.ShapeDtypeStruct((4, width), jnp.bfloat16)}
+
+
+@pytest.fixture(scope="module")
+def model():
+    tree = {"head": jax.ShapeDtypeStruct((4,), jnp.float32), "layers": [_layer(i) for i in range(300)]}
+    return tree, ts.structure_of(tree)
+
+
+def test_loaded_leaves_of_a_type_are_one_description(model):
+    _, s = model
+    loaded = ts.Structure.from_json(s.to_json())
+    assert loaded == s
+    assert loaded.leaves[1] is loaded.leaves[3]  # ['layers'][0]['b'] and ['layers'][1]['b']
+    assert len({id(leaf) for leaf in loaded.leaves}) == 4  # f32[4], f32[5], bf16[4,4], bf16[4,5]
+
+
+def test_paths_and_the_cut_table_name_every_leaf_where_it_is(model):
+    tree, s = model
+    loaded = ts.Structure.from_json(s.to_json())
+    assert loaded.paths == s.paths
+    assert loaded.paths[-2:] == ("['layers'][299]['b']", "['layers'][299]['w']")
+    rebuilt = ts.Structure(loaded.treedef, loaded.leaves)  # no paths known: found by walking the rebuilt tree
+    table = str(s)
+    assert "more leaves" in table and "['layers'][299]['w']" in table and "['layers'][150]['w']" not in table
+    assert str(loaded) == table
+    assert str(rebuilt) == table
+    assert ts.describe(loaded.treedef.unflatten(loaded.leaves)) == ts.describe(tree)
+
+
+def test_describe_by_depth_counts_every_shared_leaf(model):
+    tree, s = model
+    loaded = ts.Structure.from_json(s.to_json())
+    assert ts.describe(loaded, depth=1) == ts.describe(tree, depth=1)
+    assert (
+        loaded.nbytes
+        == s.nbytes
+        == 4 * 4 + sum(4 * 5 * 2 + 5 * 4 if i % 97 == 42 else 4 * 4 * 2 + 4 * 4 for i in range(300))
+    )
+
+
+def test_a_diff_names_the_one_leaf_that_differs_among_equal_ones(model):
+    tree, s = model
+    loaded = ts.Structure.from_json(s.to_json())
+    changed = {"head": tree["head"], "layers": list(tree["layers"])}
+    changed["layers"][250] = {**changed["layers"][250], "b": jax.ShapeDtypeStruct((4,), jnp.float16)}
+    [mismatch] = loaded.diff(changed)
+    assert (mismatch.path, mismatch.kind) == ("['layers'][250]['b']", "dtype")
+    assert (mismatch.expected, mismatch.actual) == (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16))
+    assert loaded.diff(tree) == []
+    assert [m.path for m in s.diff(loaded.treedef.unflatten(loaded.leaves))] == []
