@@ -175,3 +175,25 @@ def test_public_classes_report_module_treeshape(name):
     cls = getattr(treeshape, name)
     assert cls.__module__ == "treeshape" and repr(cls) == f"<class 'treeshape.{name}'>"
     assert pickle.loads(pickle.dumps(cls)) is cls
+
+
+def _defined(module: str) -> set[str]:
+    """The names a package module defines at its top level (functions, classes, assignments)."""
+    names: set[str] = set()
+    for node in ast.parse((PACKAGE / f"{module}.py").read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def test_every_name_the_page_gives_is_in_the_code():
+    page = PAGE.read_text()
+    wrong = sorted(
+        f"`{module}.{name}`"
+        for module, name in set(re.findall(r"`(_\w+)\.(\w+)", page))
+        if module not in MODULES or name not in _defined(module)
+    )
+    assert not wrong, f"docs/architecture.md names what the code no longer has: {', '.join(wrong)}"
