@@ -188,8 +188,8 @@ def live_ranges_from_uses(values: dict[str, DumpedValue], used: str, hlo: str) -
     return end_time
 
 
-def contract_peak(values: dict[str, DumpedValue], end_time: int, allocations: dict[int, str]):
-    """The live set as the contract defines it, from XLA's live ranges and allocations alone."""
+def peak_from_live_ranges(values: dict[str, DumpedValue], end_time: int, allocations: dict[int, str]):
+    """The live set at the peak step, computed from XLA's live ranges and allocations alone."""
     ranged = [v for v in values.values() if v.start >= 0 and "thread-local" not in allocations[v.allocation]]
     best, best_listed = -1, []
     for t in range(end_time + 1):
@@ -263,7 +263,7 @@ def test_live_set_is_xla_s(costed, name):
     reports, dump = costed
     ours = reports[name]
     values, end_time, allocations, _ = read_dump(dump, name)
-    peak, listed = contract_peak(values, end_time, allocations)
+    peak, listed = peak_from_live_ranges(values, end_time, allocations)
     assert ours["live_peak_bytes"] == peak
     assert sum(b["nbytes"] for b in ours["buffers"]) == peak
     assert ours["live_peak_bytes"] <= ours["peak_bytes"]

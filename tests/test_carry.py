@@ -211,30 +211,30 @@ def test_shape_and_structure_changes_fail_under_every_policy(loop, policy):
 
 
 # -- where JAX stops short -----------------------------------------------------------
-def _jax_9046_body(c, x):
+def _one_more_leaf_each_step(c, x):
     # Each step mixes float16 into one more leaf: three passes to settle.
     return [c[0] + x, c[1] + c[0], c[2] + c[1]], None
 
 
-def test_jax_9046_needs_a_true_fixed_point():
+def test_a_carry_that_widens_one_leaf_per_pass_needs_a_true_fixed_point():
     xs = jnp.ones(5, jnp.float16)
     init = [0.0] * 3
     with pytest.raises(TypeError):  # JAX's two-pass promotion is not enough
-        lax.scan(_jax_9046_body, init, xs)
+        lax.scan(_one_more_leaf_each_step, init, xs)
     traces = 0
 
     def body(c, x):
         nonlocal traces
         traces += 1
-        return _jax_9046_body(c, x)
+        return _one_more_leaf_each_step(c, x)
 
     with pytest.warns(ts.PrecisionWarning, match=r"3 leaves \(e\.g\. carry\[0\]: ~f(32|64)\[\] -> f16\[\]\)"):
         s = ts.carry_structure(body, init, xs)
     assert traces == 4  # one per promotion step, plus the one that confirms
     assert [leaf.dtype for leaf in s.leaves] == [jnp.float16] * 3
     with pytest.warns(ts.PrecisionWarning):
-        carry = ts.scan_carry(_jax_9046_body, init, xs)
-    final, _ = lax.scan(_jax_9046_body, carry, xs)
+        carry = ts.scan_carry(_one_more_leaf_each_step, init, xs)
+    final, _ = lax.scan(_one_more_leaf_each_step, carry, xs)
     assert [float(v) for v in final] == [5.0, 10.0, 10.0]
     assert ts.structure_of(final).matches(carry)
 

@@ -280,8 +280,9 @@ def _one_line(err: BaseException) -> str:
     except Exception as inner:
         return f"{name} (its message cannot be shown: str() raised {type(inner).__name__})"
     lines = message.strip().splitlines()
-    text = _printable(f"{name}: {lines[0].strip()}" if lines else name)
-    return text if len(text) <= 300 else text[:297] + "..."
+    from ._tree import clip
+
+    return clip(_printable(f"{name}: {lines[0].strip()}" if lines else name), 300)
 
 
 # -- inspect ---------------------------------------------------------------------
