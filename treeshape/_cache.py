@@ -65,18 +65,13 @@ class _WeakId:
 _MAX_ARRAY_KEY_BYTES: Final = 1 << 16  # a larger NumPy array in a static value is not copied into a key
 
 
-def plain_key(x: Any, depth: int = 0, refs: list[Any] | None = None) -> Hashable | None:
-    """A key for `x` by type and value if `x` is plain data (`_tree.plain_key`), else None.
-
-    With `refs` (a list, as `static_key` takes it), a mutable object (a
-    dataclass that is not frozen, an object with attributes, a set, a NumPy
-    array of strings or objects) is keyed by its type and its current
-    contents, when those are plain: a key for the call being made now, which
-    never holds the object itself (nor its class, unless that is importable:
-    a local class is appended to `refs` and weakly keyed).
-    """
-    if refs is None:
-        return _tree.plain_key(x, depth)
+def contents_key(x: Any, depth: int, refs: list[Any]) -> Hashable | None:
+    """A key for `x` by type and value if `x` is plain data (`_tree.plain_key`); a mutable
+    object (a dataclass that is not frozen, an object with attributes, a set, a NumPy array
+    of strings or objects) by its type and its current contents, when those are plain: a key
+    for the call being made now, which never holds the object itself (nor its class, unless
+    that is importable: a local class is appended to `refs` and weakly keyed). None for
+    anything else."""
     return _tree.plain_key(x, depth, lambda obj, at: _state_key(obj, at, refs))
 
 
@@ -87,13 +82,13 @@ def _state_key(x: Any, depth: int, refs: list[Any]) -> Hashable | None:
     if isinstance(x, np.generic):
         return ("numpy", x.dtype.str, x.tobytes())
     if type(x) is set:
-        key = plain_key(frozenset(x), depth + 1, refs)
+        key = contents_key(frozenset(x), depth + 1, refs)
         return None if key is None else ("set", key)
     if isinstance(x, np.ndarray):
         if x.nbytes > _MAX_ARRAY_KEY_BYTES:
             return None
         contents = static_value(x)
-        key = plain_key(contents, depth + 1)
+        key = _tree.plain_key(contents, depth + 1)
         return None if key is None else ("ndarray", key)
     items: dict[str, Any] = {}
     attributes = getattr(x, "__dict__", None)
@@ -106,7 +101,7 @@ def _state_key(x: Any, depth: int, refs: list[Any]) -> Hashable | None:
                 items[name] = getattr(x, name)
     if attributes is None and not items:
         return None  # no state Python can see (a C object): keyed by identity
-    key = plain_key(tuple(sorted(items.items(), key=lambda item: str(item[0]))), depth + 1, refs)
+    key = contents_key(tuple(sorted(items.items(), key=lambda item: str(item[0]))), depth + 1, refs)
     if key is None:
         return None
     cls = type(x)
@@ -132,7 +127,7 @@ def static_key(x: Any, refs: list[Any]) -> Hashable:
         return (types.MethodType, static_key(x.__func__, refs), static_key(x.__self__, refs))
     callable_ = callable(x) and not calls_python(x)  # an object with a `__call__` method is keyed by its state
     if not callable_:
-        key = plain_key(x, refs=refs)
+        key = contents_key(x, 0, refs)
         if key is not None:
             return key
         if _has_state(x):  # its answer may change with its state, which cannot be keyed
@@ -140,7 +135,7 @@ def static_key(x: Any, refs: list[Any]) -> Hashable:
     try:
         ref = weakref.ref(x)
     except TypeError:
-        key = plain_key(x) if callable_ else None  # e.g. a NumPy ufunc
+        key = _tree.plain_key(x) if callable_ else None  # e.g. a NumPy ufunc
         if key is None:
             raise Uncacheable from None
         return key
