@@ -7,6 +7,7 @@
 - `train_step(opt)`: a linear model's optax step, shaped as a `lax.scan` body.
 - Functions the command-line tests inspect, as `helpers:NAME`.
 - `diff_structures`: the 0.1 recursive diff, frozen, an oracle for `Structure.diff`.
+- `Pair`, `Box`, `Node`, `ChexNode`: node types the random trees are drawn from.
 
 Programs that a test runs as a child process by path stay files of their own, since each must
 be a script that configures JAX before importing it (`buffer_programs.py`: XLA dump flags;
@@ -22,6 +23,7 @@ import sys
 import traceback
 from typing import Any, Final
 
+import chex
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -32,6 +34,24 @@ from jax.sharding import PartitionSpec as P
 
 from treeshape import Mismatch, Structure, _compat
 from treeshape._leaf import leaf_str, varying_axes
+
+
+# -- node types the random trees of the property tests are drawn from -------------------------
+Pair = collections.namedtuple("Pair", "left right")
+Box = collections.namedtuple("Box", "item")  # only ever used to change a node's type
+
+
+@jtu.register_dataclass
+@dataclasses.dataclass
+class Node:
+    a: object
+    b: object
+
+
+@chex.dataclass
+class ChexNode:
+    x: object
+    y: object
 
 
 # -- what the tests need of JAX that is spelled differently across releases ---------------------

@@ -1,34 +1,14 @@
 """Invariants over random pytrees, dtypes, shapes and weak flags (hypothesis)."""
 
-import collections
-import dataclasses
-
-import chex
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+from helpers import Box, ChexNode, Node, Pair
 from hypothesis import given, strategies as st
 from jax import lax
 
 import treeshape as ts
-
-
-Pair = collections.namedtuple("Pair", "left right")
-Box = collections.namedtuple("Box", "item")  # only ever used to change a node's type
-
-
-@jtu.register_dataclass
-@dataclasses.dataclass
-class Node:
-    a: object
-    b: object
-
-
-@chex.dataclass
-class ChexNode:
-    x: object
-    y: object
 
 
 DTYPES = [

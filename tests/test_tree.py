@@ -3,12 +3,10 @@ the plain-data test, and the static text marker."""
 
 import collections
 import copy
-import dataclasses
 import enum
 import functools
 import pickle
 
-import chex
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -16,26 +14,11 @@ import jax.tree_util as jtu
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import ChexNode, Node, Pair
 from hypothesis import given, strategies as st
 
 import treeshape as ts
 from treeshape import _tree
-
-
-Pair = collections.namedtuple("Pair", "left right")
-
-
-@jtu.register_dataclass
-@dataclasses.dataclass
-class Node:
-    a: object
-    b: object
-
-
-@chex.dataclass
-class ChexNode:
-    x: object
-    y: object
 
 
 class Linear(eqx.Module):
