@@ -90,3 +90,14 @@ def test_a_path_other_than_where_the_treedef_puts_the_leaf_is_named(model):
     doc["leaves"][3]["path"], doc["leaves"][5]["path"] = doc["leaves"][5]["path"], doc["leaves"][3]["path"]
     with pytest.raises(ValueError, match=r"leaves\[3\]\.path: the treedef puts leaf 3 at \"\['layers'\]\[1\]\['b'\]\""):
         ts.Structure.from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize("key", ["plain", 'a"quote', "back\\slash", "caf\u00e9", "tab\t", "del\x7f", ""])
+def test_every_path_is_written_as_json_writes_it(key):
+    x = jax.ShapeDtypeStruct((2,), jnp.float32)
+    s = ts.structure_of({key: [x, x], "z": x})
+    text = s.to_json()
+    records = json.loads(text)["leaves"]
+    assert [r["path"] for r in records] == list(s.paths)
+    assert text.split('"leaves": [\n    ')[1].startswith(json.dumps(records[0]))  # the escapes json.dumps writes
+    assert ts.Structure.from_json(text) == s

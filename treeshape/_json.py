@@ -344,12 +344,18 @@ def _leaf_text(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[list[str], 
         if ones is not None and not any(isinstance(kind[3], jax.sharding.NamedSharding) for kind in ones):
             head = len(_PATH_HEAD) + 2  # `{"path": ""`
             tails = {kind: _encode({"path": "", **_array_record(leaf)})[head:] for kind, leaf in ones.items()}
-            ends = {kind: tail + _SEP + _PATH_HEAD for kind, tail in tails.items()}  # and the next record's start
-            pieces = [_PATH_HEAD]
+            # A path JSON writes as it is (printable ASCII, no quote or backslash) is written without
+            # a call per path: its quotes go with the texts around it.
+            joined = "".join(paths)
+            bare = joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined
+            quote = '"' if bare else ""
+            # each tail with the next record's start
+            ends = {kind: quote + tail + _SEP + _PATH_HEAD + quote for kind, tail in tails.items()}
+            pieces = [_PATH_HEAD + quote]
             pieces += itertools.chain.from_iterable(
-                zip(map(_encode_str, paths), map(ends.__getitem__, kinds), strict=True)
+                zip(paths if bare else map(_encode_str, paths), map(ends.__getitem__, kinds), strict=True)
             )
-            pieces[-1] = tails[kinds[-1]]
+            pieces[-1] = quote + tails[kinds[-1]]
             return pieces, list(ones.values())
     lines = [
         _encode({"path": path, **_array_record(leaf)})
