@@ -1,6 +1,8 @@
 """A Structure loaded from JSON shares one leaf description among the leaves of a type:
 paths, tables, `describe` and diffs still tell every leaf apart by where it is."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -62,3 +64,40 @@ def test_a_diff_names_the_one_leaf_that_differs_among_equal_ones(model):
     assert (mismatch.expected, mismatch.actual) == (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16))
     assert loaded.diff(tree) == []
     assert [m.path for m in s.diff(loaded.treedef.unflatten(loaded.leaves))] == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("path", 7, r"leaves\[5\]\.path: expected a string, got 7"),
+        ("weak_type", 0, r"leaves\[5\]\.weak_type: expected true or false, got 0"),
+        ("shape", [4.0], r"leaves\[5\]\.shape\[0\]"),
+        ("shape", [True], r"leaves\[5\]\.shape\[0\]"),
+        ("dtype", ["float32"], r"leaves\[5\]\.dtype"),
+    ],
+)
+def test_a_field_equal_but_of_another_type_is_named_among_equal_records(model, field, value, message):
+    _, s = model
+    doc = json.loads(s.to_json())
+    doc["leaves"][5][field] = value  # leaves [1], [3] and [5] are alike: the bulk reader must not take it for them
+    with pytest.raises(ValueError, match=message):
+        ts.Structure.from_json(json.dumps(doc))
+
+
+def test_a_path_other_than_where_the_treedef_puts_the_leaf_is_named(model):
+    _, s = model
+    doc = json.loads(s.to_json())
+    doc["leaves"][3]["path"], doc["leaves"][5]["path"] = doc["leaves"][5]["path"], doc["leaves"][3]["path"]
+    with pytest.raises(ValueError, match=r"leaves\[3\]\.path: the treedef puts leaf 3 at \"\['layers'\]\[1\]\['b'\]\""):
+        ts.Structure.from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize("key", ["plain", 'a"quote', "back\\slash", "caf\u00e9", "tab\t", "del\x7f", ""])
+def test_every_path_is_written_as_json_writes_it(key):
+    x = jax.ShapeDtypeStruct((2,), jnp.float32)
+    s = ts.structure_of({key: [x, x], "z": x})
+    text = s.to_json()
+    records = json.loads(text)["leaves"]
+    assert [r["path"] for r in records] == list(s.paths)
+    assert text.split('"leaves": [\n    ')[1].startswith(json.dumps(records[0]))  # the escapes json.dumps writes
+    assert ts.Structure.from_json(text) == s

@@ -344,12 +344,18 @@ def _leaf_text(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[list[str], 
         if ones is not None and not any(isinstance(kind[3], jax.sharding.NamedSharding) for kind in ones):
             head = len(_PATH_HEAD) + 2  # `{"path": ""`
             tails = {kind: _encode({"path": "", **_array_record(leaf)})[head:] for kind, leaf in ones.items()}
-            ends = {kind: tail + _SEP + _PATH_HEAD for kind, tail in tails.items()}  # and the next record's start
-            pieces = [_PATH_HEAD]
+            # A path JSON writes as it is (printable ASCII, no quote or backslash) is written without
+            # a call per path: its quotes go with the texts around it.
+            joined = "".join(paths)
+            bare = joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined
+            quote = '"' if bare else ""
+            # each tail with the next record's start
+            ends = {kind: quote + tail + _SEP + _PATH_HEAD + quote for kind, tail in tails.items()}
+            pieces = [_PATH_HEAD + quote]
             pieces += itertools.chain.from_iterable(
-                zip(map(_encode_str, paths), map(ends.__getitem__, kinds), strict=True)
+                zip(paths if bare else map(_encode_str, paths), map(ends.__getitem__, kinds), strict=True)
             )
-            pieces[-1] = tails[kinds[-1]]
+            pieces[-1] = quote + tails[kinds[-1]]
             return pieces, list(ones.values())
     lines = [
         _encode({"path": path, **_array_record(leaf)})
@@ -854,36 +860,46 @@ def _leaf(record: Any, where: str, dims: _Dims) -> Any:
 _PLAIN_FIELDS: Final = tuple(map(operator.itemgetter, ("path", "shape", "dtype", "weak_type")))
 
 
-def _plain_leaves(records: list[Any], constraints: Any) -> tuple[tuple[Any, ...], list[str]] | None:
-    """The leaf descriptions and paths of `records` when every record is a plain array leaf's
-    (`path`, `shape`, `dtype` and `weak_type` only) of fields of the right JSON types, else None
-    (then `_leaves` reads them one by one, and says which is wrong).
+def _plain_leaves(records: list[Any], constraints: Any, paths: list[str]) -> tuple[Any, ...] | None:
+    """The leaf descriptions of `records` when every record is a plain array leaf's (`path`,
+    `shape`, `dtype` and `weak_type` only) of fields of the right JSON types, its path the
+    one in `paths` (where the treedef puts it), else None (then `_leaves` reads them one by
+    one, and says which is wrong).
 
-    Read in bulk: each kind of leaf (shape, dtype, weak type) is read and
-    checked once, and its one `ShapeDtypeStruct` (immutable) is shared by the
-    leaves of that kind: a big tree has few kinds of leaf.
+    Read in bulk, at C speed: each kind of leaf (shape, dtype, weak type) is
+    read and checked once, and its one `ShapeDtypeStruct` (immutable) is
+    shared by the leaves of that kind: a big tree has few kinds of leaf. A
+    field is type-checked by column only where equality would hide a wrong
+    type (`1 == 1.0 == True`): a path equal to a `str` is one, and a dtype of
+    a kind is read (and so checked) by `_leaf`.
     """
-    if set(map(type, records)) != {dict} or set(map(len, records)) != {4}:
-        return None
     try:
-        paths, shapes, dtypes, weaks = (list(map(field, records)) for field in _PLAIN_FIELDS)
-    except KeyError:
-        return None
-    for column, expected in ((paths, str), (shapes, list), (dtypes, str), (weaks, bool)):
-        if set(map(type, column)) != {expected}:
+        if set(map(len, records)) != {4}:  # with the four fields read below: those and no others
             return None
+        columns = [list(map(field, records)) for field in _PLAIN_FIELDS]
+    except (KeyError, TypeError):  # a record that is not an object, or lacks a field
+        return None
+    if columns[0] != paths:
+        return None
+    shapes, weaks = columns[1], columns[3]
+    if set(map(type, shapes)) != {list} or set(map(type, weaks)) != {bool}:
+        return None
     if not set(map(type, itertools.chain.from_iterable(shapes))) <= {int, str}:  # no bool or float passes for an int
         return None
-    kinds = list(zip(map(tuple, shapes), dtypes, weaks, strict=True))
+    kinds = list(zip(map(tuple, shapes), columns[2], weaks, strict=True))
+    del columns, shapes, weaks
+    try:
+        made = dict.fromkeys(kinds)
+    except TypeError:  # a dtype that is a list or an object
+        return None
     dims = _Dims(constraints)
-    made: dict[tuple[Any, ...], Any] = {}
-    for kind in dict.fromkeys(kinds):
+    for kind in made:
         shape, dtype, weak = kind
         try:
             made[kind] = _leaf({"path": "", "shape": list(shape), "dtype": dtype, "weak_type": weak}, "", dims)
         except Malformed:
             return None
-    return tuple(map(made.__getitem__, kinds)), paths
+    return tuple(map(made.__getitem__, kinds))
 
 
 def _leaves(records: list[Any], constraints: Any) -> tuple[Any, ...]:
@@ -937,12 +953,12 @@ def _decode(text: str | bytes | bytearray) -> tuple[jtu.PyTreeDef, tuple[Any, ..
     records = read_list(get(doc, "leaves", "the document"), "leaves")
     if len(records) != treedef.num_leaves:
         fail("leaves", f"the treedef has {treedef.num_leaves} leaves, but there are {len(records)} records")
-    plain = _plain_leaves(records, doc.get("constraints"))
-    leaves = _leaves(records, doc.get("constraints")) if plain is None else plain[0]
+    plain = _plain_leaves(records, doc.get("constraints"), paths)
+    leaves = _leaves(records, doc.get("constraints")) if plain is None else plain
     if may_fail:
         _check_rebuilds(treedef)
     # Each record's `path` is where the treedef puts that leaf (a hand-edited file may disagree).
-    if plain is None or plain[1] != paths:
+    if plain is None:
         for i, (path, record) in enumerate(zip(paths, records, strict=True)):
             if record["path"] != path:
                 fail(f"leaves[{i}].path", f"the treedef puts leaf {i} at {path!r}, not {short_repr(record['path'])}")
