@@ -235,7 +235,8 @@ class _Walk:
 
     def _keyed_children(self, td: jtu.PyTreeDef, e0: int) -> tuple[list[str], list[jtu.PyTreeDef]]:
         """A node's children, each with its key as `keystr` writes it."""
-        return self._texts(td, self.e_leaves, e0), td.children()
+        children = td.children()
+        return self._texts(td, self.e_leaves, e0, len(children)), children
 
     def _describe(self, td: jtu.PyTreeDef, leaves: tuple[Any, ...], start: int) -> str:
         return describe(td, leaves, start)
@@ -269,7 +270,12 @@ class _Walk:
             return self._children(p, list(e_keys), list(a_keys), ordered)
         if node_type is list or node_type is tuple:
             # The same sequence type, another length: children matched by index.
-            return self._children(p, list(range(len(e_children))), list(range(len(a_children))), True)
+            n_e, n_a = len(e_children), len(a_children)
+            n = max(n_e, n_a)
+            texts = [f"[{i}]" for i in range(n)]  # as `_tree.key_text` writes a sequence's keys
+            e_which = [*range(n_e), *[-1] * (n - n_e)]
+            a_which = [*range(n_a), *[-1] * (n - n_a)]
+            return self._line_up(p, texts, e_children, a_children, e_which, a_which)
         if not _same_data(e_node[1], a_node[1]) or len(e_children) != len(a_children) or _nodes.kind(node_type):
             # The same custom node type with other node data (or arity), or a framework's node (whose
             # own internal children are not named).
@@ -295,10 +301,10 @@ class _Walk:
         return None
 
     @staticmethod
-    def _texts(td: jtu.PyTreeDef, leaves: tuple[Any, ...], start: int) -> list[str]:
-        """The keys of the children of the node `td` (whose leaves start at `leaves[start]`), as
-        `keystr` writes them."""
-        return child_texts(td, leaves[start : start + td.num_leaves])
+    def _texts(td: jtu.PyTreeDef, leaves: tuple[Any, ...], start: int, n: int | None = None) -> list[str]:
+        """The keys of the `n` children of the node `td` (whose leaves start at `leaves[start]`),
+        as `keystr` writes them."""
+        return child_texts(td, leaves[start : start + td.num_leaves], n)
 
     def _by_position(self, p: _Pair) -> list[_Task]:
         """Children of two nodes of one type and arity, lined up by position (keyed as `p.e_td`'s)."""
@@ -406,8 +412,8 @@ class _Walk:
                 keys = sorted(keys)
             except TypeError:  # keys of mixed types: the expected order, then the extra ones
                 pass
-        e_texts = self._texts(p.e_td, self.e_leaves, p.e0)
-        a_texts = self._texts(p.a_td, self.a_leaves, p.a0)
+        e_texts = self._texts(p.e_td, self.e_leaves, p.e0, len(e_keys))
+        a_texts = self._texts(p.a_td, self.a_leaves, p.a0, len(a_keys))
         texts = [e_texts[e_index[k]] if k in e_index else a_texts[a_index[k]] for k in keys]
         e_which = [e_index.get(k, -1) for k in keys]
         a_which = [a_index.get(k, -1) for k in keys]

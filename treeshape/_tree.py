@@ -137,7 +137,9 @@ def child_keys(node: jtu.PyTreeDef, leaves: Sequence[Any], n: int | None = None)
     """The keys of the `n` children of `node` (a treedef whose root is a node, `leaves` its
     own leaves), as `jax.tree_util.tree_flatten_with_path` gives them."""
     node_type, aux = node.node_data()
-    keys = node_keys(node_type, aux, len(node.children()) if n is None else n)
+    if n is None and node_type not in _KEYED_BY_DATA and not is_namedtuple(node_type):
+        n = len(node.children())  # a list's length, or a framework node's arity to check its keys against
+    keys = node_keys(node_type, aux, -1 if n is None else n)
     if keys is not None:
         return keys
     keyed, _ = keyed_children(node.unflatten(leaves))  # a registered node keys its children its own way
@@ -146,7 +148,13 @@ def child_keys(node: jtu.PyTreeDef, leaves: Sequence[Any], n: int | None = None)
 
 def child_texts(node: jtu.PyTreeDef, leaves: Sequence[Any], n: int | None = None) -> list[str]:
     """The keys of the children of `node`, as `keystr` writes each in a path."""
+    node_type = node.node_data()[0]
+    if node_type is list or node_type is tuple:  # the common long node: no key object per child
+        return [f"[{i}]" for i in range(len(node.children()) if n is None else n)]
     return [key_text(key) for key in child_keys(node, leaves, n)]
+
+
+_KEYED_BY_DATA: Final = frozenset({dict, collections.OrderedDict, collections.defaultdict})
 
 
 # -- paths ---------------------------------------------------------------------------------
