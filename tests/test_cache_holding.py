@@ -34,7 +34,7 @@ class Box:
 
 
 def _sized(n, box):
-    return jnp.zeros(int(n)) + box.x.sum()  # `int(n)`: needs the bound array as a value
+    return jnp.zeros(int(n), jnp.float32) + box.x.sum()  # `int(n)`: needs the bound array as a value
 
 
 def _scaled(scale, box):
@@ -59,7 +59,7 @@ def test_out_structure_holds_no_entry_whose_node_data_is_not_plain(fn, shape):
     meta = Meta("w")
     ref = weakref.ref(meta)
     for _ in range(2):
-        assert ts.out_structure(fn, Box(jnp.ones(4), meta)).tree.shape == shape
+        assert ts.out_structure(fn, Box(jnp.ones(4, jnp.float32), meta)).tree.shape == shape
     info = ts.cache_info()
     assert (info.hits, info.misses, info.size) == (0, 2, 0)
     del meta
@@ -71,9 +71,9 @@ def test_cost_holds_no_entry_whose_node_data_is_not_plain(fn, shape):
     meta = Meta("w")
     ref = weakref.ref(meta)
     # The oracle's own node data: JAX's caches may hold what it compiled (jax 0.8.0 does).
-    expected = jax.jit(fn).lower(Box(jnp.ones(4), Meta("w"))).compile().memory_analysis()
+    expected = jax.jit(fn).lower(Box(jnp.ones(4, jnp.float32), Meta("w"))).compile().memory_analysis()
     for _ in range(2):
-        cost = ts.cost(fn, Box(jnp.ones(4), meta))
+        cost = ts.cost(fn, Box(jnp.ones(4, jnp.float32), meta))
         assert cost.output_bytes == expected.output_size_in_bytes == 4 * shape[0]
     info = ts.cache_info()
     assert (info.cost_hits, info.cost_misses, info.cost_size) == (0, 2, 0)
@@ -83,8 +83,8 @@ def test_cost_holds_no_entry_whose_node_data_is_not_plain(fn, shape):
 
 
 def test_the_same_calls_with_plain_node_data_are_held_and_hit():
-    box = {"x": jnp.ones(4)}  # plain nodes: held
-    sized = lambda n, box: jnp.zeros(int(n)) + box["x"].sum()  # noqa: E731
+    box = {"x": jnp.ones(4, jnp.float32)}  # plain nodes: held
+    sized = lambda n, box: jnp.zeros(int(n), jnp.float32) + box["x"].sum()  # noqa: E731
     for _ in range(2):
         assert ts.out_structure(ft.partial(sized, jnp.array(3)), box).tree.shape == (3,)
         assert ts.cost(ft.partial(sized, jnp.array(3)), box).output_bytes == 12
