@@ -9,7 +9,7 @@ from typing import Any, NoReturn, TypeVar
 import jax
 import jax.tree_util as jtu
 
-from . import _compare, _compat, _dims, _json, _sharding, _values
+from . import _compare, _compat, _dims, _json, _json_load, _sharding, _values
 from ._errors import (
     Mismatch,
     StructureMismatchError,
@@ -520,7 +520,7 @@ class Structure:
             >>> ts.Structure.from_json(s.to_json()) == s
             True
         """
-        treedef, leaves = _json.loads(text)
+        treedef, leaves = _json_load.loads(text)
         return cls(treedef, leaves)
 
     # -- comparing -----------------------------------------------------------
