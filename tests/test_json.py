@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import treeshape as ts
 from treeshape._cli import main
+from treeshape._json_load import _read_lines
 from treeshape._tree import StaticRepr
 
 
@@ -61,6 +62,11 @@ def _sds(shape, dtype, weak=False, **kwargs):
     return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak, **kwargs)
 
 
+def _compact(text):
+    """The same document in another layout: one line, no indent (so not read line by line)."""
+    return json.dumps(json.loads(text))
+
+
 def _structure(tree):
     """A Structure of `tree` as given (ShapeDtypeStructs kept exactly, whatever the x64 mode)."""
     leaves, treedef = jtu.tree_flatten(tree)
@@ -71,6 +77,7 @@ def roundtrip(s):
     text = s.to_json()
     loaded = ts.Structure.from_json(text)
     assert loaded == s, (s, loaded)
+    assert ts.Structure.from_json(_compact(text)) == loaded  # read as any JSON: the same
     assert hash(loaded) == hash(s)
     assert loaded.to_json() == text  # stable: the same text again
     return loaded
@@ -535,12 +542,25 @@ def _replaced(doc, position, value):
 _DELETE = object()
 
 
-def _loads_or_value_error(text):
-    """`from_json` either loads the text or raises ValueError: never anything else."""
+def _outcome(text):
+    """What `from_json` gives for `text`: a Structure, or its ValueError's message."""
     try:
         return ts.Structure.from_json(text)
-    except ValueError:
-        return None
+    except ValueError as err:
+        return str(err)
+
+
+def _laid_out(doc):
+    """A parsed document written back as `to_json` lays it out: a line per member, and the
+    `treedef` and `leaves` lists a line per item."""
+    members = []
+    for key, value in doc.items():
+        if key in ("treedef", "leaves") and type(value) is list and value:
+            items = ",\n".join("    " + json.dumps(item) for item in value)
+            members.append(f"  {json.dumps(key)}: [\n{items}\n  ]")
+        else:
+            members.append(f"  {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(members) + "\n}\n"
 
 
 def test_the_valid_document_loads():
@@ -554,7 +574,9 @@ def test_every_field_replaced_by_junk_or_deleted_is_a_value_error_or_loads():
     assert len(positions) > 60
     for position in positions:
         for value in [*JUNK, _DELETE]:
-            _loads_or_value_error(json.dumps(_replaced(doc, position, value)))
+            edited = _replaced(doc, position, value)
+            compact = _outcome(json.dumps(edited))
+            assert _outcome(_laid_out(edited)) == compact, (position, value)  # read line by line: the same
 
 
 @pytest.mark.parametrize("cut", [0, 1, 10, 50, 100, 200, -3, -2])
@@ -784,9 +806,100 @@ json_values = st.recursive(
 
 @given(json_values)
 def test_random_json_is_a_value_error_or_a_structure(value):
-    _loads_or_value_error(json.dumps(value))
-    _loads_or_value_error(json.dumps({"version": 1, "treedef": value, "leaves": value}))
-    _loads_or_value_error(json.dumps({"version": 1, "treedef": ["*"], "leaves": [value]}))
+    _outcome(json.dumps(value))
+    for doc in [{"version": 1, "treedef": value, "leaves": value}, {"version": 1, "treedef": ["*"], "leaves": [value]}]:
+        assert _outcome(_laid_out(doc)) == _outcome(json.dumps(doc))
+
+
+# -- the written layout, read line by line ------------------------------------------------
+def _layers(n):
+    layer = {"b": _sds((4,), jnp.float32), "w": _sds((4, 4), jnp.bfloat16)}
+    return _structure({"act": "relu", "layers": [dict(layer) for _ in range(n)], "step": _sds((), jnp.int32, True)})
+
+
+LAYERS = _layers(3).to_json()
+
+
+@pytest.mark.parametrize(
+    "s",
+    [
+        _layers(3),
+        _layers(1),
+        _structure(_sds((2,), jnp.float32)),
+        _structure({"empty": [], "none": None}),
+        _structure([_sds(jax.export.symbolic_shape("b, 2*b", constraints=["b >= 2"]), jnp.float32)]),
+        ts.Structure.from_json(VALID),
+    ],
+    ids=["layers", "one_layer", "one_leaf", "no_leaves", "symbolic", "sharding_static_nodes"],
+)
+def test_the_written_layout_is_read_line_by_line_and_reads_as_any_json(s):
+    text = s.to_json()
+    assert _read_lines(text) is not None  # read line by line, not by `json.loads` of the whole text
+    assert ts.Structure.from_json(text) == ts.Structure.from_json(_compact(text)) == s
+    assert ts.Structure.from_json(text.encode()) == s
+
+
+def _at(text, old, new, nth=0):
+    """`text` with the `nth` occurrence of `old` replaced by `new`."""
+    parts = text.split(old)
+    assert len(parts) > nth + 1, (old, nth)
+    return old.join(parts[: nth + 1]) + new + old.join(parts[nth + 1 :])
+
+
+# Edits of a written document: each is read as the same document in any other layout reads.
+LINE_EDITS = {
+    "unknown_dtype": ('"dtype": "bfloat16"', '"dtype": "bfloat17"', 1),
+    "weak_type_0": ('"weak_type": false}', '"weak_type": 0}', 2),
+    "float_dim": ('"shape": [4]', '"shape": [4.0]', 1),
+    "bool_dim": ('"shape": [4]', '"shape": [true]', 2),
+    "other_path": ("\"path\": \"['layers'][1]['b']\"", "\"path\": \"['layers'][2]['b']\"", 0),
+    "path_extended": ("['layers'][1]['b']\"", "['layers'][1]['b']x\"", 0),
+    "path_cut": ("['layers'][1]['b']\"", "['layers'][1]\"", 0),
+    "path_escaped": ('"path": "[\'layers\'][0]', '"path": "[\\u0027layers\'][0]', 0),
+    "path_twice": ('"weak_type": false}', '"weak_type": false, "path": "[\'layers\'][0][\'b\']"}', 1),
+    "path_twice_same": ('"weak_type": false}', '"weak_type": false, "path": "[\'layers\'][0][\'b\']"}', 0),
+    "no_path": ("\"path\": \"['layers'][2]['w']\", ", "", 0),
+    "extra_field": ('"weak_type": false}', '"weak_type": false, "extra": 1}', 0),
+    "space_after_path": ('[\'b\']", "shape"', '[\'b\']" , "shape"', 1),
+    "two_records_a_line": ('},\n    {"path"', '}, {"path"', 1),
+    "record_over_two_lines": ('", "shape"', '",\n "shape"', 2),
+    "blank_line": ('\n    {"path"', '\n\n    {"path"', 3),
+    "no_comma": ('},\n    {"path"', '}\n    {"path"', 1),
+    "comma_after_last_record": ("}\n  ]\n}", "},\n  ]\n}", 0),
+    "static_value": ('"value": "relu"', '"value": 7', 0),
+    "list_keys_reordered": ('{"type": "list", "n": 3}', '{"n": 3, "type": "list"}', 0),
+    "list_n": ('{"type": "list", "n": 3}', '{"type": "list", "n": 4}', 0),
+    "two_entries_a_line": ('"*",\n    "*"', '"*", "*"', 0),
+    "entry_no_comma": ('"*",\n    "*"', '"*"\n    "*"', 0),
+    "comma_after_last_entry": ('"*"\n  ],', '"*",\n  ],', 0),
+    "no_entries": ('{"type": "dict", "keys": ["act", "layers", "step"]},', "", 0),
+    "version": ('"version": 1,', '"version": 2,', 0),
+    "constraints": ('"version": 1,', '"version": 1,\n  "constraints": ["b >= 2"],', 0),
+    "constraints_junk": ('"version": 1,', '"version": 1,\n  "constraints": [3],', 0),
+    "member_order": ('  "treedef": [', '  "leaves": [],\n  "treedef": [', 0),
+    "no_final_newline": ("}\n", "}", -1),
+    "crlf": ("\n", "\r\n", None),
+    "indent_tab": ("\n    ", "\n\t", None),
+}
+
+
+@pytest.mark.parametrize("name", list(LINE_EDITS))
+def test_an_edited_written_document_reads_as_any_json(name):
+    old, new, nth = LINE_EDITS[name]
+    if nth is None:
+        text = LAYERS.replace(old, new)
+    elif nth < 0:
+        text = LAYERS[: LAYERS.rindex(old)] + new + LAYERS[LAYERS.rindex(old) + len(old) :]
+    else:
+        text = _at(LAYERS, old, new, nth)
+    assert text != LAYERS
+    try:
+        compact = _compact(text)
+    except json.JSONDecodeError:
+        with pytest.raises(ValueError, match="from_json: not valid JSON"):
+            ts.Structure.from_json(text)
+        return
+    assert _outcome(text) == _outcome(compact)
 
 
 # -- shapes that cannot exist ------------------------------------------------------------

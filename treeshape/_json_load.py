@@ -9,11 +9,13 @@ are read by `_json_values`.
 
 import collections
 import dataclasses
+import functools
 import itertools
 import json
 import marshal
 import operator
 import sys
+from collections.abc import Callable
 from typing import Any, Final, NoReturn
 
 import jax
@@ -265,13 +267,13 @@ class _Subtrees:
         self.links.append((keys or [], kids))
         return len(self.built) - 1
 
-    def paths(self, root: int) -> list[str]:
-        """The path of every leaf of subtree `root`, in order (iterative: no depth limit)."""
+    def paths(self, root: int, head: str = "") -> list[str]:
+        """The path of every leaf of subtree `root`, in order, each after `head` (iterative: no depth limit)."""
         known = self.built[root][2]
         if known is not None:
-            return known
+            return list(map(head.__add__, known)) if head else known
         out: list[str] = []
-        frames = [(iter(zip(*self.links[root], strict=True)), "")]
+        frames = [(iter(zip(*self.links[root], strict=True)), head)]
         while frames:
             children, prefix = frames[-1]
             for key, kid in children:
@@ -343,13 +345,13 @@ def _bottom_up(order: list[int], trees: _Subtrees) -> int:
     return stack[0]
 
 
-def _decode_treedef(entries: Any) -> tuple[jtu.PyTreeDef, list[str], bool]:
-    """Rebuild a treedef from its pre-order node list; the path of each of its leaves, in leaf
-    order; and whether rebuilding the tree from the treedef could still fail (`_check_rebuilds`).
+def _parse(entry: Any, where: str) -> _Parsed:
+    node_data, n, keys = _node(entry, where)
+    return node_data, n, None if keys is None else [_tree.key_text(key) for key in keys]
 
-    A big tree repeats its nodes and subtrees (a model's layers): each distinct
-    entry is read once, and each distinct subtree is built once.
-    """
+
+def _decode_treedef(entries: Any) -> tuple[jtu.PyTreeDef, Callable[[str], list[str]], bool]:
+    """Rebuild a treedef from its pre-order node list (`_rebuild`), each distinct entry read once."""
     nodes = read_list(entries, "treedef")
     if not nodes:
         fail("treedef", "expected at least one node")
@@ -358,10 +360,19 @@ def _decode_treedef(entries: Any) -> tuple[jtu.PyTreeDef, list[str], bool]:
     distinct: dict[Any, int] = {}
     parsed: list[_Parsed] = []
     for text, i in sorted(first.items(), key=operator.itemgetter(1)):  # in order: the first error is reported
-        node_data, n, keys = _node(nodes[i], f"treedef[{i}]")
         distinct[text] = len(parsed)
-        parsed.append((node_data, n, None if keys is None else [_tree.key_text(key) for key in keys]))
-    order = list(map(distinct.__getitem__, ids))
+        parsed.append(_parse(nodes[i], f"treedef[{i}]"))
+    return _rebuild(parsed, list(map(distinct.__getitem__, ids)))
+
+
+def _rebuild(parsed: list[_Parsed], order: list[int]) -> tuple[jtu.PyTreeDef, Callable[[str], list[str]], bool]:
+    """The treedef whose pre-order entries are `order` (each an index into the distinct entries
+    `parsed`); the paths of its leaves in leaf order, each after a given head; and whether
+    rebuilding the tree from the treedef could still fail (`_check_rebuilds`).
+
+    A big tree repeats its nodes and subtrees (a model's layers): each distinct
+    subtree is built once.
+    """
     trees = _Subtrees(parsed)
     try:
         root = _top_down(order, trees)
@@ -370,9 +381,8 @@ def _decode_treedef(entries: Any) -> tuple[jtu.PyTreeDef, list[str], bool]:
     if root is None:
         root = _bottom_up(order, trees)
     treedef, depth, _ = trees.built[root]
-    paths = trees.paths(root)
     builtin = all(data is None or data[0] in _BUILTIN_NODES for data, _, _ in parsed)
-    return treedef, paths, not (builtin and depth <= _SHALLOW)
+    return treedef, functools.partial(trees.paths, root), not (builtin and depth <= _SHALLOW)
 
 
 def _sharding(x: Any, where: str) -> Any:
@@ -578,6 +588,106 @@ def _check_rebuilds(treedef: jtu.PyTreeDef) -> None:
         fail("treedef", f"the tree cannot be rebuilt: {type(err).__name__}: {err}")
 
 
+# How `_json.dumps` lays the document out: one treedef entry or leaf record a line.
+_INDENT: Final = "    "
+_RECORD_HEAD: Final = '    {"path": "'  # each leaf record's line up to its path
+_AFTER_PATH: Final = '", '
+_CONSTRAINTS: Final = '  "constraints": '
+
+
+def _value(text: str) -> Any:
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def _items(lines: list[str], indent: str) -> dict[str, str] | None:
+    """The JSON text of each distinct line of `lines`, its `indent` and comma cut, when they are
+    the items of a JSON array one a line (a comma after each but the last); else None."""
+    last = lines[-1]
+    if last.endswith(",") or lines.count(last) != 1:  # (an earlier line without its comma)
+        return None
+    texts = {}
+    for line in dict.fromkeys(lines):
+        if not line.startswith(indent) or not (line == last or line.endswith(",")):
+            return None
+        texts[line] = line[len(indent) :] if line == last else line[len(indent) : -1]
+    return texts
+
+
+def _bare_paths(parsed: list[_Parsed]) -> bool:
+    """Every path of the tree JSON writes as it is (no quote, backslash or control character)."""
+    joined = "".join(itertools.chain.from_iterable(keys for _, _, keys in parsed if keys))
+    return joined.isprintable() and '"' not in joined and "\\" not in joined
+
+
+def _read_lines(text: str) -> tuple[jtu.PyTreeDef, tuple[Any, ...]] | None:
+    """`(treedef, leaves)` of a document laid out as `_json.dumps` writes it, one treedef entry
+    or leaf record a line, else None (then `_decode` reads it, and reports what is wrong).
+
+    JSON strings hold no line break, so each line is a whole entry or record:
+    each distinct line is parsed and checked once, and no dict is made per
+    record. A record's line must start with the path the treedef gives its
+    leaf (when the paths are written as they are: no escapes), so what
+    follows the path tells the kinds of leaf apart, and the leaves of a kind
+    share one description. Anything unexpected returns None, so a document
+    read here gives what `_decode` gives, errors included.
+    """
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    if len(lines) < 6 or lines[:2] != ["{", f'  "version": {VERSION},'] or lines[-1] != "}":
+        return None
+    at, constraints = 2, None
+    if lines[at].startswith(_CONSTRAINTS) and lines[at].endswith(","):
+        constraints = _value(lines[at][len(_CONSTRAINTS) : -1])
+        at += 1
+    if lines[at] != '  "treedef": [':
+        return None
+    end = lines.index("  ],")
+    entries = lines[at + 1 : end]
+    if lines[end + 1 :] == ['  "leaves": []', "}"]:
+        records = []
+    elif lines[end + 1] == '  "leaves": [' and lines[-2] == "  ]":
+        records = lines[end + 2 : -2]
+    else:
+        return None
+    items = _items(entries, _INDENT) if entries else None
+    if items is None:
+        return None
+    index: dict[str, int] = {}
+    parsed: list[_Parsed] = []
+    for line, entry in items.items():
+        index[line] = len(parsed)
+        parsed.append(_parse(_value(entry), ""))
+    treedef, leaf_paths, may_fail = _rebuild(parsed, list(map(index.__getitem__, entries)))
+    if len(records) != treedef.num_leaves:
+        return None
+    leaves: tuple[Any, ...] = ()
+    if records:
+        if not _bare_paths(parsed):
+            return None
+        heads = leaf_paths(_RECORD_HEAD)
+        if not all(map(str.startswith, records, heads)):
+            return None
+        kinds = list(map(str.removeprefix, records, heads))  # `", ` and the record's other fields
+        del heads
+        found = _items(kinds, "")
+        if found is None:
+            return None
+        dims = _Dims(constraints)
+        made = {}
+        for kind, rest in found.items():
+            if not rest.startswith(_AFTER_PATH):
+                return None
+            fields = _value("{" + rest[len(_AFTER_PATH) :])
+            if type(fields) is not dict or "path" in fields:
+                return None
+            made[kind] = _leaf({"path": "", **fields}, "", dims)
+        leaves = tuple(map(made.__getitem__, kinds))
+    if may_fail:
+        _check_rebuilds(treedef)
+    return treedef, leaves
+
+
 def _decode(text: str | bytes | bytearray) -> tuple[jtu.PyTreeDef, tuple[Any, ...]]:
     try:
         doc = json.loads(text, parse_constant=_reject_constant)
@@ -594,7 +704,8 @@ def _decode(text: str | bytes | bytearray) -> tuple[jtu.PyTreeDef, tuple[Any, ..
             f"this treeshape reads version {VERSION}, got {short_repr(version)} (written by another "
             "treeshape release? regenerate the file with this one)",
         )
-    treedef, paths, may_fail = _decode_treedef(get(doc, "treedef", "the document"))
+    treedef, leaf_paths, may_fail = _decode_treedef(get(doc, "treedef", "the document"))
+    paths = leaf_paths("")
     records = read_list(get(doc, "leaves", "the document"), "leaves")
     if len(records) != treedef.num_leaves:
         fail("leaves", f"the treedef has {treedef.num_leaves} leaves, but there are {len(records)} records")
@@ -620,7 +731,11 @@ def loads(text: str | bytes | bytearray) -> tuple[jtu.PyTreeDef, tuple[Any, ...]
     if not isinstance(text, (str, bytes, bytearray)):
         raise TypeError(f"{_WHO}: expected the JSON text as a str, got {type(text).__name__}")
     try:
-        return _decode(text)
+        read = _read_lines(text if isinstance(text, str) else bytes(text).decode())
+    except (Malformed, ValueError, UnicodeDecodeError):  # read again by `_decode`, which says what is wrong
+        read = None
+    try:
+        return _decode(text) if read is None else read
     except Malformed as err:
         raise ValueError(f"{_WHO}: {err}") from None
     except RecursionError:
