@@ -48,7 +48,7 @@ import dataclasses
 import itertools
 import json
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import jax
@@ -146,14 +146,16 @@ def _encode_parts(parts: dict[str, Any], where: str, home: str) -> dict[str, Any
 
 
 class _Frame:
-    """A node being written by `_walk`: its children still to write, where its own text and paths
-    start, and its last child written whole (to copy it from when the next child is equal)."""
+    """A node being written by `_walk`: its children and their paths (the next one at `at`),
+    where its own text and paths start, and its last child written whole (to copy it from
+    when the next children are equal to it)."""
 
-    __slots__ = ("children", "node", "path", "first_node", "first_path", "last")
+    __slots__ = ("children", "paths", "at", "node", "path", "first_node", "first_path", "last")
 
-    def __init__(self, children: Iterator[tuple[jtu.PyTreeDef, str]], node: Any, path: str, nodes: int, paths: int):
-        self.children, self.node, self.path = children, node, path
-        self.first_node, self.first_path = nodes, paths
+    def __init__(self, children: list[Any], paths: list[str], node: Any, path: str, nodes: int, leaf_paths: int):
+        self.children, self.paths, self.at = children, paths, 0
+        self.node, self.path = node, path
+        self.first_node, self.first_path = nodes, leaf_paths
         self.last: _Written | None = None
 
 
@@ -179,47 +181,56 @@ def _walk(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[list[str], lis
     """The nodes of `treedef` in pre-order, each as its JSON text, and every leaf's path.
 
     Iterative (no recursion limit), with a stack of `_Frame`s. A big tree
-    repeats its subtrees side by side (a model's layers): a subtree equal to
-    the sibling written just before it is copied from that one, its node texts
-    as they are and its paths under the new prefix (a node's text and its
-    children's keys depend only on its type and node data, which the
-    treedef's equality compares).
+    repeats its subtrees side by side (a model's layers): a run of subtrees
+    equal to the sibling written just before them is copied from that one in
+    one step, its node texts as they are and its paths under each new prefix
+    (a node's text and its children's keys depend only on its type and node
+    data, which the treedef's equality compares).
     """
     nodes: list[str] = []
     paths: list[str] = []
-    frames = [_Frame(iter([(treedef, "")]), None, "", 0, 0)]
+    frames = [_Frame([treedef], [""], None, "", 0, 0)]
     while frames:
         frame = frames[-1]
-        for node, path in frame.children:
+        children, child_paths = frame.children, frame.paths
+        while frame.at < len(children):
+            node, path = children[frame.at], child_paths[frame.at]
             data = node.node_data()
             if data is None:  # a leaf
                 nodes.append(f'"{LEAF}"')
                 paths.append(path)
+                frame.at += 1
                 continue
             node_type, aux = data
             if node_type is type(None):
                 nodes.append("null")
+                frame.at += 1
                 continue
             last = frame.last
             if last is not None and _same(last.node, node):
+                start, frame.at = frame.at, frame.at + 1
+                while frame.at < len(children) and _same(last.node, children[frame.at]):
+                    frame.at += 1
                 if last.suffixes is None:
                     last.suffixes = [p[last.cut :] for p in paths[last.paths]]
-                nodes.extend(nodes[last.nodes])
-                paths.extend(map(path.__add__, last.suffixes))
+                nodes.extend(nodes[last.nodes] * (frame.at - start))
+                paths.extend([prefix + suffix for prefix in child_paths[start : frame.at] for suffix in last.suffixes])
                 continue
-            children = node.children()
-            text = _encode_node(node_type, aux, len(children), path)  # raises for a node JSON cannot describe
-            keys = _tree.node_keys(node_type, aux, len(children))
+            kids = node.children()
+            text = _encode_node(node_type, aux, len(kids), path)  # raises for a node JSON cannot describe
+            keys = _tree.node_keys(node_type, aux, len(kids))
             if keys is None:  # a node that keys its children its own way: ask the node itself
                 first = len(paths)
-                keys = _tree.child_keys(node, leaves[first : first + node.num_leaves], len(children))
-            child_paths = zip(children, [path + _tree.key_text(key) for key in keys], strict=True)
-            frames.append(_Frame(child_paths, node, path, len(nodes), len(paths)))
+                keys = _tree.child_keys(node, leaves[first : first + node.num_leaves], len(kids))
+            frame.at += 1
+            frames.append(
+                _Frame(kids, [path + _tree.key_text(key) for key in keys], node, path, len(nodes), len(paths))
+            )
             nodes.append(text)
             break  # write its children first, then go on with its siblings
         else:
             frames.pop()
-            if frames:  # `frame` is written: its parent's next child may be a copy of it
+            if frames:  # `frame` is written: its parent's next children may be copies of it
                 written = slice(frame.first_node, len(nodes)), slice(frame.first_path, len(paths))
                 frames[-1].last = _Written(frame.node, *written, len(frame.path))
     return nodes, paths

@@ -674,14 +674,16 @@ def _read_lines(text: str) -> tuple[jtu.PyTreeDef, tuple[Any, ...]] | None:
         if found is None:
             return None
         dims = _Dims(constraints)
-        made = {}
+        made, read = {}, {}  # each kind's leaf; each text's (the last record's kind has no comma)
         for kind, rest in found.items():
-            if not rest.startswith(_AFTER_PATH):
-                return None
-            fields = _value("{" + rest[len(_AFTER_PATH) :])
-            if type(fields) is not dict or "path" in fields:
-                return None
-            made[kind] = _leaf({"path": "", **fields}, "", dims)
+            if rest not in read:
+                if not rest.startswith(_AFTER_PATH):
+                    return None
+                fields = _value("{" + rest[len(_AFTER_PATH) :])
+                if type(fields) is not dict or "path" in fields:
+                    return None
+                read[rest] = _leaf({"path": "", **fields}, "", dims)
+            made[kind] = read[rest]
         leaves = tuple(map(made.__getitem__, kinds))
     if may_fail:
         _check_rebuilds(treedef)
