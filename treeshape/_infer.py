@@ -13,7 +13,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from . import _cache, _compat, _sharding, _tree
+from . import _cache, _compat, _nodes, _sharding, _tree
 from ._cache import CACHE, NEEDS_CONCRETE, Key, has_value
 from ._dtypes import jax_dtype
 from ._leaf import (
@@ -85,10 +85,8 @@ def input_path(leaves: list[Any], treedef: jtu.PyTreeDef, i: int) -> str:
 def call_path(keys: Sequence[Any]) -> str:
     """A place in the call `((bound args, bound kwargs), (args, kwargs))`, given by its keys,
     as the user wrote it: `args[0]['w']`, `kwargs['n']`, `the bound args[1]`."""
-    root = ("the bound " if keys[0] == jtu.SequenceKey(0) else "") + (
-        "args" if keys[1] == jtu.SequenceKey(0) else "kwargs"
-    )
-    return root + jtu.keystr(tuple(keys[2:]))
+    bound, given = map(_nodes.key_name, keys[:2])
+    return ("the bound " if bound == 0 else "") + ("args" if given == 0 else "kwargs") + jtu.keystr(tuple(keys[2:]))
 
 
 def abstract_inputs(leaves: list[Any], treedef: jtu.PyTreeDef, fn_name: str = "out_structure") -> list[Any]:
@@ -305,12 +303,13 @@ def note_abstract_scalars(
     params = _parameter_names(core)
     for i in scalars:
         keys = flat[i][0]
-        root = "args" if keys[0] == jtu.SequenceKey(0) else "kwargs"
+        root = "args" if _nodes.key_name(keys[0]) == 0 else "kwargs"
         named.append(f"{root}{jtu.keystr(tuple(keys[1:]))} = {leaves[i]!r}")
-        if len(keys) == 2 and root == "kwargs":
-            bind.append(f"{keys[1].key}={leaves[i]!r}")
-        elif len(keys) == 2 and n_bound + keys[1].idx < len(params):
-            bind.append(f"{params[n_bound + keys[1].idx]}={leaves[i]!r}")
+        where = _nodes.key_name(keys[1]) if len(keys) == 2 else None  # a keyword's name, or a position
+        if where is not None and root == "kwargs":
+            bind.append(f"{where}={leaves[i]!r}")
+        elif where is not None and n_bound + where < len(params):
+            bind.append(f"{params[n_bound + where]}={leaves[i]!r}")
     name = getattr(core, "__name__", None)
     name = name if isinstance(name, str) and name.isidentifier() else "fn"
     example = ", ".join(bind) if len(bind) == len(scalars) else "name=value"

@@ -201,7 +201,7 @@ def _program(core: Callable[..., Any], values: list[Any], abstract: list[bool], 
     )
     named = {**kwargs, **bound}
     owners: list[_Arg] = [
-        ("args", path[1].idx) if path[0] == jtu.SequenceKey(0) else ("named", path[1].key)
+        ("args" if _nodes.key_name(path[0]) == 0 else "named", _nodes.key_name(path[1]))
         for path, _ in jtu.tree_flatten_with_path((args, named))[0]
     ]
     return _Program(program, args, named, owners, output_paths)
@@ -227,7 +227,9 @@ def _outputs(state: list[tuple[Any, Any]], out: Any) -> tuple[list[Any], list[st
     flat = jtu.tree_flatten_with_path(([x for _, x in state], out), is_leaf=_is_variable)[0]
     for keys, x in flat:
         where = (
-            roots[keys[1].idx] + jtu.keystr(keys[2:]) if keys[0] == jtu.SequenceKey(0) else "out" + jtu.keystr(keys[1:])
+            roots[_nodes.key_name(keys[1])] + jtu.keystr(keys[2:])
+            if _nodes.key_name(keys[0]) == 0
+            else "out" + jtu.keystr(keys[1:])
         )
         if _is_variable(x):
             if id(x) not in seen:
@@ -411,8 +413,8 @@ def _argument_path(keys: Any, kwarg_names: list[str]) -> str:
     """An argument of the jitted program named as `out_structure` names inputs: `args[0]['w']`,
     `kwargs['x']`, a bound value by its parameter name."""
     keys = tuple(keys)
-    if keys and keys[0] == jtu.SequenceKey(0):
+    if keys and _nodes.key_name(keys[0]) == 0:
         return "args" + jtu.keystr(keys[1:])
-    name = getattr(keys[1], "key", "") if len(keys) > 1 else ""
+    name = _nodes.key_name(keys[1]) if len(keys) > 1 else ""
     root = f"kwargs[{name!r}]" if name in kwarg_names else str(name)
     return root + jtu.keystr(keys[2:])

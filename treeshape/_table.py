@@ -128,20 +128,20 @@ def _totals(leaves: Sequence[Any]) -> tuple[int, int, bool]:
     size = nbytes = 0
     split = False
     itemsize: dict[Any, int] = {}  # dtype -> the bytes of one element
-    prod = math.prod
+    prod, sds = math.prod, jax.ShapeDtypeStruct  # (names read once: this loop runs per leaf)
     symbolic = False
     for leaf in leaves:
-        if isinstance(leaf, jax.ShapeDtypeStruct):
+        if isinstance(leaf, sds):
             n = prod(leaf.shape)
             if type(n) is not int:
                 symbolic = True
                 continue
             size += n
-            try:
-                nbytes += n * itemsize[leaf.dtype]
-            except KeyError:
-                itemsize[leaf.dtype] = leaf_nbytes(jax.ShapeDtypeStruct((), leaf.dtype))
-                nbytes += n * itemsize[leaf.dtype]
+            dtype = leaf.dtype
+            element = itemsize.get(dtype)
+            if element is None:
+                element = itemsize[dtype] = leaf_nbytes(jax.ShapeDtypeStruct((), dtype))
+            nbytes += n * element
             if not split and leaf.sharding is not None:
                 split = is_partitioned(leaf)
     if symbolic:  # expressions add slowly: once per distinct leaf type
