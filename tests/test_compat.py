@@ -341,7 +341,7 @@ def test_kept_arguments_leave_out_what_the_program_does_not_use():
     "dtype", [jnp.bool_, jnp.int8, jnp.int32, jnp.uint8, jnp.float16, jnp.bfloat16, jnp.float32, jnp.complex64]
 )
 def test_the_compiled_program_gives_its_buffer_assignment_and_module(dtype):
-    """XLA's messages read with the field numbers of `_compat.Fields`: the entry parameter of
+    """XLA's messages read with the field numbers of `_hlo.Fields`: the entry parameter of
     this dtype and shape, its logical buffer and its allocation."""
     from treeshape._buffers import _assignment
     from treeshape._hlo import Module as _Module

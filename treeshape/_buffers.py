@@ -29,9 +29,8 @@ import jax
 import numpy as np
 
 from . import _compat
-from ._compat import Fields as F
 from ._dtypes import short_dtype
-from ._hlo import Index, Instruction, Message, Module, fields, int_field, ints, message_field, str_field
+from ._hlo import F, Index, Instruction, Message, Module, fields, int_field, ints, message_field, str_field
 from ._shapes import human_bytes, short_shape
 from ._table import Description, grid, html_grid
 

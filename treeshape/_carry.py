@@ -15,7 +15,7 @@ from . import _compat
 from ._errors import user_value
 from ._fixpoint import abstract_tree, convert_init, fixed_point, sub_structure
 from ._infer import out_structure
-from ._leaf import from_aval, leaf_str
+from ._leaf import leaf_str
 from ._structure import PyTree, Structure
 from ._tree import clip
 
@@ -43,7 +43,7 @@ def _check_length(length: Any, fn_name: str) -> int | None:
     if length is None:
         return None
     if isinstance(length, jax.core.Tracer):
-        traced = leaf_str(from_aval(jax.typeof(length)))
+        traced = leaf_str(_compat.from_aval(jax.typeof(length)))
         raise TypeError(_length_type_message(fn_name, length, traced))
     try:
         n = operator.index(length)
@@ -321,7 +321,7 @@ def _fori_index(lower: Any, upper: Any, fn_name: str) -> jax.ShapeDtypeStruct:
         except TypeError:
             aval = None
         if aval is None or aval.shape != () or not jnp.issubdtype(aval.dtype, jnp.integer):
-            what = user_value(bound, f"a {type(bound).__name__}" if aval is None else leaf_str(from_aval(aval)))
+            what = user_value(bound, f"a {type(bound).__name__}" if aval is None else leaf_str(_compat.from_aval(aval)))
             raise TypeError(
                 f"treeshape.{fn_name}: `{name}` must be an integer scalar (a Python int, or an int array or tracer "
                 f"of shape ()), as for `lax.fori_loop`, got {what}. Pass the bound you will pass to `lax.fori_loop`."

@@ -151,6 +151,22 @@ def abstractify(x: Any) -> Any:
     return _core.shaped_abstractify(x)
 
 
+@ft.lru_cache(maxsize=4096)  # a tree has few distinct types: reading a big one stays cheap
+def from_aval(aval: Any) -> jax.ShapeDtypeStruct:
+    """A JAX type as a `ShapeDtypeStruct`: shape, dtype, weak flag, and (on a mesh)
+    the sharding with the manual axes, which a manual mesh's values carry only together."""
+    if aval.sharding.mesh.empty:
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+    return shape_dtype_struct(
+        aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=aval.sharding, manual_axes=manual_axes(aval)
+    )
+
+
+def abstract_leaf(x: Any) -> jax.ShapeDtypeStruct:
+    """What JAX traces for an array-like input (`abstractify`), as a `ShapeDtypeStruct`."""
+    return from_aval(abstractify(x))
+
+
 # -- what a compiled program needs (`ts.cost`) ----------------------------------------
 # `jax.stages.Compiled.cost_analysis()` and `.memory_analysis()` are public, but JAX
 # documents neither as a stable API: what they return has changed between releases.
@@ -201,91 +217,6 @@ def memory_analysis(compiled: Any) -> dict[str, Any]:
 
 
 # -- what is at a compiled program's peak (`Cost.buffers`) ---------------------------------
-# `memory_analysis()` carries XLA's buffer assignment as a serialized
-# `xla.BufferAssignmentProto` (`serialized_buffer_assignment_proto`, on every supported
-# release), and `Compiled.runtime_executable().hlo_modules()` the optimized, scheduled module
-# as a serialized `xla.HloModuleProto`. No Python module ships to decode either; `_buffers`
-# reads their wire format with the field numbers of xla/service/hlo.proto and
-# xla/xla_data.proto below (proto3 field numbers never change meaning; new fields are added).
-class Fields:
-    """Protobuf field numbers of the XLA messages `_buffers` reads."""
-
-    # BufferAssignmentProto
-    LOGICAL_BUFFERS: Final = 1
-    BUFFER_ALLOCATIONS: Final = 3
-    # LogicalBufferProto (and its Location)
-    BUFFER_ID: Final = 1
-    BUFFER_SIZE: Final = 2
-    BUFFER_DEFINED_AT: Final = 3
-    LOCATION_SHAPE_INDEX: Final = 3
-    LOCATION_INSTRUCTION_ID: Final = 4
-    # BufferAllocationProto (and its Assigned)
-    ALLOCATION_INDEX: Final = 1
-    ALLOCATION_SIZE: Final = 2
-    ALLOCATION_THREAD_LOCAL: Final = 3
-    ALLOCATION_ENTRY_PARAMETER: Final = 5
-    ALLOCATION_ASSIGNED: Final = 9
-    ALLOCATION_CONSTANT: Final = 12
-    ASSIGNED_BUFFER_ID: Final = 1
-    ASSIGNED_OFFSET: Final = 2
-    ASSIGNED_SIZE: Final = 3
-    # HloModuleProto
-    MODULE_COMPUTATIONS: Final = 3
-    MODULE_ENTRY_ID: Final = 6
-    MODULE_SCHEDULE: Final = 7
-    MODULE_ALIASES: Final = 8
-    MODULE_STACK_FRAMES: Final = 17
-    # HloScheduleProto: map<int64, InstructionSequence> sequences = 1 (entries: key 1, value 2)
-    SCHEDULE_SEQUENCES: Final = 1
-    SEQUENCE_INSTRUCTION_IDS: Final = 1
-    # HloInputOutputAliasProto.entries = 1: AliasEntryProto
-    ALIAS_ENTRIES: Final = 1
-    ALIAS_OUTPUT_INDEX: Final = 1
-    ALIAS_PARAMETER: Final = 2
-    # HloComputationProto
-    COMPUTATION_INSTRUCTIONS: Final = 2
-    COMPUTATION_ID: Final = 5
-    COMPUTATION_ROOT_ID: Final = 6
-    # HloInstructionProto
-    INSTRUCTION_NAME: Final = 1
-    INSTRUCTION_OPCODE: Final = 2
-    INSTRUCTION_SHAPE: Final = 3
-    INSTRUCTION_METADATA: Final = 7
-    INSTRUCTION_PARAMETER_NUMBER: Final = 9
-    INSTRUCTION_TUPLE_INDEX: Final = 13
-    INSTRUCTION_ID: Final = 35
-    INSTRUCTION_OPERANDS: Final = 36
-    INSTRUCTION_CALLED: Final = 38
-    # ShapeProto
-    SHAPE_ELEMENT_TYPE: Final = 2
-    SHAPE_DIMENSIONS: Final = 3
-    SHAPE_TUPLE_SHAPES: Final = 4
-    # OpMetadata: `source_file` / `source_line` up to jax 0.8.x, `stack_frame_id` (an index into
-    # the module's StackFrameIndexProto) from jax 0.9
-    METADATA_OP_NAME: Final = 2
-    METADATA_SOURCE_FILE: Final = 3
-    METADATA_SOURCE_LINE: Final = 4
-    METADATA_STACK_FRAME: Final = 15
-    # StackFrameIndexProto (ids 1-based; 0 is "none")
-    FRAMES_FILE_NAMES: Final = 1
-    FRAMES_LOCATIONS: Final = 3
-    FRAMES_FRAMES: Final = 4
-    LOCATION_FILE: Final = 1
-    LOCATION_LINE: Final = 3
-    FRAME_LOCATION: Final = 1
-    FRAME_PARENT: Final = 2
-
-
-# xla.PrimitiveType (xla_data.proto) -> the dtype JAX names it by; types without one stay XLA's name.
-PRIMITIVE_TYPES: Final = {
-    1: "bool", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "uint8", 7: "uint16", 8: "uint32",
-    9: "uint64", 10: "float16", 11: "float32", 12: "float64", 13: "tuple", 14: "opaque", 15: "complex64",
-    16: "bfloat16", 17: "token", 18: "complex128", 19: "float8_e5m2", 20: "float8_e4m3fn", 21: "int4",
-    22: "uint4", 23: "float8_e4m3b11fnuz", 24: "float8_e5m2fnuz", 25: "float8_e4m3fnuz", 26: "int2",
-    27: "uint2", 28: "float8_e4m3", 29: "float8_e3m4", 30: "float4_e2m1fn", 31: "float8_e8m0fnu",
-}  # fmt: skip
-
-
 # How JAX names an operation of a jitted function in the program's metadata: the function's
 # `jit(name)` (`pjit(name)` in older releases) and the path of transformations and scopes.
 JIT_OP_PREFIXES: Final = ("jit(", "pjit(")
@@ -488,6 +419,17 @@ def spec_entries(spec: Any) -> tuple[Any, ...]:
     """
     entries = getattr(spec, "partitions", None)
     return tuple(spec) if entries is None else tuple(entries)
+
+
+def spec_text(spec: Any) -> str:
+    """A `PartitionSpec` as the newest JAX prints it, `P('d', None)`, on every release
+    (before jax 0.9.1 its repr is `PartitionSpec('d', None)`)."""
+    text = "P(" + repr(spec_entries(spec))[1:-1]
+    unreduced, reduced = getattr(spec, "unreduced", None), getattr(spec, "reduced", None)
+    extra = [f"{name}={set(axes)!r}" for name, axes in (("unreduced", unreduced), ("reduced", reduced)) if axes]
+    if extra:
+        text += ("" if text == "P(" else " " if text.endswith(",") else ", ") + ", ".join(extra)
+    return text + ")"
 
 
 # -- trees -----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import jax
 
-from ._leaf import spec_text
+from ._compat import spec_text
 from ._shapes import constraints_text
 from ._tree import clip
 

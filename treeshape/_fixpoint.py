@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from . import _compat
+from ._compat import spec_text
 from ._diff import diff_structures
 from ._dtypes import key_impl_name, short_dtype
 from ._errors import (
@@ -28,7 +29,7 @@ from ._errors import (
     key_change_fix,
     policy_fix,
 )
-from ._leaf import SCALAR_TYPES, flatten, from_aval, leaf_str, refuse_leaked_tracers, spec_text, varying_axes
+from ._leaf import SCALAR_TYPES, flatten, leaf_str, refuse_leaked_tracers, varying_axes
 from ._sharding import carry_spec, reshard, spec_value
 from ._structure import PyTree, Structure
 from ._weak import allowing_policy, check_policy, convert, dtype_change_allowed, key_change
@@ -104,7 +105,7 @@ def _abstract_leaf(x: Any, where: Callable[[], str], fn_name: str) -> jax.ShapeD
             "values must be arrays or Python scalars. Keep static values out of the carry "
             "(close over them in `body` instead)."
         ) from None
-    return from_aval(aval)
+    return _compat.from_aval(aval)
 
 
 def abstract_tree(tree: PyTree, root: str, fn_name: str) -> tuple[jtu.PyTreeDef, _Paths, list[Any]]:

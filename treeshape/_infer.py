@@ -23,9 +23,7 @@ from ._leaf import (
     OTHER,
     SCALAR,
     SDS,
-    TooLarge,
     as_abstract,
-    check_extents,
     cycle_problem,
     extent_message,
     flatten,
@@ -34,7 +32,7 @@ from ._leaf import (
     kind_of,
     refuse_cycles,
 )
-from ._shapes import BadShape, bad_shape_message, checked_sds, sizes
+from ._shapes import BadShape, TooLarge, bad_shape_message, check_extents, checked_sds, sizes
 from ._structure import PyTree, Structure, read_structure
 
 

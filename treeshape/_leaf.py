@@ -27,8 +27,8 @@ from . import _compat
 from ._dtypes import jax_dtype, short_dtype
 from ._shapes import (
     BadShape,
+    check_fits,
     checked_shape,
-    extent_problem,
     has_symbolic,
     same_symbolic_shape,
     short_shape,
@@ -98,50 +98,9 @@ def as_abstract(x: Any) -> jax.ShapeDtypeStruct:
     )
 
 
-@ft.lru_cache(maxsize=4096)  # a tree has few distinct types: reading a big one stays cheap
-def from_aval(aval: Any) -> jax.ShapeDtypeStruct:
-    """A JAX type as a `ShapeDtypeStruct`: shape, dtype, weak flag, and (on a mesh)
-    the sharding with the manual axes, which a manual mesh's values carry only together."""
-    if aval.sharding.mesh.empty:
-        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
-    return _compat.shape_dtype_struct(
-        aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=aval.sharding, manual_axes=_compat.manual_axes(aval)
-    )
-
-
 @ft.lru_cache(maxsize=4096)
 def _unsharded(aval: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
-
-
-class TooLarge(Exception):
-    """A leaf too large for XLA (`extent_problem`), at position `index` of the leaves read."""
-
-    def __init__(self, index: int, leaf: jax.ShapeDtypeStruct, problem: str) -> None:
-        super().__init__(index, leaf, problem)
-        self.index, self.leaf, self.problem = index, leaf, problem
-
-
-def _check_fits(leaf: Any, index: int, fits: set[tuple[Any, Any]]) -> None:
-    problem = extent_problem(leaf.shape, leaf.dtype)
-    if problem is not None:
-        sds = leaf if isinstance(leaf, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
-        raise TooLarge(index, sds, problem)
-    fits.add((leaf.shape, leaf.dtype))
-
-
-def check_extents(leaves: Sequence[Any]) -> None:
-    """Refuse the first array leaf among `leaves` (`ShapeDtypeStruct`s, arrays, tracers,
-    duck arrays; others are skipped) that XLA cannot hold (`extent_problem`).
-
-    Raises:
-        TooLarge: naming its index.
-    """
-    fits: set[tuple[Any, Any]] = set()  # a big tree has few distinct leaf types
-    for i, leaf in enumerate(leaves):
-        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
-        if type(shape) is tuple and dtype is not None and (shape, dtype) not in fits and jax_dtype(dtype):
-            _check_fits(leaf, i, fits)
 
 
 class IntTooBig(OverflowError):
@@ -191,9 +150,9 @@ def read_leaves(
         if kind == ARRAY:
             aval = x.aval
             if not top_level:
-                traced = from_aval(aval)
+                traced = _compat.from_aval(aval)
                 if (aval.shape, aval.dtype) not in fits:  # a tracer may be larger than any array
-                    _check_fits(traced, i, fits)
+                    check_fits(traced, i, fits)
                 append(traced)
             elif not isinstance(x, jax.core.Tracer) and x.committed:
                 sharding = x.sharding
@@ -220,9 +179,9 @@ def read_leaves(
             if x.sharding is not None and sharded_symbolic is not None and x.shape in shapes_ok:
                 sharded_symbolic.append((i, x))
             if (x.shape, x.dtype) not in fits:
-                _check_fits(x, i, fits)
+                check_fits(x, i, fits)
             if not top_level:
-                append(from_aval(_compat.abstractify(x)))
+                append(_compat.abstract_leaf(x))
                 continue
             dtype = x.dtype
             to = canonical.get(dtype)
@@ -232,7 +191,7 @@ def read_leaves(
         elif kind == SCALAR:
             sds = scalars.get(cls)
             if sds is None:
-                sds = scalars[cls] = from_aval(jax.typeof(cls()))
+                sds = scalars[cls] = _compat.from_aval(jax.typeof(cls()))
             if cls is int:
                 if int_range is None:
                     bits = 8 * np.dtype(sds.dtype).itemsize
@@ -241,20 +200,20 @@ def read_leaves(
                     raise IntTooBig(i, x, 8 * np.dtype(sds.dtype).itemsize)
             append(sds)
         elif kind == NUMPY:
-            append(from_aval(jax.typeof(x)) if jax_dtype(x.dtype) else x)  # strings, objects: static
+            append(_compat.from_aval(jax.typeof(x)) if jax_dtype(x.dtype) else x)  # strings, objects: static
         elif kind == DIM:
-            append(from_aval(_compat.abstractify(x)))
+            append(_compat.abstract_leaf(x))
         elif is_duck_array(x):
             try:
                 abstract = as_abstract(x)
             except BadShape as e:
                 e.index = i
                 raise
-            _check_fits(abstract, i, fits)
+            check_fits(abstract, i, fits)
             if abstract.sharding is not None and sharded_symbolic is not None and has_symbolic(abstract.shape):
                 sharded_symbolic.append((i, abstract))
             if not top_level:
-                append(from_aval(_compat.abstractify(abstract)))
+                append(_compat.abstract_leaf(abstract))
             else:
                 to = jax.dtypes.canonicalize_dtype(abstract.dtype, allow_extended_dtype=True)
                 append(abstract if to == abstract.dtype else abstract.update(dtype=to))
@@ -431,17 +390,6 @@ def leaf_str(leaf: Any) -> str:
             text += axes_str(axes)
         return text
     return clip(repr(leaf), 40)
-
-
-def spec_text(spec: Any) -> str:
-    """A `PartitionSpec` as the newest JAX prints it, `P('d', None)`, on every release
-    (before jax 0.9.1 its repr is `PartitionSpec('d', None)`)."""
-    text = "P(" + repr(_compat.spec_entries(spec))[1:-1]
-    unreduced, reduced = getattr(spec, "unreduced", None), getattr(spec, "reduced", None)
-    extra = [f"{name}={set(axes)!r}" for name, axes in (("unreduced", unreduced), ("reduced", reduced)) if axes]
-    if extra:
-        text += ("" if text == "P(" else " " if text.endswith(",") else ", ") + ", ".join(extra)
-    return text + ")"
 
 
 def int_too_big_message(fn_name: str, where: str, value: int, bits: int) -> str:

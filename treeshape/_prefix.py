@@ -6,9 +6,9 @@ from typing import Any, Final
 import jax
 import jax.tree_util as jtu
 
+from ._compat import spec_text
 from ._diff import diff_structures
 from ._errors import MAX_WHERE, Mismatch, StructureMismatchError, merged_lines
-from ._leaf import spec_text
 from ._structure import Structure, read_structure
 from ._tree import clip
 

@@ -35,7 +35,7 @@ import jax.tree_util as jtu
 from . import _compat, _nodes, _sharding, _simulate
 from ._cache import has_value
 from ._infer import _JITTED, Call, call_path, dynamic_arguments, input_path, is_output_array
-from ._leaf import SDS, from_aval, kind_of, leaf_str
+from ._leaf import SDS, kind_of, leaf_str
 from ._per_device import (
     in_shard_map,
     inner_jaxprs,
@@ -211,7 +211,7 @@ def _lowering_argument(x: Any) -> Any:
     """An abstract leaf as `jax.jit(...).trace` takes it: a tracer by its type at this
     level, anything else as it is (arrays keep their placement, scalars are weak)."""
     if isinstance(x, jax.core.Tracer):
-        return from_aval(jax.typeof(x))
+        return _compat.from_aval(jax.typeof(x))
     return x
 
 
@@ -300,7 +300,7 @@ def _hoist_tracers(program: _Program, donated: set[_Arg]) -> tuple[Any, list[Any
         refuse_collectives(closed.jaxpr, set(jax.sharding.get_abstract_mesh().manual_axes))
     hoist = [isinstance(c, jax.core.Tracer) for c in closed.consts]
     kept = [c for c, h in zip(closed.consts, hoist, strict=True) if not h]
-    types = [from_aval(jax.typeof(c)) for c, h in zip(closed.consts, hoist, strict=True) if h]
+    types = [_compat.from_aval(jax.typeof(c)) for c, h in zip(closed.consts, hoist, strict=True) if h]
     jaxpr, out_types = closed.jaxpr, closed.out_avals
     n_args = len(program.owners)
     del closed  # it holds the tracers
@@ -401,7 +401,7 @@ def _refuse_too_large(jaxpr: Any) -> None:
             if problem is not None:
                 raise ValueError(
                     f"treeshape.cost: the program makes a value of {eqn.primitive.name} "
-                    f"({leaf_str(from_aval(aval))}) that {problem}: "
+                    f"({leaf_str(_compat.from_aval(aval))}) that {problem}: "
                     "XLA would abort the process on it. Compute it in smaller pieces (a `lax.map` or `lax.scan` "
                     "over chunks), or use smaller inputs."
                 )

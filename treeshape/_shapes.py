@@ -13,12 +13,13 @@ import functools as ft
 import math
 import operator
 import re
+from collections.abc import Sequence
 from typing import Any, Final
 
 import jax
 
 from . import _compat
-from ._dtypes import element_bytes
+from ._dtypes import element_bytes, jax_dtype
 
 
 # -- sizes as JAX takes them --------------------------------------------------------------
@@ -131,6 +132,37 @@ def extent_problem(shape: tuple[Any, ...], dtype: Any) -> str | None:
     if sizes(shape) and 0 < math.prod(shape) <= _SURELY_FITS:  # the fast path: any dtype fits
         return None
     return _extent_problem(shape, dtype)
+
+
+class TooLarge(Exception):
+    """A leaf too large for XLA (`extent_problem`), at position `index` of the leaves read."""
+
+    def __init__(self, index: int, leaf: jax.ShapeDtypeStruct, problem: str) -> None:
+        super().__init__(index, leaf, problem)
+        self.index, self.leaf, self.problem = index, leaf, problem
+
+
+def check_fits(leaf: Any, index: int, fits: set[tuple[Any, Any]]) -> None:
+    """Raise `TooLarge` for an array leaf XLA cannot hold, else note its shape and dtype in `fits`."""
+    problem = extent_problem(leaf.shape, leaf.dtype)
+    if problem is not None:
+        sds = leaf if isinstance(leaf, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
+        raise TooLarge(index, sds, problem)
+    fits.add((leaf.shape, leaf.dtype))
+
+
+def check_extents(leaves: Sequence[Any]) -> None:
+    """Refuse the first array leaf among `leaves` (`ShapeDtypeStruct`s, arrays, tracers,
+    duck arrays; others are skipped) that XLA cannot hold (`extent_problem`).
+
+    Raises:
+        TooLarge: naming its index.
+    """
+    fits: set[tuple[Any, Any]] = set()  # a big tree has few distinct leaf types
+    for i, leaf in enumerate(leaves):
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if type(shape) is tuple and dtype is not None and (shape, dtype) not in fits and jax_dtype(dtype):
+            check_fits(leaf, i, fits)
 
 
 # -- symbolic dimensions -----------------------------------------------------------------

@@ -16,8 +16,9 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat, _tree
+from ._compat import spec_text
 from ._errors import SHOWN, check_path_leaf_callback, first_few
-from ._leaf import leaf_str, spec_text
+from ._leaf import leaf_str
 from ._shapes import is_symbolic, leaf_nbytes
 from ._tree import clip
 

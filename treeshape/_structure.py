@@ -17,8 +17,6 @@ from ._errors import (
 )
 from ._leaf import (
     IntTooBig,
-    TooLarge,
-    check_extents,
     extent_message,
     flatten,
     int_too_big_message,
@@ -26,7 +24,16 @@ from ._leaf import (
     read_leaves,
 )
 from ._nodes import wrapper_hint
-from ._shapes import BadShape, bad_shape_message, human_bytes, leaf_nbytes, leaf_size, leaf_total
+from ._shapes import (
+    BadShape,
+    TooLarge,
+    bad_shape_message,
+    check_extents,
+    human_bytes,
+    leaf_nbytes,
+    leaf_size,
+    leaf_total,
+)
 from ._table import DEFAULT_MAX_ROWS, html_table, table
 from ._tree import edge_paths
 

@@ -22,9 +22,9 @@ import jax
 import jax.tree_util as jtu
 
 from . import _compat
+from ._compat import spec_text
 from ._diff import diff_structures
 from ._errors import FieldValue, Mismatch, format_report, mismatch_line
-from ._leaf import from_aval, spec_text
 from ._structure import Structure
 
 
@@ -223,7 +223,7 @@ def _inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Structure:
     """The structure of `(args, kwargs)` under a trace: a tracer (or array) by its type there,
     any other leaf is a static argument, kept as itself (a Python scalar here was passed static)."""
     leaves, treedef = jtu.tree_flatten((args, kwargs))
-    described = [from_aval(jax.typeof(x)) if isinstance(x, jax.Array) else x for x in leaves]
+    described = [_compat.from_aval(jax.typeof(x)) if isinstance(x, jax.Array) else x for x in leaves]
     return Structure(treedef, tuple(described))
 
 
