@@ -428,8 +428,11 @@ def cost(
     Raises:
         TypeError: `fn` is not callable, or a donation is not ints / strings.
         ValueError: a leaf has symbolic dimensions (bind them with `Structure.bind`),
-            a donation names no argument, an abstract mesh has more devices than this
-            process, or inside `shard_map`, `fn` uses a collective over the manual axes.
+            a donation names no argument, an abstract mesh has more than 4,096 devices
+            (a mesh larger than this process's is compiled for simulated devices), or
+            inside `shard_map`, `fn` uses a collective over the manual axes.
+        RuntimeError: compiling for simulated devices failed or ran past its timeout
+            (`TREESHAPE_SIMULATE_TIMEOUT`).
 
     Errors raised by `fn` itself propagate unchanged.
 
