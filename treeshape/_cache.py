@@ -34,7 +34,7 @@ import numpy as np
 
 from . import _compat, _tree
 from ._dtypes import jax_dtype
-from ._leaf import ARRAY, DIM, NUMPY, OTHER, SCALAR, SDS, as_abstract, is_duck_array, kind_of, static_value
+from ._leaf import ARRAY, DIM, KINDS, NUMPY, OTHER, SCALAR, SDS, as_abstract, is_duck_array, kind_of, static_value
 from ._structure import Structure
 from ._tree import Strong, calls_python, importable, is_plain, treedef_is_plain
 
@@ -167,8 +167,11 @@ def _leaf_keys(leaves: list[Any], concrete_scalars: bool, refs: list[Any]) -> li
     type share them), Python scalars by type (or value, when passed
     concrete), static values as `static_key` says."""
     out = []
+    kinds = KINDS  # each type's kind, as `kind_of` notes it (read here without a call per leaf)
     for x in leaves:
-        kind = kind_of(type(x))
+        kind = kinds.get(type(x))
+        if kind is None:
+            kind = kind_of(type(x))
         if kind == ARRAY:
             out.append(x.aval)
         elif kind == SCALAR:
