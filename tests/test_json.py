@@ -883,6 +883,12 @@ LINE_EDITS = {
 }
 
 
+def test_a_written_document_nested_too_deeply_is_a_value_error():
+    deep = "[" * 100_000 + "]" * 100_000  # one line, as deep as no JSON reader goes
+    with pytest.raises(ValueError, match="from_json: the JSON is nested too deeply"):
+        ts.Structure.from_json(_at(LAYERS, '"*",', deep + ",", 0))
+
+
 @pytest.mark.parametrize("name", list(LINE_EDITS))
 def test_an_edited_written_document_reads_as_any_json(name):
     old, new, nth = LINE_EDITS[name]

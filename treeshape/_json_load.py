@@ -733,10 +733,10 @@ def loads(text: str | bytes | bytearray) -> tuple[jtu.PyTreeDef, tuple[Any, ...]
     if not isinstance(text, (str, bytes, bytearray)):
         raise TypeError(f"{_WHO}: expected the JSON text as a str, got {type(text).__name__}")
     try:
-        read = _read_lines(text if isinstance(text, str) else bytes(text).decode())
-    except (Malformed, ValueError, UnicodeDecodeError):  # read again by `_decode`, which says what is wrong
-        read = None
-    try:
+        try:
+            read = _read_lines(text if isinstance(text, str) else bytes(text).decode())
+        except (Malformed, ValueError):  # read again by `_decode`, which says what is wrong
+            read = None
         return _decode(text) if read is None else read
     except Malformed as err:
         raise ValueError(f"{_WHO}: {err}") from None
