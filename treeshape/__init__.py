@@ -31,6 +31,12 @@ if TYPE_CHECKING:
     from ._fit import Fit as Fit, largest_fit as largest_fit
     from ._infer import out_structure as out_structure, structure_of as structure_of
     from ._prefix import check_prefix as check_prefix
+    from ._restore import (
+        Restore as Restore,
+        RestoreError as RestoreError,
+        RestorePlan as RestorePlan,
+        restore_plan as restore_plan,
+    )
     from ._settle import settle as settle
     from ._structure import Structure as Structure
     from ._tree import StaticRepr as StaticRepr
@@ -58,6 +64,9 @@ _MODULES: Final = {
     "JaxReleaseError": "._compat",
     "Mismatch": "._errors",
     "PrecisionWarning": "._errors",
+    "Restore": "._restore",
+    "RestoreError": "._restore",
+    "RestorePlan": "._restore",
     "Retrace": "._watch",
     "RetraceError": "._watch",
     "StaticRepr": "._tree",
@@ -74,6 +83,7 @@ _MODULES: Final = {
     "is_weak": "._weak",
     "largest_fit": "._fit",
     "out_structure": "._infer",
+    "restore_plan": "._restore",
     "scan_carry": "._carry",
     "settle": "._settle",
     "strip_weak_type": "._weak",

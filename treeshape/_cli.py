@@ -138,7 +138,7 @@ def _parser() -> _Parser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--traceback", action="store_true", help=traceback_help)
     sub = parser.add_subparsers(
-        dest="command", metavar="{demo,inspect,cost,fit}", required=True, parser_class=_SubParser
+        dest="command", metavar="{demo,inspect,cost,fit,restore-plan}", required=True, parser_class=_SubParser
     )
     demo = sub.add_parser(
         "demo",
@@ -216,7 +216,18 @@ def _parser() -> _Parser:
         subparser.add_argument(
             "--json", action="store_true", help=f"print one JSON object of the {what} fields instead of a table"
         )
-    for subparser in (demo, inspect, cost, fit):
+    restore = sub.add_parser(
+        "restore-plan",
+        help="print what restoring an orbax CHECKPOINT into MODULE:ATTR's state would do, leaf by leaf",
+        description="Read the checkpoint's metadata (no array) and say the fate of every\n"
+        "leaf of the state MODULE:ATTR builds (called with no arguments,\n"
+        "abstractly): exit status 0 when the plan is ok, 1 when it refuses a leaf.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    restore.add_argument("checkpoint", metavar="CHECKPOINT", help="an orbax checkpoint's directory")
+    restore.add_argument("target", metavar="MODULE:ATTR", help="e.g. mypkg.model:init_state")
+    restore.add_argument("--json", action="store_true", help='print {"ok": ..., "entries": [...]} instead of a table')
+    for subparser in (demo, inspect, cost, fit, restore):
         # Accepted after the subcommand too; SUPPRESS keeps the main parser's value.
         subparser.add_argument(
             "--traceback",
@@ -751,6 +762,23 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word if n == 1 else word + 's'}"
 
 
+def _restore_plan(args: argparse.Namespace, stdout: TextIO) -> int:
+    from ._restore import abstract_target, plan_data, restore_plan
+
+    try:
+        target = abstract_target(_resolve(args.target))
+    except _Fail as err:
+        raise _Fail(str(err), 2) from err.__cause__
+    except _USER_ERRORS as err:
+        raise _Fail(f"building the target {args.target} failed: {_one_line(err)}", 2) from err
+    try:
+        plan = restore_plan(args.checkpoint, target)
+    except ValueError as err:
+        raise _Fail(str(err).removeprefix("treeshape.restore_plan: "), 2) from err
+    print(json.dumps(plan_data(plan), indent=1) if args.json else str(plan), file=stdout)
+    return 0 if plan.ok else 1
+
+
 # -- main ----------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `treeshape` command line and return its exit status.
@@ -786,6 +814,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _cost(args, sys.stdout)
             if args.command == "fit":
                 return _fit(args, sys.stdout)
+            if args.command == "restore-plan":
+                return _restore_plan(args, sys.stdout)
             return _inspect(args, sys.stdout)
         except _Fail:
             raise
