@@ -5,6 +5,7 @@ model, and another topology; the plan read from the metadata alone; the command 
 
 import json
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -399,3 +400,18 @@ def test_command_line(saved, tmp_path):
     assert status == 2 and out == "" and err.count("\n") == 1 and "does not exist" in err
     status, out, err = _cli(paths["fsdp"], "targets:broken", cwd=tmp_path)
     assert status == 2 and err.count("\n") == 1 and "RuntimeError: no model today" in err
+
+
+# -- the guide -------------------------------------------------------------------------------
+_FENCED = re.compile(r"^```(\w+)\n(.*?)^```\n", flags=re.DOTALL | re.MULTILINE)
+
+
+def test_the_restore_guide_runs_and_prints_what_it_shows(capsys):
+    text = (pathlib.Path(__file__).parents[1] / "docs" / "guide" / "restore.md").read_text()
+    blocks = [(m.group(1), m.group(2)) for m in _FENCED.finditer(text)]
+    pairs = [(code, blocks[k + 1][1]) for k, (lang, code) in enumerate(blocks) if lang == "python"]
+    assert len(pairs) == 4 and all(blocks[k + 1][0] == "text" for k, (lang, _) in enumerate(blocks) if lang == "python")
+    namespace: dict = {}
+    for code, shown in pairs:
+        exec(compile(code, "<docs/guide/restore.md>", "exec"), namespace)
+        assert capsys.readouterr().out == shown, code
