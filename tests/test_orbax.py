@@ -144,3 +144,96 @@ def test_nnx_state_round_trip_through_a_checkpoint(nnx_checkpoint):
     restored = nnx.merge(graphdef, checkpointer.restore(path, target=abstract))
     ts.structure_of(nnx.state(model)).check(nnx.state(restored))
     np.testing.assert_array_equal(np.asarray(restored.hidden.kernel[...]), np.asarray(model.hidden.kernel[...]))
+
+
+# -- orbax's layouts read as the trees they were written from --------------------------------
+class Stack(nnx.Module):
+    def __init__(self, width: int, rngs: nnx.Rngs):
+        self.layers = nnx.List([nnx.Linear(4, width, rngs=rngs), nnx.Linear(width, 4, rngs=rngs)])
+
+
+def _dense_state(features):
+    import flax.linen as nn
+    from flax.training import train_state
+
+    dense = nn.Dense(features)
+    params = dense.init(jax.random.key(0), jnp.ones((1, 2)))
+    return train_state.TrainState.create(apply_fn=dense.apply, params=params, tx=optax.adamw(1e-3))
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    """Metadata trees of what users save, each with the tree it was written from."""
+    import equinox as eqx
+
+    model = Stack(8, nnx.Rngs(0))
+    mesh = jax.make_mesh((8,), ("d",))
+    fsdp = {
+        "w": jax.device_put(jnp.ones((64, 24)), NamedSharding(mesh, P("d"))),
+        "v": jax.device_put(jnp.ones((16, 8), jnp.bfloat16), NamedSharding(mesh, P(None, "d"))),
+        "b": jnp.ones(24),
+    }
+    trees = {
+        "stack": nnx.state(model),
+        "optimizer": nnx.state(nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)),
+        "equinox": eqx.filter(eqx.nn.MLP(2, 3, 8, 1, key=jax.random.key(0)), eqx.is_array),
+        "linen": _dense_state(3),
+        "fsdp": fsdp,
+    }
+    root = tmp_path_factory.mktemp("layouts")
+    with ocp.PyTreeCheckpointer() as checkpointer:
+        for name, tree in trees.items():
+            checkpointer.save(root / name, tree)
+        return {name: (checkpointer.metadata(root / name).item_metadata.tree, tree) for name, tree in trees.items()}
+
+
+@pytest.mark.parametrize("name", ["stack", "optimizer"])
+def test_string_index_keys_are_the_indices_they_were_written_from(layouts, name):
+    metadata, tree = layouts[name]
+    assert "0" in (metadata["layers"] if name == "stack" else metadata["opt_state"])  # as orbax writes them
+    assert ts.structure_of(tree).diff(metadata) == [] and ts.structure_of(metadata).diff(tree) == []
+    # a layer of another width is named by its own path, the index as the model writes it
+    wider = nnx.state(nnx.eval_shape(lambda: Stack(16, nnx.Rngs(0))))
+    if name == "optimizer":
+        wider = nnx.state(
+            nnx.eval_shape(lambda: nnx.Optimizer(Stack(16, nnx.Rngs(0)), optax.adam(1e-3), wrt=nnx.Param))
+        )
+    found = [(m.path, m.expected, m.actual) for m in ts.structure_of(wider).diff(metadata)]
+    prefix = "" if name == "stack" else "['opt_state'][0]['mu']"
+    assert (f"{prefix}['layers'][0]['bias'].value", (16,), (8,)) in found
+    assert not any(m[0].endswith("]") and m[2] is None for m in found)  # no layer missing or extra
+
+
+def test_modules_and_train_states_compare_leaf_by_leaf(layouts):
+    import equinox as eqx
+
+    metadata, tree = layouts["equinox"]
+    # orbax writes the MLP as a dict of its fields, and its tuple of layers as a list: that
+    # list is the only difference, never the whole module at the root
+    assert [str(m) for m in ts.structure_of(tree).diff(metadata)] == [
+        "tree.layers: expected a tuple with 2 children, got a list with 2 children."
+    ]
+    abstract = eqx.filter_eval_shape(eqx.nn.MLP, 2, 3, 16, 1, key=jax.random.key(0))
+    wider = eqx.filter(abstract, lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    metadata = {**metadata, "layers": tuple(metadata["layers"])}
+    assert [(m.path, m.expected, m.actual) for m in ts.structure_of(wider).diff(metadata)] == [
+        (".layers[0].bias", (16,), (8,)),
+        (".layers[0].weight", (16, 2), (8, 2)),
+        (".layers[1].weight", (3, 16), (3, 8)),
+    ]
+    metadata, tree = layouts["linen"]
+    found = ts.structure_of(_dense_state(5)).diff(metadata, ignore={"weak_type"})
+    assert [(m.path, m.kind) for m in found] == [
+        (".opt_state", "structure"),  # orbax writes optax's tuple as a list
+        (".params['params']['bias']", "shape"),
+        (".params['params']['kernel']", "shape"),
+    ]
+
+
+def test_a_sharded_checkpoint_counts_bytes_per_device_as_the_state(layouts):
+    metadata, tree = layouts["fsdp"]
+    saved, state = ts.structure_of(metadata), ts.structure_of(tree)
+    assert saved.nbytes_per_device == state.nbytes_per_device == (64 * 24 * 4 + 16 * 8 * 2) // 8 + 24 * 4
+    assert saved.nbytes == state.nbytes and saved == state and saved.diff(tree) == []
+    assert saved.tree["w"].sharding.spec == P("d") and saved.tree["v"].sharding.spec == P(None, "d")
+    assert saved.tree["b"].sharding is None

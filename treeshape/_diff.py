@@ -283,13 +283,20 @@ class _Walk:
         return self._by_position(p)
 
     def _as_checkpointed(self, p: _Pair, e_node: tuple[type, Any], a_node: tuple[type, Any]) -> list[_Task] | None:
-        """A flax.nnx `State` against a checkpoint's metadata of one, in which orbax writes the
-        State as a dict and each Variable as a dict `{'value': ...}`: each such dict read as the
-        node it stands for (children matched by key, the Variable's value to the dict's), else None."""
+        """A node against a checkpoint's metadata of it, in which orbax writes a flax.nnx `State`
+        as a dict, each Variable as a dict `{'value': ...}`, and an nnx or equinox module or a
+        registered dataclass (a linen `TrainState`) as a dict of its children's names: each such
+        dict read as the node it stands for (children matched by key, the Variable's value to the
+        dict's), else None."""
         (e_type, e_aux), (a_type, a_aux) = e_node, a_node
         e_children, a_children = p.e_td.children(), p.a_td.children()
         if (e_type is dict and _nodes.is_nnx_state(a_type)) or (a_type is dict and _nodes.is_nnx_state(e_type)):
             return self._children(p, list(mapping_keys(e_type, e_aux)), list(mapping_keys(a_type, a_aux)), False)
+        if e_type is dict or a_type is dict:
+            e_names = list(e_aux) if e_type is dict else _child_names(e_type, e_aux, len(e_children))
+            a_names = list(a_aux) if a_type is dict else _child_names(a_type, a_aux, len(a_children))
+            if e_names is not None and a_names is not None and (e_type is not dict or a_type is not dict):
+                return self._children(p, e_names, a_names, False)
         variable = _nodes.kind(e_type) == _nodes.NNX_VARIABLE
         one_child = len(e_children) == len(a_children) == 1
         if one_child and (
@@ -403,7 +410,11 @@ class _Walk:
 
     def _children(self, p: _Pair, e_keys: list[Any], a_keys: list[Any], ordered: bool) -> list[_Task]:
         """The children of two mappings or sequences, matched by key (`e_keys`, `a_keys`: their
-        keys or indices, in their order), in leaf order (sorted keys unless `ordered`)."""
+        keys or indices, in their order), in leaf order (sorted keys unless `ordered`). A string
+        of digits on one side matches that integer on the other (orbax writes the index or int
+        key 3 of an `nnx.List` or an optimizer's `opt_state` as the key `'3'`)."""
+        if _digit_keys(e_keys) != _digit_keys(a_keys):
+            e_keys, a_keys = _as_indices(e_keys), _as_indices(a_keys)
         e_index = {k: i for i, k in enumerate(e_keys)}
         a_index = {k: i for i, k in enumerate(a_keys)}
         keys = e_keys + [k for k in a_keys if k not in e_index]
@@ -457,6 +468,28 @@ class _Walk:
                 run = _Run(p.path, [key], [e_child], [0], e0, a0, e_child.num_leaves)
                 tasks.append(run)
         return tasks
+
+
+def _child_names(node_type: type, aux: Any, n: int) -> list[Any] | None:
+    """The names of a module's or registered dataclass's `n` children, in their order, as orbax
+    writes them in a checkpoint's dict; None for any other node."""
+    if node_type in _CONTAINERS or _tree.is_namedtuple(node_type) or mapping_keys(node_type, aux) is not None:
+        return None
+    split = _nodes.split(node_type, aux)
+    if split is None or split.children is None or len(split.children) != n:
+        return None
+    names = [_nodes.key_name(k) for k in split.children]
+    return names if len(set(names)) == n else None
+
+
+def _digit_keys(keys: list[Any]) -> bool:
+    return any(isinstance(k, str) and k.isdigit() for k in keys)
+
+
+def _as_indices(keys: list[Any]) -> list[Any]:
+    """Keys with each string of digits read as its integer, unless two keys would then be one."""
+    out = [int(k) if isinstance(k, str) and k.isdigit() else k for k in keys]
+    return out if len(set(out)) == len(out) else keys
 
 
 def _starts(children: Sequence[jtu.PyTreeDef], first: int) -> list[int]:

@@ -23,7 +23,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from . import _compat
+from . import _compat, _nodes
 from ._dtypes import jax_dtype, short_dtype
 from ._shapes import (
     BadShape,
@@ -96,6 +96,16 @@ def as_abstract(x: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(
         checked_shape(x.shape), x.dtype, weak_type=bool(getattr(x, "weak_type", False)), sharding=sharding
     )
+
+
+def _recorded_sharding(x: Any) -> jax.sharding.NamedSharding | None:
+    """The sharding an orbax checkpoint records for an array it saved (over an abstract mesh of
+    the saved axes: the devices need not exist here), or None."""
+    found = _nodes.orbax_sharding(getattr(x, "sharding", None))
+    if found is None:
+        return None
+    sizes, names, spec = found
+    return jax.sharding.NamedSharding(jax.sharding.AbstractMesh(sizes, names), jax.sharding.PartitionSpec(*spec))
 
 
 @ft.lru_cache(maxsize=4096)
@@ -209,6 +219,8 @@ def read_leaves(
             except BadShape as e:
                 e.index = i
                 raise
+            if abstract.sharding is None and top_level:
+                abstract = abstract.update(sharding=_recorded_sharding(x))
             check_fits(abstract, i, fits)
             if abstract.sharding is not None and sharded_symbolic is not None and has_symbolic(abstract.shape):
                 sharded_symbolic.append((i, abstract))

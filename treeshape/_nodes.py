@@ -654,6 +654,21 @@ def node_type_name(cls: type) -> str:
     return cls.__name__
 
 
+def orbax_sharding(meta: Any) -> tuple[tuple[int, ...], tuple[str, ...], tuple[Any, ...]] | None:
+    """The mesh (axis sizes and names) and partition spec that orbax's `NamedShardingMetadata`
+    records for a saved array (a checkpoint's `ArrayMetadata.sharding`), or None."""
+    cls = type(meta)
+    if not cls.__module__.startswith("orbax.") or node_type_name(cls) != "NamedShardingMetadata":
+        return None
+    try:
+        sizes = tuple(int(n) for n in meta.shape)
+        names = tuple(str(a) for a in meta.axis_names)
+        spec = tuple(e if e is None or isinstance(e, str) else tuple(map(str, e)) for e in meta.partition_spec)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return (sizes, names, spec) if len(sizes) == len(names) else None
+
+
 def wrapper_hint(cls: type) -> str | None:
     """What to pass instead of a node that wraps the tree a user means (a checkpoint's
     metadata object around its tree of array metadata), or None."""

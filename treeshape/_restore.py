@@ -542,11 +542,7 @@ class RestorePlan:
         return ", ".join(f"{n} {f}" for f, n in counts.items() if n)
 
     def _rows(self) -> list[list[str]]:
-        return [
-            [e.path, e.fate, _shown(e.saved), _shown(e.wanted), e.reason]
-            for e in self.entries
-            if e.fate != "same"
-        ]
+        return [[e.path, e.fate, _shown(e.saved), _shown(e.wanted), e.reason] for e in self.entries if e.fate != "same"]
 
     def __str__(self) -> str:
         head = (

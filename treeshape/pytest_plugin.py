@@ -72,7 +72,8 @@ def pytest_assertrepr_compare(config: pytest.Config, op: str, left: Any, right: 
     lines = [f"{left!r} == {right!r}"]
     if not mismatches:
         lines.append("The structures differ only where Structure.diff reads one node as another (orbax's dict")
-        lines.append("for an nnx State, {'value': ...} for an nnx Variable): `matches` is True for them.")
+        lines.append("for an nnx State, {'value': ...} for an nnx Variable, a dict of field names for a module,")
+        lines.append("the key '0' for the index 0): `matches` is True for them.")
         return lines
     count = len(mismatches)
     lines.append(f"{count} difference{'' if count == 1 else 's'} (left is expected, right is actual):")
