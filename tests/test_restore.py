@@ -18,7 +18,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from flax import nnx
+from flax import nnx, serialization
 from flax.training import train_state
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -85,7 +85,7 @@ def saved(tmp_path_factory):
         "equinox": eqx.filter(mlp, eqx.is_array),
         "eqx_state": eqx_state,
         "linen": linen_state,
-        "linen_dict": linen_state.params,
+        "linen_dict": serialization.to_state_dict(linen_state),
         "optax": {"params": w, "opt": tx.init(w), "step": 3, "nothing": None},
         "fsdp": {"w": fsdp, "b": jnp.ones(16)},
     }
@@ -153,9 +153,13 @@ def test_linen_train_state_and_its_state_dict(saved):
     assert isinstance(restored, train_state.TrainState) and int(restored.step) == 7
     _same_values(restored.params, trees["linen"].params)
     _same_values(restored.opt_state, trees["linen"].opt_state)
-    plan = ts.restore_plan(paths["linen_dict"], fresh.params)
-    _all_same(plan, 2)
-    _same_values(plan.restore(), trees["linen_dict"])
+    # to_state_dict writes the optimizer's tuple as a dict {'0': ...}: read as the tuple's index 0
+    plan = ts.restore_plan(paths["linen_dict"], fresh)
+    _all_same(plan, 8)
+    assert plan.entries[3].source == "['opt_state']['0']['count']"
+    restored = plan.restore()
+    assert int(restored.step) == 7
+    _same_values(restored.opt_state, trees["linen"].opt_state)
 
 
 def test_optax_states_in_the_containers_orbax_writes(saved):
@@ -305,10 +309,12 @@ def test_the_plan_reads_only_metadata(tmp_path):
         metadata_only.restore()
 
 
-def test_a_refused_plan_reads_nothing(tmp_path):
-    path = _save(tmp_path / "full", {"w": jnp.ones(3)}, ocdbt=False)
-    for f in path.rglob("0"):
-        f.unlink()
+def test_a_refused_plan_reads_nothing_and_unused_leaves_are_not_read(tmp_path):
+    path = _save(tmp_path / "full", {"w": jnp.ones(3), "old": jnp.ones(5)}, ocdbt=False)
+    (path / "old" / "0").unlink()  # the unused leaf's data
+    restored = ts.restore_plan(path, {"w": jnp.zeros(3)}).restore()
+    assert restored["w"].tolist() == [1.0, 1.0, 1.0]
+    (path / "w" / "0").unlink()
     with pytest.raises(ts.RestoreError, match=r"the plan refuses 1 leaf; nothing was read:\n  \* \['v'\]: missing"):
         ts.restore_plan(path, {"w": jnp.ones(3), "v": jnp.ones(2)}).restore()
 
@@ -415,3 +421,29 @@ def test_the_restore_guide_runs_and_prints_what_it_shows(capsys):
     for code, shown in pairs:
         exec(compile(code, "<docs/guide/restore.md>", "exec"), namespace)
         assert capsys.readouterr().out == shown, code
+
+
+def test_a_structure_target_and_an_abstract_mesh(saved):
+    paths, trees, _ = saved
+    mesh = jax.sharding.AbstractMesh((4,), ("x",))
+    target = ts.structure_of(trees["fsdp"]).with_shardings(lambda path, leaf: NamedSharding(mesh, P("x")))
+    plan = ts.restore_plan(paths["fsdp"], target)
+    _all_same(plan, 2)
+    assert plan.nbytes_per_device == (64 * 16 * 4 + 16 * 4) // 4  # the plan's figures on the abstract mesh
+    with pytest.raises(ValueError, match=r"\['b'\] is sharded over an abstract mesh, which holds no array"):
+        plan.restore()
+    _same_values(ts.restore_plan(paths["fsdp"], ts.structure_of(trees["fsdp"])).restore(), trees["fsdp"])
+
+
+def test_the_plans_table(tmp_path):
+    path = _save(tmp_path / "c", {"w": jnp.ones(3), "<b>": jnp.ones(2)})
+    plan = ts.restore_plan(path, {"w": jnp.zeros(3), "n": jnp.zeros(2)}, missing="keep")
+    assert repr(plan) == "RestorePlan(1 same, 1 kept, 1 extra, ok)"
+    assert str(plan).splitlines()[:4] == [
+        "restore plan: 1 same, 1 kept, 1 extra; ok; 20 B (20 B per device)",
+        "path     fate   saved   wanted  reason",
+        "-------  -----  ------  ------  -----------------------------------------------------",
+        "['n']    kept   -       f32[2]  not in the checkpoint: the target's own value is kept",
+    ]
+    page = plan._repr_html_()
+    assert "<td" in page and "['&lt;b&gt;']" in page and "kept" in page
