@@ -554,7 +554,9 @@ class RestorePlan:
 
     def _repr_html_(self) -> str:
         head = html.escape(str(self).split("\n")[0])
-        return f"<p>{head}</p>" + html_grid(["path", "fate", "saved", "wanted", "reason"], self._rows(), right=0)
+        return f"<p>{head}</p>" + html_grid(
+            ["path", "fate", "saved", "wanted", "reason"], self._rows(), right=0, css_class="treeshape-restore-plan"
+        )
 
     def restore(self) -> PyTree:
         """Restore the checkpoint as this plan says, through orbax.
