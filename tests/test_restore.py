@@ -290,8 +290,8 @@ def test_refusals_casts_and_extras(tmp_path):
 
 
 def test_the_plan_reads_only_metadata(tmp_path):
-    """A copy of a checkpoint whose array chunks are removed (each array's header kept) gives
-    the same plan; restoring from the copy fails, so the chunks are really gone."""
+    """A copy of a checkpoint whose array chunks are removed (each array's header, `.zarray`,
+    kept) gives the same plan."""
     w = {"w": jnp.arange(12.0).reshape(3, 4), "layers": [{"b": jnp.ones(4)}, {"b": jnp.zeros(4)}]}
     path = _save(tmp_path / "full", w, ocdbt=False)
     bare = tmp_path / "bare"
@@ -305,8 +305,7 @@ def test_the_plan_reads_only_metadata(tmp_path):
     full, metadata_only = (ts.restore_plan(p, target, cast="allow") for p in (path, bare))
     assert metadata_only.entries == full.entries and str(metadata_only) == str(full)
     _same_values(full.restore()["layers"], w["layers"])
-    with pytest.raises(Exception):  # noqa: B017 - orbax's own error for a missing chunk
-        metadata_only.restore()
+    assert not any(f.exists() for f in removed)
 
 
 def test_a_refused_plan_reads_nothing_and_unused_leaves_are_not_read(tmp_path):
