@@ -169,9 +169,9 @@ def layouts(tmp_path_factory):
     model = Stack(8, nnx.Rngs(0))
     mesh = jax.make_mesh((8,), ("d",))
     fsdp = {
-        "w": jax.device_put(jnp.ones((64, 24)), NamedSharding(mesh, P("d"))),
+        "w": jax.device_put(jnp.ones((64, 24), jnp.float32), NamedSharding(mesh, P("d"))),
         "v": jax.device_put(jnp.ones((16, 8), jnp.bfloat16), NamedSharding(mesh, P(None, "d"))),
-        "b": jnp.ones(24),
+        "b": jnp.ones(24, jnp.float32),
     }
     trees = {
         "stack": nnx.state(model),
