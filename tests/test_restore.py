@@ -289,7 +289,10 @@ def test_refusals_casts_and_extras(tmp_path):
     abstract = {"w": jax.ShapeDtypeStruct((2, 3), jnp.bfloat16), "new": jax.ShapeDtypeStruct((2,), jnp.float32)}
     [problem] = ts.restore_plan(path, abstract, missing="keep").problems
     assert (problem.path, problem.fate) == ("['new']", "missing")
-    assert "missing='keep' needs an array to keep, not an abstract leaf" in problem.reason
+    assert problem.reason == (
+        "the checkpoint has no leaf here, and missing='keep' keeps only arrays, not an abstract leaf: pass a target "
+        "with an array here (the model itself, not an abstract one), or rename a checkpoint leaf onto it"
+    )
 
 
 def test_the_plan_reads_only_metadata(tmp_path):

@@ -427,8 +427,11 @@ def _entry(w: _Wanted, s: _Saved | None, missing: str, allowed: Callable[[Any, A
         if missing == "keep" and w.concrete:
             return Restore(w.path, "kept", None, None, w.leaf, "not in the checkpoint: the target's own value is kept")
         if missing == "keep":
-            why = "the checkpoint has no leaf here, and missing='keep' needs an array to keep, not an abstract leaf"
-            return Restore(w.path, "missing", None, None, w.leaf, why + ": pass a target whose leaf here is an array")
+            why = (
+                "the checkpoint has no leaf here, and missing='keep' keeps only arrays, not an abstract leaf: pass a "
+                "target with an array here (the model itself, not an abstract one)"
+            )
+            return Restore(w.path, "missing", None, None, w.leaf, why)
         return Restore(w.path, "missing", None, None, w.leaf, "the checkpoint has no leaf here")
     a, b = leaf_str(s.leaf), leaf_str(w.leaf)
     if tuple(s.leaf.shape) != tuple(w.leaf.shape):
@@ -469,7 +472,8 @@ def _suggest(entry: Restore, extras: list[_Saved], wanted: list[_Wanted]) -> Res
         if _tokens(s.parts) == tokens and s.leaf.shape == w.leaf.shape and s.leaf.dtype == w.leaf.dtype
     ]
     if len(alike) != 1:
-        hint = "; rename a checkpoint leaf onto it" + ("" if "missing=" in entry.reason else ", or missing='keep'")
+        hint = ", or rename a checkpoint leaf onto it" if "missing=" in entry.reason else ""
+        hint = hint or "; rename a checkpoint leaf onto it, or missing='keep'"
         return dataclasses.replace(entry, reason=entry.reason + hint)
     s = alike[0]
     n = 0  # the length of the common tail
