@@ -113,6 +113,9 @@ def _diff_leaf(path: str, e: Any, a: Any, out: _Found, index: int) -> None:
 def static_equal(e: Any, a: Any) -> bool:
     if e is a:
         return True
+    if type(e) is StaticRepr or type(a) is StaticRepr:  # a text loaded from JSON stands for what prints as it
+        marker, other = (e, a) if type(e) is StaticRepr else (a, e)
+        return marker.__eq__(other) is True
     try:
         return type(e) is type(a) and bool(static_value(e) == static_value(a))
     except Exception:  # an `==` that raises or does not give a bool
@@ -546,8 +549,9 @@ def value_texts(e: Any, a: Any) -> tuple[str, str]:
 
 def field_equal(e: Any, a: Any) -> bool:
     """Two node-data values are equal as the treedefs that hold them compare them (`==`, as
-    static leaves are compared): a value loaded from JSON by its repr equals no live value, so
-    `diff` finds a difference exactly where `==` does; mappings and tuples item by item."""
+    static leaves are compared): a value loaded from JSON by its repr equals only a live value
+    compared by identity that prints as it, so `diff` finds a difference exactly where `==`
+    does; mappings and tuples item by item."""
     if static_equal(e, a):
         return True
     if isinstance(e, StaticRepr) or isinstance(a, StaticRepr):

@@ -232,6 +232,26 @@ def static_text(x: Any) -> str:
         return _repr(x)
 
 
+def by_text(x: Any) -> bool:
+    """Whether a static value is told by its text where it meets one loaded from JSON: a value
+    whose `==` is its identity (a function, closure, class, `functools.partial`, `custom_jvp`,
+    jitted function), a builtin or bound method, or a NamedTuple of these (an optax
+    `GradientTransformation`). Two such values that are `==` print alike, so their text may
+    stand for them (and hash them); no other value is, as its own `==` may ignore some of its text.
+    """
+    kind = type(x)
+    if kind in _SCALARS:
+        return False
+    if isinstance(x, (types.BuiltinFunctionType, types.MethodType)):
+        return True
+    if kind.__eq__ is object.__eq__:
+        return callable(x)
+    return _compat.is_namedtuple(kind) and len(x) > 0 and all(map(by_text, x))
+
+
+_SCALARS: Final = (str, int, float, bool, type(None))
+
+
 def _repr(x: Any) -> str:
     try:
         return without_address(repr(x))
