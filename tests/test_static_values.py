@@ -20,11 +20,11 @@ import typing
 from typing import Any
 
 import equinox as eqx
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 import pytest
-import flax.linen as nn
 from flax import nnx, struct
 from flax.core import FrozenDict
 from flax.training import train_state
@@ -270,7 +270,8 @@ def test_a_train_state_loaded_from_json_or_pickled_equals_the_live_one_its_funct
     live = _round_trips(state)
     loaded = ts.Structure.from_json(live.to_json())
     node_data = jax.tree_util.tree_structure(loaded.tree).node_data()[1]
-    assert type(node_data[0]) is ts.StaticRepr and repr(node_data[0]) == "<bound method flax.linen.Module.apply of _Dense()>"
+    assert type(node_data[0]) is ts.StaticRepr
+    assert repr(node_data[0]) == "<bound method flax.linen.Module.apply of _Dense()>"
     # Another function, or an optimizer that prints otherwise, still differs, by the field.
     other = state.replace(apply_fn=_Dense().__call__)
     [m] = loaded.diff(other)
