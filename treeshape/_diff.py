@@ -329,7 +329,7 @@ class _Walk:
                 return [whole]
             if _same_data(e_aux, a_aux):
                 return self._by_position(p)
-            expected, actual = _around(_short(e_aux, 1000), _short(a_aux, 1000))
+            expected, actual = _around(value_text(e_aux, _WHOLE), value_text(a_aux, _WHOLE))
             return [
                 _Add(p.path, f"{name} with static data {expected}", f"{name} with static data {actual}"),
                 *self._by_position(p),
@@ -635,6 +635,9 @@ def _named(data: Any) -> dict[str, Any] | None:
         return {repr(k): v for k, v in data.items()}
     attributes = getattr(data, "__dict__", None)
     return dict(attributes) if isinstance(attributes, dict) else None
+
+
+_WHOLE: Final = 100_000  # node data told around where it differs, from up to this much of its text
 
 
 def _short(value: Any, limit: int = _SHORT) -> str:

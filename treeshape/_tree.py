@@ -153,6 +153,8 @@ def node_keys(node_type: type, aux: Any, n: int) -> list[Any] | None:
 def child_keys(node: jtu.PyTreeDef, leaves: Sequence[Any], n: int | None = None) -> list[Any]:
     """The keys of the `n` children of `node` (a treedef whose root is a node, `leaves` its
     own leaves), as `jax.tree_util.tree_flatten_with_path` gives them."""
+    if node.num_nodes == 1:  # no children (a static node, whose data may be known by its text only)
+        return []
     node_type, aux = node.node_data()
     if n is None and node_type not in _KEYED_BY_DATA and not is_namedtuple(node_type):
         n = len(node.children())  # a list's length, or a framework node's arity to check its keys against
