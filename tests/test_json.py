@@ -962,12 +962,18 @@ def test_from_json_refuses_shapes_and_constraints_that_cannot_exist(shape, const
 def test_from_json_names_the_field_of_an_integer_of_more_digits_than_python_converts(layout):
     huge = "9" * 5000
     s = ts.structure_of({"n": 5, "x": jnp.zeros((2, 3))})
-    static = '{"path": "[\'n\']", "shape": null, "dtype": null, "weak_type": null, "static": "5", "type": "builtins:int", "value": 5}'
+    static = (
+        '{"path": "[\'n\']", "shape": null, "dtype": null, "weak_type": null, "static": "5", "type": "builtins:int", '
+        '"value": 5}'
+    )
     text = re.sub(r'\{"path": "\[\'n\'\]"[^}]*\}', lambda _: static, s.to_json())
     assert ts.Structure.from_json(text).leaves[0] == 5
     text = text if layout == "as_written" else json.dumps(json.loads(text))
     cases = [
-        (text.replace("[2, 3]", f"[2, {huge}]"), "leaves[1].shape[1]: expected an integer in [0, 9223372036854775807], got "),
+        (
+            text.replace("[2, 3]", f"[2, {huge}]"),
+            "leaves[1].shape[1]: expected an integer in [0, 9223372036854775807], got ",
+        ),
         (text.replace('"value": 5', f'"value": {huge}'), "leaves[0].value: a value of type builtins:int cannot be "),
         (text.replace('"version": 1', f'"version": -{huge}'), "version: this treeshape reads version 1, got "),
     ]
