@@ -220,6 +220,21 @@ def test_a_tree_that_binds_a_name_twice_fails_naming_both_paths_and_sizes():
     assert not s.matches(tree)
 
 
+def test_match_dims_names_the_size_each_dimension_of_one_leaf_gives_a_name():
+    (t,) = jax.export.symbolic_shape("t")
+    s = ts.structure_of({"x": sds((2, t, t)), "y": sds((2 * t,))})
+    with pytest.raises(ts.StructureMismatchError) as info:
+        s.match_dims({"x": jnp.zeros((2, 5, 6), F32), "y": jnp.zeros(10, F32)})
+    [m] = info.value.mismatches
+    assert m.path == "['x']" and m.dims == (("t", 5, "tree['x'] dimension 1"), ("t", 6, "tree['x'] dimension 2"))
+    assert str(info.value).endswith(
+        "tree['x']: expected shape (2, t, t), got (2, 5, 6); t = 5 at tree['x'] dimension 1, t = 6 at tree['x'] "
+        "dimension 2. Give t one size across the tree."
+    )
+    assert not s.matches({"x": jnp.zeros((2, 5, 6), F32), "y": jnp.zeros(10, F32)})
+    assert s.match_dims({"x": jnp.zeros((2, 5, 5), F32), "y": jnp.zeros(10, F32)}) == {"t": 5}
+
+
 @pytest.mark.parametrize("jit", [False, True], ids=["top", "jit"])
 def test_match_dims_names_the_size_each_conflicting_leaf_gives(jit):
     (b,) = jax.export.symbolic_shape("b")

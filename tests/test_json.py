@@ -447,10 +447,15 @@ def test_node_data_is_written_by_field_name_functions_by_name_other_values_by_th
         "closure": {"repr": closure, "type": "builtins:function"},
     }  # the closure by its module and qualified name, no memory address: the same text in every process
     loaded = ts.Structure.from_json(text)
-    # Known by its text only, the closure equals no live function: `==` and `diff` both say so.
-    assert loaded != ts.structure_of(tree)
-    assert loaded.diff(tree) == [ts.Mismatch("['a'].closure", "structure", closure, closure)]
-    assert loaded.diff(tree, ignore={"static"}) == []
+    # Known by its text only, the closure stands for every function that prints as it: `==` and `diff` agree.
+    assert loaded == ts.structure_of(tree) and loaded.diff(tree) == []
+    assert loaded == ts.structure_of({"a": WithFunction(jnp.zeros(2), closure=make_closure())})
+
+    def named():
+        return None
+
+    [m] = loaded.diff({"a": WithFunction(jnp.zeros(2), closure=named)})
+    assert m.path == "['a'].closure" and m.expected.endswith("make_closure.<locals>.<lambda>")
     other = {"a": WithFunction(jnp.zeros(2), fn=jnp.sin, closure=make_closure())}
     assert loaded.diff(other)[0] == ts.Mismatch("['a'].fn", "structure", "jax.numpy.tanh", "jax.numpy.sin")
 
@@ -920,22 +925,81 @@ def _symbolic_doc(shape, constraints=None):
 @pytest.mark.parametrize(
     ("shape", "constraints", "message"),
     [
-        (["-b", 3], None, "leaves[0].shape[0]: the dimension '-b' is below 0 for every size (dimension variables"),
+        (
+            ["-b", 3],
+            None,
+            "leaves[0].shape[0]: the leaf at ['x'] has the dimension '-b', which is below 0 for every size (dimension",
+        ),
         (
             [2, "b - 5"],
             ["b <= 3"],
-            "leaves[0].shape[1]: the dimension 'b - 5' is below 0 for every size the constraints allow (b <= 3;",
+            "leaves[0].shape[1]: the leaf at ['x'] has the dimension 'b - 5', which is below 0 for every size the "
+            "constraints allow (b <= 3;",
         ),
         (["b"], ["b >= 10", "b <= 5"], "constraints: no size satisfies 'b <= 5' together with 'b >= 10'"),
         (["b", "c"], ["b + c <= 1"], "constraints: no size satisfies 'b + c <= 1' (dimension variables are >= 1)"),
         (["b"], ["b == 3", "b >= 5"], "constraints: not valid constraints of a symbolic scope"),
+        (["b"], [f"b >= {2**70}"], f"constraints: only sizes beyond {2**63 - 1} (2**63 - 1) satisfy 'b >= {2**70}'"),
+        (["b"], ["b >= 2*c", f"c >= {2**63}"], f"constraints: only sizes beyond {2**63 - 1} (2**63 - 1) satisfy 'c"),
     ],
-    ids=["negative", "negative_under_constraints", "contradiction", "below_the_least_sizes", "found_by_jax"],
+    ids=[
+        "negative",
+        "negative_under_constraints",
+        "contradiction",
+        "below_the_least_sizes",
+        "found_by_jax",
+        "beyond_63_bits",
+        "beyond_63_bits_by_another_name",
+    ],
 )
 def test_from_json_refuses_shapes_and_constraints_that_cannot_exist(shape, constraints, message):
     with pytest.raises(ValueError, match=re.escape(message)) as info:
         ts.Structure.from_json(_symbolic_doc(shape, constraints))
     assert str(info.value).startswith("treeshape.Structure.from_json: ")
+
+
+@pytest.mark.parametrize("layout", ["as_written", "compact"])
+def test_from_json_names_the_field_of_an_integer_of_more_digits_than_python_converts(layout):
+    huge = "9" * 5000
+    s = ts.structure_of({"n": 5, "x": jnp.zeros((2, 3))})
+    static = (
+        '{"path": "[\'n\']", "shape": null, "dtype": null, "weak_type": null, "static": "5", "type": "builtins:int", '
+        '"value": 5}'
+    )
+    text = re.sub(r'\{"path": "\[\'n\'\]"[^}]*\}', lambda _: static, s.to_json())
+    assert ts.Structure.from_json(text).leaves[0] == 5
+    text = text if layout == "as_written" else json.dumps(json.loads(text))
+    cases = [
+        (
+            text.replace("[2, 3]", f"[2, {huge}]"),
+            "leaves[1].shape[1]: expected an integer in [0, 9223372036854775807], got ",
+        ),
+        (text.replace('"value": 5', f'"value": {huge}'), "leaves[0].value: a value of type builtins:int cannot be "),
+        (text.replace('"version": 1', f'"version": -{huge}'), "version: this treeshape reads version 1, got "),
+    ]
+    for doc, message in cases:
+        assert doc != text
+        with pytest.raises(ValueError, match=re.escape(message + "an integer of 5000 digits")) as info:
+            ts.Structure.from_json(doc)
+        assert "set_int_max_str_digits" not in str(info.value) and len(str(info.value)) < 300
+
+
+@pytest.mark.parametrize(
+    "treedef",
+    [
+        [{"type": "list", "n": 1_000_000_000}, "*"],
+        [{"type": "tuple", "n": 1_000_000_000}],
+        [{"type": "namedtuple", "name": "jax.sharding:PartitionSpec", "n": 1_000_000_000}],
+        [{"type": "dict", "keys": ["a"]}, {"type": "nnx", "name": "flax.nnx:Linear", "n": 10**18, "keys": []}],
+    ],
+    ids=["list", "tuple", "namedtuple", "framework"],
+)
+def test_from_json_refuses_a_node_claiming_more_children_than_the_document_holds_before_building_them(treedef):
+    text = json.dumps({"version": 1, "treedef": treedef, "leaves": []})
+    assert len(text) < 300
+    where = "treedef[1].n" if len(treedef) == 2 and "keys" in treedef[0] else "treedef[0].n"
+    with pytest.raises(ValueError, match=re.escape(f"{where}: the node claims ")):
+        ts.Structure.from_json(text)
 
 
 @pytest.mark.parametrize(

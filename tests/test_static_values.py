@@ -14,11 +14,13 @@ import html
 import importlib
 import json
 import math
+import pickle
 import re
 import typing
 from typing import Any
 
 import equinox as eqx
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -232,21 +234,77 @@ def test_plain_node_data_is_written_as_data_so_a_loaded_structure_equals_its_sou
     assert loaded != ts.structure_of(other) and m.path == ".config" and "layers: 2" in m.expected
 
 
-def test_a_train_state_loaded_from_json_is_unequal_where_diff_names_the_fields():
-    state = _train_state()
-    s = ts.structure_of(state)
-    loaded = ts.Structure.from_json(s.to_json())
-    assert loaded != s and s != loaded
-    found = loaded.diff(state)
-    assert [m.path for m in found] == [".apply_fn", ".tx"] and [m.path for m in s.diff(loaded)] == [".apply_fn", ".tx"]
-    assert str(found[1]) == (
-        "tree.tx: expected GradientTransformationExtraArgs(init=optax.chain.<locals>.init_fn, "
-        "update=optax.chain.<locals>.update_fn), got one that prints the same but is not equal (a value loaded "
-        "from JSON is known by its repr only)."
+class _Dense(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3)(x)
+
+
+def _linen_train_state(tx: Any = None) -> Any:
+    model = _Dense()
+    params = model.init(jax.random.key(0), jnp.ones((1, 2)))["params"]
+    return train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx or optax.adam(1e-3))
+
+
+class _CNN(nnx.Module):
+    """flax's examples/mnist CNN, small: its pooling is a `functools.partial` attribute."""
+
+    def __init__(self, *, rngs: nnx.Rngs, strides: tuple[int, int] = (2, 2)) -> None:
+        self.conv1 = nnx.Conv(1, 4, kernel_size=(3, 3), rngs=rngs)
+        self.avg_pool = functools.partial(nnx.avg_pool, window_shape=(2, 2), strides=strides)
+        self.linear = nnx.Linear(4, 2, rngs=rngs)
+
+
+def _round_trips(tree: Any) -> ts.Structure:
+    """The Structure of `tree`, checked equal to its JSON and pickled copies by `==`, `hash` and `diff`."""
+    live = ts.structure_of(tree)
+    for copy in (ts.Structure.from_json(live.to_json()), pickle.loads(pickle.dumps(live))):
+        assert copy == live and live == copy and hash(copy) == hash(live)
+        assert copy.diff(live) == [] and live.diff(copy) == [] and copy.diff(tree) == []
+        copy.check(tree)
+    return live
+
+
+def test_a_train_state_loaded_from_json_or_pickled_equals_the_live_one_its_functions_by_their_text():
+    state = _linen_train_state()
+    live = _round_trips(state)
+    loaded = ts.Structure.from_json(live.to_json())
+    node_data = jax.tree_util.tree_structure(loaded.tree).node_data()[1]
+    assert type(node_data[0]) is ts.StaticRepr
+    assert repr(node_data[0]) == "<bound method flax.linen.Module.apply of _Dense()>"
+    # Another function, or an optimizer that prints otherwise, still differs, by the field.
+    other = state.replace(apply_fn=_Dense().__call__)
+    [m] = loaded.diff(other)
+    assert loaded != ts.structure_of(other) and m.path == ".apply_fn"
+    assert str(m).startswith(
+        "tree.apply_fn: expected <bound method flax.linen.Module.apply of _Dense()>, got <bound method "
+        "test_static_values._Dense.__call__ of _Dense()"
     )
-    assert loaded.diff(state, ignore={"static"}) == []
-    again = ts.Structure.from_json(loaded.to_json())  # what snapshots compare: the text on both sides
-    assert again == loaded and again.diff(loaded) == []
+    # Two live values still compare by their own `==`: two optimizers built alike differ.
+    assert live != ts.structure_of(_linen_train_state()) and loaded == ts.structure_of(_linen_train_state())
+
+
+def test_an_nnx_cnn_with_a_partial_and_its_optimizer_equal_their_json_and_pickled_copies():
+    model = _CNN(rngs=nnx.Rngs(0))
+    _round_trips(model)
+    _round_trips(nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param))
+    loaded = ts.Structure.from_json(ts.structure_of(model).to_json())
+    other = _CNN(rngs=nnx.Rngs(0), strides=(1, 1))  # another partial: other arguments
+    [m] = loaded.diff(other)
+    assert loaded != ts.structure_of(other) and m.path == ".avg_pool"
+    assert str(m) == "tree.avg_pool: expected ...pe=(2, 2), strides=(2, 2)), got ...pe=(2, 2), strides=(1, 1))."
+
+
+def test_a_static_leaf_that_is_a_closure_stands_for_what_prints_as_it_and_hashes_by_its_text():
+    tree = {"act": lambda x: x, "init": jax.nn.initializers.normal(0.1), "w": jnp.zeros(2)}
+    live = _round_trips(tree)
+    loaded = ts.Structure.from_json(live.to_json())
+    assert loaded.leaves[0] == tree["act"] and loaded.leaves[0] != _Dense.__call__  # another function
+    again = {**tree, "init": jax.nn.initializers.normal(0.1)}  # made anew, prints alike
+    assert loaded == ts.structure_of(again) and hash(loaded) == hash(ts.structure_of(again))
+    assert live != ts.structure_of(again)  # two live closures: by their own `==`
+    [m] = loaded.diff({**tree, "init": jax.nn.initializers.lecun_normal()})
+    assert m.path == "['init']" and m.actual == "the static value jax.nn.initializers.variance_scaling.<locals>.init"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,10 +341,11 @@ def test_a_closure_held_as_a_global_of_the_nodes_module_round_trips_and_another_
     assert entry["fields"]["init"] == {"name": "test_static_values:DEFAULT_INIT"}
     loaded = ts.Structure.from_json(s.to_json())
     assert loaded == s and loaded.diff(tree) == []
-    other = Initialized(SDS((2,), F32), jax.nn.initializers.lecun_normal())  # made anew: no name finds it
-    s = ts.structure_of(other)
-    loaded = ts.Structure.from_json(s.to_json())
-    assert loaded != s and [m.path for m in loaded.diff(other)] == [".init"]
+    again = Initialized(SDS((2,), F32), jax.nn.initializers.lecun_normal())  # made anew: known by its text
+    loaded = ts.Structure.from_json(ts.structure_of(again).to_json())
+    assert loaded == ts.structure_of(again) and loaded.diff(again) == []
+    other = Initialized(SDS((2,), F32), jax.nn.initializers.normal(0.1))
+    assert loaded != ts.structure_of(other) and [m.path for m in loaded.diff(other)] == [".init"]
     assert loaded.diff(other)[0].expected == "jax.nn.initializers.variance_scaling.<locals>.init"
 
 

@@ -6,6 +6,10 @@ It works on what a Structure shows and does not import `_structure`, whose metho
 call it.
 """
 
+import io
+import pickle
+import sys
+import types
 from collections.abc import Collection, Sequence
 from typing import Any, Final, Protocol
 
@@ -16,7 +20,9 @@ from . import _diff, _dims
 from ._diff import diff_structures, static_equal
 from ._errors import Mismatch, is_static
 from ._leaf import manual_axis_sets, same_type, static_value
+from ._nodes import by_text
 from ._shapes import shape_key
+from ._tree import StaticRepr, as_text
 
 
 IGNORABLE: Final = ("weak_type", "vma", "sharding", "dtype", "shape", "static")
@@ -85,10 +91,50 @@ def hash_of(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> int:
 def _leaf_hash(leaf: Any) -> int:
     if isinstance(leaf, jax.ShapeDtypeStruct):
         return hash((shape_key(leaf.shape), leaf.dtype, leaf.weak_type, manual_axis_sets(leaf)))
+    if type(leaf) is StaticRepr or by_text(leaf):  # as the text that stands for it when loaded from JSON
+        return hash(leaf if type(leaf) is StaticRepr else as_text(leaf))
     try:
         return hash((type(leaf), static_value(leaf)))
     except Exception:  # unhashable (compared by `==` only), or a `__hash__` that raises: by its type
         return hash(type(leaf))
+
+
+def pickled(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[Any, Any]:
+    """A Structure's parts as it pickles: each pickled on its own, a function-like value (in node
+    data or a static leaf) that pickle would not give back as itself (a closure, a partial, an
+    optax `GradientTransformation`, a bound method) as its text, a `StaticRepr`, which equals
+    the original; see `picklable` for shardings."""
+    return _Pickled(treedef), _Pickled(picklable(leaves))
+
+
+class _Pickled:
+    """A value that unpickles as itself, pickled by `_TextPickler` (nested in the user's pickle)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        out = io.BytesIO()
+        _TextPickler(out, pickle.HIGHEST_PROTOCOL).dump(self.value)
+        return (pickle.loads, (out.getvalue(),))
+
+
+class _TextPickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is jax.ShapeDtypeStruct or not by_text(obj) or _by_reference(obj):
+            return NotImplemented
+        text = as_text(obj)
+        return (StaticRepr, (text.type_name, text.text))
+
+
+def _by_reference(x: Any) -> bool:
+    """Whether pickle writes `x` by its import path, which gives back `x` itself."""
+    if not isinstance(x, (types.FunctionType, types.BuiltinFunctionType, type)):
+        return False
+    found: Any = sys.modules.get(getattr(x, "__module__", None) or "")
+    for part in str(getattr(x, "__qualname__", "<>")).split("."):
+        found = getattr(found, part, None)
+    return found is x
 
 
 def picklable(leaves: Sequence[Any]) -> tuple[Any, ...]:

@@ -562,6 +562,22 @@ def unsatisfiable_constraint(constraints: Sequence[str]) -> str | None:
     return None
 
 
+def constraint_beyond(constraints: Sequence[str], limit: int) -> str | None:
+    """The first of `constraints` (as written) after which some dimension variable it names is
+    above `limit` for every size the constraints up to it allow (`b >= 2**70` against 64-bit
+    sizes), else None. The constraints are satisfiable (`unsatisfiable_constraint`)."""
+    for i, written in enumerate(constraints):
+        scope = make_scope(constraints[: i + 1])
+        constraint = scope._explicit_constraints[-1]
+        for name in sorted(dim_names(constraint.diff) if is_symbolic(constraint.diff) else ()):
+            try:
+                if bool(parse_dim(name, scope) > limit):
+                    return written
+            except _shape_poly.InconclusiveDimensionOperation:  # sizes at or below the limit are allowed
+                continue
+    return None
+
+
 def always_negative(d: Any) -> bool:
     """Whether the symbolic dimension `d` is below 0 for every size its scope's constraints allow.
     (JAX's error for an undecided comparison is not in `jax.errors` on jax 0.8.0; its class in

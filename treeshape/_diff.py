@@ -113,6 +113,9 @@ def _diff_leaf(path: str, e: Any, a: Any, out: _Found, index: int) -> None:
 def static_equal(e: Any, a: Any) -> bool:
     if e is a:
         return True
+    if type(e) is StaticRepr or type(a) is StaticRepr:  # a text loaded from JSON stands for what prints as it
+        marker, other = (e, a) if type(e) is StaticRepr else (a, e)
+        return marker.__eq__(other) is True
     try:
         return type(e) is type(a) and bool(static_value(e) == static_value(a))
     except Exception:  # an `==` that raises or does not give a bool
@@ -333,7 +336,7 @@ class _Walk:
                 return [whole]
             if _same_data(e_aux, a_aux):
                 return self._by_position(p)
-            expected, actual = _around(_short(e_aux, 1000), _short(a_aux, 1000))
+            expected, actual = _around(value_text(e_aux, _WHOLE), value_text(a_aux, _WHOLE))
             return [
                 _Add(p.path, f"{name} with static data {expected}", f"{name} with static data {actual}"),
                 *self._by_position(p),
@@ -579,8 +582,9 @@ def value_texts(e: Any, a: Any) -> tuple[str, str]:
 
 def field_equal(e: Any, a: Any) -> bool:
     """Two node-data values are equal as the treedefs that hold them compare them (`==`, as
-    static leaves are compared): a value loaded from JSON by its repr equals no live value, so
-    `diff` finds a difference exactly where `==` does; mappings and tuples item by item."""
+    static leaves are compared): a value loaded from JSON by its repr equals only a live value
+    compared by identity that prints as it, so `diff` finds a difference exactly where `==`
+    does; mappings and tuples item by item."""
     if static_equal(e, a):
         return True
     if isinstance(e, StaticRepr) or isinstance(a, StaticRepr):
@@ -664,6 +668,9 @@ def _named(data: Any) -> dict[str, Any] | None:
         return {repr(k): v for k, v in data.items()}
     attributes = getattr(data, "__dict__", None)
     return dict(attributes) if isinstance(attributes, dict) else None
+
+
+_WHOLE: Final = 100_000  # node data told around where it differs, from up to this much of its text
 
 
 def _short(value: Any, limit: int = _SHORT) -> str:

@@ -345,8 +345,31 @@ def match(expected: Compared, actual: Compared, root: str) -> tuple[Binding, lis
             for name, size, _ in dims
             if size is not None and (said := _told_here(shape, m.actual, name, binding.sizes)) is not None
         )
+        dims += _own_conflicts(shape, m.actual, binding, index[m.path], root + m.path)
         out.append(dataclasses.replace(m, expected=shape, dims=dims, here=here))
     return binding, out
+
+
+def _own_conflicts(
+    shape: tuple[Any, ...], actual: tuple[Any, ...], binding: Binding, leaf: int, where: str
+) -> tuple[tuple[str, int, str], ...]:
+    """For each name this leaf bound itself (`t` at dimension 1) that another of its dimensions
+    gives another size (`t` is 6 at dimension 2): the size each of these occurrences gives, as
+    `(name, size, "where dimension k")`, the binding's first."""
+    out: list[tuple[str, int, str]] = []
+    for name, (i, axis) in binding.sources.items():
+        if i != leaf:
+            continue
+        given = []
+        for k, (d, size) in enumerate(zip(shape, actual, strict=True)):
+            if k == axis or not is_symbolic(d) or is_symbolic(size) or name not in _compat.dim_names(d):
+                continue
+            value = _solve_one(d, size, name, {n: v for n, v in binding.sizes.items() if n != name})
+            if value is not None and value != binding.sizes[name]:
+                given.append((name, value, f"{where} dimension {k}"))
+        if given:
+            out += [(name, binding.sizes[name], f"{where} dimension {axis}"), *given]
+    return tuple(out)
 
 
 def _told_here(

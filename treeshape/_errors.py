@@ -311,7 +311,7 @@ def fix_for(m: Mismatch) -> str:
             names = [name for name, size, _ in m.dims if size is None]
             return f"Bind it first: `structure.bind({', '.join(f'{n}=...' for n in names)})`."
         if m.dims:
-            return f"Give {', '.join(name for name, _, _ in m.dims)} one size across the tree."
+            return f"Give {', '.join(dict.fromkeys(name for name, _, _ in m.dims))} one size across the tree."
         if str(m.expected) == str(m.actual):
             return "Make both from one symbolic scope, or from scopes with the same constraints."
         return f"Make this leaf shape {m.expected}."

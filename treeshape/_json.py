@@ -19,7 +19,9 @@ is `list`/`tuple` (with `n` children), `dict`/`OrderedDict`/`defaultdict`
 (with its `keys`, and a defaultdict's `factory`), `namedtuple` (with `name`,
 `"module:qualname"`, and `n`) or `dataclass` (a dataclass registered as a
 pytree node: `jax.tree_util.register_dataclass`, chex or flax.struct; with
-`name`, `n` and its node data `aux`, which must be plain data). flax.nnx
+`name`, `n` and its node data `aux`, which must be plain data) or `static` (a
+node with no children whose node data JSON cannot hold, such as the `GraphDef`
+of `nnx.split`: `name` and its node data's text as `data`). flax.nnx
 modules, variables and states, equinox modules and `eqx.nn.State`, and
 registered dataclasses are written with their node data by name (`_nodes.record`):
 values as `_json_values` writes them (plain data as JSON values, functions and
@@ -65,6 +67,7 @@ from ._json_values import (
 )
 from ._leaf import manual_axis_sets
 from ._shapes import is_symbolic, symbolic_scopes
+from ._tree import as_text
 
 
 VERSION: Final = 1
@@ -117,6 +120,8 @@ def _encode_node(node_type: type, aux: Any, n: int, path: str) -> str:
         kind, parts = described
         written = _encode_parts(parts, where, node_type.__module__)
         entry = {"type": kind, "name": type_name(node_type), "n": n, **written}
+    elif n == 0 and isinstance(node_type, type) and not _plain(aux):  # a static node (nnx.split's GraphDef)
+        entry = {"type": "static", "name": type_name(node_type), "data": encode(as_text(aux))}
     elif isinstance(node_type, type) and dataclasses.is_dataclass(node_type):
         entry = {"type": "dataclass", "name": type_name(node_type), "n": n, "aux": encode(aux, plain_at=where)}
     else:
@@ -143,6 +148,15 @@ def _encode_parts(parts: dict[str, Any], where: str, home: str) -> dict[str, Any
         else:
             out[part] = encode(value, home, plain_at=where if part == "aux" else None)
     return out
+
+
+def _plain(aux: Any) -> bool:
+    """Whether JSON holds node data `aux` as data (a JSON scalar, tuples and lists of them)."""
+    try:
+        encode(aux, plain_at="")
+    except TypeError:
+        return False
+    return True
 
 
 class _Frame:

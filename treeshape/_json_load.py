@@ -49,11 +49,29 @@ from ._sharding import split_problem as _split_problem
 _WHO: Final = "treeshape.Structure.from_json"
 _LEAF_TREEDEF: Final = jtu.tree_structure(0)
 # Each array record's text but for its path, which tells kinds of leaf apart (`_leaves`).
-_kind_text: Final = json.JSONEncoder(sort_keys=True).encode
+_kind_text: Final = json.JSONEncoder(sort_keys=True, default=repr).encode  # `repr`: a `_LongInt`
 
 
 def _reject_constant(name: str) -> NoReturn:
     raise Malformed(f"{name} is not valid JSON")
+
+
+class _LongInt:
+    """An integer of the document of more digits than Python converts (`sys.set_int_max_str_digits`):
+    no field takes it, and each says so, naming the field."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"an integer of {self.digits} digits"
+
+
+def _int(text: str) -> int | _LongInt:
+    try:
+        return int(text)
+    except ValueError:
+        return _LongInt(len(text.lstrip("-")))
 
 
 def _keys(x: Any, where: str, sort_as_jax: bool) -> list[Any]:
@@ -116,6 +134,12 @@ def _node(entry: Any, where: str) -> tuple[Any, int, list[Any] | None]:
         aux = decode(get(entry, "aux", where), f"{where}.aux", plain=True)
         n = read_int(get(entry, "n", where), f"{where}.n")
         return (cls, aux), n, _check_dataclass_node(cls, aux, n, where)
+    elif kind == "static":  # a node with no children, its node data known by its text
+        cls = lookup_type(get(entry, "name", where), f"{where}.name")
+        data = decode(get(entry, "data", where), f"{where}.data")
+        if type(data) is not _tree.StaticRepr:
+            fail(f"{where}.data", f"expected a value's text {{'repr', 'type'}}, got {short_repr(data)}")
+        return (cls, data), 0, []
     elif kind in _FRAMEWORK_KINDS:
         return _framework_node(kind, entry, where)
     else:
@@ -345,7 +369,12 @@ def _bottom_up(order: list[int], trees: _Subtrees) -> int:
     return stack[0]
 
 
-def _parse(entry: Any, where: str) -> _Parsed:
+def _parse(entry: Any, where: str, most: int) -> _Parsed:
+    """One `treedef` entry of a list of `most + 1`: no node has more children than the list has
+    other entries, which is checked before anything of that size is built."""
+    n = entry.get("n") if type(entry) is dict else None
+    if type(n) is int and n > most:
+        fail(f"{where}.n", f"the node claims {n} children, but the treedef lists only {most} other nodes")
     node_data, n, keys = _node(entry, where)
     return node_data, n, None if keys is None else [_tree.key_text(key) for key in keys]
 
@@ -361,7 +390,7 @@ def _decode_treedef(entries: Any) -> tuple[jtu.PyTreeDef, Callable[[str], list[s
     parsed: list[_Parsed] = []
     for text, i in sorted(first.items(), key=operator.itemgetter(1)):  # in order: the first error is reported
         distinct[text] = len(parsed)
-        parsed.append(_parse(nodes[i], f"treedef[{i}]"))
+        parsed.append(_parse(nodes[i], f"treedef[{i}]", len(nodes) - 1))
     return _rebuild(parsed, list(map(distinct.__getitem__, ids)))
 
 
@@ -450,7 +479,8 @@ class _Dims:
         self.scope: Any = None
         self.read_texts: dict[str, Any] = {}
 
-    def read(self, text: str, where: str) -> Any:
+    def read(self, text: str, where: str, path: str) -> Any:
+        """Dimension `text` (at `where`, of the leaf at `path`), read in the document's scope."""
         d = self.read_texts.get(text)
         if d is not None:
             return d
@@ -469,6 +499,13 @@ class _Dims:
                     f"no size satisfies {unsatisfiable!r}{together} (dimension variables are >= 1), so no array "
                     "has these shapes: correct or remove that constraint",
                 )
+            beyond = _compat.constraint_beyond(written, MAX_DIM)
+            if beyond is not None:
+                fail(
+                    "constraints",
+                    f"only sizes beyond {MAX_DIM} (2**63 - 1) satisfy {beyond!r}, and XLA's sizes are 64-bit "
+                    "integers, so no array has these shapes: correct or remove that constraint",
+                )
             self.scope = scope
         try:
             d = _compat.parse_dim(text, self.scope)
@@ -481,8 +518,8 @@ class _Dims:
             allowed = f" the constraints allow ({listed}; " if listed else " ("
             fail(
                 where,
-                f"the dimension {text!r} is below 0 for every size{allowed}dimension variables are >= 1), so no "
-                "array has this shape: a dimension is a size >= 0",
+                f"the leaf at {path} has the dimension {text!r}, which is below 0 for every size{allowed}dimension "
+                "variables are >= 1), so no array has this shape: a dimension is a size >= 0",
             )
         self.read_texts[text] = d
         return d
@@ -495,7 +532,7 @@ def _leaf(record: Any, where: str, dims: _Dims) -> Any:
     if "static" in record:
         return read_static(record, where)
     shape = tuple(
-        dims.read(d, f"{where}.shape[{i}]") if type(d) is str else read_int(d, f"{where}.shape[{i}]")
+        dims.read(d, f"{where}.shape[{i}]", record["path"]) if type(d) is str else read_int(d, f"{where}.shape[{i}]")
         for i, d in enumerate(read_list(get(record, "shape", where), f"{where}.shape"))
     )
     dtype = read_dtype(get(record, "dtype", where), f"{where}.dtype")
@@ -657,7 +694,7 @@ def _read_lines(text: str) -> tuple[jtu.PyTreeDef, tuple[Any, ...]] | None:
     parsed: list[_Parsed] = []
     for line, entry in items.items():
         index[line] = len(parsed)
-        parsed.append(_parse(_value(entry), ""))
+        parsed.append(_parse(_value(entry), "", len(entries) - 1))
     treedef, leaf_paths, may_fail = _rebuild(parsed, list(map(index.__getitem__, entries)))
     if len(records) != treedef.num_leaves:
         return None
@@ -697,6 +734,8 @@ def _decode(text: str | bytes | bytearray) -> tuple[jtu.PyTreeDef, tuple[Any, ..
         raise Malformed(f"not valid JSON: {err}") from None
     except UnicodeDecodeError as err:
         raise Malformed(f"not valid UTF-8 text: {err}") from None
+    except ValueError:  # an integer of more digits than Python converts: read again, to say in which field
+        doc = json.loads(text, parse_constant=_reject_constant, parse_int=_int)
     if type(doc) is not dict:
         fail("the document", f"expected a JSON object, got {short_repr(doc)}")
     version = get(doc, "version", "the document")

@@ -232,6 +232,39 @@ def static_text(x: Any) -> str:
         return _repr(x)
 
 
+def by_text(x: Any) -> bool:
+    """Whether a static value is told by its text where it meets one loaded from JSON: a value
+    whose `==` is its identity (a function, closure, class, `functools.partial`, `custom_jvp`,
+    jitted function), a builtin or bound method, or a NamedTuple of these (an optax
+    `GradientTransformation`), or the node data of a static pytree node (`nnx.split`'s
+    `GraphDef`). Two such values that are `==` print alike, so their text may stand for them
+    (and hash them); no other value is, as its own `==` may ignore some of its text.
+    """
+    kind = type(x)
+    if kind in _SCALARS:
+        return False
+    if isinstance(x, (types.BuiltinFunctionType, types.MethodType)):
+        return True
+    if kind.__eq__ is object.__eq__ and callable(x):
+        return True
+    if _compat.is_namedtuple(kind):
+        return len(x) > 0 and all(map(by_text, x))
+    return _is_static_node(x)
+
+
+def _is_static_node(x: Any) -> bool:
+    """Whether `x` is a pytree node with no children that is its own node data (`nnx.split`'s
+    `GraphDef`, any `jax.tree_util.register_static` class): never a leaf, so never hashed as one."""
+    try:
+        treedef = jtu.tree_structure(x)
+        return treedef.num_leaves == 0 and treedef.num_nodes == 1 and treedef.node_data()[1] is x  # type: ignore[index]
+    except Exception:  # a node whose flattening raises
+        return False
+
+
+_SCALARS: Final = (str, int, float, bool, type(None))
+
+
 def _repr(x: Any) -> str:
     try:
         return without_address(repr(x))

@@ -621,7 +621,7 @@ class Structure:
         return self._memo("hash", lambda: _compare.hash_of(self._treedef, self._leaves))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Structure, (self._treedef, _compare.picklable(self._leaves)))
+        return (Structure, _compare.pickled(self._treedef, self._leaves))
 
     def __str__(self) -> str:
         return table(self)

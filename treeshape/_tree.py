@@ -41,9 +41,14 @@ class StaticRepr:
     themselves, and functions and classes of imported modules by name; any
     other static value (an enum, a closure, an object) is stored as its text
     (its `repr` without memory addresses, a function inside it by its import
-    path) and loaded back as this marker, whose `repr` is that text. It equals
-    another marker with the same type name and text, and nothing else: the
-    value itself is never rebuilt from its text (untrusted input).
+    path) and loaded back as this marker, whose `repr` is that text: the
+    value itself is never rebuilt from its text (untrusted input). It equals
+    another marker with the same type name and text, and every live value
+    compared by identity that prints as it (a function, a closure, a
+    `functools.partial`, a bound method, a NamedTuple of functions such as an
+    optax `GradientTransformation`), so a Structure loaded from JSON equals
+    the tree it was written from; two live values still compare by their own
+    `==`.
 
     Attributes:
         type_name: The original value's type, as `"module:qualname"`.
@@ -55,6 +60,10 @@ class StaticRepr:
         >>> marker
         <Color.RED: 1>
         >>> marker == ts.StaticRepr("enum:Color", "<Color.RED: 1>")
+        True
+        >>> import functools, jax
+        >>> pool = functools.partial(jax.nn.gelu, approximate=False)
+        >>> ts.StaticRepr("functools:partial", "functools.partial(jax.nn.gelu, approximate=False)") == pool
         True
     """
 
@@ -76,15 +85,23 @@ class StaticRepr:
         return self.text
 
     def __eq__(self, other: object) -> bool:
-        if type(other) is not StaticRepr:
-            return NotImplemented
-        return self.type_name == other.type_name and self.text == other.text
+        if type(other) is StaticRepr:
+            return self.type_name == other.type_name and self.text == other.text
+        if _nodes.by_text(other):  # a function-like live value: the text it would be written as
+            return self == as_text(other)
+        return NotImplemented
 
     def __hash__(self) -> int:
         return hash((StaticRepr, self.type_name, self.text))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (StaticRepr, (self.type_name, self.text))
+
+
+def as_text(x: Any) -> StaticRepr:
+    """`x` as JSON keeps a value it does not write as itself or by name: its type's name and text."""
+    kind = type(x)
+    return StaticRepr(f"{kind.__module__}:{kind.__qualname__}", _nodes.static_text(x))
 
 
 # -- node kinds and their children's keys ----------------------------------------------
@@ -136,6 +153,8 @@ def node_keys(node_type: type, aux: Any, n: int) -> list[Any] | None:
 def child_keys(node: jtu.PyTreeDef, leaves: Sequence[Any], n: int | None = None) -> list[Any]:
     """The keys of the `n` children of `node` (a treedef whose root is a node, `leaves` its
     own leaves), as `jax.tree_util.tree_flatten_with_path` gives them."""
+    if node.num_nodes == 1:  # no children (a static node, whose data may be known by its text only)
+        return []
     node_type, aux = node.node_data()
     if n is None and node_type not in _KEYED_BY_DATA and not is_namedtuple(node_type):
         n = len(node.children())  # a list's length, or a framework node's arity to check its keys against
