@@ -167,15 +167,15 @@ def topology(target: Target, shape: str | None, count: int, where: str, who: str
     largest = _TPU_LARGEST[target.name]
     if shape is not None:
         chips = math.prod(int(d) for d in shape.split("x"))
-        if chips != count:
-            raise ValueError(
-                f"treeshape.{who}: target '{target.name}:{shape}' has {chips} chips, and {where} is sharded over "
-                f"{count} devices. Give a topology of {count} chips, or a mesh of {chips} devices."
-            )
         if chips > largest:
             raise ValueError(
                 f"treeshape.{who}: target '{target.name}:{shape}' has {chips} chips; a {target.name} slice has at "
                 f"most {largest}."
+            )
+        if chips != count:
+            raise ValueError(
+                f"treeshape.{who}: target '{target.name}:{shape}' has {chips} chips, and {where} is sharded over "
+                f"{count} devices. Give a topology of {count} chips, or a mesh of {chips} devices."
             )
         return shape
     standard = (_TPU_3D if target.name == "v5p" else _TPU_2D).get(count)
