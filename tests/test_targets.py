@@ -284,7 +284,8 @@ def test_a_plugin_that_did_not_start_says_what_to_set(tmp_path):
         "except RuntimeError as e:\n"
         "    print(e)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS", "JAX_SKIP_CUDA_CONSTRAINTS_CHECK")}
+    dropped = ("JAX_PLATFORMS", "XLA_FLAGS", "JAX_SKIP_CUDA_CONSTRAINTS_CHECK")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env["JAX_PLATFORMS"] = "cuda"  # JAX asked to start CUDA's devices, which cannot start here
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert "did not start" in out.stdout and "Set JAX_PLATFORMS=cpu" in out.stdout, out.stderr[-2000:]

@@ -187,7 +187,7 @@ class Cost:
         return [
             f"compiled for: {self.backend}: the figures are XLA's CPU compiler's for this partitioning, arguments "
             "and outputs as on the target; temporaries on the target accelerator may differ (target= gives "
-            "the accelerator's own figures, e.g. target=\"h100\"; see ts.targets())"
+            'the accelerator\'s own figures, e.g. target="h100"; see ts.targets())'
         ]
 
     def __str__(self) -> str:

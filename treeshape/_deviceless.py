@@ -12,16 +12,15 @@ module as an `xla.HloProto`, whose field 3 is the `BufferAssignmentProto`).
 import math
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
 import jax
-import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat, _target
 from ._hlo import fields
-from ._infer import input_path
 from ._leaf import ARRAY, SDS, kind_of
 
 
@@ -47,10 +46,11 @@ def _mesh_of(x: Any) -> Any:
     return mesh if isinstance(mesh, (jax.sharding.Mesh, jax.sharding.AbstractMesh)) else None
 
 
-def place(values: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef, name: str, who: str) -> Placed:
+def place(values: list[Any], abstract: list[bool], path_of: Callable[[int], str], name: str, who: str) -> Placed:
     """Every array leaf as a `ShapeDtypeStruct` on the target's devices: over a mesh of the
     target topology with the inputs' mesh axes (names, sizes, types) and each leaf's
-    partition spec, or on one device for unsharded inputs. Errors before anything compiles."""
+    partition spec, or on one device for unsharded inputs (`path_of(i)` names leaf `i` as the
+    user passed it). Errors before anything compiles."""
     target, shape = _target.resolve(name, who)
     _target.check_installed(target, who)
     if not _compat.at_top_level():
@@ -58,18 +58,18 @@ def place(values: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef, name:
             f"treeshape.{who}: target= compiles the program for another machine, at top level only; call it "
             "outside jit, vmap, grad, loops and shard_map."
         )
-    arrays = [i for i, (x, a) in enumerate(zip(values, abstract, strict=True)) if a and kind_of(type(x)) in (ARRAY, SDS)]
+    arrays = [i for i, x in enumerate(values) if abstract[i] and kind_of(type(x)) in (ARRAY, SDS)]
     meshes = [(i, m) for i in arrays if (m := _mesh_of(values[i])) is not None and m.size > 1]
     first = meshes[0] if meshes else None
     for i, m in meshes[1:]:
         if (m.axis_names, m.axis_sizes) != (first[1].axis_names, first[1].axis_sizes):  # type: ignore[index]
             raise ValueError(
-                f"treeshape.{who}: {input_path(values, treedef, first[0])} is sharded over a mesh of axes "  # type: ignore[index]
-                f"{_axes(first[1])} and {input_path(values, treedef, i)} over {_axes(m)}; a program is compiled "  # type: ignore[index]
+                f"treeshape.{who}: {path_of(first[0])} is sharded over a mesh of axes "  # type: ignore[index]
+                f"{_axes(first[1])} and {path_of(i)} over {_axes(m)}; a program is compiled "  # type: ignore[index]
                 "for one mesh. Shard every input over the same mesh."
             )
     count = 1 if first is None else first[1].size
-    where = "the program's inputs" if first is None else input_path(values, treedef, first[0])
+    where = "the program's inputs" if first is None else path_of(first[0])
     topology = _target.topology(target, shape, count, where, who)
     devices = _target.devices(target.name, topology)
     if len(devices) != count:

@@ -346,7 +346,9 @@ def compile_program(
     per_device = in_shard_map()
     values, mesh = leaves, None  # tracers stay as they are: `_hoist_tracers` types them
     # A named accelerator: the leaves on its topology's devices, compiled by its compiler.
-    placed = None if target is None else _deviceless.place(leaves, abstract, treedef, target, "cost")
+    placed = None
+    if target is not None:
+        placed = _deviceless.place(leaves, abstract, lambda i: input_path(leaves, treedef, i), target, "cost")
     if placed is not None:
         values, mesh = placed.values, placed.mesh
     # A mesh larger than this process: compiled for simulated devices, its shardings kept.

@@ -161,7 +161,8 @@ def topology(target: Target, shape: str | None, count: int, where: str, who: str
             raise ValueError(
                 f"treeshape.{who}: {where} is sharded over {count} devices; target {target.name!r} has "
                 f"{_GPUS_PER_HOST} GPUs per host, so a count above {_GPUS_PER_HOST} must be a multiple of it "
-                f"(e.g. {count // _GPUS_PER_HOST * _GPUS_PER_HOST} or {(count // _GPUS_PER_HOST + 1) * _GPUS_PER_HOST})."
+                f"(e.g. {count // _GPUS_PER_HOST * _GPUS_PER_HOST or _GPUS_PER_HOST} or "
+                f"{(count // _GPUS_PER_HOST + 1) * _GPUS_PER_HOST})."
             )
         return f"1x{count // _GPUS_PER_HOST}x{_GPUS_PER_HOST}"
     largest = _TPU_LARGEST[target.name]
