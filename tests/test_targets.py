@@ -299,3 +299,21 @@ def test_targets_lists_each_with_its_memory():
         spec = (SPECS / f"{name}.txtpb").read_text()
         memory = int(spec.split("device_memory_size:")[1].split()[0])
         assert f"{memory / 2**30:.1f} GiB" in listed[name]
+
+
+@needs_cuda_release
+def test_a_scanned_step_counts_each_layer_as_the_unrolled_one_does():
+    ws = jax.ShapeDtypeStruct((4, 512, 512), jnp.float32)
+    x = jax.ShapeDtypeStruct((128, 512), jnp.float32)
+
+    def scanned(ws, x):
+        return jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)[0]
+
+    def unrolled(ws, x):
+        for i in range(4):
+            x = jnp.tanh(x @ ws[i])
+        return x
+
+    looped, flat = ts.cost(scanned, ws, x, target="h100"), ts.cost(unrolled, ws, x, target="h100")
+    assert looped.exact_flops and abs(looped.flops - flat.flops) <= 0.02 * flat.flops
+    assert flat.flops >= 4 * 2 * 128 * 512 * 512

@@ -300,10 +300,19 @@ def _figures(program: Compiled) -> Cost:
 
 def _targeted(program: Compiled) -> Cost:
     """The `Cost` of a program compiled for a named accelerator: its own memory figures and
-    buffers, its device memory; a loop body's FLOPs counted once (its bodies cannot be
-    compiled alone for it), and said so."""
+    buffers, its device memory, each loop body counted as often as it runs where `_loops`
+    can have the body's cost from that compiler (else once, and said so)."""
     placed = program.target
-    loops = LoopCorrection(exact=not holds_loops(program.jaxpr.jaxpr))
+    loops = NO_LOOPS
+    if holds_loops(program.jaxpr.jaxpr):
+        analysis = _compat.cost_analysis(program.compiled)
+        reported = (_figure(analysis.get("flops")), _figure(analysis.get("bytes accessed")))
+        try:  # each body compiled alone for the target, as for this process's devices
+            loops = loop_correction(
+                program.jaxpr, _shardings(program.compiled), arguments=program.arguments, reported=reported
+            )
+        except Exception:  # a body the target's compiler cannot take alone: counted once, and said so
+            loops = LoopCorrection(exact=False)
     cost = _read(program.compiled, program.argument_paths, program.output_paths, program.donated, loops, placed.backend)
     return dataclasses.replace(cost, device_bytes=placed.target.device_bytes)
 
