@@ -300,11 +300,16 @@ def _figures(program: Compiled) -> Cost:
 
 def _targeted(program: Compiled) -> Cost:
     """The `Cost` of a program compiled for a named accelerator: its own memory figures and
-    buffers, its device memory, each loop body counted as often as it runs where `_loops`
-    can have the body's cost from that compiler (else once, and said so)."""
+    buffers, its device memory, each loop body counted as often as it runs on one device
+    (each body compiled alone, as `_loops` does for this process's devices; over several,
+    once, and said so)."""
     placed = program.target
     loops = NO_LOOPS
-    if holds_loops(program.jaxpr.jaxpr):
+    if holds_loops(program.jaxpr.jaxpr) and placed.count > 1:
+        # Over several devices `_loops` counts a partitioned body from the program compiled
+        # again, whose FLOPs a deviceless GPU compile does not report: counted once, said so.
+        loops = LoopCorrection(exact=False)
+    elif holds_loops(program.jaxpr.jaxpr):
         analysis = _compat.cost_analysis(program.compiled)
         reported = (_figure(analysis.get("flops")), _figure(analysis.get("bytes accessed")))
         try:  # each body compiled alone for the target, as for this process's devices
@@ -446,6 +451,10 @@ def cost(
             outputs, as `jax.jit` takes them (also parameters of `fn` passed by keyword).
         donate_argnames: The same by parameter name (a keyword argument, or a positional
             one through `fn`'s signature); may be given with `donate_argnums`.
+        target: An accelerator from [treeshape.targets][] (`"h100"`, `"v5e"`,
+            `"v5e:16x16"`): the program is compiled by that accelerator's own XLA compiler,
+            without one, for as many devices as the inputs' mesh has (one if unsharded);
+            `Cost.backend` names it (`"H100 x512 (deviceless)"`).
         **kwargs: As `args`.
 
     Returns:
@@ -454,11 +463,14 @@ def cost(
     Raises:
         TypeError: `fn` is not callable, or a donation is not ints / strings.
         ValueError: a leaf has symbolic dimensions (bind them with `Structure.bind`),
-            a donation names no argument, an abstract mesh has more than 4,096 devices
-            (a mesh larger than this process's is compiled for simulated devices), or
+            a donation names no argument, `target` is unknown or cannot form the mesh, an
+            abstract mesh has more than 4,096 devices (a mesh larger than this process's is
+            compiled for simulated devices), or
             inside `shard_map`, `fn` uses a collective over the manual axes.
         RuntimeError: compiling for simulated devices failed or ran past its timeout
-            (`TREESHAPE_SIMULATE_TIMEOUT`).
+            (`TREESHAPE_SIMULATE_TIMEOUT`), or a `target`'s plugin did not start (set
+            `JAX_PLATFORMS=cpu` before JAX starts).
+        ImportError: the `target`'s compiler is not installed (`treeshape[cuda]`, `[tpu]`).
 
     Errors raised by `fn` itself propagate unchanged.
 
