@@ -317,3 +317,33 @@ def test_a_scanned_step_counts_each_layer_as_the_unrolled_one_does():
     looped, flat = ts.cost(scanned, ws, x, target="h100"), ts.cost(unrolled, ws, x, target="h100")
     assert looped.exact_flops and abs(looped.flops - flat.flops) <= 0.02 * flat.flops
     assert flat.flops >= 4 * 2 * 128 * 512 * 512
+
+
+# -- the command line ---------------------------------------------------------------------
+def _cli(*argv):
+    return subprocess.run([sys.executable, "-m", "treeshape", *argv], capture_output=True, text=True, timeout=300)
+
+
+def test_the_command_line_takes_a_target_and_lists_them():
+    import json
+
+    listed = _cli("targets")
+    assert listed.returncode == 0 and listed.stderr == ""
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == list(ts.targets())
+    ok = _cli("cost", "jax.numpy:matmul", "f32[64,256]", "f32[256,128]", "--target", "v5e", "--json")
+    assert ok.returncode == 0, ok.stderr
+    expected = ts.cost(
+        jnp.matmul,
+        jax.ShapeDtypeStruct((64, 256), jnp.float32),
+        jax.ShapeDtypeStruct((256, 128), jnp.float32),
+        target="v5e",
+    )
+    got = json.loads(ok.stdout)
+    assert (got["peak_bytes"], got["device_bytes"], got["backend"]) == (
+        expected.peak_bytes,
+        expected.device_bytes,
+        "TPU v5e x1 (deviceless)",
+    )
+    bad = _cli("cost", "jax.numpy:matmul", "f32[8,8]", "f32[8,8]", "--target", "h900")
+    assert bad.returncode == 2 and bad.stderr.startswith("treeshape: error: --target: unknown target 'h900'")
+    assert len([line for line in bad.stderr.splitlines() if line.startswith("treeshape")]) == 1
