@@ -4,6 +4,12 @@ import os
 # Eight host CPU devices for sharding and shard_map tests: must be set before
 # JAX initialises its backends.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+# The CPU alone, also where JAX's CUDA plugin or libtpu is installed (the `test` extra
+# installs both, for `target=`): they compile deviceless without starting a device. jax
+# 0.8.0's CUDA plugin checks the CUDA libraries when it loads unless told not to.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

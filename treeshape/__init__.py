@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     )
     from ._settle import settle as settle
     from ._structure import Structure as Structure
+    from ._target import targets as targets
     from ._tree import StaticRepr as StaticRepr
     from ._watch import Retrace as Retrace, RetraceError as RetraceError, Trace as Trace, watch as watch
     from ._weak import (
@@ -88,6 +89,7 @@ _MODULES: Final = {
     "settle": "._settle",
     "strip_weak_type": "._weak",
     "structure_of": "._infer",
+    "targets": "._target",
     "upcast": "._weak",
     "watch": "._watch",
     "weak_paths": "._weak",

@@ -38,6 +38,7 @@ Pytree shape inference for JAX, from the command line.
   treeshape cost MODULE:ATTR ...    what its compiled program needs (FLOPs, bytes)
   treeshape fit MODULE:ATTR ... --dim b --budget 16GiB
                                     the largest size of dimension b that fits
+  treeshape targets                 the accelerators cost/fit --target NAME compile for
 """
 
 _SPECS: Final = """\
@@ -138,7 +139,10 @@ def _parser() -> _Parser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--traceback", action="store_true", help=traceback_help)
     sub = parser.add_subparsers(
-        dest="command", metavar="{demo,inspect,cost,fit,restore-plan}", required=True, parser_class=_SubParser
+        dest="command",
+        metavar="{demo,inspect,cost,fit,targets,restore-plan}",
+        required=True,
+        parser_class=_SubParser,
     )
     demo = sub.add_parser(
         "demo",
@@ -216,6 +220,20 @@ def _parser() -> _Parser:
         subparser.add_argument(
             "--json", action="store_true", help=f"print one JSON object of the {what} fields instead of a table"
         )
+        subparser.add_argument(
+            "--target",
+            dest="target_name",
+            metavar="NAME",
+            help="compile with that accelerator's own compiler, without one (h100, v5e, v5e:16x16, ...: "
+            "see treeshape targets); fit's default budget is then the memory JAX lets XLA use there",
+        )
+    targets = sub.add_parser(
+        "targets",
+        help="list the accelerators that cost and fit compile for with --target NAME",
+        description="List the accelerators that `treeshape cost ... --target NAME` and\n"
+        "`treeshape fit ... --target NAME` compile for, without one.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     restore = sub.add_parser(
         "restore-plan",
         help="print what restoring an orbax CHECKPOINT into MODULE:ATTR's state would do, leaf by leaf",
@@ -227,7 +245,7 @@ def _parser() -> _Parser:
     restore.add_argument("checkpoint", metavar="CHECKPOINT", help="an orbax checkpoint's directory")
     restore.add_argument("target", metavar="MODULE:ATTR", help="e.g. mypkg.model:init_state")
     restore.add_argument("--json", action="store_true", help='print {"ok": ..., "entries": [...]} instead of a table')
-    for subparser in (demo, inspect, cost, fit, restore):
+    for subparser in (demo, inspect, cost, fit, targets, restore):
         # Accepted after the subcommand too; SUPPRESS keeps the main parser's value.
         subparser.add_argument(
             "--traceback",
@@ -473,7 +491,95 @@ def _cost(args: argparse.Namespace, stdout: TextIO) -> int:
                 f"fits with treeshape fit ... --dim {names[0]} --budget 16GiB",
                 2,
             )
-    _print(_call_target(args, cost), args.json, stdout, args.buffers)
+    target = _check_target(args.target_name, "cost")
+    _print(_call_target(args, lambda fn, *a, **k: cost(fn, *a, target=target, **k)), args.json, stdout, args.buffers)
+    return 0
+
+
+# -- targets ------------------------------------------------------------------------
+# What accelerator plugins that cannot start here print on standard error when JAX starts
+# its backends (JAX's CUDA plugin without a driver, libtpu without a TPU): installing the
+# `cuda` / `tpu` extras adds no line to a command's output.
+_PLUGIN_CHATTER: Final = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|^[IWE]\d{4} [\d:. ]+\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers"
+    r"|WARNING: Logging before InitGoogle\(\) is written to STDERR"
+    r"|^E\d{4} [\d:. ]+\d+ common_lib\.cc:\d+\] .*TPU_WORKER_HOSTNAMES"
+    r"|^=== Source Location Trace: ===$|^learning/\S+/libtpu_init_utils\.cc:\d+$"
+    r"|^Failed to find host bounds for accelerator type: WARNING: could not determine TPU accelerator type"
+)
+
+_PLUGIN_FAILED: Final = "Jax plugin configuration error: Exception when calling jax_plugins.xla_cuda"
+_PLUGIN_FAILED_END: Final = "RuntimeError: Unable to "
+
+
+def _start_jax() -> None:
+    """Start JAX's backends with the start-up chatter of plugins that cannot start here
+    left out of standard error (every other line is passed on). Where JAX is started
+    already (the command line called in-process), nothing happens."""
+    if "jax" in sys.modules:
+        return
+    import tempfile
+
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        return
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            import jax
+
+            jax.devices()
+        except Exception:  # raised again, with its message, where the command uses JAX
+            pass
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        caught.seek(0)
+        text = caught.read().decode("utf-8", "replace")
+    in_block = False  # the CUDA plugin's failed start-up check, logged by JAX with its traceback
+    for line in text.splitlines():
+        if line.startswith(_PLUGIN_FAILED):
+            in_block = True
+        elif in_block:
+            in_block = not line.startswith(_PLUGIN_FAILED_END)
+        elif not _PLUGIN_CHATTER.search(line.strip()):
+            print(line, file=sys.stderr)
+
+
+def _start_for_targets(argv: Sequence[str] | None) -> None:
+    """With `--target`, JAX must start on the CPU alone (no accelerator plugin starts its
+    devices), which the environment says before JAX is imported; a setting of the user's
+    own is kept."""
+    words = sys.argv[1:] if argv is None else argv
+    if any(w == "--target" or w.startswith("--target=") for w in words):
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+
+
+def _check_target(name: str | None, who: str) -> str | None:
+    """`--target NAME` checked before anything is imported or compiled: bad input is exit 2."""
+    if name is None:
+        return None
+    from ._compat import JaxReleaseError
+    from ._cost import check_target
+
+    try:
+        return check_target(name, who)
+    except (ValueError, TypeError, ImportError, JaxReleaseError) as err:
+        raise _Fail(f"--target: {str(err).removeprefix(f'treeshape.{who}: ')}", 2) from err
+
+
+def _targets(stdout: TextIO) -> int:
+    from ._target import targets
+
+    listed = targets()
+    width = max(len(name) for name in listed)
+    for name, description in listed.items():
+        print(f"{name:<{width}}  {description}", file=stdout)
     return 0
 
 
@@ -578,9 +684,10 @@ def _fit(args: argparse.Namespace, stdout: TextIO) -> int:
         budget = None if args.budget is None else parse_bytes(args.budget)
     except ValueError as err:
         raise _Fail(f"--budget: {err}", 2) from err
+    target = _check_target(args.target_name, "largest_fit")
     device = jax.devices()[0]
     stats = device.memory_stats()
-    if budget is None and not (isinstance(stats, dict) and stats.get("bytes_limit")):
+    if budget is None and target is None and not (isinstance(stats, dict) and stats.get("bytes_limit")):
         raise _Fail(
             f"--budget is required: the device ({device.platform}) reports no memory limit; e.g. --budget 16GiB", 2
         )
@@ -619,6 +726,7 @@ def _fit(args: argparse.Namespace, stdout: TextIO) -> int:
             margin=args.margin,
             max_size=args.max_size,
             progress=progress,
+            target=target,
             **keywords,
         )
 
@@ -802,11 +910,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         0
     """
     args = None
+    _start_for_targets(argv)
     try:
         try:
             args = _parser().parse_args(argv)
         except SystemExit as exit_:  # --help and --version
             return exit_.code if isinstance(exit_.code, int) else 0
+        _start_jax()
         try:
             if args.command == "demo":
                 return _demo(sys.stdout)
@@ -816,6 +926,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _fit(args, sys.stdout)
             if args.command == "restore-plan":
                 return _restore_plan(args, sys.stdout)
+            if args.command == "targets":
+                return _targets(sys.stdout)
             return _inspect(args, sys.stdout)
         except _Fail:
             raise

@@ -757,5 +757,27 @@ def lowered_kept_arguments(lowered: Any) -> Any:
     return kept if isinstance(kept, (set, frozenset)) else None
 
 
+# -- compiling for an accelerator this machine does not have (`target=`) ---------------------
+def module_cost_analysis(compiled: Any) -> dict[str, Any]:
+    """XLA's HLO cost analysis of a compiled program's optimized module, run by this
+    process's CPU client (`{}` where not found). A deviceless XLA:GPU compile answers
+    `cost_analysis()` with None; the same analysis over the module it optimized gives its
+    FLOPs and bytes. Only jaxlib's private `hlo_module_cost_analysis` runs it on a module."""
+    try:
+        from jax._src import lib
+        from jax.extend import backend as jax_backend
+
+        analyse = getattr(getattr(lib, "_jax", None), "hlo_module_cost_analysis", None)
+        if analyse is None:
+            analyse = lib.xla_client._xla.hlo_module_cost_analysis  # type: ignore[attr-defined]
+        modules = compiled.runtime_executable().hlo_modules()
+        if len(modules) != 1:
+            return {}
+        analysis = analyse(jax_backend.get_backend("cpu"), modules[0])
+    except Exception:
+        return {}
+    return dict(analysis) if isinstance(analysis, dict) else {}
+
+
 # The public classes report module `treeshape`, so doctest would not look for their examples here.
 __test__ = {"JaxReleaseError": JaxReleaseError}

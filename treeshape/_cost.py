@@ -19,7 +19,7 @@ from typing import Any, Final
 import jax
 import jax.tree_util as jtu
 
-from . import _buffers, _compat, _simulate
+from . import _buffers, _compat, _simulate, _target
 from ._buffers import Buffer, Donation
 from ._cache import COST_CACHE, NEEDS_CONCRETE, Key, call_key, has_value, value_key
 from ._infer import (
@@ -180,11 +180,14 @@ class Cost:
         return rows
 
     def _notes(self) -> list[str]:
+        if self.backend is not None and self.backend.endswith(_DEVICELESS):
+            return [f"compiled for: {self.backend}: the figures are that accelerator's own compiler's"]
         if self.backend is None or not self.backend.endswith(_SIMULATED):
             return []
         return [
             f"compiled for: {self.backend}: the figures are XLA's CPU compiler's for this partitioning, arguments "
-            "and outputs as on the target; temporaries on the target accelerator may differ"
+            "and outputs as on the target; temporaries on the target accelerator may differ (target= gives "
+            'the accelerator\'s own figures, e.g. target="h100"; see ts.targets())'
         ]
 
     def __str__(self) -> str:
@@ -215,6 +218,7 @@ _HEADERS: Final = ("per device", "value", "exact")
 _COUNTED_ONCE: Final = "flops and bytes accessed count a loop body once: its trip count or its cost per run is unknown"
 _UNKNOWN: Final = "not reported"
 _SIMULATED: Final = "(simulated)"
+_DEVICELESS: Final = "(deviceless)"
 
 
 def _count(x: float | None) -> str:
@@ -284,12 +288,38 @@ def _figures(program: Compiled) -> Cost:
     analysis = _compat.cost_analysis(compiled)
     reported = (_figure(analysis.get("flops")), _figure(analysis.get("bytes accessed")))
     paths, output_paths, donate = program.argument_paths, program.output_paths, program.donated
+    if program.target is not None:  # compiled by a named accelerator's compiler (`target=`)
+        return _targeted(program)
     if program.far is None:
         loops = loop_correction(program.jaxpr, _shardings(compiled), arguments=program.arguments, reported=reported)
         return _read(compiled, paths, output_paths, donate, loops)
     # Loop bodies are compiled here, and cannot be for the far mesh: counted once, and said so.
     loops = LoopCorrection(exact=not holds_loops(program.jaxpr.jaxpr))
     return _read(compiled, paths, output_paths, donate, loops, backend=f"cpu x{program.far.size} {_SIMULATED}")
+
+
+def _targeted(program: Compiled) -> Cost:
+    """The `Cost` of a program compiled for a named accelerator: its own memory figures and
+    buffers, its device memory, each loop body counted as often as it runs on one device
+    (each body compiled alone, as `_loops` does for this process's devices; over several,
+    once, and said so)."""
+    placed = program.target
+    loops = NO_LOOPS
+    if holds_loops(program.jaxpr.jaxpr) and placed.count > 1:
+        # Over several devices `_loops` counts a partitioned body from the program compiled
+        # again, whose FLOPs a deviceless GPU compile does not report: counted once, said so.
+        loops = LoopCorrection(exact=False)
+    elif holds_loops(program.jaxpr.jaxpr):
+        analysis = _compat.cost_analysis(program.compiled)
+        reported = (_figure(analysis.get("flops")), _figure(analysis.get("bytes accessed")))
+        try:  # each body compiled alone for the target, as for this process's devices
+            loops = loop_correction(
+                program.jaxpr, _shardings(program.compiled), arguments=program.arguments, reported=reported
+            )
+        except Exception:  # a body the target's compiler cannot take alone: counted once, and said so
+            loops = LoopCorrection(exact=False)
+    cost = _read(program.compiled, program.argument_paths, program.output_paths, program.donated, loops, placed.backend)
+    return dataclasses.replace(cost, device_bytes=placed.target.device_bytes)
 
 
 def _read(
@@ -374,6 +404,7 @@ def cost(
     *args: Any,
     donate_argnums: int | Sequence[int] = (),
     donate_argnames: str | Iterable[str] = (),
+    target: str | None = None,
     **kwargs: Any,
 ) -> Cost:
     """What `jax.jit(fn)(*args, **kwargs)` needs, from XLA's analysis of the compiled program.
@@ -420,6 +451,10 @@ def cost(
             outputs, as `jax.jit` takes them (also parameters of `fn` passed by keyword).
         donate_argnames: The same by parameter name (a keyword argument, or a positional
             one through `fn`'s signature); may be given with `donate_argnums`.
+        target: An accelerator from [treeshape.targets][] (`"h100"`, `"v5e"`,
+            `"v5e:16x16"`): the program is compiled by that accelerator's own XLA compiler,
+            without one, for as many devices as the inputs' mesh has (one if unsharded);
+            `Cost.backend` names it (`"H100 x512 (deviceless)"`).
         **kwargs: As `args`.
 
     Returns:
@@ -428,11 +463,14 @@ def cost(
     Raises:
         TypeError: `fn` is not callable, or a donation is not ints / strings.
         ValueError: a leaf has symbolic dimensions (bind them with `Structure.bind`),
-            a donation names no argument, an abstract mesh has more than 4,096 devices
-            (a mesh larger than this process's is compiled for simulated devices), or
+            a donation names no argument, `target` is unknown or cannot form the mesh, an
+            abstract mesh has more than 4,096 devices (a mesh larger than this process's is
+            compiled for simulated devices), or
             inside `shard_map`, `fn` uses a collective over the manual axes.
         RuntimeError: compiling for simulated devices failed or ran past its timeout
-            (`TREESHAPE_SIMULATE_TIMEOUT`).
+            (`TREESHAPE_SIMULATE_TIMEOUT`), or a `target`'s plugin did not start (set
+            `JAX_PLATFORMS=cpu` before JAX starts).
+        ImportError: the `target`'s compiler is not installed (`treeshape[cuda]`, `[tpu]`).
 
     Errors raised by `fn` itself propagate unchanged.
 
@@ -457,8 +495,19 @@ def cost(
         524288
     """
     check_callable(fn, "cost")
+    target = check_target(target, "cost")
     call, donated = prepare(fn, args, kwargs, donate_argnums, donate_argnames, "cost")
-    return cost_of(call, donated)[0]
+    return cost_of(call, donated, target)[0]
+
+
+def check_target(target: Any, who: str) -> str | None:
+    """A `target=` as `cost_of` takes it (lower case), after the errors that come before
+    anything is traced: an unknown name, a compiler not installed, a JAX release without it."""
+    if target is None:
+        return None
+    found, _ = _target.resolve(target, who)
+    _target.check_installed(found, who)
+    return str(target).strip().lower()
 
 
 def prepare(
@@ -476,14 +525,16 @@ def prepare(
     return call, donated_leaves(fn, call, n_args, donate_argnums, donate_argnames, who)
 
 
-def cost_of(call: Call, donated: frozenset[int]) -> tuple[Cost, int]:
+def cost_of(call: Call, donated: frozenset[int], target: str | None = None) -> tuple[Cost, int]:
     """The `Cost` of a prepared call (from the cache, or compiled and cached), and how many
     programs were compiled for it: 0 for a cache hit, else 1 (a first attempt that fails
     while tracing, to be retried with bound arrays as constants, compiles nothing)."""
     leaves = call.bound_leaves + call.call_leaves
     treedef = call.treedef
     _refuse_symbolic(leaves, treedef)
-    key = call_key(call, tuple(sorted(donated)), tuple(_placement(x) for x in leaves), concrete_scalars=call.jitted)
+    key = call_key(
+        call, tuple(sorted(donated)), tuple(_placement(x) for x in leaves), target, concrete_scalars=call.jitted
+    )
     hit = COST_CACHE.get(key)
     if hit is not None and hit is not NEEDS_CONCRETE:
         return hit, 0
@@ -491,10 +542,10 @@ def cost_of(call: Call, donated: frozenset[int]) -> tuple[Cost, int]:
     abstract = [is_abstract(x, i < call.n_concrete) for i, x in enumerate(leaves)]
     check_inputs(leaves, abstract, treedef, "cost")
     if hit is NEEDS_CONCRETE:
-        return _with_bound_values(call, leaves, abstract, donated, key, look_up=True)
+        return _with_bound_values(call, leaves, abstract, donated, key, look_up=True, target=target)
     n_bound = len(call.bound_leaves)
     try:
-        result = _figures(compile_program(call.core, leaves, abstract, treedef, donated))
+        result = _figures(compile_program(call.core, leaves, abstract, treedef, donated, target))
     except (TypeError, IndexError) as e:
         # What JAX raises where a value is needed (a size, an `int()`): bound arrays are then
         # constants of the program, as `jax.jit` of the partial itself makes them.
@@ -506,7 +557,7 @@ def cost_of(call: Call, donated: frozenset[int]) -> tuple[Cost, int]:
         retry = False
     if retry:  # outside the handler: an error now is the user's, not a consequence of the first
         COST_CACHE.put(key, NEEDS_CONCRETE)
-        return _with_bound_values(call, leaves, abstract, donated, key, look_up=False)
+        return _with_bound_values(call, leaves, abstract, donated, key, look_up=False, target=target)
     COST_CACHE.put(key, result)
     return result, 1
 
@@ -518,6 +569,7 @@ def _with_bound_values(
     donated: frozenset[int],
     key: Key,
     look_up: bool,
+    target: str | None = None,
 ) -> tuple[Cost, int]:
     """The cost when `fn` needs the arrays bound in a partial as values: they are constants
     of the program, and the answer is cached by their values on top of the abstract key
@@ -529,7 +581,7 @@ def _with_bound_values(
             return hit, 0
     n_bound = len(call.bound_leaves)
     closed = [a and not (i < n_bound and has_value(x)) for i, (x, a) in enumerate(zip(leaves, abstract, strict=True))]
-    result = _figures(compile_program(call.core, leaves, closed, call.treedef, donated))
+    result = _figures(compile_program(call.core, leaves, closed, call.treedef, donated, target))
     COST_CACHE.put(values, result)
     return result, 1
 

@@ -24,13 +24,14 @@ import dataclasses
 import html
 import math
 import numbers
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
-from . import _buffers
-from ._cost import Cost, cost_of, exact, prepare
+from . import _buffers, _deviceless, _target
+from ._cost import Cost, check_target, cost_of, exact, prepare
 from ._dims import DimOverflow, bind_leaves, check_sizes, free_names
 from ._infer import Call, abstract_inputs, check_callable, input_path
 from ._leaf import leaf_str
@@ -102,9 +103,13 @@ class Fit:
     margin: float = dataclasses.field(default=0.0, kw_only=True)
     monotone: bool = dataclasses.field(default=True, kw_only=True)
     capped: bool = dataclasses.field(default=False, kw_only=True)
+    # Where the budget came from when `target=` chose it (None: given, or the device's limit).
+    budget_source: str | None = dataclasses.field(default=None, kw_only=True, compare=False)
 
     def _notes(self) -> list[str]:
         notes = []
+        if self.budget_source is not None:
+            notes.append(f"budget: {self.budget_source}")
         if self.capped:
             notes.append(
                 f"the budget was not reached: {self.dim}={self.size} is max_size, and a larger max_size may fit more"
@@ -465,6 +470,7 @@ def largest_fit(
     donate_argnums: int | Sequence[int] = (),
     donate_argnames: str | Iterable[str] = (),
     progress: bool = False,
+    target: str | None = None,
     **kwargs: Any,
 ) -> Fit:
     """Find the largest size of dimension `dim` for which `fn`'s compiled program fits `budget`.
@@ -552,6 +558,7 @@ def largest_fit(
             f"treeshape.largest_fit: progress must be True or False, got {type(progress).__name__} {progress!r}."
         )
     max_size = int(max_size)
+    target = check_target(target, "largest_fit")
     call, donated = prepare(fn, args, kwargs, donate_argnums, donate_argnames, "largest_fit")
     leaves = abstract_inputs(call.bound_leaves + call.call_leaves, call.treedef, "largest_fit")
     names = free_names(leaves)
@@ -584,11 +591,16 @@ def largest_fit(
             bound = bind(n)
             call_n = Call(call.core, bound[:n_bound], call.bound_treedef, bound[n_bound:], call.call_treedef)
             began = time.perf_counter()
-            costs[n], compiled = cost_of(call_n, donated)
+            costs[n], compiled = cost_of(call_n, donated, target)
             if compiled:
                 seconds[n] = time.perf_counter() - began
         return costs[n]
 
+    budget_source = None
+    if target is not None and budget is None:  # what JAX lets XLA use on that accelerator
+        budget, budget_source = _deviceless.budget(
+            _target.resolve(target, "largest_fit")[0], os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+        )
     first = cost_at(1)
     if budget is None:
         if first.device_bytes is None:
@@ -602,7 +614,12 @@ def largest_fit(
     limit = _limit(budget, margin)
 
     def peak_at(n: int) -> int:
-        peak = cost_at(n).peak_bytes
+        try:
+            peak = cost_at(n).peak_bytes
+        except _deviceless.OutOfMemory:  # the target's compiler refuses it: it does not fit
+            if n == 1:
+                raise
+            return limit + 1
         if peak is None:
             raise ValueError(
                 f"treeshape.largest_fit: the backend reports no peak for the program at {dim}={n} "
@@ -654,6 +671,7 @@ def largest_fit(
         margin=margin,
         monotone=monotone,
         capped=size == max_size,
+        budget_source=budget_source,
     )
     if progress:
         after = "is max_size: the budget was not reached" if fit.capped else f"{dim}={size + 1} does not"

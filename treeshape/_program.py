@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.tree_util as jtu
 
-from . import _compat, _nodes, _sharding, _simulate
+from . import _compat, _deviceless, _nodes, _sharding, _simulate
 from ._cache import has_value
 from ._infer import _JITTED, Call, call_path, dynamic_arguments, input_path, is_output_array
 from ._leaf import SDS, kind_of, leaf_str
@@ -329,19 +329,31 @@ class Compiled(NamedTuple):
     jaxpr: Any  # the traced program (`jax.jit(...).trace(...).jaxpr`), for its loops
     arguments: list[Any]  # its flat arguments, as lowered
     far: Any  # the abstract mesh it was compiled for in a child process, else None
+    target: Any = None  # the `_deviceless.Placed` it was compiled for with `target=`, else None
 
 
 def compile_program(
-    core: Callable[..., Any], leaves: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef, donated: frozenset[int]
+    core: Callable[..., Any],
+    leaves: list[Any],
+    abstract: list[bool],
+    treedef: jtu.PyTreeDef,
+    donated: frozenset[int],
+    target: str | None = None,
 ) -> Compiled:
     """`core` compiled as the user's jit compiles it for the call's leaves (`abstract[i]`:
     leaf `i` is an argument of the program, else a constant), `donated` holding the
-    positions of the donated leaves."""
+    positions of the donated leaves; with `target`, by that accelerator's compiler, without it."""
     per_device = in_shard_map()
     values, mesh = leaves, None  # tracers stay as they are: `_hoist_tracers` types them
+    # A named accelerator: the leaves on its topology's devices, compiled by its compiler.
+    placed = None
+    if target is not None:
+        placed = _deviceless.place(leaves, abstract, lambda i: input_path(leaves, treedef, i), target, "cost")
+    if placed is not None:
+        values, mesh = placed.values, placed.mesh
     # A mesh larger than this process: compiled for simulated devices, its shardings kept.
-    far = _far_mesh(values, abstract, treedef) if _compat.at_top_level() else None
-    if _compat.at_top_level() and far is None:  # a tracer's sharding is on the mesh of its trace
+    far = _far_mesh(values, abstract, treedef) if _compat.at_top_level() and placed is None else None
+    if _compat.at_top_level() and far is None and placed is None:  # a tracer's sharding is on the mesh of its trace
         values, mesh = _on_concrete_meshes(values, abstract, treedef)
     kwarg_names = list(treedef.children()[1].children()[1].node_data()[1] or ())
     wanted = _donated_arguments(donated, treedef, kwarg_names)
@@ -374,7 +386,11 @@ def compile_program(
         _refuse_too_large(traced.jaxpr.jaxpr)  # before XLA, which aborts the process on it
         # A mesh larger than this process: lowered here for the CPU, compiled in a child.
         lowered = traced.lower() if far is None else traced.lower(lowering_platforms=("cpu",))
-    compiled: Any = lowered.compile() if far is None else _simulate.compile_for(lowered, far.size)
+    compiled: Any
+    if placed is not None:
+        compiled = _deviceless.compile_for(lowered, placed)
+    else:
+        compiled = lowered.compile() if far is None else _simulate.compile_for(lowered, far.size)
     infos = jtu.tree_flatten_with_path(lowered.args_info)[0]
     donate = frozenset(i for i, (_, info) in enumerate(infos) if getattr(info, "donated", False))
     if _compat.at_top_level():
@@ -385,7 +401,7 @@ def compile_program(
     if output_paths is None:  # the user's jitted function: its outputs as it returns them
         output_paths = ["out" + jtu.keystr(tuple(keys)) for keys, _ in jtu.tree_flatten_with_path(lowered.out_info)[0]]
     arguments = [_lowering_argument(x) for x in jtu.tree_leaves((args, named))]
-    return Compiled(compiled, paths, output_paths, donate, traced.jaxpr, arguments, far)
+    return Compiled(compiled, paths, output_paths, donate, traced.jaxpr, arguments, far, placed)
 
 
 def _refuse_too_large(jaxpr: Any) -> None:

@@ -27,6 +27,7 @@ MODULES = (
     "fit",  # 16 fit
     "watch",  # 17 watch
     "scale_cached_call",  # 18 scale_cached_call (group: scale)
+    "target",  # 19 target
 )
 
 for _name in MODULES:

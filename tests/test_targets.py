@@ -1,0 +1,349 @@
+"""`target=`: a step's figures as the named accelerator's own XLA compiler builds it, on this
+CPU-only machine. The oracle is the same program compiled by the test itself over the
+devices of `jax.experimental.topologies` for that accelerator."""
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.experimental import topologies
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+import treeshape as ts
+
+
+NEW_ENOUGH = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 10)
+needs_cuda_release = pytest.mark.skipif(not NEW_ENOUGH, reason="jax < 0.10: NVIDIA targets are a JaxReleaseError")
+SPECS = Path(ts.__file__).parent / "targets"
+H100_BYTES = 84_942_979_072
+AUTO = AxisType.Auto  # XLA partitions the step (FSDP, FSDP x TP) as it sees fit
+
+
+def _h100_devices(n):
+    text = (SPECS / "h100.txtpb").read_text()
+    shape = f"1x1x{n}" if n <= 8 else f"1x{n // 8}x8"
+    return topologies.get_topology_desc(platform="cuda", target_config=text, topology=shape).devices
+
+
+def _figures(memory):
+    return (
+        memory.argument_size_in_bytes,
+        memory.output_size_in_bytes,
+        memory.temp_size_in_bytes,
+        memory.alias_size_in_bytes,
+    )
+
+
+def _ours(c):
+    return (c.argument_bytes, c.output_bytes, c.temp_bytes, c.alias_bytes)
+
+
+def step(w, x):
+    """A donated SGD step of a two-layer MLP (w = (w1, w2))."""
+
+    def loss(w):
+        return jnp.mean(jnp.tanh(x @ w[0]) @ w[1])
+
+    g = jax.grad(loss)(w)
+    return jax.tree.map(lambda p, d: p - 0.1 * d, w, g)
+
+
+def _inputs(mesh, w_spec, x_spec, dtype=jnp.bfloat16):
+    w = (
+        jax.ShapeDtypeStruct((1024, 2048), dtype, sharding=NamedSharding(mesh, w_spec)),
+        jax.ShapeDtypeStruct((2048, 1024), dtype, sharding=NamedSharding(mesh, P(*reversed(tuple(w_spec))))),
+    )
+    x = jax.ShapeDtypeStruct((mesh.size * 8, 1024), dtype, sharding=NamedSharding(mesh, x_spec))
+    return w, x
+
+
+def _on(mesh, tree):
+    return jax.tree.map(lambda s: s.update(sharding=NamedSharding(mesh, s.sharding.spec)), tree)
+
+
+# -- the figures, to the byte -------------------------------------------------------------
+LAYOUTS = {
+    "1": ((1,), ("data",), P(None, None), P("data", None)),
+    "fsdp8": ((8,), ("data",), P("data", None), P("data", None)),
+    "fsdp64": ((64,), ("data",), P("data", None), P("data", None)),
+    "fsdp64xtp8": ((64, 8), ("data", "model"), P("data", "model"), P("data", None)),
+}
+
+
+@needs_cuda_release
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_h100_figures_are_xla_gpus_own_for_an_abstract_mesh(layout):
+    shape, names, w_spec, x_spec = LAYOUTS[layout]
+    mesh = AbstractMesh(shape, names, axis_types=(AUTO,) * len(shape))
+    w, x = _inputs(mesh, w_spec, x_spec)
+    c = ts.cost(step, w, x, donate_argnums=0, target="h100")
+    n = math.prod(shape)
+    real = Mesh(np.array(_h100_devices(n)).reshape(shape), names, axis_types=(AUTO,) * len(shape))
+    with jax.set_mesh(real):
+        compiled = jax.jit(step, donate_argnums=0).lower(*_on(real, (w, x))).compile()
+    assert _ours(c) == _figures(compiled.memory_analysis())
+    assert c.peak_bytes == c.argument_bytes + c.output_bytes + c.temp_bytes - c.alias_bytes
+    assert c.alias_bytes > 0 and c.device_bytes == H100_BYTES
+    assert c.backend == f"H100 x{n} (deviceless)"
+    assert "compiled for: H100" in str(c)
+    assert c.flops is not None and c.flops > 0
+    assert jax.default_backend() == "cpu" and all(d.platform == "cpu" for d in jax.devices())
+
+
+@needs_cuda_release
+def test_512_h100s_and_the_buffers_at_the_peak():
+    mesh = AbstractMesh((512,), ("data",), axis_types=(AUTO,))
+    w, x = _inputs(mesh, P("data", None), P("data", None))
+    c = ts.cost(step, w, x, donate_argnums=0, target="H100")  # names are case-insensitive
+    real = Mesh(np.array(_h100_devices(512)), ("data",), axis_types=(AUTO,))
+    with jax.set_mesh(real):
+        compiled = jax.jit(step, donate_argnums=0).lower(*_on(real, (w, x))).compile()
+    assert _ours(c) == _figures(compiled.memory_analysis())
+    assert c.backend == "H100 x512 (deviceless)"
+    assert c.buffers and sum(b.nbytes for b in c.buffers) == c.live_peak_bytes <= c.peak_bytes
+    assert set(c.donation) == {"args[0][0]", "args[0][1]"} and all(d.reused for d in c.donation.values())
+
+
+@needs_cuda_release
+def test_a_jitted_step_unsharded_and_its_flops():
+    jitted = jax.jit(step, donate_argnums=0)
+    w = (jax.ShapeDtypeStruct((1024, 2048), jnp.float32), jax.ShapeDtypeStruct((2048, 1024), jnp.float32))
+    x = jax.ShapeDtypeStruct((256, 1024), jnp.float32)
+    c = ts.cost(jitted, w, x, target="h100")
+    device = jax.sharding.SingleDeviceSharding(_h100_devices(1)[0])
+    placed = jax.tree.map(lambda s: s.update(sharding=device), (w, x))
+    compiled = jitted.lower(*placed).compile()
+    assert _ours(c) == _figures(compiled.memory_analysis())
+    assert c.backend == "H100 x1 (deviceless)"
+    # XLA's HLO cost analysis of the GPU module: 2mnk for each of the 4 matmuls left (the
+    # second layer's forward is dead: only the gradient is returned).
+    matmuls = 2 * 256 * 1024 * 2048 * 4
+    assert matmuls <= c.flops <= 1.01 * matmuls
+
+
+class MLP(nnx.Module):
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(256, 1024, rngs=rngs)
+        self.l2 = nnx.Linear(1024, 256, rngs=rngs)
+
+    def __call__(self, x):
+        return self.l2(jax.nn.relu(self.l1(x)))
+
+
+def train(model, opt, x):
+    loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(x) ** 2))(model)
+    opt.update(model, grads)
+    return loss
+
+
+@needs_cuda_release
+def test_an_nnx_step_that_updates_in_place():
+    model = MLP(nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+    x = jax.ShapeDtypeStruct((128, 256), jnp.float32)
+    c = ts.cost(train, model, opt, x, target="h100")
+    device = jax.sharding.SingleDeviceSharding(_h100_devices(1)[0])
+    graph, state = nnx.split((model, opt))
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), state)
+    m, o = nnx.merge(graph, abstract)
+    compiled = nnx.jit(train).lower(m, o, x.update(sharding=device)).compile()
+    assert _ours(c) == _figures(compiled.memory_analysis())
+    assert c.output_bytes > 4  # the updated state is an output, as nnx.jit makes it
+
+
+def test_tpu_v5e_2x2_is_libtpus_own_compile():
+    mesh = AbstractMesh((2, 2), ("data", "model"), axis_types=(AUTO,) * 2)
+    w, x = _inputs(mesh, P("data", "model"), P("data", None))
+    c = ts.cost(step, w, x, donate_argnums=0, target="v5e")
+    devices = topologies.get_topology_desc("v5e:2x2", "tpu").devices
+    real = Mesh(np.array(devices).reshape(2, 2), ("data", "model"), axis_types=(AUTO,) * 2)
+    with jax.set_mesh(real):
+        compiled = jax.jit(step, donate_argnums=0).lower(*_on(real, (w, x))).compile()
+    assert _ours(c) == _figures(compiled.memory_analysis())
+    assert c.backend == "TPU v5e x4 (deviceless)" and c.device_bytes == 16_911_433_728
+    assert c.flops == compiled.cost_analysis()["flops"]
+    # A program larger than libtpu lets one program use does not fit: a ValueError, never a raw one.
+    big = jax.ShapeDtypeStruct((2**17, 2**15), jnp.float32)
+    with pytest.raises(ValueError, match="does not fit on TPU v5e x1.*refuses"):
+        ts.cost(lambda a: jnp.sin(a) @ a.T, big, target="v5e")
+
+
+# -- largest_fit --------------------------------------------------------------------------
+@needs_cuda_release
+def test_largest_fit_is_exact_for_the_h100_compiler(monkeypatch):
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    (b,) = jax.export.symbolic_shape("b")
+    w = jax.ShapeDtypeStruct((8192, 8192), jnp.float32)
+    x = jax.ShapeDtypeStruct((b, 8192), jnp.float32)
+
+    def forward(w, x):
+        return jnp.tanh(x @ w) @ w
+
+    fit = ts.largest_fit(forward, w, x, dim="b", target="h100")
+    assert fit.budget == math.floor(0.75 * H100_BYTES)
+    assert "75%" in str(fit)
+    device = jax.sharding.SingleDeviceSharding(_h100_devices(1)[0])
+
+    def peak(n):
+        args = (w.update(sharding=device), jax.ShapeDtypeStruct((n, 8192), jnp.float32, sharding=device))
+        m = jax.jit(forward).lower(*args).compile().memory_analysis()
+        return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+
+    assert peak(fit.size) <= fit.budget < peak(fit.size + 1)
+    assert fit.cost.peak_bytes == peak(fit.size)
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
+    half = ts.largest_fit(forward, w, x, dim="b", target="h100")
+    assert half.budget == math.floor(0.5 * H100_BYTES) and half.size < fit.size
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.5" in str(half)
+
+
+# -- the cache ----------------------------------------------------------------------------
+@needs_cuda_release
+def test_asking_again_compiles_nothing_and_each_target_is_its_own_entry(compiles):
+    x = jax.ShapeDtypeStruct((512, 512), jnp.float32)
+    first = ts.cost(jnp.sin, x, target="h100")
+    n = len(compiles)
+    assert n >= 1
+    assert ts.cost(jnp.sin, x, target="h100") == first
+    assert len(compiles) == n
+    other = ts.cost(jnp.sin, x, target="h200")
+    assert len(compiles) > n and other.device_bytes == 151_397_597_184 and other.backend == "H200 x1 (deviceless)"
+    assert ts.cost(jnp.sin, x).backend == "cpu x1"  # no target: this process's CPU, as before
+
+
+# -- errors, before anything compiles -------------------------------------------------------
+def _mesh(*shape):
+    names = ("data", "model", "seq")[: len(shape)]
+    return AbstractMesh(shape, names, axis_types=(AUTO,) * len(shape))
+
+
+def _sharded(n):
+    return jax.ShapeDtypeStruct((n * 4, 8), jnp.float32, sharding=NamedSharding(_mesh(n), P("data")))
+
+
+def test_errors_name_the_fix(compiles):
+    x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    with pytest.raises(ValueError, match=r"unknown target 'h900'; ts.targets\(\) has \"h100\".*\"v6e\""):
+        ts.cost(jnp.sin, x, target="h900")
+    with pytest.raises(TypeError, match="target must be a name"):
+        ts.cost(jnp.sin, x, target=100)
+    with pytest.raises(ValueError, match="a topology after the colon is a TPU's"):
+        ts.cost(jnp.sin, x, target="h100:2x2")
+    with pytest.raises(ValueError, match=r"sharded over 6 devices, which is no standard v5e topology.*v5e:AxB"):
+        ts.cost(jnp.sin, _sharded(6), target="v5e")
+    with pytest.raises(ValueError, match=r"'v5e:4x4' has 16 chips, and args\[0\] is sharded over 4 devices"):
+        ts.cost(jnp.sin, _sharded(4), target="v5e:4x4")
+    with pytest.raises(ValueError, match="a v5e slice has at most 256"):
+        ts.cost(jnp.sin, jax.ShapeDtypeStruct((8,), jnp.float32), target="v5e:32x32")
+    a = jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=NamedSharding(_mesh(4), P("data")))
+    b = jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=NamedSharding(_mesh(2, 2), P("data")))
+    with pytest.raises(ValueError, match=r"args\[0\] is sharded over a mesh of axes \(data=4\) and args\[1\]"):
+        ts.cost(jnp.add, a, b, target="v5e")
+    if NEW_ENOUGH:
+        with pytest.raises(ValueError, match="12 devices; target 'h100' has 8 GPUs per host.*16"):
+            ts.cost(jnp.sin, _sharded(12), target="h100")
+        with pytest.raises(ValueError, match="compiles for at most 4096"):
+            ts.cost(jnp.sin, _sharded(8192), target="h100")
+    else:
+        with pytest.raises(ts.JaxReleaseError, match="0.10.0"):
+            ts.cost(jnp.sin, x, target="h100")
+    with pytest.raises(ValueError, match="target= compiles the program for another machine, at top level only"):
+        jax.eval_shape(lambda v: ts.cost(jnp.sin, v, target="v5e").flops, x)
+    assert compiles == []
+
+
+def test_a_compiler_not_installed_names_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name.startswith(("jax_plugins", "libtpu")) else real(name)
+    )
+    x = jax.ShapeDtypeStruct((8,), jnp.float32)
+    jaxlib = __import__("jaxlib").__version__
+    with pytest.raises(ImportError, match=rf'pip install "treeshape\[cuda\]".*jax-cuda12-plugin=={jaxlib}'):
+        ts.cost(jnp.sin, x, target="h100")
+    with pytest.raises(ImportError, match=r'pip install "treeshape\[tpu\]"'):
+        ts.largest_fit(jnp.sin, x, dim="b", target="v6e")
+
+
+@needs_cuda_release
+def test_a_plugin_that_did_not_start_says_what_to_set(tmp_path):
+    code = (
+        "import jax, jax.numpy as jnp, treeshape as ts\n"
+        "try:\n"
+        "    ts.cost(jnp.sin, jax.ShapeDtypeStruct((8,), jnp.float32), target='h100')\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n"
+    )
+    dropped = ("JAX_PLATFORMS", "XLA_FLAGS", "JAX_SKIP_CUDA_CONSTRAINTS_CHECK")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
+    env["JAX_PLATFORMS"] = "cuda"  # JAX asked to start CUDA's devices, which cannot start here
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert "did not start" in out.stdout and "Set JAX_PLATFORMS=cpu" in out.stdout, out.stderr[-2000:]
+
+
+def test_targets_lists_each_with_its_memory():
+    listed = ts.targets()
+    assert {"h100", "h100-pcie", "h200", "b200", "a100-80gb", "a100-40gb", "v5e", "v5p", "v6e"} <= set(listed)
+    assert "79.1 GiB" in listed["h100"] and "15.8 GiB" in listed["v5e"]
+    for name in ("h100", "h100-pcie", "h200", "b200", "a100-80gb", "a100-40gb"):  # shipped with the package
+        spec = (SPECS / f"{name}.txtpb").read_text()
+        memory = int(spec.split("device_memory_size:")[1].split()[0])
+        assert f"{memory / 2**30:.1f} GiB" in listed[name]
+
+
+@needs_cuda_release
+def test_a_scanned_step_counts_each_layer_as_the_unrolled_one_does():
+    ws = jax.ShapeDtypeStruct((4, 512, 512), jnp.float32)
+    x = jax.ShapeDtypeStruct((128, 512), jnp.float32)
+
+    def scanned(ws, x):
+        return jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)[0]
+
+    def unrolled(ws, x):
+        for i in range(4):
+            x = jnp.tanh(x @ ws[i])
+        return x
+
+    looped, flat = ts.cost(scanned, ws, x, target="h100"), ts.cost(unrolled, ws, x, target="h100")
+    assert looped.exact_flops and abs(looped.flops - flat.flops) <= 0.02 * flat.flops
+    assert flat.flops >= 4 * 2 * 128 * 512 * 512
+
+
+# -- the command line ---------------------------------------------------------------------
+def _cli(*argv):
+    return subprocess.run([sys.executable, "-m", "treeshape", *argv], capture_output=True, text=True, timeout=300)
+
+
+def test_the_command_line_takes_a_target_and_lists_them():
+    import json
+
+    listed = _cli("targets")
+    assert listed.returncode == 0 and listed.stderr == ""
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == list(ts.targets())
+    ok = _cli("cost", "jax.numpy:matmul", "f32[64,256]", "f32[256,128]", "--target", "v5e", "--json")
+    assert ok.returncode == 0, ok.stderr
+    expected = ts.cost(
+        jnp.matmul,
+        jax.ShapeDtypeStruct((64, 256), jnp.float32),
+        jax.ShapeDtypeStruct((256, 128), jnp.float32),
+        target="v5e",
+    )
+    got = json.loads(ok.stdout)
+    assert (got["peak_bytes"], got["device_bytes"], got["backend"]) == (
+        expected.peak_bytes,
+        expected.device_bytes,
+        "TPU v5e x1 (deviceless)",
+    )
+    bad = _cli("cost", "jax.numpy:matmul", "f32[8,8]", "f32[8,8]", "--target", "h900")
+    assert bad.returncode == 2 and bad.stderr.startswith("treeshape: error: --target: unknown target 'h900'")
+    assert len([line for line in bad.stderr.splitlines() if line.startswith("treeshape")]) == 1
