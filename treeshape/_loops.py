@@ -9,7 +9,12 @@ loop bodies), finds each loop's trip count where the compiled program knows it (
 constant bound, as `fori_loop` with array bounds and a hand-written counted loop make),
 compiles each loop body alone for its abstract inputs (inside a `shard_map` over the same
 mesh where it sits in one; on the program's mesh where all its axes are Explicit), and
-returns `sum(runs_not_counted * body_cost)`, for `ts.cost` to add to XLA's figures. A body
+returns `sum(runs_not_counted * body_cost)`, for `ts.cost` to add to XLA's figures: the
+figures of the program with its loops unrolled. A scan and the scan that reads its stacked
+outputs step by step (its transpose under `grad`) run side by side, as unrolled. Where an
+unrolled program simplifies a loop's first or last run (a carry that starts as a constant;
+a last value that nothing reads after the loop, as the gradient of a train step's input),
+those two runs are costed as a two-run loop unrolled alone. A body
 nested in a loop is counted for every run of its enclosing loops. A loop in a `cond`
 branch is counted as XLA counts a conditional: the most costly branch. A scan that XLA
 partitions across devices as it sees fit (`Auto` mesh axes) has a cost per device only
@@ -24,6 +29,7 @@ import contextlib
 import dataclasses
 import math
 import operator
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
@@ -60,15 +66,33 @@ class _Manual:
     check_vma: bool
 
 
-@dataclasses.dataclass(frozen=True)
-class _Body:
-    """One loop body, and how many more times it runs than XLA counts it."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Loop:
+    """One loop of the program, as its runs differ when unrolled: the carries that hold a
+    constant when it starts (which XLA folds into the first run), and the outputs that
+    nothing reads after it (a carry's last value, which XLA drops from the last run; a
+    stacked output, from every run)."""
 
     jaxpr: jex.ClosedJaxpr
+    scan: tuple[int, int, int] | None  # a scan's (consts, carries, length)
+    reverse: bool = False
+    starts: tuple[tuple[int, Any], ...] = ()  # (body input, the scalar it is filled with)
+    unread: frozenset[int] = frozenset()  # body outputs
+
+
+@dataclasses.dataclass(frozen=True)
+class _Body:
+    """One loop body (or a scan and the scan that reads its stacked outputs step by step, a
+    forward pass and its transpose, as an unrolled program runs them), run `steps` times
+    back to back, and the weight of its cost in what XLA misses (`extra_runs`)."""
+
+    loops: tuple[_Loop, ...]
     extra_runs: int
     manual: _Manual | None
-    scan: tuple[int, int, int] | None  # a scan's (consts, carries, length)
     mesh: Any = None  # the mesh of a body whose values all have Explicit shardings on it
+    steps: int = 1  # runs chained back to back
+    edges: bool = False  # the runs are the loop's first and last
+    wires: tuple[tuple[int, bool, int], ...] = ()  # (input of loops[1], from an output?, of loops[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,12 +119,28 @@ class _Walk:
     def terms(self, jaxpr: jex.Jaxpr, known: dict[Any, int], runs: int, manual: _Manual | None) -> list[_Term]:
         """The loop terms of `jaxpr`, run `runs` times, with the scalar values `known`."""
         found: list[_Term] = []
+        reads: dict[int, int] = {}  # how often each value is read, by id
+        for atom in [a for eqn in jaxpr.eqns for a in eqn.invars] + list(jaxpr.outvars):
+            reads[id(atom)] = reads.get(id(atom), 0) + 1
+        made: dict[int, Any] = {id(v): eqn for eqn in jaxpr.eqns for v in eqn.outvars}
+        # The bodies of each scan counted here, by the id of each of its stacked outputs.
+        stacked: dict[int, tuple[Any, _Loop, list[_Body], tuple[Any, ...]]] = {}
         for eqn in jaxpr.eqns:
             name = eqn.primitive.name
-            if name == "scan":
-                found += self._scan(eqn, known, runs, manual)
-            elif name == "while":
-                found += self._while(eqn, known, runs, manual)
+            if name in ("scan", "while"):
+                loop = _loop_of(eqn, reads, made)
+                trips, counted = _scan_counts(eqn) if name == "scan" else (_trip_count(eqn, known), 1)
+                bodies, nested = self._loop(loop, trips, counted, runs, manual, eqn)
+                key = (trips, counted, runs, manual, bodies[0].mesh if bodies else None)
+                first = _reads_stacked(eqn, stacked, key) if bodies else None
+                if first is not None:
+                    found = [t for t in found if all(t is not b for b in first[2])]
+                    bodies = _paired(first[0], first[1], eqn, loop, reads, key)
+                    stacked = {i: r for i, r in stacked.items() if r is not first}
+                elif name == "scan" and bodies:
+                    record = (eqn, loop, bodies, key)
+                    stacked.update((id(v), record) for v in eqn.outvars[eqn.params["num_carry"] :])
+                found += bodies + nested
             elif name == "cond":
                 self.depth += 1
                 branches = tuple(self.terms(b.jaxpr, _consts(b), runs, manual) for b in eqn.params["branches"])
@@ -115,15 +155,10 @@ class _Walk:
         return found
 
     def _loop(
-        self,
-        body: jex.ClosedJaxpr,
-        trips: int | None,
-        counted: int,
-        runs: int,
-        manual: _Manual | None,
-        scan: tuple[int, int, int] | None = None,
-        eqn: Any = None,
-    ) -> list[_Term]:
+        self, loop: _Loop, trips: int | None, counted: int, runs: int, manual: _Manual | None, eqn: Any
+    ) -> tuple[list[_Body], list[_Term]]:
+        """The terms of one loop: its own body's runs, and the terms of the loops inside it."""
+        body, scan = loop.jaxpr, loop.scan
         mesh = None
         if manual is None and self.multi_device:
             if not _explicit(body, self.mesh):
@@ -136,36 +171,145 @@ class _Walk:
                         self.exact = False
                 else:
                     self.exact = False
-                return []
+                return [], []
             mesh = self.mesh
         self.depth += 1
         try:
             if trips is None:
                 self.exact = False
-                return self.terms(body.jaxpr, _consts(body), runs, manual)
-            found: list[_Term] = []
+                return [], self.terms(body.jaxpr, _consts(body), runs, manual)
             if trips == 0:
                 # XLA removes a scan that never runs (and counts nothing); whether it
                 # removes such a `while` (or counts its body once) depends on the release.
                 self.exact = self.exact and scan is not None
-                return found
-            if trips != counted and runs:
-                found.append(_Body(body, runs * (trips - counted), manual, scan, mesh))
-            return found + self.terms(body.jaxpr, _consts(body), runs * trips, manual)
+                return [], []
+            bodies = _uncounted((loop,), trips, counted, runs, manual, mesh) if runs else []
+            return bodies, self.terms(body.jaxpr, _consts(body), runs * trips, manual)
         finally:
             self.depth -= 1
 
-    def _scan(self, eqn: Any, known: dict[Any, int], runs: int, manual: _Manual | None) -> list[_Term]:
-        length, unroll = int(eqn.params["length"]), eqn.params.get("unroll", 1)
-        # JAX lowers a scan unrolled `u` times as a loop over `u` copies of the body plus the
-        # `length % u` left over, and XLA counts each copy once.
-        per_step = length if unroll is True or not unroll else min(max(int(unroll), 1), max(length, 1))
-        counted = per_step + length % per_step if length else 0
-        scan = (eqn.params["num_consts"], eqn.params["num_carry"], length)
-        return self._loop(eqn.params["jaxpr"], length, counted, runs, manual, scan, eqn)
 
-    def _while(self, eqn: Any, known: dict[Any, int], runs: int, manual: _Manual | None) -> list[_Term]:
-        return self._loop(eqn.params["body_jaxpr"], _trip_count(eqn, known), 1, runs, manual)
+def _unrolled(eqn: Any) -> int:
+    """How many copies of a scan's body one run of its loop holds (1 for a `while`)."""
+    if eqn.primitive.name != "scan":
+        return 1
+    length, unroll = int(eqn.params["length"]), eqn.params.get("unroll", 1)
+    return length if unroll is True or not unroll else min(max(int(unroll), 1), max(length, 1))
+
+
+def _scan_counts(eqn: Any) -> tuple[int, int]:
+    """A scan's trip count, and how many copies of its body XLA counts."""
+    # JAX lowers a scan unrolled `u` times as a loop over `u` copies of the body plus the
+    # `length % u` left over, and XLA counts each copy once.
+    length, per_step = int(eqn.params["length"]), _unrolled(eqn)
+    return length, per_step + length % per_step if length else 0
+
+
+def _loop_of(eqn: Any, reads: dict[int, int], made: dict[int, Any]) -> _Loop:
+    """The loop of a `scan` or `while` equation: its body, the carries that start as a
+    constant, and the outputs that nothing reads after it."""
+    if eqn.primitive.name == "scan":
+        n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+        scan: tuple[int, int, int] | None = (n_consts, n_carry, int(eqn.params["length"]))
+        body, reverse, skip = eqn.params["jaxpr"], bool(eqn.params["reverse"]), 0
+    else:
+        n_consts, n_carry = eqn.params["body_nconsts"], len(eqn.outvars)
+        scan, body, reverse, skip = None, eqn.params["body_jaxpr"], False, eqn.params["cond_nconsts"]
+    starts = []
+    for k in range(n_consts, n_consts + n_carry):
+        value = _filled(eqn.invars[skip + k], made)
+        if value is not None:
+            starts.append((k, value))
+    unread = frozenset(k for k, v in enumerate(eqn.outvars) if not reads.get(id(v)))
+    length, per_step = int(eqn.params.get("length", 0)), _unrolled(eqn)
+    if scan is not None and length % per_step:
+        # The runs left over from an unrolled scan are straight-line code, which XLA
+        # simplifies where it stands: its first and last runs are counted as any other.
+        starts, unread = [], frozenset(k for k in unread if k >= n_carry)
+    return _Loop(body, scan, reverse, tuple(starts), unread)
+
+
+def _filled(atom: Any, made: dict[int, Any]) -> Any:
+    """The scalar that `atom` is filled with, where it is a constant (a literal, broadcast,
+    reshaped or converted: `jnp.zeros` of a carry, also batched by `vmap`), else None."""
+    for _ in range(16):
+        if isinstance(atom, jex.Literal):
+            value = np.asarray(atom.val)
+            return value.item() if value.shape == () else None
+        eqn = made.get(id(atom))
+        if eqn is None or eqn.primitive.name not in ("broadcast_in_dim", "reshape", "convert_element_type"):
+            return None
+        atom = eqn.invars[0]
+    return None
+
+
+def _uncounted(
+    loops: tuple[_Loop, ...],
+    trips: int,
+    counted: int,
+    runs: int,
+    manual: _Manual | None,
+    mesh: Any,
+    wires: tuple[tuple[int, bool, int], ...] = (),
+) -> list[_Body]:
+    """The runs of `loops` that XLA does not count, which XLA counts `counted` times (one run
+    alone each, as the loop runs it). Where an unrolled program simplifies its first or
+    last run (a carry that starts as a constant is folded into the first; a last value that
+    nothing reads is dropped from the last), those two cost as a two-run loop unrolled
+    alone, and each other run as one run alone."""
+    if trips <= counted:
+        return []
+    if not any(_simplified(loop, manual, mesh) for loop in loops):
+        weights = {(1, False): runs * (trips - counted)}
+    else:
+        weights = {(2, True): runs, (1, False): runs * (trips - 2 - counted)}
+    return [_Body(loops, w, manual, mesh, n, e, wires) for (n, e), w in weights.items() if w]
+
+
+def _simplified(loop: _Loop, manual: _Manual | None, mesh: Any) -> bool:
+    """Whether an unrolled program simplifies the first or last run of `loop`."""
+    if loop.starts and manual is None and mesh is None:
+        return True
+    n_carry = loop.scan[1] if loop.scan is not None else len(loop.jaxpr.out_avals)
+    return any(k < n_carry for k in loop.unread)
+
+
+def _reads_stacked(
+    eqn: Any, stacked: dict[int, tuple[Any, _Loop, list[_Body], tuple[Any, ...]]], key: tuple[Any, ...]
+) -> tuple[Any, _Loop, list[_Body], tuple[Any, ...]] | None:
+    """The earlier scan whose stacked outputs this scan reads step by step (a scan and its
+    transpose under `grad`), where both run as often in the same place."""
+    if eqn.primitive.name != "scan":
+        return None
+    head = eqn.params["num_consts"] + eqn.params["num_carry"]
+    for v in eqn.invars[head:]:
+        first = stacked.get(id(v))
+        if first is not None and first[3] == key:
+            return first
+    return None
+
+
+def _paired(
+    before: Any, loop_before: _Loop, eqn: Any, loop: _Loop, reads: dict[int, int], key: tuple[Any, ...]
+) -> list[_Body]:
+    """The runs of two scans side by side, the second reading each stacked output of the
+    first at the same step (never written to memory where nothing else reads it)."""
+    head = eqn.params["num_consts"] + eqn.params["num_carry"]
+    head_before = before.params["num_consts"] + before.params["num_carry"]
+    outs = {id(v): k for k, v in enumerate(before.outvars) if k >= before.params["num_carry"]}
+    ins = {id(v): k for k, v in enumerate(before.invars) if k >= head_before}
+    wires = []
+    for k in range(head, len(eqn.invars)):
+        v = eqn.invars[k]
+        if id(v) in outs:
+            wires.append((k, True, outs[id(v)]))
+        elif id(v) in ins:
+            wires.append((k, False, ins[id(v)]))
+    # A stacked output of the first that only the second reads is no output of the pair.
+    inner = frozenset(k for _, out, k in wires if out and reads.get(id(before.outvars[k])) == 1)
+    loop_before = dataclasses.replace(loop_before, unread=loop_before.unread | inner)
+    trips, counted, runs, manual, mesh = key
+    return _uncounted((loop_before, loop), trips, counted, runs, manual, mesh, tuple(wires))
 
 
 # Equations whose jaxprs XLA does not see as HLO loops (a Pallas kernel is a custom call).
@@ -366,25 +510,96 @@ def _defining(jaxpr: jex.Jaxpr, var: Any) -> Any:
 
 
 # -- what one run of a body costs -----------------------------------------------------
-def _scan_step(body: _Body) -> tuple[Callable[..., Any], list[Any], list[tuple[int, ...]]]:
-    """One step of a scan as its loop runs it: the body reading its slice of each scanned
-    input at a step index, the types of its arguments (a scanned input's per step, and the
-    index last) and their shapes (a scanned input's whole). Its stacked outputs are left as
-    the step's own: XLA's analysis counts a slice written in place as the whole buffer,
-    which the loop does not touch."""
-    run = jex.jaxpr_as_fun(body.jaxpr)
-    assert body.scan is not None
-    n_consts, n_carry, length = body.scan
-    avals = list(body.jaxpr.in_avals)
-    head = n_consts + n_carry
+def _step(body: _Body) -> tuple[Callable[..., Any], list[Any], list[tuple[int, ...]], list[Any], list[bool], int]:
+    """`body.steps` runs of a body's loops back to back as the program runs them: the
+    function, the types of its arguments (a scanned input's per step, and the step index
+    last), their shapes (a scanned input's whole), the types of its outputs and which
+    arguments are carries updated in place (whose outputs come first, as many as the last
+    figure). Each run
+    takes the carries of the one before; a scan reads its slice of each scanned input at
+    the step index; its stacked outputs are left as the step's own: XLA's analysis counts a
+    slice written in place as the whole buffer, which the loop does not touch. Of the first
+    and last runs (`edges`), a carry that starts as a constant is that constant, and a last
+    value that nothing reads is no output. Of a pair, the second reads the first's stacked
+    outputs, and the scanned inputs they share, at the same step. Only the outputs a body
+    computes count, each once: an input passed through, or a value returned twice, is one
+    buffer in the loop, where a program of its own would copy it."""
+    plans = []  # per loop: its inputs ("arg", slot, scanned?) / ("fill", value) / ("wire", ...)
+    outputs: list[tuple[int, int, int]] = []  # (loop, run, body output)
+    avals: list[Any] = []
+    shapes: list[tuple[int, ...]] = []
+    slots: list[tuple[int, int]] = []  # per argument: its loop and body input
+    wired = {k: (out, j) for k, out, j in body.wires}
+    n = body.steps
+    for m, loop in enumerate(body.loops):
+        n_consts = loop.scan[0] if loop.scan is not None else len(loop.jaxpr.in_avals) - len(loop.jaxpr.out_avals)
+        n_carry = loop.scan[1] if loop.scan is not None else len(loop.jaxpr.out_avals)
+        head = n_consts + n_carry
+        fills = dict(loop.starts) if body.edges and body.manual is None and body.mesh is None else {}
+        inputs: list[tuple[Any, ...]] = []
+        for k, aval in enumerate(loop.jaxpr.in_avals):
+            if k in fills:
+                inputs.append(("fill", fills[k]))
+            elif m == 1 and k in wired:
+                inputs.append(("wire", *wired[k]))
+            else:
+                inputs.append(("arg", len(avals), k >= head))
+                slots.append((m, k))
+                avals.append(aval)
+                shapes.append((loop.scan[2], *aval.shape) if k >= head and loop.scan is not None else aval.shape)
+        inner = loop.jaxpr.jaxpr
+        for r in range(n):
+            last = r == n - 1
+            seen = set(map(id, inner.invars))
+            for k, var in enumerate(inner.outvars):
+                dropped = k in loop.unread and (k >= n_carry or (last and body.edges))
+                if (k < n_carry and not last) or dropped or isinstance(var, jex.Literal) or id(var) in seen:
+                    continue
+                outputs.append((m, r, k))
+                seen.add(id(var))
+        plans.append((inputs, n_consts, n_carry))
+    # A carry updated in place: its argument is donated, matched to its output (outputs of
+    # those come first, in the arguments' order, so that donation pairs them one to one).
+    last_carries = {(m, k + plans[m][1]) for m, r, k in outputs if r == n - 1 and k < plans[m][2]}
+    carried = [slot in last_carries for slot in slots]
+    front = [(m, n - 1, k - plans[m][1]) for m, k in slots if (m, k) in last_carries]
+    outputs = front + [o for o in outputs if o not in front]
+    out_avals = [body.loops[m].jaxpr.out_avals[k] for m, _, k in outputs]
+    scans = any(loop.scan is not None for loop in body.loops)
+    if scans:
+        avals.append(jax.ShapeDtypeStruct((), np.dtype(np.int32)))
+        shapes.append(())
+        carried.append(False)
 
-    def step(*args: Any) -> list[Any]:
-        xs, i = args[head:-1], args[-1]
-        return list(run(*args[:head], *(lax.dynamic_index_in_dim(x, i, keepdims=False) for x in xs)))
+    def run(*args: Any) -> list[Any]:
+        index = args[-1] if scans else 0
+        results: dict[tuple[int, int], list[Any]] = {}
+        firsts: dict[int, tuple[list[Any], list[Any]]] = {}  # the first loop's (outputs, inputs) by step
+        for m, (loop, (inputs, n_consts, n_carry)) in enumerate(zip(body.loops, plans, strict=True)):
+            carries: list[Any] | None = None
+            for r in range(n):
+                at = n - 1 - r if loop.reverse else r  # the step this run reads and writes
+                values = []
+                for k, plan in enumerate(inputs):
+                    aval = loop.jaxpr.in_avals[k]
+                    if carries is not None and n_consts <= k < n_consts + n_carry:
+                        values.append(carries[k - n_consts])
+                    elif plan[0] == "fill":
+                        values.append(jnp.full(aval.shape, plan[1], aval.dtype))
+                    elif plan[0] == "wire":
+                        values.append(firsts[at][0 if plan[1] else 1][plan[2]])
+                    elif plan[2]:
+                        values.append(lax.dynamic_index_in_dim(args[plan[1]], index + at, keepdims=False))
+                    else:
+                        values.append(args[plan[1]])
+                outs = list(jex.jaxpr_as_fun(loop.jaxpr)(*values))
+                carries = outs[:n_carry]
+                if m == 0:
+                    firsts[at] = (outs, values)
+                results[m, r] = outs
+        return [results[m, r][k] for m, r, k in outputs]
 
-    index = jax.ShapeDtypeStruct((), np.dtype(np.int32))
-    shapes = [a.shape for a in avals[:head]] + [(length, *a.shape) for a in avals[head:]] + [()]
-    return step, [*avals, index], shapes
+    return run, avals, shapes, out_avals, carried, len(front)
 
 
 def _on_mesh(aval: Any, shape: tuple[int, ...], mesh: Any) -> jax.ShapeDtypeStruct:
@@ -395,35 +610,24 @@ def _on_mesh(aval: Any, shape: tuple[int, ...], mesh: Any) -> jax.ShapeDtypeStru
     return jax.ShapeDtypeStruct(shape, aval.dtype, weak_type=aval.weak_type, sharding=sharding)
 
 
-def _body_program(body: _Body) -> tuple[Callable[..., Any], list[Any]]:
-    """The body as a program of its own, and its arguments' types: inside a `shard_map` over
+def _body_program(body: _Body) -> tuple[Callable[..., Any], list[Any], list[bool], int]:
+    """The body as a program of its own, its arguments' types, which of them are carries
+    updated in place, and how many outputs (the first) are those carries: inside a `shard_map` over
     the same mesh where it sits in one, each value that varies over manual axes given a
     leading axis of their size, split over them (so each device sees the body's own type)."""
-    if body.scan is not None:
-        whole, avals, shapes = _scan_step(body)
-    else:
-        whole, avals = jex.jaxpr_as_fun(body.jaxpr), body.jaxpr.in_avals
-        shapes = [a.shape for a in avals]
-    # Only the outputs the body computes, each once: an input passed through, or a value
-    # returned twice, is one buffer in the loop, where a program of its own would copy it.
-    inner = body.jaxpr.jaxpr
-    keep, seen = [], set(map(id, inner.invars))
-    for k, var in enumerate(inner.outvars):
-        if not isinstance(var, jex.Literal) and id(var) not in seen:
-            keep.append(k)
-            seen.add(id(var))
-    out_avals = [body.jaxpr.out_avals[k] for k in keep]
-
-    def run(*args: Any) -> list[Any]:
-        outs = whole(*args)
-        return [outs[k] for k in keep]
-
+    run, avals, shapes, out_avals, carried, front = _step(body)
     if body.mesh is not None:
-        return run, [_on_mesh(a, shape, body.mesh) for a, shape in zip(avals, shapes, strict=True)]
+        return run, [_on_mesh(a, shape, body.mesh) for a, shape in zip(avals, shapes, strict=True)], carried, front
     if body.manual is None:
-        return run, [
-            jax.ShapeDtypeStruct(shape, a.dtype, weak_type=a.weak_type) for a, shape in zip(avals, shapes, strict=True)
-        ]
+        return (
+            run,
+            [
+                jax.ShapeDtypeStruct(shape, a.dtype, weak_type=a.weak_type)
+                for a, shape in zip(avals, shapes, strict=True)
+            ],
+            carried,
+            front,
+        )
     mesh, manual = body.manual.mesh, body.manual
 
     def axes_of(aval: Any) -> tuple[str, ...]:
@@ -454,7 +658,7 @@ def _body_program(body: _Body) -> tuple[Callable[..., Any], list[Any]]:
         sharding = NamedSharding(mesh, spec(ax, len(shape))) if concrete else None
         whole_shape = (math.prod(mesh.shape[n] for n in ax), *shape) if ax else shape
         arguments.append(jax.ShapeDtypeStruct(whole_shape, a.dtype, weak_type=a.weak_type, sharding=sharding))
-    return program, arguments
+    return program, arguments, carried, front
 
 
 def _cost_of_runs(bodies: Sequence[_Body]) -> tuple[float, float] | None:
@@ -465,15 +669,24 @@ def _cost_of_runs(bodies: Sequence[_Body]) -> tuple[float, float] | None:
 
     def side_by_side(*args: Any) -> list[Any]:
         outs, start = [], 0
-        for program, arguments in programs:
+        for program, arguments, _, _ in programs:
             outs.append(program(*args[start : start + len(arguments)]))
             start += len(arguments)
-        return outs
+        # The carries of all bodies first, in their arguments' order, to be donated to.
+        fronts = [front for _, _, _, front in programs]
+        return [y for out, front in zip(outs, fronts, strict=True) for y in out[:front]] + [
+            y for out, front in zip(outs, fronts, strict=True) for y in out[front:]
+        ]
 
     mesh = bodies[0].mesh
     try:
-        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-            lowered = jax.jit(side_by_side).lower(*(a for _, arguments in programs for a in arguments))
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(), warnings.catch_warnings():
+            # The loop updates its carries in place: each body's carries are donated to it
+            # (a carry that no output matches, as a dropped last value, is not reused).
+            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
+            donated = [i for i, c in enumerate(c for _, _, carried, _ in programs for c in carried) if c]
+            flat = [a for _, arguments, _, _ in programs for a in arguments]
+            lowered = jax.jit(side_by_side, donate_argnums=donated).lower(*flat)
             analysis = _compat.cost_analysis(lowered.compile())
     except Exception:  # our own program of the user's bodies: any failure means "not known"
         return None
@@ -486,7 +699,7 @@ def _cost_of_runs(bodies: Sequence[_Body]) -> tuple[float, float] | None:
 def _missed(terms: list[_Term]) -> tuple[float, float, bool]:
     """The (flops, bytes, exact) that XLA's analysis misses for `terms`: each distinct body
     once with all its extra runs, the bodies with as many extra runs compiled together."""
-    runs: dict[tuple[int, _Manual | None, Any], tuple[_Body, int]] = {}
+    runs: dict[tuple[Any, ...], tuple[_Body, int]] = {}
     flops = accessed = 0.0
     exact = True
     for term in terms:
@@ -494,12 +707,15 @@ def _missed(terms: list[_Term]) -> tuple[float, float, bool]:
             f, b, e = max((_missed(branch) for branch in term.branches), key=lambda fbe: fbe[0])
             flops, accessed, exact = flops + f, accessed + b, exact and e
             continue
-        key = (id(term.jaxpr.jaxpr), term.manual, term.mesh)
+        loops = tuple((id(loop.jaxpr.jaxpr), loop.reverse, loop.starts, loop.unread) for loop in term.loops)
+        key = (loops, term.steps, term.edges, term.wires, term.manual, term.mesh)
         runs[key] = (term, runs[key][1] + term.extra_runs if key in runs else term.extra_runs)
     groups: dict[tuple[int, _Manual | None, Any], list[_Body]] = {}
     for body, extra in runs.values():
         groups.setdefault((extra, body.manual, body.mesh), []).append(body)
     for (extra, _, _), bodies in groups.items():
+        if not extra:
+            continue
         parts = [_cost_of_runs(bodies)]
         if parts[0] is None and len(bodies) > 1:  # which one fails: the others still count
             parts = [_cost_of_runs([body]) for body in bodies]
