@@ -343,6 +343,10 @@ def test_manager_directories(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=r"is not an orbax checkpoint: it has no _METADATA file"):
         ts.restore_plan(tmp_path / "empty", target)
+    damaged = tmp_path / "run" / "1" / "default"
+    (damaged / "_METADATA").write_text("{")
+    with pytest.raises(ValueError, match=r"the metadata of the checkpoint '.*default' cannot be read: "):
+        ts.restore_plan(damaged, target)
 
 
 def test_the_metadata_tree_itself(saved):
