@@ -38,6 +38,8 @@ Pytree shape inference for JAX, from the command line.
   treeshape cost MODULE:ATTR ...    what its compiled program needs (FLOPs, bytes)
   treeshape fit MODULE:ATTR ... --dim b --budget 16GiB
                                     the largest size of dimension b that fits
+  treeshape restore-plan CKPT MODULE:ATTR
+                                    what restoring a checkpoint into it would do
 """
 
 _SPECS: Final = """\
