@@ -20,6 +20,7 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx, serialization
 from flax.training import train_state
+from hypothesis import given, strategies as st
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import treeshape as ts
@@ -343,6 +344,10 @@ def test_manager_directories(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=r"is not an orbax checkpoint: it has no _METADATA file"):
         ts.restore_plan(tmp_path / "empty", target)
+    damaged = tmp_path / "run" / "1" / "default"
+    (damaged / "_METADATA").write_text("{")
+    with pytest.raises(ValueError, match=r"the metadata of the checkpoint '.*default' cannot be read: "):
+        ts.restore_plan(damaged, target)
 
 
 def test_the_metadata_tree_itself(saved):
@@ -350,8 +355,8 @@ def test_the_metadata_tree_itself(saved):
     with ocp.PyTreeCheckpointer() as checkpointer:
         metadata = checkpointer.metadata(paths["optax"]).item_metadata
     target = jax.tree.map(jnp.zeros_like, trees["optax"])
-    for given in (metadata, metadata.tree):
-        _same_values(ts.restore_plan(given, target).restore(), trees["optax"])
+    for tree in (metadata, metadata.tree):
+        _same_values(ts.restore_plan(tree, target).restore(), trees["optax"])
 
 
 def test_bad_renames(tmp_path):
@@ -454,3 +459,40 @@ def test_the_plans_table(tmp_path):
     ]
     page = plan._repr_html_()
     assert "<td" in page and "&lt;b&gt;" in page and "<b>" not in page and "kept" in page
+
+
+# -- an invariant: the suggested renames, applied, take every leaf they were suggested for ------
+_NAME = st.from_regex(r"[a-z]{1,6}(_[0-9])?", fullmatch=True)
+
+
+def _respelled(name, how):
+    """`name` as another framework spells it: capitalised, or without its separator."""
+    return name.capitalize() if how == 0 else name.replace("_", "")
+
+
+@given(
+    st.dictionaries(
+        _NAME,
+        st.dictionaries(_NAME, st.sampled_from([(2,), (3, 2), ()]), min_size=1, max_size=3),
+        min_size=1,
+        max_size=4,
+    ),
+    st.lists(st.integers(0, 1), min_size=4, max_size=4),
+)
+def test_suggested_renames_take_the_leaves_they_name(layout, hows):
+    # a checkpoint's metadata tree (ShapeDtypeStructs stand for orbax's ArrayMetadata), and a
+    # target whose top-level names are spelled another way
+    saved = {k: {n: jax.ShapeDtypeStruct(s, jnp.float32) for n, s in v.items()} for k, v in layout.items()}
+    names = {k: _respelled(k, hows[i % 4]) for i, k in enumerate(saved)}
+    target = {names[k]: {n: np.zeros(s.shape, s.dtype) for n, s in v.items()} for k, v in saved.items()}
+    plan = ts.restore_plan(saved, target)
+    suggested = {}
+    for e in plan.entries:
+        if e.fate == "missing":
+            m = re.search(r'rename=\{"(.*?)": "(.*?)"\}', e.reason)
+            assert m, e.reason
+            suggested[m.group(1)] = m.group(2)
+    assert plan.ok == (not suggested)
+    fixed = ts.restore_plan(saved, target, rename=suggested)
+    assert fixed.ok and {e.fate for e in fixed.entries} <= {"same", "renamed"}
+    assert len(fixed.entries) == sum(len(v) for v in saved.values())

@@ -39,6 +39,8 @@ Pytree shape inference for JAX, from the command line.
   treeshape fit MODULE:ATTR ... --dim b --budget 16GiB
                                     the largest size of dimension b that fits
   treeshape targets                 the accelerators cost/fit --target NAME compile for
+  treeshape restore-plan CKPT MODULE:ATTR
+                                    what restoring a checkpoint into it would do
 """
 
 _SPECS: Final = """\

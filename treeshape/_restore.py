@@ -127,10 +127,15 @@ def _read_metadata(path: pathlib.Path) -> Any:
 
     try:
         with ocp.PyTreeCheckpointer() as checkpointer:
-            tree = checkpointer.metadata(path).item_metadata.tree
+            item = checkpointer.metadata(path).item_metadata
     except Exception as err:
         raise ValueError(f"{_WHO}: the metadata of the checkpoint {str(path)!r} cannot be read: {err}") from err
-    return tree
+    if item is None or getattr(item, "tree", None) is None:
+        raise ValueError(
+            f"{_WHO}: the metadata of the checkpoint {str(path)!r} cannot be read: orbax finds no pytree metadata "
+            "there (its _METADATA file or an array's header is missing or damaged)"
+        )
+    return item.tree
 
 
 def _is_metadata(x: Any) -> bool:
@@ -409,7 +414,11 @@ def restore_plan(
             if entry.fate not in _REFUSED:
                 sources[w.path] = hit.source
     extras = [s for s in saved if s.source not in used]
-    entries = [_suggest(e, extras, wanted) if e.fate == "missing" else e for e in entries]
+    alike: dict[Any, list[_Saved]] = {}
+    for s in extras:
+        alike.setdefault((tuple(_tokens(s.parts)), s.leaf.shape, s.leaf.dtype), []).append(s)
+    by_path = {w.path: w for w in wanted}
+    entries = [_suggest(e, by_path[e.path], alike) if e.fate == "missing" else e for e in entries]
     for s in extras:
         reason = "no target leaf takes it: not read"
         if extra == "error":
@@ -461,21 +470,16 @@ def _entry(w: _Wanted, s: _Saved | None, missing: str, allowed: Callable[[Any, A
     return Restore(w.path, "same", s.source, s.leaf, w.leaf, "")
 
 
-def _suggest(entry: Restore, extras: list[_Saved], wanted: list[_Wanted]) -> Restore:
-    """A missing entry's reason, with the one `rename` entry that would take it, where an
-    unused checkpoint leaf of its type differs from it only in case, separators or numbering."""
-    w = next(w for w in wanted if w.path == entry.path)
-    tokens = _tokens(w.parts)
-    alike = [
-        s
-        for s in extras
-        if _tokens(s.parts) == tokens and s.leaf.shape == w.leaf.shape and s.leaf.dtype == w.leaf.dtype
-    ]
-    if len(alike) != 1:
+def _suggest(entry: Restore, w: _Wanted, alike: dict[Any, list[_Saved]]) -> Restore:
+    """A missing entry's reason, with the one `rename` entry that would take it, where one
+    unused checkpoint leaf of its type differs from it only in case, separators or numbering
+    (`alike`: the unused leaves by their path's tokens, shape and dtype)."""
+    found = alike.get((tuple(_tokens(w.parts)), w.leaf.shape, w.leaf.dtype), [])
+    if len(found) != 1:
         hint = ", or rename a checkpoint leaf onto it" if "missing=" in entry.reason else ""
         hint = hint or "; rename a checkpoint leaf onto it, or missing='keep'"
         return dataclasses.replace(entry, reason=entry.reason + hint)
-    s = alike[0]
+    s = found[0]
     n = 0  # the length of the common tail
     while n < min(len(s.parts), len(w.parts)) - 1 and s.parts[-1 - n] == w.parts[-1 - n]:
         n += 1
