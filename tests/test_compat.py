@@ -297,6 +297,15 @@ def test_broken_constraints_are_decided_only_for_bound_names():
     assert _compat.broken_constraints(b.scope, {"b": 4, "s": 6}) == []
 
 
+def test_constraint_beyond_finds_the_constraint_that_only_sizes_above_the_limit_satisfy():
+    limit = 2**63 - 1
+    assert _compat.constraint_beyond([f"b >= {2**70}"], limit) == f"b >= {2**70}"
+    assert _compat.constraint_beyond(["b >= 4", f"c >= {2**63}"], limit) == f"c >= {2**63}"
+    assert _compat.constraint_beyond(["b >= 2*c", f"c >= {2**62}"], limit) is None  # c may be 2**62, b 2**63
+    assert _compat.constraint_beyond([f"b <= {2**70}", "b >= 4"], limit) is None  # undecided: JAX's error is caught
+    assert _compat.constraint_beyond([], limit) is None
+
+
 def test_always_negative_decides_only_what_every_allowed_size_gives():
     scope = _compat.make_scope(["b <= 3"])
     assert _compat.always_negative(_compat.parse_dim("b - 5", scope))

@@ -259,6 +259,9 @@ def test_treescope_renders_a_foldable_tree_of_compact_leaves():
     assert text.startswith("Structure(\n  tree={'act': 'relu', ")
     assert "'w': f32[2,3]}" in text and f"'k': ({weak}, [bf16[2]])" in text
     assert "leaves=4," in text and "object at 0x" not in text
+    (b,) = jax.export.symbolic_shape("b")
+    text = treescope.render_to_text(ts.structure_of({"x": jax.ShapeDtypeStruct((3 * b,), jnp.float32)}))
+    assert "size=3*b," in text and "nbytes=12*b B" in text and " at 0x" not in text and "_DimExpr" not in text
 
 
 @pytest.mark.parametrize("max_rows", [2, 5, 50])

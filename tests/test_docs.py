@@ -7,8 +7,11 @@ step, the search, the peak, loops). `mkdocs build --strict` checks the rest."""
 
 import pathlib
 import re
+import warnings
+from typing import Final
 
 import jax
+import pytest
 
 import treeshape as ts
 
@@ -268,3 +271,61 @@ def test_the_fit_guides_loops_section_prints_what_it_shows(capsys):
 
 def test_the_fit_guides_train_step_prints_what_it_shows(capsys):
     _prints_what_it_shows(_section_pairs("fit.md", "A train step as you run it", 3), capsys)
+
+
+# -- every python block of a guide runs as written, in order -------------------------------
+# Pages whose python blocks run whole, each page in one namespace. Not yet here: fit.md (about
+# ten minutes of compiling on two cores; its sections are run by the tests above).
+_WHOLE_PAGES: Final = (
+    "index.md",
+    "getting-started.md",
+    "guide/caching.md",
+    "guide/carries.md",
+    "guide/cli.md",
+    "guide/retraces.md",
+    "guide/settle.md",
+    "guide/sharding.md",
+    "guide/structures.md",
+    "guide/symbolic.md",
+    "guide/testing.md",
+    "guide/weak-types.md",
+)
+# Blocks that need what a test process lacks, by page and a line of theirs: kept small.
+_NOT_RUNNABLE: Final = {
+    ("guide/sharding.md", "jax.distributed.initialize()"): "several processes of a cluster",
+    ("guide/sharding.md", 'jax.config.update("jax_num_cpu_devices", 2)'): "a process of its own per host",
+}
+
+
+def _python_blocks(page: str) -> list[str]:
+    """The code of each python block of `page`, in order (a `>>>` session as its code), but
+    the blocks of `_NOT_RUNNABLE`."""
+    text = (ROOT / "docs" / page).read_text()
+    out = []
+    for indent, block in _BLOCK.findall(text):
+        lines = [line[len(indent) :] for line in block.splitlines()]
+        if lines and lines[0].startswith(">>> "):
+            lines = [line[4:] for line in lines if line.startswith((">>> ", "... "))]
+        code = "\n".join(lines)
+        if not any(p == page and line in code for p, line in _NOT_RUNNABLE):
+            out.append(code)
+    return out
+
+
+def test_the_not_runnable_blocks_are_there():
+    for page, line in _NOT_RUNNABLE:
+        assert line in (ROOT / "docs" / page).read_text(), (page, line)
+
+
+@pytest.mark.parametrize("page", _WHOLE_PAGES)
+def test_every_python_block_of_the_guide_runs_as_written_in_order(page, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # a guide may write files (cli.md's state.json)
+    blocks = _python_blocks(page)
+    assert blocks
+    namespace: dict = {"__name__": "__docs__"}
+    with jax.enable_x64(False), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ts.PrecisionWarning)  # carries.md shows one on purpose
+        for i, code in enumerate(blocks):
+            exec(compile(code, f"<{page} block {i}>", "exec"), namespace)
+    capsys.readouterr()
+    ts.clear_cache()

@@ -7,6 +7,7 @@ inside `jit` and `vmap`; the table; the errors; the command line."""
 
 import dataclasses
 import functools as ft
+import html
 import math
 import re
 import subprocess
@@ -433,3 +434,59 @@ def test_command_line_names(capsys):
     budget = f"{math.ceil(peak * 10 / 1024) / 10:g}KiB"  # the budget it names fits
     assert main(["fit", "jax.numpy:matmul", "f32[b,784]", "f32[784,10]", "--dim", "b", "--budget", budget]) == 0
     assert capsys.readouterr().out.splitlines()[2].split()[0] == "b"  # size 1 fits, perhaps more
+
+
+# -- what the table says of its figures -------------------------------------------------
+def test_a_peak_that_does_not_grow_in_a_line_shows_no_fixed_or_per_unit_figure():
+    fit = ts.largest_fit(lambda x: x @ x.T, jax.ShapeDtypeStruct((B, 64), F32), dim="b", budget=2**22)
+    peak = fit.cost.peak_bytes
+    assert fit.size > 64 and peak >= 4 * fit.size**2  # the b x b output: quadratic in b
+    line = fit.fixed_bytes + fit.per_unit_bytes * fit.size
+    assert line < 0.5 * peak  # the probes' line (b = 1 and 64) passes far below the answer
+    text = str(fit)
+    assert re.search(r"^fixed +not shown$", text, flags=re.MULTILINE)
+    assert re.search(r"^per unit of b +not shown$", text, flags=re.MULTILINE)
+    [note] = [line for line in text.splitlines() if line.startswith("note: fixed")]
+    assert re.fullmatch(
+        rf"note: fixed and per unit are not shown: the line through the probes gives [\d.]+ KiB at b={fit.size}, "
+        r"not its peak of [\d.]+ MiB \(the peak does not grow in a line in b\)",
+        note,
+    )
+    assert "fixed -" not in text and "not shown" in fit._repr_html_()
+
+
+def test_a_negative_fixed_size_is_never_shown_and_a_line_near_the_answer_is():
+    cost = ts.Cost(
+        flops=0.0,
+        bytes_accessed=0,
+        argument_bytes=400,
+        output_bytes=400,
+        temp_bytes=0,
+        alias_bytes=0,
+        peak_bytes=800,
+        device_bytes=None,
+    )
+    near = ts.Fit(dim="b", size=100, cost=cost, fixed_bytes=20.0, per_unit_bytes=7.5, budget=1000, compiles=4)
+    assert re.search(r"^fixed +20 B +20$", str(near), flags=re.MULTILINE) and "note" not in str(near)
+    negative = dataclasses.replace(near, fixed_bytes=-249_141.0, per_unit_bytes=2_499.0)  # through 800 B at b=100
+    assert re.search(r"^fixed +not shown$", str(negative), flags=re.MULTILINE) and "-249" not in str(negative)
+
+
+def test_the_table_says_where_its_figures_come_from_as_the_cost_does():
+    cost = ts.Cost(
+        flops=0.0,
+        bytes_accessed=0,
+        argument_bytes=400,
+        output_bytes=400,
+        temp_bytes=0,
+        alias_bytes=0,
+        peak_bytes=800,
+        device_bytes=None,
+        backend="cpu x32 (simulated)",
+    )
+    fit = ts.Fit(dim="b", size=100, cost=cost, fixed_bytes=0.0, per_unit_bytes=8.0, budget=1000, compiles=4)
+    [said] = [line for line in str(cost).splitlines() if line.startswith("compiled for: ")]
+    assert said.startswith("compiled for: cpu x32 (simulated): ")
+    assert said in str(fit).splitlines() and html.escape(said) in fit._repr_html_()
+    local = dataclasses.replace(fit, cost=dataclasses.replace(cost, backend="cpu x8"))
+    assert "compiled for" not in str(local) and "compiled for" not in str(local.cost)

@@ -637,7 +637,7 @@ def _deep_aux(depth):
 BAD_DOCS = {
     "unknown_node_type": (_doc([{"type": "set", "n": 0}], []), "unknown node type 'set'"),
     "too_few_leaves": (_doc([{"type": "list", "n": 2}, "*", "*"], [_leaf("[0]")]), "2 leaves, but there are 1"),
-    "too_few_nodes": (_doc([{"type": "list", "n": 3}, "*"], []), "only 1 nodes follow it"),
+    "too_few_nodes": (_doc([{"type": "list", "n": 3}, "*"], []), "claims 3 children, but only 1 nodes follow it"),
     "two_roots": (_doc(["*", "*"], [_leaf(""), _leaf("")]), "form 2 trees"),
     "empty_treedef": (_doc([], []), "at least one node"),
     "unsorted_keys": (_doc([{"type": "dict", "keys": ["b", "a"]}, "*", "*"], []), "JAX's sorted order"),

@@ -288,6 +288,20 @@ def test_bad_arguments():
         ts.settle(lambda s: s, {"w": jax.ShapeDtypeStruct((2,), jnp.float32)})
 
 
+def test_a_state_of_free_symbolic_dimensions_is_told_to_bind_them_and_the_advice_runs():
+    (b, c) = jax.export.symbolic_shape("b, c")
+    state = {"w": jax.ShapeDtypeStruct((b, 2), jnp.float32), "v": jax.ShapeDtypeStruct((c,), jnp.float32)}
+    with pytest.raises(TypeError) as info:
+        ts.settle(lambda s: s, state)
+    advice = "`ts.structure_of(state).bind(c=..., b=...).zeros()`"
+    assert str(info.value) == (
+        "treeshape.settle: `state` holds a jax.ShapeDtypeStruct, which has no value to convert, of symbolic "
+        f"dimensions (c, b): bind them to sizes and build values with {advice} instead."
+    )
+    settled = ts.settle(lambda s: s, ts.structure_of(state).bind(c=4, b=3).zeros())  # as advised, with sizes
+    assert jax.tree.map(jnp.shape, settled) == {"w": (3, 2), "v": (4,)}
+
+
 def test_errors_from_step_keep_their_type_and_frame():
     def step(state):
         raise KeyError("missing batch")

@@ -456,5 +456,7 @@ def test_a_device_free_abstract_mesh_with_other_axes_is_still_refused(kind):
     with jax.set_mesh(other), pytest.raises(ValueError, match=r"tree\['w'\].*jax.set_mesh"):
         s.zeros()
     flipped = AxisType.Auto if kind == AxisType.Explicit else AxisType.Explicit  # same sizes, other types
-    with jax.set_mesh(_mesh(kind=flipped)), pytest.raises(ValueError, match=r"tree\['w'\]"):
+    with jax.set_mesh(_mesh(kind=flipped)), pytest.raises(ValueError, match=r"tree\['w'\]") as info:
         s.zeros()
+    assert f"('data': 2, 'model': 4; {flipped.name}) has these axes of other axis types" in str(info.value)
+    assert "no concrete mesh" not in str(info.value) and "none is set" not in str(info.value)

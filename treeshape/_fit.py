@@ -106,10 +106,32 @@ class Fit:
     # Where the budget came from when `target=` chose it (None: given, or the device's limit).
     budget_source: str | None = dataclasses.field(default=None, kw_only=True, compare=False)
 
+    def _line_off_the_answer(self) -> float | None:
+        """The probes' line, `fixed_bytes + per_unit_bytes * n`, at the answer where it does not
+        pass near the peak there (within `_NEAR`) or has a negative fixed size: the peak does not
+        grow in a line (a non-monotone or non-linear peak), and the table shows neither figure.
+        None where the line describes the answer, or where there is no line."""
+        fixed, per_unit, peak = self.fixed_bytes, self.per_unit_bytes, self.cost.peak_bytes
+        if fixed is None or per_unit is None or peak is None:
+            return None
+        line = fixed + per_unit * self.size
+        return None if fixed >= 0 and per_unit >= 0 and abs(line - peak) <= _NEAR * peak else line
+
+    def _source(self) -> list[str]:
+        """Where the figures come from, as `str(cost)` says it (a simulated mesh, a target)."""
+        return [line for line in str(self.cost).splitlines() if line.startswith(_COMPILED_FOR)]
+
     def _notes(self) -> list[str]:
         notes = []
         if self.budget_source is not None:
             notes.append(f"budget: {self.budget_source}")
+        line = self._line_off_the_answer()
+        if line is not None:
+            notes.append(
+                f"fixed and per unit are not shown: the line through the probes gives {_bytes(line)} at "
+                f"{self.dim}={self.size}, not its peak of {_bytes(self.cost.peak_bytes)} (the peak does not grow "
+                f"in a line in {self.dim})"
+            )
         if self.capped:
             notes.append(
                 f"the budget was not reached: {self.dim}={self.size} is max_size, and a larger max_size may fit more"
@@ -134,16 +156,19 @@ class Fit:
             (f"per unit of {self.dim}", _bytes(self.per_unit_bytes), exact(self.per_unit_bytes)),
             ("programs compiled", str(self.compiles), ""),
         ]
+        if self._line_off_the_answer() is not None:  # the line is not this answer's: see the note
+            rows[5:7] = [("fixed", "not shown", ""), (f"per unit of {self.dim}", "not shown", "")]
         return rows
 
     def __str__(self) -> str:
         text = grid(_HEADERS, self._rows(), right=1)
         if self.cost.buffers and not self.capped:  # what fills the budget at this size
             text += "\n\n" + _buffers.largest(self.cost.buffers, self.cost.live_peak_bytes, 5)
-        return "\n".join([text, *(f"note: {note}" for note in self._notes())])
+        return "\n".join([text, *self._source(), *(f"note: {note}" for note in self._notes())])
 
     def _repr_html_(self) -> str:
-        notes = "".join(f"<p>note: {html.escape(note)}</p>" for note in self._notes())
+        notes = "".join(f"<p>{html.escape(said)}</p>" for said in self._source())
+        notes += "".join(f"<p>note: {html.escape(note)}</p>" for note in self._notes())
         page = html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-fit")
         if self.cost.buffers and not self.capped:
             page += _buffers.largest_html(self.cost.buffers, self.cost.live_peak_bytes, 5)
@@ -151,6 +176,8 @@ class Fit:
 
 
 _HEADERS: Final = ("largest fit", "value", "exact")
+_COMPILED_FOR: Final = "compiled for: "  # the line of `str(cost)` that says where its figures come from
+_NEAR: Final = 0.1  # how far (a fraction of the peak) the probes' line may pass from the answer's peak
 
 
 def _bytes(n: float | None) -> str:

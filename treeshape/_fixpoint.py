@@ -30,6 +30,7 @@ from ._errors import (
     policy_fix,
 )
 from ._leaf import SCALAR_TYPES, flatten, leaf_str, refuse_leaked_tracers, varying_axes
+from ._shapes import has_symbolic, shape_names
 from ._sharding import carry_spec, reshard, spec_value
 from ._structure import PyTree, Structure
 from ._weak import allowing_policy, check_policy, convert, dtype_change_allowed, key_change
@@ -301,6 +302,14 @@ def _sharding_cycles(
     return mismatches, lines
 
 
+def _symbolic_names(leaves: Sequence[Any]) -> Iterator[str]:
+    """The names of the symbolic dimensions of `leaves`' shapes, in order."""
+    for leaf in leaves:
+        shape = getattr(leaf, "shape", ())
+        if isinstance(shape, tuple) and has_symbolic(shape):
+            yield from shape_names(shape)
+
+
 def convert_init(init: PyTree, carry: Structure, fn_name: str, roles: Roles = CARRY) -> PyTree:
     """`init`'s values with `carry`'s dtypes and manual axes (and with `roles.as_arrays`, every
     leaf a `jax.Array` with `carry`'s weak flag: `jax.jit` keys Python and NumPy values apart
@@ -312,6 +321,14 @@ def convert_init(init: PyTree, carry: Structure, fn_name: str, roles: Roles = CA
             build = "`ts.carry_structure(...).zeros()`"
             if roles.as_arrays:
                 build = f"`ts.structure_of({roles.init}).zeros()`"
+            names = list(dict.fromkeys(_symbolic_names(leaves)))
+            if names:  # `zeros()` needs sizes: `bind` gives them
+                sizes = ", ".join(f"{n}=..." for n in names)
+                raise TypeError(
+                    f"treeshape.{fn_name}: `{roles.init}` holds a jax.ShapeDtypeStruct, which has no value to "
+                    f"convert, of symbolic dimensions ({', '.join(names)}): bind them to sizes and build values "
+                    f"with {build.replace('.zeros()`', f'.bind({sizes}).zeros()`')} instead."
+                )
             raise TypeError(
                 f"treeshape.{fn_name}: `{roles.init}` holds a jax.ShapeDtypeStruct, which has no value to "
                 f"convert. Build values with {build} instead."

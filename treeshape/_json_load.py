@@ -374,7 +374,7 @@ def _parse(entry: Any, where: str, most: int) -> _Parsed:
     other entries, which is checked before anything of that size is built."""
     n = entry.get("n") if type(entry) is dict else None
     if type(n) is int and n > most:
-        fail(f"{where}.n", f"the node claims {n} children, but the treedef lists only {most} other nodes")
+        fail(f"{where}.n", f"the node claims {n} children, but only {most} nodes follow it in the treedef at most")
     node_data, n, keys = _node(entry, where)
     return node_data, n, None if keys is None else [_tree.key_text(key) for key in keys]
 

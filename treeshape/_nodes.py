@@ -245,7 +245,8 @@ def by_text(x: Any) -> bool:
         return False
     if isinstance(x, (types.BuiltinFunctionType, types.MethodType)):
         return True
-    if kind.__eq__ is object.__eq__ and callable(x):
+    eq: Any = kind.__eq__
+    if eq is object.__eq__ and callable(x):
         return True
     if _compat.is_namedtuple(kind):
         return len(x) > 0 and all(map(by_text, x))
@@ -256,8 +257,9 @@ def _is_static_node(x: Any) -> bool:
     """Whether `x` is a pytree node with no children that is its own node data (`nnx.split`'s
     `GraphDef`, any `jax.tree_util.register_static` class): never a leaf, so never hashed as one."""
     try:
-        treedef = jtu.tree_structure(x)
-        return treedef.num_leaves == 0 and treedef.num_nodes == 1 and treedef.node_data()[1] is x  # type: ignore[index]
+        treedef: jtu.PyTreeDef = jtu.tree_structure(x)
+        data = treedef.node_data()
+        return treedef.num_leaves == 0 and treedef.num_nodes == 1 and data is not None and data[1] is x
     except Exception:  # a node whose flattening raises
         return False
 

@@ -260,8 +260,7 @@ def place(structure: Leaves, meshes: Sequence[Any], value: Any, fn_name: str, fi
         paths = ["tree" + structure.paths[i] for i in unresolved]
         first = leaves[unresolved[0]]
         example = f"{leaf_str(first)} {spec_str(first.sharding, len(first.shape)) or 'P()'}"
-        mesh = _mesh_str(first.sharding.mesh)
-        raise ValueError(_unresolved_mesh_message(f"Structure.{fn_name}", paths, example, mesh))
+        raise ValueError(_unresolved_mesh_message(f"Structure.{fn_name}", paths, example, first.sharding.mesh))
     out = list(leaves)
     remote: list[int] = []
     for i, (leaf, sharding) in enumerate(zip(leaves, shardings, strict=True)):
@@ -283,16 +282,30 @@ def place(structure: Leaves, meshes: Sequence[Any], value: Any, fn_name: str, fi
     return out
 
 
-def _unresolved_mesh_message(fn_name: str, paths: Sequence[str], example: str, mesh: str) -> str:
+def _unresolved_mesh_message(fn_name: str, paths: Sequence[str], example: str, abstract: Any) -> str:
     """Leaves sharded over an abstract mesh that no concrete mesh in sight matches."""
+    mesh = _mesh_str(abstract)
     if len(paths) == 1:
         what = f"{paths[0]} ({example}) is sharded over an abstract mesh ({mesh})"
     else:
         listed = first_few([f"{paths[0]} ({example})", *paths[1:SHOWN]], len(paths))
         what = f"{len(paths)} leaves are sharded over an abstract mesh ({mesh}): {listed}"
+    current = _compat.current_mesh()
+    if not current.empty and (current.axis_names, current.axis_sizes) == (abstract.axis_names, abstract.axis_sizes):
+        return (
+            f"treeshape.{fn_name}: {what}, and the mesh set with `jax.set_mesh` ({_mesh_str(current)}) has "
+            "these axes of other axis types. Make the types agree: plan with "
+            "`AbstractMesh(sizes, names, axis_types=...)` of the set mesh's types (or its `mesh.abstract_mesh`), "
+            "or set a mesh of the Structure's types."
+        )
+    where = (
+        "none is set with `jax.set_mesh`"
+        if current.empty
+        else f"the one set with `jax.set_mesh` has {_mesh_str(current)}"
+    )
     return (
         f"treeshape.{fn_name}: {what}; no concrete mesh "
-        "with those axes is known here: none is set with `jax.set_mesh`, and this Structure does not come "
+        f"with those axes is known here: {where}, and this Structure does not come "
         "from an `out_structure` call whose arguments live on such a mesh (e.g. it was unpickled or read "
         "from JSON). treeshape does not drop a sharding silently. Either build the values inside "
         "`with jax.set_mesh(mesh):`, or give the leaves concrete shardings first: "
@@ -554,11 +567,20 @@ def reshard(x: Any, want: jax.ShapeDtypeStruct, fn_name: str, where: Callable[[]
     return jax.sharding.reshard(x, sharding)
 
 
+def _set_mesh_text() -> str:
+    current = _compat.current_mesh()
+    return (
+        "no mesh is set"
+        if current.empty
+        else f"the mesh set with `jax.set_mesh` ({_mesh_str(current)}) is not its mesh"
+    )
+
+
 def _carry_reshard_message(fn_name: str, where: str, spec: str) -> str:
     """`init` must move to an explicit-axes sharding but no concrete mesh is in sight."""
     return (
         f"treeshape.{fn_name}: {where} must be resharded to {spec} (the body returns it so, and explicit "
-        "mesh axes are part of a carry's type), but it is not placed on a mesh and no mesh is set. Call it "
+        f"mesh axes are part of a carry's type), but it is not placed on a mesh and {_set_mesh_text()}. Call it "
         "inside `with jax.set_mesh(mesh):`, or place the initial value on the mesh first "
         "(`jax.device_put(x, NamedSharding(mesh, P()))`)."
     )

@@ -634,7 +634,8 @@ class Structure:
         from treescope import repr_lib
 
         compact = jtu.tree_unflatten(self._treedef, [_Text(leaf_str(leaf)) for leaf in self._leaves])
-        summary = {"tree": compact, "leaves": len(self), "size": self.size, "nbytes": _Text(human_bytes(self.nbytes))}
+        size = self.size if type(self.size) is int else _Text(str(self.size))  # a symbolic size by its expression
+        summary = {"tree": compact, "leaves": len(self), "size": size, "nbytes": _Text(human_bytes(self.nbytes))}
         return repr_lib.render_object_constructor(type(self), summary, path, subtree_renderer)
 
     def __repr__(self) -> str:
