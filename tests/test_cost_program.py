@@ -461,3 +461,20 @@ def test_a_negative_donate_argnums_is_refused_as_jax_jit_ignores_it():
     with pytest.raises(ValueError, match=r"donate_argnums has -2"):
         ts.largest_fit(step, STATE, BATCH, dim="b", budget=1e6, donate_argnums=-2)
     assert ts.cost(jax.jit(step, donate_argnums=-1), STATE, BATCH).alias_bytes == 0  # the wrapper's own: as it compiles
+
+
+def _zeros_of(x, n):
+    return x.sum() + jnp.zeros(n)
+
+
+@pytest.mark.parametrize("who", ["cost", "largest_fit"])
+def test_a_note_on_a_needed_python_scalar_suggests_the_fix_in_its_functions_terms(who):
+    (b,) = jax.export.symbolic_shape("b")
+    with pytest.raises(TypeError) as info:
+        if who == "cost":
+            ts.cost(_zeros_of, X, 3)
+        else:
+            ts.largest_fit(_zeros_of, jax.ShapeDtypeStruct((b, 8), F32), 3, dim="b", budget=1e6)
+    [note] = [n for n in info.value.__notes__ if n.startswith("treeshape:")]
+    assert f"`ts.{who}(functools.partial(_zeros_of, n=3), ...)`" in note
+    assert "out_structure" not in note and "_call_pytree" not in note

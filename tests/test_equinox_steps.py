@@ -185,3 +185,14 @@ def test_nnx_jit_ops_are_nnx_jit_s_own():
     assert "args[0].linear1.kernel.value" in {b.path for b in c.buffers}
     groups = c.breakdown(depth=1)
     assert "jit(train_step)" not in groups and "transpose(jvp())" in groups
+
+
+def test_a_jitted_module_s_arrays_are_named_by_their_paths_in_it():
+    model = eqx.nn.MLP(16, 4, 32, 1, key=jax.random.key(1))
+    x = jnp.zeros(16)
+    jitted = ts.cost(eqx.filter_jit(model), x)
+    plain = ts.cost(model, x)
+    arguments = sorted(b.path for b in jitted.buffers if b.kind == "argument")
+    assert arguments == sorted(b.path for b in plain.buffers if b.kind == "argument")
+    assert "self.layers[0].weight" in arguments
+    assert jitted.argument_bytes == _compiled(eqx.filter_jit(model), x).memory_analysis().argument_size_in_bytes

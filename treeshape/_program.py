@@ -37,17 +37,19 @@ from ._cache import has_value
 from ._infer import (
     _JITTED,
     Call,
+    _call_filter_jit,
     bound_positional,
     call_path,
     core_name,
     dynamic_arguments,
     input_path,
+    is_filter_jit,
     is_jit_wrapper,
     is_output_array,
     program_signature,
     user_function,
 )
-from ._leaf import SDS, kind_of, leaf_str
+from ._leaf import ARRAY, NUMPY, SDS, kind_of, leaf_str
 from ._per_device import (
     in_shard_map,
     inner_jaxprs,
@@ -229,11 +231,14 @@ def _input_paths(
     `args[0].encoder.weight`, `kwargs['x']`, a bound value by its parameter name."""
     queues: dict[_Arg, list[str]] = {}
     n_bound_args = len(treedef.children()[0].children()[0].children())
+    wrapped = _filter_jit_paths(values, treedef)
     for (keys, _), a in zip(jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, values))[0], abstract, strict=True):
         if not a:
             continue
         given, positional, where = _nodes.key_name(keys[0]), _nodes.key_name(keys[1]), _nodes.key_name(keys[2])
         rest = jtu.keystr(tuple(keys[3:]))
+        if wrapped and (given, positional, where) == (0, 0, 0):
+            rest = wrapped.pop(0)
         if given == 1:
             owner: _Arg = ("args", where) if positional == 0 else ("named", where)
             root = f"args[{where}]" if positional == 0 else f"kwargs[{where!r}]"
@@ -242,6 +247,22 @@ def _input_paths(
             owner, root = ("named", name), name
         queues.setdefault(owner, []).append(root + rest)
     return [queues[owner].pop(0) for owner in owners]
+
+
+def _filter_jit_paths(values: list[Any], treedef: jtu.PyTreeDef) -> list[str]:
+    """Where an `eqx.filter_jit` wrapper is called (`ts.cost(eqx.filter_jit(model), x)`),
+    the paths in the function it wraps of its arrays, which the wrapper holds as a flat
+    list (in that order); else `[]`."""
+    bound = bound_positional(_call_filter_jit, values, treedef)
+    if not bound or not is_filter_jit(bound[0]):
+        return []
+    try:
+        flat = jtu.tree_flatten_with_path(bound[0].__wrapped__)[0]
+    except Exception:  # the wrapped function cannot be rebuilt from abstract leaves
+        return []
+    paths = [jtu.keystr(tuple(keys)) for keys, x in flat if kind_of(type(x)) in (ARRAY, SDS, NUMPY)]
+    n = sum(kind_of(type(x)) in (ARRAY, SDS, NUMPY) for x in jtu.tree_leaves(bound[0]))
+    return paths if len(paths) == n else []
 
 
 def _bound_keywords(treedef: jtu.PyTreeDef) -> tuple[str, ...]:
