@@ -196,3 +196,39 @@ def test_a_jitted_module_s_arrays_are_named_by_their_paths_in_it():
     assert arguments == sorted(b.path for b in plain.buffers if b.kind == "argument")
     assert "self.layers[0].weight" in arguments
     assert jitted.argument_bytes == _compiled(eqx.filter_jit(model), x).memory_analysis().argument_size_in_bytes
+
+
+class RNN(eqx.Module):
+    """equinox's train_rnn example's model: a `hidden_size: int` read inside the step."""
+
+    hidden_size: int
+    cell: eqx.nn.GRUCell
+    linear: eqx.nn.Linear
+
+    def __init__(self, key: jax.Array) -> None:
+        ckey, lkey = jax.random.split(key)
+        self.hidden_size = 16
+        self.cell = eqx.nn.GRUCell(2, 16, key=ckey)
+        self.linear = eqx.nn.Linear(16, 1, key=lkey)
+
+    def __call__(self, xs: jax.Array) -> jax.Array:
+        out, _ = jax.lax.scan(lambda h, x: (self.cell(x, h), None), jnp.zeros((self.hidden_size,)), xs)
+        return self.linear(out)
+
+
+@eqx.filter_jit
+def rnn_grads(model: RNN, xs: jax.Array) -> RNN:
+    return eqx.filter_grad(lambda m: jnp.mean(jax.vmap(m)(xs)))(model)
+
+
+def test_a_recurrent_step_with_a_python_size_costs_as_equinox_compiles_it():
+    model, xs = RNN(jax.random.key(2)), jnp.zeros((32, 16, 2))
+    compiled = _compiled(rnn_grads, model, xs)
+    c = ts.cost(rnn_grads, model, xs)
+    memory = compiled.memory_analysis()
+    assert (c.argument_bytes, c.temp_bytes) == (memory.argument_size_in_bytes, memory.temp_size_in_bytes)
+    ours = {b.op.split(";")[0] for b in c.buffers if b.op is not None}
+    assert ours and ours <= _ops(compiled.as_text())  # never the wrapper's call alone (`jit(rnn_grads)`)
+    s, theirs = ts.out_structure(rnn_grads, model, xs), eqx.filter_eval_shape(rnn_grads.__wrapped__, model, xs)
+    assert jax.tree.structure(s.tree) == jax.tree.structure(theirs)
+    assert jax.tree.leaves(s.tree) == jax.tree.leaves(theirs)

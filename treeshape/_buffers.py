@@ -653,11 +653,16 @@ def _without_jit(op: str) -> str:
 
 
 def without_outer_jit(b: Buffer) -> Buffer:
-    """`b` with its op's outermost `jit(...)` dropped where a `jit(...)` follows it."""
+    """`b` with its op's outermost `jit(...)` dropped where a `jit(...)` follows it; where
+    nothing follows that, the metadata names the call itself, no operation of the program
+    the wrapper compiles (XLA's own buffer there: a constant broadcast before a loop)."""
     if b.op is None:
         return b
     head, _, rest = b.op.partition("/")
     if head.startswith(("jit(", "pjit(")) and rest.startswith(("jit(", "pjit(")):
+        inner = rest.split(";")[0]
+        if "/" not in inner:
+            return dataclasses.replace(b, op=None, source=None)
         return dataclasses.replace(b, op=rest)
     return b
 
