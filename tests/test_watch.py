@@ -569,3 +569,11 @@ def test_a_watched_partial_passed_to_jax_jit_keeps_its_arrays_arguments():
     assert _hlo(watched) == _hlo(plain)
     assert len(jax.tree.leaves(watched.args_info)) == 2
     assert jax.tree.structure(ts.watch(p)).num_leaves == 1
+
+
+def test_a_watched_module_is_costed_as_the_module_and_named_as_it():
+    model, x = _MLPModule(), jnp.ones(8)
+    watched, plain = ts.cost(ts.watch(model), x), ts.cost(model, x)
+    assert watched == plain
+    assert [b.path for b in watched.buffers] == [b.path for b in plain.buffers]
+    assert "self.layers[0].weight" in {b.path for b in plain.buffers}
