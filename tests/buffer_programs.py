@@ -163,7 +163,7 @@ def report(cost):
         "buffers": [
             {
                 "nbytes": b.nbytes,
-                "shape": list(b.shape),
+                "shape": None if b.shape is None else list(b.shape),
                 "dtype": str(b.dtype),
                 "kind": b.kind,
                 "path": b.path,

@@ -359,15 +359,30 @@ def needs_value(state, n):
 STATE_TREE = {"params": {"w": jax.ShapeDtypeStruct((3,), F32), "b": jax.ShapeDtypeStruct((2,), F32)}}
 
 
+def _jax_name(fn, *args, **kwargs):
+    """The name JAX's own `jax.jit(fn)` gives the leaf its concretization error is about."""
+    with pytest.raises(jax.errors.ConcretizationTypeError) as info:
+        jax.jit(fn).trace(*args, **kwargs)
+    return re.search(r"the argument (\S+)\.\n", str(info.value)).group(1)
+
+
+def _needs_n(x, n):
+    return jnp.zeros(int(n))
+
+
 @pytest.mark.parametrize(
     ("call", "named"),
     [
-        (lambda: ts.cost(needs_value, STATE_TREE, 3), "args[0]['params']['w']"),
+        (lambda: ts.cost(needs_value, STATE_TREE, 3), _jax_name(needs_value, STATE_TREE, 3)),
         (lambda: ts.cost(ft.partial(needs_value, STATE_TREE), 3), "state['params']['w']"),
-        (lambda: ts.cost(lambda x, n: jnp.zeros(int(n)), X, n=jnp.ones(())), "kwargs['n']"),
+        (lambda: ts.cost(_needs_n, X, n=jnp.ones(())), _jax_name(_needs_n, X, n=jnp.ones(()))),
+        (lambda: ts.out_structure(needs_value, STATE_TREE, 3), _jax_name(needs_value, STATE_TREE, 3)),
     ],
 )
 def test_messages_name_the_users_inputs_and_frame(call, named):
+    """A leaf is named as JAX names it for `jax.jit(fn)` (by fn's parameter names), and a
+    bound one by the parameter it is bound to."""
+    assert named in ("state['params']['w']", "n")
     with pytest.raises(jax.errors.ConcretizationTypeError) as info:
         call()
     message = str(info.value)
@@ -378,7 +393,7 @@ def test_messages_name_the_users_inputs_and_frame(call, named):
 
 def test_largest_fit_messages_name_the_users_inputs():
     (b,) = jax.export.symbolic_shape("b")
-    with pytest.raises(jax.errors.ConcretizationTypeError, match=r"the argument args\[1\]\."):
+    with pytest.raises(jax.errors.ConcretizationTypeError, match=r"the argument n\."):
         ts.largest_fit(
             lambda x, n: jnp.zeros(int(n)) + x.sum(), jax.ShapeDtypeStruct((b,), F32), 3.0, dim="b", budget=1e6
         )
@@ -398,3 +413,68 @@ def test_in_every_context_the_figures_are_those_of_the_program_at_that_level(in_
     constant = own(jax.jit(lambda a: jnp.sin(a) * jnp.ones(8, F32)).lower(jnp.ones(8, F32)).compile())
     assert found
     assert all(c == (traced if is_tracer else constant) for is_tracer, c in found)
+
+
+# -- parameters of any name, donation as jax.jit takes it ---------------------------------
+def diffrax_step(state, args):  # diffrax's and many equinox codebases' signature
+    return state * args["scale"] + 1
+
+
+SCALE = {"scale": jnp.full((256, 256), 2.0, F32)}
+
+
+@pytest.mark.parametrize("donate", [{}, {"donate_argnames": "args"}, {"donate_argnums": 1}, {"donate_argnums": 0}])
+def test_a_parameter_named_args_is_taken_as_jax_jit_takes_it(donate):
+    c = ts.cost(diffrax_step, STATE["w"], args=SCALE, **donate)
+    assert figures(c) == own(jax.jit(diffrax_step, **donate).lower(STATE["w"], args=SCALE).compile())
+    assert figures(ts.cost(jax.jit(diffrax_step, **donate), STATE["w"], args=SCALE)) == figures(c)
+    assert ts.out_structure(diffrax_step, STATE["w"], args=SCALE).tree == jax.ShapeDtypeStruct((256, 256), F32)
+
+
+@pytest.mark.parametrize("names", [("fn", "self"), ("args", "kwargs"), ("kwargs", "args")])
+def test_parameters_of_any_name_by_keyword(names):
+    first, second = names
+    fn = eval(f"lambda {first}, {second}: {first} @ {second}")  # noqa: S307 (the names are the test's)
+    call = {first: STATE["w"], second: BATCH.T}
+    c = ts.cost(fn, **call, donate_argnames=second)
+    assert figures(c) == own(jax.jit(fn, donate_argnames=second).lower(**call).compile())
+    assert set(c.donation) == {f"kwargs['{second}']"}
+
+
+def test_largest_fit_of_a_step_with_a_parameter_named_args():
+    (b,) = jax.export.symbolic_shape("b")
+    row = {"scale": jnp.full((256,), 2.0, F32)}
+    fit = ts.largest_fit(diffrax_step, jax.ShapeDtypeStruct((b, 256), F32), dim="b", budget=2**20, args=row)
+
+    def peak(n):
+        f = own(jax.jit(diffrax_step).lower(jax.ShapeDtypeStruct((n, 256), F32), args=row).compile())
+        return f["argument_bytes"] + f["output_bytes"] + f["temp_bytes"] - f["alias_bytes"]
+
+    assert peak(fit.size) <= 2**20 < peak(fit.size + 1)
+
+
+def test_a_negative_donate_argnums_is_refused_as_jax_jit_ignores_it():
+    # what jax.jit does with it: nothing donated
+    assert jax.jit(step, donate_argnums=-1).lower(STATE, BATCH).compile().memory_analysis().alias_size_in_bytes == 0
+    with pytest.raises(ValueError, match=r"donate_argnums has -1, and jax.jit donates nothing.*\(1 here\)"):
+        ts.cost(step, STATE, BATCH, donate_argnums=-1)
+    with pytest.raises(ValueError, match=r"donate_argnums has -2"):
+        ts.largest_fit(step, STATE, BATCH, dim="b", budget=1e6, donate_argnums=-2)
+    assert ts.cost(jax.jit(step, donate_argnums=-1), STATE, BATCH).alias_bytes == 0  # the wrapper's own: as it compiles
+
+
+def _zeros_of(x, n):
+    return x.sum() + jnp.zeros(n)
+
+
+@pytest.mark.parametrize("who", ["cost", "largest_fit"])
+def test_a_note_on_a_needed_python_scalar_suggests_the_fix_in_its_functions_terms(who):
+    (b,) = jax.export.symbolic_shape("b")
+    with pytest.raises(TypeError) as info:
+        if who == "cost":
+            ts.cost(_zeros_of, X, 3)
+        else:
+            ts.largest_fit(_zeros_of, jax.ShapeDtypeStruct((b, 8), F32), 3, dim="b", budget=1e6)
+    [note] = [n for n in info.value.__notes__ if n.startswith("treeshape:")]
+    assert f"`ts.{who}(functools.partial(_zeros_of, n=3), ...)`" in note
+    assert "out_structure" not in note and "_call_pytree" not in note

@@ -564,3 +564,10 @@ def test_largest_fit_names_the_leaf_whose_split_would_not_divide():
     assert fit.size >= 1
     oracle = jax.jit(step).lower(sds((2 * fit.size, 64), sharding=NamedSharding(mesh, P("d")))).compile()
     assert oracle.memory_analysis().output_size_in_bytes == fit.cost.output_bytes
+
+
+@pytest.mark.parametrize("name", ["self", "sizes", "b"])
+def test_a_dimension_may_have_any_name(name):
+    (d,) = jax.export.symbolic_shape(name)
+    s = ts.out_structure(lambda x: x * 2, jax.ShapeDtypeStruct((d, 3), jnp.float32))
+    assert s.bind(**{name: 5}) == ts.out_structure(lambda x: x * 2, jax.ShapeDtypeStruct((5, 3), jnp.float32))

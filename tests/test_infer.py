@@ -558,7 +558,8 @@ def test_a_needed_python_scalar_gets_a_note_naming_the_argument(call, error, nam
     assert named in note and bind in note and "static_argnames" in note
     for internal in ("treeshape/_infer", "function traced", "values[", "_evaluate"):
         assert internal not in message + "\n".join(notes)  # JAX's message names the user's function too
-    assert "args[" in message or "kwargs[" in message
+    parameters = [part.split("=")[0] for part in bind.split(", ")]  # named as `jax.jit(fn)` names them
+    assert any(f"argument {p}" in message or f"argument '{p}'" in message for p in parameters), message
 
 
 def test_the_suggested_binding_works():

@@ -369,3 +369,13 @@ def test_keyword_arguments_reach_step():
 
     settled = ts.settle(step, {"w": 1}, scale=jnp.float32(2.0))
     assert settled["w"].dtype == jnp.float32 and not ts.is_weak(settled["w"])
+
+
+def test_keywords_named_step_and_state_reach_step():
+    def train_step(params, lr, *, step, state):  # a step counter passed as `step=` is common
+        return {"w": params["w"] - lr * state * step}
+
+    settled = ts.settle(
+        train_step, {"w": jnp.zeros(3, jnp.bfloat16)}, 0.1, step=jnp.int32(2), state=jnp.ones(3), policy="promote"
+    )
+    assert jax.tree.map(lambda x: x.dtype, settled) == {"w": jnp.float32}

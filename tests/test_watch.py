@@ -529,3 +529,51 @@ def test_under_nnx_jit_the_compiled_program_is_the_same_as_without_the_watch():
     watched = nnx.jit(ts.watch(train)).lower(model, x)
     assert _hlo(watched) == _hlo(plain)
     assert len(_hlo(plain)) > 5
+
+
+class _MLPModule(eqx.Module):
+    layers: list
+    hidden_size: int
+
+    def __init__(self) -> None:
+        keys = jax.random.split(jax.random.key(0), 2)
+        self.layers = [eqx.nn.Linear(8, 64, key=keys[0]), eqx.nn.Linear(64, 8, key=keys[1])]
+        self.hidden_size = 64
+
+    def __call__(self, x):
+        return self.layers[1](jax.nn.relu(self.layers[0](x)))
+
+
+def test_a_watched_callable_pytree_keeps_its_arrays_arguments_under_filter_jit():
+    model, x = _MLPModule(), jnp.ones(8)
+    plain = eqx.filter_jit(model).lower(x).lowered
+    watched = ts.watch(model)
+    lowered = eqx.filter_jit(watched).lower(x).lowered
+    assert _hlo(lowered) == _hlo(plain)
+    n = len(jax.tree.leaves(eqx.filter(model, eqx.is_array))) + 1
+    assert len(jax.tree.leaves(lowered.args_info)) == n
+    assert lowered.compile().memory_analysis().argument_size_in_bytes == (8 * 64 * 2 + 64 + 8 + 8) * 4
+    assert len(watched.traces) == 1
+    eqx.filter_jit(watched)(x)
+    eqx.filter_jit(ts.watch(model))(x + 1)  # the same program: equinox's cache holds it, no new trace
+    assert len(watched.traces) == 1
+
+
+def test_a_watched_partial_passed_to_jax_jit_keeps_its_arrays_arguments():
+    p = jax.tree_util.Partial(lambda w, x: w @ x, jnp.ones((8, 8)))
+
+    def apply(f, x):
+        return f(x)
+
+    plain, watched = jax.jit(apply).lower(p, jnp.ones(8)), jax.jit(apply).lower(ts.watch(p), jnp.ones(8))
+    assert _hlo(watched) == _hlo(plain)
+    assert len(jax.tree.leaves(watched.args_info)) == 2
+    assert jax.tree.structure(ts.watch(p)).num_leaves == 1
+
+
+def test_a_watched_module_is_costed_as_the_module_and_named_as_it():
+    model, x = _MLPModule(), jnp.ones(8)
+    watched, plain = ts.cost(ts.watch(model), x), ts.cost(model, x)
+    assert watched == plain
+    assert [b.path for b in watched.buffers] == [b.path for b in plain.buffers]
+    assert "self.layers[0].weight" in {b.path for b in plain.buffers}

@@ -42,8 +42,8 @@ class Buffer:
     Attributes:
         nbytes: Its bytes on one device (bytes it shares with a buffer listed before it,
             as an in-place result shares its operand's, are counted there).
-        shape: Its shape on one device.
-        dtype: Its dtype (a NumPy dtype; `"tuple"` for XLA's table of a tuple's buffers).
+        shape: Its shape on one device; None for XLA's table of a tuple's buffers.
+        dtype: Its dtype (a NumPy dtype); None for XLA's table of a tuple's buffers.
         kind: `"argument"`, `"output"`, `"temporary"` or `"constant"`.
         path: An argument's input path (`args[0]['params']['w']`), an output's `out`
             path (`out[1]['mu']`), else None.
@@ -66,7 +66,7 @@ class Buffer:
     __module__ = "treeshape"
 
     nbytes: int
-    shape: tuple[int, ...]
+    shape: tuple[int, ...] | None
     dtype: Any
     kind: str
     path: str | None = None
@@ -420,25 +420,26 @@ def _read(
     for v, nbytes in listed:
         ins = module.instructions[v.instruction]
         shape = ins.shape.at(v.index)
-        dtype = _dtype(shape.dtype)
+        table = bool(shape.tuple_shapes) or shape.dtype == "tuple"  # XLA's table of a tuple's buffers
+        dims, dtype = (None, None) if table else (shape.dims, _dtype(shape.dtype))
         if ins.opcode == "parameter" and ins.computation == module.entry:
             arg = kept[ins.parameter] if ins.parameter < len(kept) else -1
             path = argument_paths[arg] if 0 <= arg < len(argument_paths) else None
             was = (arg in reused) if arg in donated else None
-            buffers.append(Buffer(nbytes, shape.dims, dtype, "argument", path, donated=was))
+            buffers.append(Buffer(nbytes, dims, dtype, "argument", path, donated=was))
         elif v.id in outputs:
             index = outputs[v.id]
             path = "out" if not index and entry_root is not None and entry_root.shape.tuple_shapes else None
-            buffers.append(Buffer(nbytes, shape.dims, dtype, "output", path or _output_path(index, output_paths)))
+            buffers.append(Buffer(nbytes, dims, dtype, "output", path or _output_path(index, output_paths)))
         elif allocations[v.allocation].constant or ins.opcode == "constant":
-            buffers.append(Buffer(nbytes, shape.dims, dtype, "constant"))
+            buffers.append(Buffer(nbytes, dims, dtype, "constant"))
         else:
             name = str_field(ins.metadata, F.METADATA_OP_NAME)
             # JAX names the program's operations `jit(fn)/...`; a copy XLA makes of a parameter
             # keeps the parameter's name (`dynamic[2]`): that is XLA's own buffer.
             op = name if name.startswith(_compat.JIT_OP_PREFIXES) else None
             source = frames.source(ins.metadata) if op else None
-            buffers.append(Buffer(nbytes, shape.dims, dtype, "temporary", op=op, source=source))
+            buffers.append(Buffer(nbytes, dims, dtype, "temporary", op=op, source=source))
     buffers.sort(key=lambda b: -b.nbytes)
     donation = _donations(module, compiled, kept, reused, argument_paths, output_paths, donated, sets, values)
     return Reading(tuple(buffers), peak, donation)
@@ -540,7 +541,6 @@ def _donations(
     parameters = module.parameters.get(module.entry, {})
     position = {arg: p for p, arg in enumerate(kept)}
     taken = {index[0] if index else 0 for index in reused.values()}
-    in_shardings, out_shardings = _shardings(compiled)
     root_sets = sets.get(entry.id, {})
     out: dict[str, Donation] = {}
     for arg in sorted(donated):
@@ -561,30 +561,32 @@ def _donations(
         param = module.instructions[parameters[position[arg]]]
         own = {vid for held in sets.get(param.id, {}).values() for vid in held}
         shape = param.shape
-        same = [k for k, s in results if s.dtype == shape.dtype and s.dims == shape.dims]
+        size = _size(shape)
+        # XLA reuses a donated buffer for an output of the same bytes on each device, of any shape.
+        fits = [k for k, s in results if size is not None and _size(s) == size]
         unchanged = [k for k, _ in results if root_sets.get((k,) if entry.shape.tuple_shapes else (), set()) & own]
         what = f"{_short(shape.dtype)}[{','.join(map(str, shape.dims))}]"
+        resharded = None if unchanged else _resharded(compiled, arg, shape, results, output_paths, path)
         if unchanged:
             reason = (
                 f"it is also an output, unchanged ({_output_path((unchanged[0],), output_paths)} returns it as "
                 "it is), so that output is its buffer already: nothing is saved by donating it"
             )
-        elif not same:
-            resharded = _resharded(compiled, arg, in_shardings, out_shardings)
-            if resharded is not None:
-                reason = (
-                    f"the output of its shape and dtype ({_output_path((resharded,), output_paths)}) has another "
-                    "sharding, so its buffer on each device has another size: give that output the input's "
-                    "sharding (out_shardings, or jax.lax.with_sharding_constraint)"
-                )
-            else:
-                reason = (
-                    f"no output has its shape and dtype ({what} on each device): XLA reuses a donated buffer "
-                    "only for an output of the same shape and dtype"
-                )
-        elif all(k in taken for k in same):
-            names = ", ".join(_output_path((k,), output_paths) for k in same)
-            reason = f"every output of its shape and dtype ({names}) already reuses another donated input"
+        elif resharded is not None:
+            reason = (
+                "its counterpart among the outputs of its shape and dtype "
+                f"({_output_path((resharded,), output_paths)}) has another sharding, so its buffer on each device "
+                "has another size: give that output the input's sharding (out_shardings, or "
+                "jax.lax.with_sharding_constraint)"
+            )
+        elif not fits:
+            reason = (
+                f"no output has its size on each device ({what}, {size} B): XLA reuses a donated buffer only "
+                "for an output of the same size"
+            )
+        elif all(k in taken for k in fits):
+            names = ", ".join(_output_path((k,), output_paths) for k in fits)
+            reason = f"every output of its size on each device ({names}) already reuses another donated input"
         else:
             reason = "XLA did not reuse it (its buffer is still needed when the output is written)"
         out[path] = Donation(path, False, reason=reason)
@@ -596,28 +598,43 @@ def _short(dtype: str) -> str:
     return short_dtype(d) if isinstance(d, np.dtype) else dtype
 
 
-def _shardings(compiled: Any) -> tuple[list[Any], list[Any]]:
-    try:
-        ins = jax.tree_util.tree_leaves(compiled.input_shardings)
-        outs = jax.tree_util.tree_leaves(compiled.output_shardings)
-    except Exception:
-        return [], []
-    return ins, outs
+def _size(shape: Any) -> int | None:
+    """The bytes of an array shape on one device (None for a tuple or an unknown dtype)."""
+    d = _dtype(shape.dtype)
+    if shape.tuple_shapes or not isinstance(d, np.dtype):
+        return None
+    return int(np.prod(shape.dims, dtype=np.int64)) * d.itemsize
 
 
-def _resharded(compiled: Any, arg: int, ins: list[Any], outs: list[Any]) -> int | None:
-    """An output with the argument's global shape and dtype but another sharding, if any."""
+def _resharded(
+    compiled: Any, arg: int, shape: Any, results: list[tuple[int, Any]], output_paths: Sequence[str], path: str
+) -> int | None:
+    """The input's counterpart among the outputs of its global shape and dtype (among
+    several, the one whose path ends as the input's does: `out[0]['w']` for
+    `args[0]['w']`) if it has another shape on each device (another sharding), else None."""
     try:
         arg_info = jax.tree_util.tree_leaves(compiled.args_info)[arg]
         out_info = jax.tree_util.tree_leaves(compiled.out_info)
     except Exception:
         return None
-    shape, dtype = getattr(arg_info, "shape", None), getattr(arg_info, "dtype", None)
-    for k, o in enumerate(out_info):
-        if o.shape == shape and o.dtype == dtype and k < len(outs) and arg < len(ins):
-            if not ins[arg].is_equivalent_to(outs[k], len(shape)):
-                return k
-    return None
+    found = [
+        k
+        for k, s in results
+        if k < len(out_info) and out_info[k].shape == arg_info.shape and out_info[k].dtype == arg_info.dtype
+    ]
+    keys = _KEY.findall(path)
+
+    def shared(k: int) -> int:
+        theirs, n = _KEY.findall(_output_path((k,), output_paths)), 0
+        while n < min(len(keys) - 1, len(theirs)) and keys[-1 - n] == theirs[-1 - n]:  # never the argument's position
+            n += 1
+        return n
+
+    counterpart = max(found, key=shared, default=None)
+    if counterpart is None:
+        return None
+    theirs = dict(results)[counterpart]
+    return counterpart if (theirs.dims, theirs.dtype) != (shape.dims, shape.dtype) else None
 
 
 # -- tables -----------------------------------------------------------------------------------
@@ -633,6 +650,21 @@ def _without_jit(op: str) -> str:
     """`op` without its outermost `jit(...)` name (the implementer's)."""
     head, _, rest = op.partition("/")
     return rest if head.startswith(("jit(", "pjit(")) and rest else op
+
+
+def without_outer_jit(b: Buffer) -> Buffer:
+    """`b` with its op's outermost `jit(...)` dropped where a `jit(...)` follows it; where
+    nothing follows that, the metadata names the call itself, no operation of the program
+    the wrapper compiles (XLA's own buffer there: a constant broadcast before a loop)."""
+    if b.op is None:
+        return b
+    head, _, rest = b.op.partition("/")
+    if head.startswith(("jit(", "pjit(")) and rest.startswith(("jit(", "pjit(")):
+        inner = rest.split(";")[0]
+        if "/" not in inner:
+            return dataclasses.replace(b, op=None, source=None)
+        return dataclasses.replace(b, op=rest)
+    return b
 
 
 def _group(b: Buffer, depth: int | None) -> str:
@@ -678,12 +710,15 @@ def breakdown(buffers: Sequence[Buffer], depth: int | None) -> str:
 _LARGEST_HEADERS: Final = ("largest at the peak", "kind", "shape", "bytes")
 
 
+def _type_str(b: Buffer) -> str:
+    if b.shape is None:
+        return "tuple table"
+    dtype = short_dtype(b.dtype) if isinstance(b.dtype, np.dtype) else str(b.dtype)
+    return f"{dtype}{short_shape(b.shape)}"
+
+
 def _largest_rows(buffers: Sequence[Buffer], n: int) -> list[list[str]]:
-    rows = []
-    for b in buffers[:n]:
-        dtype = short_dtype(b.dtype) if isinstance(b.dtype, np.dtype) else str(b.dtype)
-        rows.append([_label(b), b.kind, f"{dtype}{short_shape(b.shape)}", human_bytes(b.nbytes)])
-    return rows
+    return [[_label(b), b.kind, _type_str(b), human_bytes(b.nbytes)] for b in buffers[:n]]
 
 
 def largest(buffers: Sequence[Buffer], live_peak_bytes: int | None, n: int) -> str:
@@ -703,10 +738,9 @@ def named(buffers: Sequence[Buffer], n: int = 3) -> str:
     """The `n` largest buffers in words, for a message: `args[0]['w'] (f32[512,512], 1.0 MiB), ...`."""
     parts = []
     for b in buffers[:n]:
-        dtype = short_dtype(b.dtype) if isinstance(b.dtype, np.dtype) else str(b.dtype)
         label = _label(b)
         label = "a buffer of XLA's own" if label == _XLA_OWN else label
-        parts.append(f"{label} ({dtype}{short_shape(b.shape)}, {human_bytes(b.nbytes)})")
+        parts.append(f"{label} ({_type_str(b)}, {human_bytes(b.nbytes)})")
     return ", ".join(parts)
 
 

@@ -292,10 +292,19 @@ def _figures(program: Compiled) -> Cost:
         return _targeted(program)
     if program.far is None:
         loops = loop_correction(program.jaxpr, _shardings(compiled), arguments=program.arguments, reported=reported)
-        return _read(compiled, paths, output_paths, donate, loops)
+        return _own_ops(_read(compiled, paths, output_paths, donate, loops), program.around)
     # Loop bodies are compiled here, and cannot be for the far mesh: counted once, and said so.
     loops = LoopCorrection(exact=not holds_loops(program.jaxpr.jaxpr))
-    return _read(compiled, paths, output_paths, donate, loops, backend=f"cpu x{program.far.size} {_SIMULATED}")
+    cost = _read(compiled, paths, output_paths, donate, loops, backend=f"cpu x{program.far.size} {_SIMULATED}")
+    return _own_ops(cost, program.around)
+
+
+def _own_ops(cost: Cost, around: bool) -> Cost:
+    """`cost` with each op named as the user's own jit wrapper's program names it, where
+    the program was jitted around that wrapper (`jit(step)/...`, not `jit(step)/jit(step)/...`)."""
+    if not around or not cost.buffers:
+        return cost
+    return dataclasses.replace(cost, buffers=tuple(_buffers.without_outer_jit(b) for b in cost.buffers))
 
 
 def _targeted(program: Compiled) -> Cost:
@@ -319,7 +328,7 @@ def _targeted(program: Compiled) -> Cost:
         except Exception:  # a body the target's compiler cannot take alone: counted once, and said so
             loops = LoopCorrection(exact=False)
     cost = _read(program.compiled, program.argument_paths, program.output_paths, program.donated, loops, placed.backend)
-    return dataclasses.replace(cost, device_bytes=placed.target.device_bytes)
+    return _own_ops(dataclasses.replace(cost, device_bytes=placed.target.device_bytes), program.around)
 
 
 def _read(
@@ -429,7 +438,10 @@ def cost(
     The program is the one the user's own jit compiles: a `jax.jit`-wrapped `fn` is
     costed as that wrapper compiles it (its own `donate_argnums` / `donate_argnames`,
     static arguments and in/out shardings; donation given here is added to it), and so
-    are `eqx.filter_jit` and `nnx.jit` wrappers' donations. A function that updates
+    are `eqx.filter_jit` and `nnx.jit` wrappers' donations. Under `eqx.filter_jit` every
+    leaf that is not an array (a module's `hidden_size: int`) is static and never an
+    output; equinox's own program has one more output, a 4-byte marker (and its entry
+    in XLA's table of the outputs), which `output_bytes` here leaves out. A function that updates
     flax.nnx modules or optimizers in place (`opt.update(model, grads)`, returning only
     the loss) is costed as `nnx.jit` compiles it: the state of the nnx objects among the
     inputs is an output of the program. The objects passed in are left unchanged.
@@ -448,7 +460,8 @@ def cost(
         fn: Any callable `out_structure` takes.
         *args: Pytrees of abstract inputs, static values or Structures.
         donate_argnums: Positional arguments whose buffers the program may reuse for its
-            outputs, as `jax.jit` takes them (also parameters of `fn` passed by keyword).
+            outputs, as `jax.jit` takes them (also parameters of `fn` passed by keyword;
+            a negative index, which `jax.jit` ignores, is refused).
         donate_argnames: The same by parameter name (a keyword argument, or a positional
             one through `fn`'s signature); may be given with `donate_argnums`.
         target: An accelerator from [treeshape.targets][] (`"h100"`, `"v5e"`,
@@ -463,10 +476,10 @@ def cost(
     Raises:
         TypeError: `fn` is not callable, or a donation is not ints / strings.
         ValueError: a leaf has symbolic dimensions (bind them with `Structure.bind`),
-            a donation names no argument, `target` is unknown or cannot form the mesh, an
-            abstract mesh has more than 4,096 devices (a mesh larger than this process's is
-            compiled for simulated devices), or
-            inside `shard_map`, `fn` uses a collective over the manual axes.
+            a donation names no argument or is a negative index, `target` is unknown or
+            cannot form the mesh, an abstract mesh has more than 4,096 devices (a mesh
+            larger than this process's is compiled for simulated devices), or inside
+            `shard_map`, `fn` uses a collective over the manual axes.
         RuntimeError: compiling for simulated devices failed or ran past its timeout
             (`TREESHAPE_SIMULATE_TIMEOUT`), or a `target`'s plugin did not start (set
             `JAX_PLATFORMS=cpu` before JAX starts).
@@ -525,10 +538,11 @@ def prepare(
     return call, donated_leaves(fn, call, n_args, donate_argnums, donate_argnames, who)
 
 
-def cost_of(call: Call, donated: frozenset[int], target: str | None = None) -> tuple[Cost, int]:
+def cost_of(call: Call, donated: frozenset[int], target: str | None = None, who: str = "cost") -> tuple[Cost, int]:
     """The `Cost` of a prepared call (from the cache, or compiled and cached), and how many
     programs were compiled for it: 0 for a cache hit, else 1 (a first attempt that fails
-    while tracing, to be retried with bound arrays as constants, compiles nothing)."""
+    while tracing, to be retried with bound arrays as constants, compiles nothing). A
+    note added to an error of `fn` is told in terms of `ts.{who}`."""
     leaves = call.bound_leaves + call.call_leaves
     treedef = call.treedef
     _refuse_symbolic(leaves, treedef)
@@ -550,7 +564,7 @@ def cost_of(call: Call, donated: frozenset[int], target: str | None = None) -> t
         # What JAX raises where a value is needed (a size, an `int()`): bound arrays are then
         # constants of the program, as `jax.jit` of the partial itself makes them.
         if not any(has_value(x) for x in leaves[:n_bound]):
-            note_abstract_scalars(e, call.core, n_bound, leaves[n_bound:], abstract[n_bound:], call.call_treedef)
+            note_abstract_scalars(e, call.core, n_bound, leaves[n_bound:], abstract[n_bound:], call.call_treedef, who)
             raise
         retry = True
     else:

@@ -618,7 +618,7 @@ def largest_fit(
             bound = bind(n)
             call_n = Call(call.core, bound[:n_bound], call.bound_treedef, bound[n_bound:], call.call_treedef)
             began = time.perf_counter()
-            costs[n], compiled = cost_of(call_n, donated, target)
+            costs[n], compiled = cost_of(call_n, donated, target, "largest_fit")
             if compiled:
                 seconds[n] = time.perf_counter() - began
         return costs[n]

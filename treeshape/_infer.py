@@ -5,6 +5,7 @@ import functools as ft
 import gc
 import inspect
 import itertools
+import keyword
 import types
 from collections.abc import Callable, Sequence
 from typing import Any, Final, NamedTuple
@@ -52,6 +53,69 @@ def _call_pytree(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **kwargs)
 
 
+def _call_filter_jit(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+    """An `eqx.filter_jit` wrapper called: every leaf that is not an array is static to
+    it, so Python scalars are passed to it concrete, as to a `jax.jit` wrapper."""
+    return fn(*args, **kwargs)
+
+
+_PYTREE_CALLS: Final = (_call_pytree, _call_filter_jit)
+
+
+def is_filter_jit(fn: Any) -> bool:
+    """Whether `fn` is an `eqx.filter_jit` wrapper (equinox is never imported here)."""
+    cls = type(fn)
+    return cls.__name__ == "_JitWrapper" and cls.__module__.startswith("equinox.")
+
+
+def is_jit_wrapper(core: Any) -> bool:
+    """Whether the split call's `core` is a jit wrapper of its own (`jax.jit`,
+    `eqx.filter_jit`, `nnx.jit`): the program it compiles is named by it, and the
+    program `ts.cost` jits around it adds nothing but that outer name."""
+    cls = type(core)
+    return (
+        cls is _JITTED
+        or core is _call_filter_jit
+        or (cls.__name__ == "JitWrapped" and cls.__module__.startswith("flax."))
+    )
+
+
+def bound_positional(core: Any, leaves: list[Any], treedef: jtu.PyTreeDef) -> tuple[Any, ...]:
+    """The positional values bound in the call (rebuilt from `leaves`) where `core` calls a
+    callable pytree (`()` otherwise, or where a node cannot be rebuilt from them)."""
+    if core not in _PYTREE_CALLS:
+        return ()
+    try:
+        return tuple(jtu.tree_unflatten(treedef, leaves)[0][0])
+    except Exception:  # a node type that cannot be rebuilt from abstract leaves
+        return ()
+
+
+def user_function(core: Any, bound: Sequence[Any]) -> Any:
+    """The function of the user's that `core` calls, for JAX's messages to point at: for a
+    callable pytree, what it wraps (`eqx.filter_jit`) or its class's `__call__`."""
+    if core not in _PYTREE_CALLS or not bound:
+        return core
+    fn = bound[0]
+    if is_filter_jit(fn):
+        fn = getattr(fn, "__wrapped__", fn)
+    return fn if isinstance(fn, (types.FunctionType, types.MethodType)) else type(fn).__call__
+
+
+def core_name(core: Any, bound: Sequence[Any]) -> str:
+    """The name JAX shows for the program of `core`: the user's function, never one of
+    treeshape's own (a callable pytree's wrapped function, or its class)."""
+    if core in _PYTREE_CALLS and bound:
+        fn = bound[0]
+        core = getattr(fn, "__wrapped__", fn) if is_filter_jit(fn) else fn
+        name = getattr(core, "__name__", None)
+        if not isinstance(name, str):
+            name = type(core).__name__
+    else:
+        name = getattr(core, "__name__", None)
+    return name if isinstance(name, str) and name.isidentifier() else "fn"
+
+
 def _split_callable(fn: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
     """Write `fn` as `core(*bound, *args, **{**bound_kw, **kwargs})`.
 
@@ -68,6 +132,8 @@ def _split_callable(fn: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[
     if type(fn) is types.MethodType:
         core, bound, bound_kw = _split_callable(fn.__func__)
         return core, (*bound, fn.__self__), bound_kw
+    if is_filter_jit(fn):
+        return _call_filter_jit, (fn,), {}
     if not isinstance(fn, types.BuiltinFunctionType) and not jtu.treedef_is_leaf(jtu.tree_structure(fn)):
         return _call_pytree, (fn,), {}
     return fn, (), {}
@@ -135,9 +201,12 @@ def check_inputs(
         raise OverflowError(int_too_big_message(fn_name, input_path(leaves, treedef, i), x, bits))
 
 
-def is_output_array(x: Any, kind: int) -> bool:
-    """Whether an output leaf is an array for JAX (the rest are kept as static leaves)."""
-    if kind == ARRAY or kind == SCALAR or kind == DIM:
+def is_output_array(x: Any, kind: int, core: Any = None) -> bool:
+    """Whether an output leaf is an array for JAX (the rest are kept as static leaves).
+    `eqx.filter_jit` (`core`) returns a Python scalar as it is: a static value."""
+    if kind == SCALAR:
+        return core is not _call_filter_jit
+    if kind == ARRAY or kind == DIM:
         return True
     if kind == NUMPY:
         return jax_dtype(x.dtype)
@@ -175,10 +244,12 @@ def _evaluate(
     out_info: list[Any] = []
 
     args, kwargs, bound_named = dynamic_arguments(core, leaves, abstract, treedef)
-    order = list(bound_named)
+    if set(bound_named) & set(kwargs):  # a keyword argument overriding a bound one: both are inputs
+        bound_named = {f"bound_{i}": v for i, v in enumerate(bound_named.values())}
+    order, keywords = list(bound_named), list(kwargs)
 
-    def traced(args: Any, kwargs: Any, **bound_named: Any) -> list[Any]:
-        it = iter(jtu.tree_leaves(([bound_named[name] for name in order], args, kwargs)))
+    def traced(*args: Any, **named: Any) -> list[Any]:
+        it = iter(jtu.tree_leaves(([named[n] for n in order], args, {k: named[k] for k in keywords})))
         full = [next(it) if a else x for x, a in zip(leaves, abstract, strict=True)]
         (bound, bound_kw), (args, kwargs) = jtu.tree_unflatten(treedef, full)
         out = core(*bound, *args, **{**bound_kw, **kwargs})
@@ -186,7 +257,7 @@ def _evaluate(
         traced_out = []
         descriptions: list[Any] = []
         for x in out_leaves:
-            if is_output_array(x, kind_of(type(x))):
+            if is_output_array(x, kind_of(type(x)), core):
                 descriptions.append(_TRACED)
                 traced_out.append(x)
             else:  # a ShapeDtypeStruct describes itself; other leaves are static
@@ -198,13 +269,12 @@ def _evaluate(
         return [] if escapes else traced_out
 
     # JAX's own messages then name the user's function and the arguments as
-    # they were passed (`args[1]`, `kwargs['train']`), not this wrapper.
-    traced.__wrapped__ = core  # type: ignore[attr-defined]
-    traced.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        _CALL_PARAMETERS + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in order]
-    )
+    # it names them (`state['params']`, `kwargs['train']`), not this wrapper.
+    traced.__wrapped__ = user_function(core, bound_positional(core, leaves, treedef))  # type: ignore[attr-defined]
+    traced.__signature__ = program_signature(core, leaves, treedef, len(args), [*keywords, *order])  # type: ignore[attr-defined]
+    named = {**kwargs, **bound_named}
     try:
-        shapes = iter(jax.eval_shape(traced, args, kwargs, **bound_named))
+        shapes = iter(jax.eval_shape(traced, *args, **named))
     except Exception as e:
         if not isinstance(e, TypeError):  # JAX's concretization errors are TypeErrors
             raise
@@ -225,7 +295,45 @@ def _evaluate(
 
 
 _TRACED = object()
-_CALL_PARAMETERS: Final = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY) for name in ("args", "kwargs")]
+
+
+def _signature_target(core: Any, leaves: list[Any], treedef: jtu.PyTreeDef) -> tuple[Any, int, list[str]]:
+    """The callable whose parameters name the call's arguments, how many of its leading
+    parameters the bound positional values fill, and the names of those bound values
+    that are not its parameters (a callable pytree itself: `self`)."""
+    n_bound = len(treedef.children()[0].children()[0].children())
+    bound = bound_positional(core, leaves, treedef)
+    if not bound:
+        return core, n_bound, []
+    fn = bound[0]
+    return (getattr(fn, "__wrapped__", fn) if is_filter_jit(fn) else fn), n_bound - 1, ["self"]
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    while name in taken:
+        name += "_"
+    return name
+
+
+def program_signature(
+    core: Any, leaves: list[Any], treedef: jtu.PyTreeDef, n_args: int, named: list[str]
+) -> inspect.Signature:
+    """The signature of a program called `program(*args, **named)` for `core`: its positional
+    arguments by `core`'s own parameter names where it has them, so that JAX's messages
+    name a leaf as `jax.jit(core)` names it (`state['params']['w']`), the rest as `args`,
+    and the `named` values by their names (never clashing with a parameter of `core`
+    called `args` or `kwargs`)."""
+    target, n_bound, _ = _signature_target(core, leaves, treedef)
+    names = _parameter_names(target, positional_only=True)[n_bound : n_bound + n_args]
+    keyword_only = [n for n in named if n.isidentifier() and not keyword.iskeyword(n)]
+    names = [n for n in itertools.takewhile(lambda n: n not in keyword_only, names)]
+    taken = {*names, *named}
+    P = inspect.Parameter
+    parameters = [P(n, P.POSITIONAL_ONLY) for n in names]
+    parameters.append(P(_unique("args", taken), P.VAR_POSITIONAL))
+    parameters += [P(n, P.KEYWORD_ONLY) for n in keyword_only]
+    parameters.append(P(_unique("kwargs", taken), P.VAR_KEYWORD))
+    return inspect.Signature(parameters)
 
 
 def dynamic_arguments(
@@ -257,11 +365,14 @@ def dynamic_arguments(
         return part
 
     (bound_td, bound_kw_td), (args_td, kwargs_td) = (td.children() for td in treedef.children())
-    params = _parameter_names(core) if bound_td.num_leaves else []
+    params: list[str] = []
+    if bound_td.num_leaves:
+        target, n_bound, own = _signature_target(core, leaves, treedef)
+        params = own + _parameter_names(target, positional_only=True)[: max(n_bound, 0)]
     names = [params[i] if i < len(params) else f"bound_{i}" for i in range(len(bound_td.children()))]
     names += list(bound_kw_td.node_data()[1])
     tds = bound_td.children() + bound_kw_td.children()
-    if len(set(names)) < len(names) or not all(n.isidentifier() and n not in ("args", "kwargs") for n in names):
+    if len(set(names)) < len(names) or not all(n.isidentifier() and not keyword.iskeyword(n) for n in names):
         names = [f"bound_{i}" for i in range(len(tds))]  # only if the user's names cannot be parameters
     bound = {name: group(td) for name, td in zip(names, tds, strict=True)}
     args = tuple(group(td) for td in args_td.children())
@@ -288,9 +399,11 @@ def note_abstract_scalars(
     leaves: list[Any],
     abstract: list[bool],
     call_treedef: jtu.PyTreeDef,
+    who: str = "out_structure",
 ) -> None:
     """When `fn` needed a concrete value and got a tracer, name the Python
-    scalars that were passed abstractly and say how to keep them concrete."""
+    scalars that were passed abstractly and say how to keep them concrete, as a call
+    of `ts.{who}`."""
     if not _needed_concrete(error):
         return
     scalars = [i for i, (x, a) in enumerate(zip(leaves, abstract, strict=True)) if a and kind_of(type(x)) == SCALAR]
@@ -308,26 +421,27 @@ def note_abstract_scalars(
             bind.append(f"{where}={leaves[i]!r}")
         elif where is not None and n_bound + where < len(params):
             bind.append(f"{params[n_bound + where]}={leaves[i]!r}")
-    name = getattr(core, "__name__", None)
-    name = name if isinstance(name, str) and name.isidentifier() else "fn"
+    name = "fn" if core in _PYTREE_CALLS else core_name(core, ())
     example = ", ".join(bind) if len(bind) == len(scalars) else "name=value"
     error.add_note(
         f"treeshape: Python scalars are abstract inputs (traced, like arrays): {', '.join(named)}. If {name} "
         "needs one as a Python value (a size, a flag, a loop count), bind it so that it stays concrete: "
-        f"`ts.out_structure(functools.partial({name}, {example}), ...)` without it, or pass a jitted function "
+        f"`ts.{who}(functools.partial({name}, {example}), ...)` without it, or pass a jitted function "
         f"that marks it static: `jax.jit({name}, static_argnames=...)`."
     )
 
 
-def _parameter_names(fn: Any) -> list[str]:
-    """The names of `fn`'s leading parameters that can be passed by keyword."""
+def _parameter_names(fn: Any, positional_only: bool = False) -> list[str]:
+    """The names of `fn`'s leading parameters that can be passed by keyword (and, with
+    `positional_only`, those that cannot)."""
     try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return []
     names = []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, *([inspect.Parameter.POSITIONAL_ONLY] if positional_only else []))
     for p in parameters:
-        if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD:
+        if p.kind not in kinds:
             break
         names.append(p.name)
     return names
@@ -428,8 +542,9 @@ class Call(NamedTuple):
     @property
     def jitted(self) -> bool:
         """A jitted core abstracts its own non-static arguments: Python scalars are
-        passed to it concrete (and keyed by value), so its static arguments work."""
-        return type(self.core) is _JITTED
+        passed to it concrete (and keyed by value), so its static arguments work; an
+        `eqx.filter_jit` wrapper makes every leaf that is not an array static."""
+        return type(self.core) is _JITTED or self.core is _call_filter_jit
 
     @property
     def treedef(self) -> jtu.PyTreeDef:

@@ -27,15 +27,29 @@ it closes over, in an LRU cache of 4096 entries while tracer-leak checking is of
 import contextlib
 import inspect
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import jax
 import jax.tree_util as jtu
 
 from . import _compat, _deviceless, _nodes, _sharding, _simulate
 from ._cache import has_value
-from ._infer import _JITTED, Call, call_path, dynamic_arguments, input_path, is_output_array
-from ._leaf import SDS, kind_of, leaf_str
+from ._infer import (
+    _JITTED,
+    Call,
+    _call_filter_jit,
+    bound_positional,
+    call_path,
+    core_name,
+    dynamic_arguments,
+    input_path,
+    is_filter_jit,
+    is_jit_wrapper,
+    is_output_array,
+    program_signature,
+    user_function,
+)
+from ._leaf import ARRAY, NUMPY, SDS, kind_of, leaf_str
 from ._per_device import (
     in_shard_map,
     inner_jaxprs,
@@ -79,8 +93,13 @@ def donated_leaves(
     positions: set[int] = set()
     donated_keywords: set[str] = set()
     for n in numbers:
-        if -n_args <= n < n_args:
-            positions.add(n % n_args)
+        if n < 0:  # `jax.jit` ignores it: nothing would be donated
+            raise ValueError(
+                f"treeshape.{who}: donate_argnums has {n}, and jax.jit donates nothing for a negative index "
+                f"(it ignores it). Give the position counted from 0{f' ({n % n_args} here)' if n >= -n_args else ''}."
+            )
+        if n < n_args:
+            positions.add(n)
         elif 0 <= n < len(positional) and positional[n] in keywords:  # passed by keyword, as `jax.jit` maps it
             donated_keywords.add(positional[n])
         else:
@@ -162,6 +181,7 @@ class _Program(NamedTuple):
     args: tuple[Any, ...]
     named: dict[str, Any]
     owners: list[_Arg]  # the argument each of its flat inputs belongs to, in JAX's order
+    paths: list[str]  # each flat input's path, as the user names it (`args[0].encoder.weight`)
     output_paths: list[str]  # each output's path (`out[1]['w']`), once traced
 
 
@@ -176,7 +196,7 @@ def _program(core: Callable[..., Any], values: list[Any], abstract: list[bool], 
     leaves."""
     args, kwargs, bound = dynamic_arguments(core, values, abstract, treedef)
     if set(bound) & set(kwargs):  # a keyword argument overriding a bound one: both are inputs
-        bound = {f"_bound{i}": v for i, v in enumerate(bound.values())}
+        bound = {f"bound_{i}": v for i, v in enumerate(bound.values())}
     order, keywords = list(bound), list(kwargs)
 
     def program(*args: Any, **named: Any) -> list[Any]:
@@ -185,26 +205,74 @@ def _program(core: Callable[..., Any], values: list[Any], abstract: list[bool], 
         (bound_args, bound_kw), (call_args, call_kw) = inputs
         out = core(*bound_args, *call_args, **{**bound_kw, **call_kw})
         state = [(keys, x) for keys, x in jtu.tree_flatten_with_path(inputs, is_leaf=_is_nnx)[0] if _is_nnx(x)]
-        found, paths = _outputs(state, out)
+        found, paths = _outputs(state, out, core)
         output_paths[:] = paths
         return found
 
     output_paths: list[str] = []  # filled when traced
 
-    name = getattr(core, "__name__", None)
-    program.__name__ = program.__qualname__ = name if isinstance(name, str) else "fn"
-    program.__wrapped__ = core  # type: ignore[attr-defined]
-    program.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL)]
-        + [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in order]
-        + [inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)]
-    )
+    bound_args = bound_positional(core, values, treedef)
+    program.__name__ = program.__qualname__ = core_name(core, bound_args)
+    program.__wrapped__ = user_function(core, bound_args)  # type: ignore[attr-defined]
+    program.__signature__ = program_signature(core, values, treedef, len(args), [*keywords, *order])  # type: ignore[attr-defined]
     named = {**kwargs, **bound}
     owners: list[_Arg] = [
         ("args" if _nodes.key_name(path[0]) == 0 else "named", _nodes.key_name(path[1]))
         for path, _ in jtu.tree_flatten_with_path((args, named))[0]
     ]
-    return _Program(program, args, named, owners, output_paths)
+    return _Program(program, args, named, owners, _input_paths(values, abstract, treedef, owners, order), output_paths)
+
+
+def _input_paths(
+    values: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef, owners: list[_Arg], bound: list[str]
+) -> list[str]:
+    """Each flat input of the program by the path of its leaf in the call, through every
+    node type (an argument's tree may be passed to the program as a list of its leaves):
+    `args[0].encoder.weight`, `kwargs['x']`, a bound value by its parameter name."""
+    queues: dict[_Arg, list[str]] = {}
+    n_bound_args = len(treedef.children()[0].children()[0].children())
+    wrapped = _filter_jit_paths(values, treedef)
+    for (keys, _), a in zip(jtu.tree_flatten_with_path(jtu.tree_unflatten(treedef, values))[0], abstract, strict=True):
+        if not a:
+            continue
+        given, positional, where = _nodes.key_name(keys[0]), _nodes.key_name(keys[1]), _nodes.key_name(keys[2])
+        rest = jtu.keystr(tuple(keys[3:]))
+        if wrapped and (given, positional, where) == (0, 0, 0):
+            rest = wrapped.pop(0)
+        elif (given, positional, where) == (0, 0, 0) and keys[3:4] == (_WRAPPED,):
+            rest = jtu.keystr(tuple(keys[4:]))  # a wrapper's child, the function it wraps (`ts.watch(model)`)
+        if given == 1:
+            owner: _Arg = ("args", where) if positional == 0 else ("named", where)
+            root = f"args[{where}]" if positional == 0 else f"kwargs[{where!r}]"
+        else:
+            name = bound[where if positional == 0 else n_bound_args + list(_bound_keywords(treedef)).index(where)]
+            owner, root = ("named", name), name
+        queues.setdefault(owner, []).append(root + rest)
+    return [queues[owner].pop(0) for owner in owners]
+
+
+_WRAPPED: Final = jtu.GetAttrKey("__wrapped__")
+
+
+def _filter_jit_paths(values: list[Any], treedef: jtu.PyTreeDef) -> list[str]:
+    """Where an `eqx.filter_jit` wrapper is called (`ts.cost(eqx.filter_jit(model), x)`),
+    the paths in the function it wraps of its arrays, which the wrapper holds as a flat
+    list (in that order); else `[]`."""
+    bound = bound_positional(_call_filter_jit, values, treedef)
+    if not bound or not is_filter_jit(bound[0]):
+        return []
+    try:
+        flat = jtu.tree_flatten_with_path(bound[0].__wrapped__)[0]
+    except Exception:  # the wrapped function cannot be rebuilt from abstract leaves
+        return []
+    paths = [jtu.keystr(tuple(keys)) for keys, x in flat if kind_of(type(x)) in (ARRAY, SDS, NUMPY)]
+    n = sum(kind_of(type(x)) in (ARRAY, SDS, NUMPY) for x in jtu.tree_leaves(bound[0]))
+    return paths if len(paths) == n else []
+
+
+def _bound_keywords(treedef: jtu.PyTreeDef) -> tuple[str, ...]:
+    data = treedef.children()[0].children()[1].node_data()
+    return tuple(data[1]) if data else ()
 
 
 def _lowering_argument(x: Any) -> Any:
@@ -215,7 +283,7 @@ def _lowering_argument(x: Any) -> Any:
     return x
 
 
-def _outputs(state: list[tuple[Any, Any]], out: Any) -> tuple[list[Any], list[str]]:
+def _outputs(state: list[tuple[Any, Any]], out: Any, core: Any) -> tuple[list[Any], list[str]]:
     """The program's outputs as `nnx.jit` orders them (the inputs' flax.nnx objects, then
     the output; XLA's buffer plan follows the order), each nnx `Variable` once (an object
     both updated and returned is one output, as `nnx.jit` shares it), and their paths: an
@@ -235,10 +303,10 @@ def _outputs(state: list[tuple[Any, Any]], out: Any) -> tuple[list[Any], list[st
             if id(x) not in seen:
                 seen.add(id(x))
                 for sub, y in jtu.tree_flatten_with_path(x)[0]:
-                    if is_output_array(y, kind_of(type(y))):
+                    if is_output_array(y, kind_of(type(y)), core):
                         found.append(y)
                         paths.append(where + jtu.keystr(sub))
-        elif is_output_array(x, kind_of(type(x))):
+        elif is_output_array(x, kind_of(type(x)), core):
             found.append(x)
             paths.append(where)
     return found, paths
@@ -330,6 +398,7 @@ class Compiled(NamedTuple):
     arguments: list[Any]  # its flat arguments, as lowered
     far: Any  # the abstract mesh it was compiled for in a child process, else None
     target: Any = None  # the `_deviceless.Placed` it was compiled for with `target=`, else None
+    around: bool = False  # jitted around the user's own jit wrapper: the ops' outermost `jit(...)` is ours
 
 
 def compile_program(
@@ -393,15 +462,16 @@ def compile_program(
         compiled = lowered.compile() if far is None else _simulate.compile_for(lowered, far.size)
     infos = jtu.tree_flatten_with_path(lowered.args_info)[0]
     donate = frozenset(i for i, (_, info) in enumerate(infos) if getattr(info, "donated", False))
-    if _compat.at_top_level():
-        paths: list[str | None] = [_argument_path(keys, kwarg_names) for keys, _ in infos]
-    else:  # the program's flat arguments: its own, then the tracers it closes over
-        own = [_argument_path(k, kwarg_names) for k, _ in jtu.tree_flatten_with_path((program.args, program.named))[0]]
-        paths = [*own, *[None] * (len(infos) - len(own))]
+    paths: list[str | None]
+    if jitted is core:  # the user's `jax.jit` wrapper, given the call's own trees
+        paths = [_argument_path(keys, kwarg_names) for keys, _ in infos]
+    else:  # the program's flat arguments: its own, then (under a transformation) the tracers it closes over
+        paths = [*program.paths, *[None] * (len(infos) - len(program.paths))]
     if output_paths is None:  # the user's jitted function: its outputs as it returns them
         output_paths = ["out" + jtu.keystr(tuple(keys)) for keys, _ in jtu.tree_flatten_with_path(lowered.out_info)[0]]
     arguments = [_lowering_argument(x) for x in jtu.tree_leaves((args, named))]
-    return Compiled(compiled, paths, output_paths, donate, traced.jaxpr, arguments, far, placed)
+    around = jitted is not core and is_jit_wrapper(core)
+    return Compiled(compiled, paths, output_paths, donate, traced.jaxpr, arguments, far, placed, around)
 
 
 def _refuse_too_large(jaxpr: Any) -> None:

@@ -53,7 +53,7 @@ def _check_leaves(state: PyTree) -> None:
             ) from None
 
 
-def settle(step: Callable[..., Any], state: PyTree, *args: Any, policy: str = "weak", **kwargs: Any) -> PyTree:
+def settle(step: Callable[..., Any], state: PyTree, /, *args: Any, policy: str = "weak", **kwargs: Any) -> PyTree:
     """Convert `state` to the type `step` maps to itself, so a jitted `step` compiles once.
 
     A train step often returns its state with other types than it received
@@ -81,7 +81,8 @@ def settle(step: Callable[..., Any], state: PyTree, *args: Any, policy: str = "w
         policy: `"weak"` (default), `"promote"` or `"cast"`, as in
             [treeshape.carry_structure][] (`"promote"` for mixed precision:
             `bfloat16` moments meeting `float32` gradients).
-        **kwargs: Keyword arguments of `step` (any name but `policy`).
+        **kwargs: Keyword arguments of `step`, any name but `policy` (`step=`
+            and `state=` too: `settle`'s own first two are positional-only).
 
     Returns:
         A pytree like `state`, of `jax.Array`s (or tracers) whose types `step`

@@ -46,6 +46,8 @@ class Simulated:
         self._module = None if proto is None else base64.b64decode(proto)
         self._executable = types.SimpleNamespace(_kept_var_idx=kept)
         self.devices = devices
+        self.args_info: Any = None
+        self.out_info: Any = None
 
     def runtime_executable(self) -> "Simulated":
         return self
@@ -149,7 +151,9 @@ def compile_for(lowered: Any, devices: int) -> Simulated:
             f"treeshape: compiling the program for {devices} simulated CPU devices failed in a child process "
             f"after {time.monotonic() - start:.1f} s: {reason}"
         )
-    return Simulated(json.loads(out), devices, kept)
+    simulated = Simulated(json.loads(out), devices, kept)
+    simulated.args_info, simulated.out_info = lowered.args_info, lowered.out_info  # global types, as a Compiled has
+    return simulated
 
 
 def _last_line(text: str) -> str:

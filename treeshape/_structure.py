@@ -220,7 +220,7 @@ class Structure:
         """
         return self._memo("dims", lambda: _dims.free_names(self._leaves))
 
-    def bind(self, **sizes: int) -> "Structure":
+    def bind(self, /, **sizes: int) -> "Structure":
         """Return the structure with the named dimensions replaced by sizes.
 
         Names left out stay free. Expressions evaluate as JAX evaluates them

@@ -503,7 +503,7 @@ class _Watched:
         # one (`eqx.filter_jit` keys on its static function): a new watch adds no trace.
         if other is self:
             return True
-        if type(other) is not _Watched or other._hash != self._hash:
+        if type(other) is not type(self) or other._hash != self._hash:
             return False
         return other._identity == self._identity  # ids of objects both hold alive: the same objects
 
@@ -515,6 +515,63 @@ class _Watched:
 
     def __repr__(self) -> str:
         return f"<treeshape.watch of {self._name}: {len(self._history.traces)} traces>"
+
+
+class _Meta(NamedTuple):
+    """What a watch of a callable pytree keeps beside the pytree: the node data of its
+    own node (no array: `eqx.filter_jit` hashes it as a static value)."""
+
+    history: _History
+    identity: tuple[Any, ...]
+    name: str
+    max_traces: int | None
+    wrapped: tuple[tuple[str, Any], ...]  # `__name__`, `__doc__`, ... as `update_wrapper` copies them
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Meta and other.identity == self.identity
+
+    def __hash__(self) -> int:
+        return hash(self.identity)
+
+
+class _WatchedTree(_Watched):
+    """A watch of a callable pytree (an equinox module, a `jax.tree_util.Partial`): itself
+    that pytree, its one child, so that a jit keeps the pytree's arrays arguments of the
+    program."""
+
+    def __init__(self, fn: Callable[..., Any], max_traces: int | None) -> None:
+        ft.update_wrapper(self, fn, updated=())  # never the pytree's fields: its arrays belong to the child
+        self._fn = fn
+        self._max_traces = max_traces
+        self._history = _history(fn)
+        self.traces = self._history.traces
+        self.retraces = self._history.retraces
+        self._name = getattr(fn, "__name__", None) or type(fn).__name__
+        self._identity = _identity(fn) + (max_traces,)
+        self._hash = hash(self._identity)
+
+    def _meta(self) -> _Meta:
+        wrapped = tuple((a, getattr(self, a)) for a in ft.WRAPPER_ASSIGNMENTS if a in vars(self))
+        return _Meta(self._history, self._identity, self._name, self._max_traces, wrapped)
+
+    @classmethod
+    def _rebuilt(cls, meta: _Meta, fn: Any) -> "_WatchedTree":
+        new = object.__new__(cls)
+        for attribute, value in meta.wrapped:
+            setattr(new, attribute, value)
+        new.__wrapped__ = fn  # type: ignore[attr-defined]
+        new._fn, new._max_traces, new._history = fn, meta.max_traces, meta.history
+        new.traces, new.retraces = meta.history.traces, meta.history.retraces
+        new._name, new._identity, new._hash = meta.name, meta.identity, hash(meta.identity)
+        return new
+
+
+jtu.register_pytree_with_keys(
+    _WatchedTree,
+    lambda w: (((jtu.GetAttrKey("__wrapped__"), w._fn),), w._meta()),
+    lambda meta, children: _WatchedTree._rebuilt(meta, *children),
+    flatten_func=lambda w: ((w._fn,), w._meta()),
+)
 
 
 def watch(fn: Callable[..., Any], /, *, max_traces: int | None = None) -> Callable[..., Any]:
@@ -538,6 +595,11 @@ def watch(fn: Callable[..., Any], /, *, max_traces: int | None = None) -> Callab
         max_traces: If given, the trace after the `max_traces`-th raises
             [treeshape.RetraceError][], from inside that trace (traces
             counted over every watch of `fn`, which share one history).
+
+    A callable pytree (an equinox module, a `jax.tree_util.Partial`) gives a
+    watch that is that pytree (its one child, `__wrapped__`): under
+    `eqx.filter_jit`, or passed to a `jax.jit` function, its arrays stay
+    arguments of the program, as without the watch.
 
     Returns:
         A callable like `fn`, with `.traces` (a list of [treeshape.Trace][])
@@ -569,6 +631,10 @@ def watch(fn: Callable[..., Any], /, *, max_traces: int | None = None) -> Callab
             f"treeshape.watch: `max_traces` must be an int >= 1 (how many traces are allowed) or None, "
             f"got {max_traces!r}."
         )
+    if type(fn) not in (types.FunctionType, types.MethodType, ft.partial) and not jtu.treedef_is_leaf(
+        jtu.tree_structure(fn)
+    ):
+        return _WatchedTree(fn, max_traces)  # a callable pytree: the watch is that pytree
     return _Watched(fn, max_traces)
 
 
