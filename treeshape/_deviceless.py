@@ -131,8 +131,8 @@ def compile_for(lowered: Any, placed: Placed) -> "Targeted":
 
 def _reason(e: BaseException) -> str:
     text = " ".join(str(e).split())
-    match = re.search(r"(Ran out of memory[^.]*|[^.]*exceeds available HBM[^.)]*\)?)", text)
-    return match.group(1).strip() if match else text[:200]
+    match = re.search(r"Ran out of memory.*?available HBM \([^)]*\)", text)
+    return match.group(0) if match else text[:200]
 
 
 class Targeted:

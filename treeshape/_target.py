@@ -14,6 +14,7 @@ import functools
 import importlib.metadata
 import importlib.util
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any, Final
@@ -74,14 +75,18 @@ def targets() -> dict[str, str]:
     """The accelerators `ts.cost`, `ts.largest_fit` and the command line compile for with
     `target=NAME`, on a machine that has none of them.
 
+    NVIDIA targets compile with JAX's CUDA plugin (`pip install "treeshape[cuda]"`; no
+    CUDA libraries or driver), TPUs with libtpu (`"treeshape[tpu]"`); JAX must start on
+    the CPU alone (`JAX_PLATFORMS=cpu`). A TPU name may carry a topology: `"v5e:16x16"`.
+
     Returns:
         A dict from each name to a short description with the memory one program may use
         on one device (`Cost.device_bytes`).
 
     Examples:
         >>> import treeshape as ts
-        >>> ts.targets()["h100"]
-        'NVIDIA H100 SXM 80 GB (XLA:GPU through JAX's CUDA plugin; 79.1 GiB per device)'
+        >>> print(ts.targets()["h100"])
+        NVIDIA H100 SXM 80 GB (XLA:GPU through JAX's CUDA plugin; 79.1 GiB per device)
         >>> sorted(ts.targets())[:3]
         ['a100-40gb', 'a100-80gb', 'b200']
     """
@@ -211,6 +216,9 @@ def devices(name: str, shape: str) -> tuple[Any, ...]:
     target = _TARGETS[name]
     try:
         if target.platform == "tpu":
+            # Compiling needs no TPU: libtpu's lock on the TPU (one process at a time) would
+            # only keep two processes (two commands, a test and its subprocess) from compiling.
+            os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
             # libtpu takes a slice of one chip only as a host of one chip.
             extra = {"chips_per_host_bounds": (1, 1, 1)} if shape in ("1x1", "1x1x1") else {}
             topology = topologies.get_topology_desc(f"{name}:{shape}", "tpu", **extra)
