@@ -172,7 +172,8 @@ def test_tpu_v5e_2x2_is_libtpus_own_compile():
     assert c.flops == compiled.cost_analysis()["flops"]
     # A program larger than libtpu lets one program use does not fit: a ValueError, never a raw one.
     big = jax.ShapeDtypeStruct((2**17, 2**15), jnp.float32)
-    with pytest.raises(ValueError, match="does not fit on TPU v5e x1.*refuses"):
+    refused = r"does not fit on TPU v5e x1.*refuses it \(Ran out of memory.*15.75G"
+    with pytest.raises(ValueError, match=refused):
         ts.cost(lambda a: jnp.sin(a) @ a.T, big, target="v5e")
 
 
@@ -347,3 +348,23 @@ def test_the_command_line_takes_a_target_and_lists_them():
     bad = _cli("cost", "jax.numpy:matmul", "f32[8,8]", "f32[8,8]", "--target", "h900")
     assert bad.returncode == 2 and bad.stderr.startswith("treeshape: error: --target: unknown target 'h900'")
     assert len([line for line in bad.stderr.splitlines() if line.startswith("treeshape")]) == 1
+
+
+@needs_cuda_release
+def test_a_spec_field_the_plugin_does_not_know_is_left_out(monkeypatch):
+    """The shipped specs have fields an older plugin rejects (0.8.0's knows no
+    thread_dim_limit_x): where the plugin cannot parse the spec, it is read again
+    without them. Here a field this plugin does not know stands for them."""
+    from treeshape import _target
+
+    shipped = (SPECS / "h100.txtpb").read_text()
+    newer = shipped.replace("  core_count:", "  a_field_of_a_newer_xla: 7\n  core_count:")
+    monkeypatch.setattr(_target, "_spec_text", lambda name: newer)
+    monkeypatch.setattr(_target, "NEWER_FIELDS", [*_target.NEWER_FIELDS, "a_field_of_a_newer_xla"])
+    mesh = AbstractMesh((2,), ("data",), axis_types=(AUTO,))  # a count no other test asks for
+    w, x = _inputs(mesh, P("data", None), P("data", None))
+    c = ts.cost(step, w, x, donate_argnums=0, target="h100")
+    real = Mesh(np.array(_h100_devices(2)), ("data",), axis_types=(AUTO,))
+    with jax.set_mesh(real):
+        compiled = jax.jit(step, donate_argnums=0).lower(*_on(real, (w, x))).compile()
+    assert _ours(c) == _figures(compiled.memory_analysis())

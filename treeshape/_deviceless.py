@@ -131,8 +131,9 @@ def compile_for(lowered: Any, placed: Placed) -> "Targeted":
 
 def _reason(e: BaseException) -> str:
     text = " ".join(str(e).split())
-    match = re.search(r"(Ran out of memory[^.]*|[^.]*exceeds available HBM[^.)]*\)?)", text)
-    return match.group(1).strip() if match else text[:200]
+    # libtpu 0.0.42 ("... exceeds available HBM (15.75G)"), 0.0.24 ("Used 16.00G of 15.75G hbm")
+    match = re.search(r"Ran out of memory.*?(available HBM \([^)]*\)|Used \S+ of \S+ hbm)", text)
+    return match.group(0) if match else text[:200]
 
 
 class Targeted:

@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
+import jax
+
 from . import _buffers, _deviceless, _target
 from ._cost import Cost, check_target, cost_of, exact, prepare
 from ._dims import DimOverflow, bind_leaves, check_sizes, free_names
@@ -70,6 +72,8 @@ class Fit:
             `n + 1` may fit too, unseen. `True` otherwise.
         capped: `True` where the search stopped at `max_size` (which fits): the budget
             was not reached, and a larger `max_size` may fit more.
+        budget_source: Where `target=` chose the budget (e.g. JAX's default
+            preallocation, 75% of an H100's memory), else `None`; the table says it.
 
     Examples:
         >>> import treeshape as ts
@@ -191,6 +195,15 @@ def _bytes_exact(n: int) -> str:
 
 def _percent(fraction: float) -> str:
     return f"{fraction * 100:g}%"
+
+
+def _far_over(n: int, costs: dict[int, Cost], limit: int) -> bool:
+    """Whether the line through the two largest sizes below `n` puts `n` over twice `limit`."""
+    below = sorted(m for m, c in costs.items() if m < n and c.peak_bytes is not None)[-2:]
+    if len(below) < 2:
+        return False
+    (a, b), (pa, pb) = below, (costs[m].peak_bytes or 0 for m in below)
+    return pb + (pb - pa) / (b - a) * (n - b) > 2 * limit
 
 
 def _limit(budget: int, margin: float) -> int:
@@ -532,7 +545,9 @@ def largest_fit(
             and no other.
         dim: The name of the symbolic dimension to size.
         budget: The bytes one device has. Defaults to the device's reported memory limit
-            ([treeshape.Cost][]`.device_bytes`); required where there is none (CPU).
+            ([treeshape.Cost][]`.device_bytes`); required where there is none (CPU). With
+            `target`, to the memory JAX lets XLA use there: on NVIDIA GPUs the fraction JAX
+            preallocates (`XLA_PYTHON_CLIENT_MEM_FRACTION`, else 75%), on TPUs all of it.
         margin: The fraction of `budget` to keep free, in `[0, 1)` (for the runtime,
             fragmentation): `0.1` fits the peak within 90% of it.
         max_size: The largest size to consider.
@@ -541,6 +556,9 @@ def largest_fit(
         progress: Print one line to standard error per size compiled (the size, its
             peak, the range the answer is known to be in, seconds), and a summary line
             at the end.
+        target: An accelerator from [treeshape.targets][]: each size is compiled by its
+            own compiler, without one (see [treeshape.cost][]); a size that compiler
+            refuses for want of memory (libtpu does) does not fit.
         **kwargs: As `args`.
 
     Returns:
@@ -645,6 +663,13 @@ def largest_fit(
             peak = cost_at(n).peak_bytes
         except _deviceless.OutOfMemory:  # the target's compiler refuses it: it does not fit
             if n == 1:
+                raise
+            return limit + 1
+        except jax.errors.JaxRuntimeError:
+            # XLA:GPU may fail outright on an absurd size (no tiling for a dot of billions of
+            # rows); a size that the line through the two largest smaller sizes puts well over
+            # the limit does not fit, anything else is the compiler's error.
+            if target is None or not _far_over(n, costs, limit):
                 raise
             return limit + 1
         if peak is None:
