@@ -68,9 +68,9 @@ def _ops(text):
 
 
 def _marker_bytes(n_outputs: int) -> int:
-    """What equinox's marker output adds: its 4 bytes, and its entry (8 bytes) in XLA's
-    table of the outputs, which a program of one output has none of."""
-    return 4 + 8 + (8 if n_outputs == 1 else 0)
+    """What equinox's marker output adds: its bytes (an int32, an int64 with x64 on), and its
+    entry (8 bytes) in XLA's table of the outputs, which a program of one output has none of."""
+    return jnp.asarray(0).dtype.itemsize + 8 + (8 if n_outputs == 1 else 0)
 
 
 @pytest.mark.parametrize("call", ["positional", "partial"])
@@ -107,17 +107,17 @@ def test_filter_jit_branching_on_a_python_field():
     c = ts.cost(jitted, model, X)
     assert c.flops == compiled.cost_analysis()["flops"]
     assert c.argument_bytes == compiled.memory_analysis().argument_size_in_bytes
-    assert ts.out_structure(jitted, model, X).tree == jax.ShapeDtypeStruct((64, 32), jnp.float32)
+    assert ts.out_structure(jitted, model, X).tree == jax.ShapeDtypeStruct((64, 32), X.dtype)
 
 
 def test_filter_jit_step_fits_as_equinox_compiles_it():
     (b,) = jax.export.symbolic_shape("b")
     jitted = eqx.filter_jit(step)
     budget = 1_000_000
-    fit = ts.largest_fit(jitted, MODEL, OPT_STATE, jax.ShapeDtypeStruct((b, 16), jnp.float32), dim="b", budget=budget)
+    fit = ts.largest_fit(jitted, MODEL, OPT_STATE, jax.ShapeDtypeStruct((b, 16), X.dtype), dim="b", budget=budget)
 
     def peak(n):
-        m = _compiled(jitted, MODEL, OPT_STATE, jnp.zeros((n, 16))).memory_analysis()
+        m = _compiled(jitted, MODEL, OPT_STATE, jnp.zeros((n, 16), X.dtype)).memory_analysis()
         return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
 
     marker = _marker_bytes(3)

@@ -376,6 +376,11 @@ def test_keywords_named_step_and_state_reach_step():
         return {"w": params["w"] - lr * state * step}
 
     settled = ts.settle(
-        train_step, {"w": jnp.zeros(3, jnp.bfloat16)}, 0.1, step=jnp.int32(2), state=jnp.ones(3), policy="promote"
+        train_step,
+        {"w": jnp.zeros(3, jnp.bfloat16)},
+        0.1,
+        step=jnp.int32(2),
+        state=jnp.ones(3, jnp.float32),
+        policy="promote",
     )
     assert jax.tree.map(lambda x: x.dtype, settled) == {"w": jnp.float32}
