@@ -17,7 +17,7 @@ this machine's jaxlib) and, for reference, the CPU stand-in (`ts.cost` without t
 .compile()` on the real GPU and writes `memory_analysis()` and `cost_analysis()`'s
 figures, the device kind and the JAX version; and, where `jax.experimental.topologies`
 works there, the same steps compiled deviceless for an H200 by that machine's own plugin
-(from treeshape/targets/h200.txtpb), which separates the XLA-version difference from the
+(from treeshape/_cost/specs/h200.txtpb), which separates the XLA-version difference from the
 deviceless-vs-real one. It imports only JAX and NumPy, and runs in well under a minute.
 """
 
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 
 FIELDS = ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "peak_bytes", "flops")
-SPEC = Path(__file__).resolve().parent.parent / "treeshape" / "targets" / "h200.txtpb"
+SPEC = Path(__file__).resolve().parent.parent / "treeshape" / "_cost" / "specs" / "h200.txtpb"
 
 
 # -- the steps (pure JAX: the device machine needs nothing else) -----------------------

@@ -16,34 +16,57 @@ import treeshape
 
 PACKAGE = pathlib.Path(treeshape.__file__).parent
 PAGE = PACKAGE.parent / "docs" / "architecture.md"
-MODULES = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+# A wing is a private subpackage of rooms (`_cost/_program.py` is the module `_cost._program`);
+# its `__init__.py`, the front, is the module `_cost`, and the rest of the package imports the
+# front, never a room.
+WINGS = {p.parent.name for p in PACKAGE.glob("_*/__init__.py")}
+
+
+def _module_of(path: pathlib.Path) -> str:
+    relative = path.relative_to(PACKAGE).with_suffix("")
+    parts = relative.parts[:-1] if relative.name == "__init__" else relative.parts
+    return ".".join(parts)
+
+
+FILES = {
+    _module_of(p): p
+    for p in [*PACKAGE.glob("*.py"), *PACKAGE.glob("_*/*.py")]
+    if p.name != "__init__.py" or p.parent != PACKAGE
+}
+MODULES = set(FILES)
 # Modules that import late on purpose (not for a cycle): the command line loads JAX only
 # once it runs a command, so `--help` and usage errors stay fast; pytest loads the plugin
 # before any conftest.py, which must still be able to configure JAX.
 LATE_IMPORTS_ALLOWED = {"_cli", "pytest_plugin"}
 
 
-def _imported(node: ast.ImportFrom) -> set[str]:
-    """The package modules a relative import reads (`from . import cost` reads `_cost`, the
-    module the package's lazy table imports `cost` from)."""
-    if node.level != 1:
+def _imported(module: str, node: ast.ImportFrom) -> set[str]:
+    """The package modules a relative import in `module` reads (`from . import cost` reads
+    `_cost`, the module the package's lazy table imports `cost` from; in a room of the wing
+    `_cost`, `from . import _hlo` reads `_cost._hlo` and `from .._leaf import x` reads `_leaf`)."""
+    home = list(FILES[module].parent.relative_to(PACKAGE).parts)
+    if node.level < 1 or node.level - 1 > len(home):
         return set()
+    base = home[: len(home) - (node.level - 1)]
     if node.module:
-        return {node.module.split(".")[0]}
+        return {".".join([*base, node.module.split(".")[0]])}
     names = {alias.name for alias in node.names}
-    return (names & MODULES) | {treeshape._MODULES[n].lstrip(".") for n in names if n in treeshape._MODULES}
+    found = {".".join([*base, n]) for n in names} & MODULES
+    if not base:
+        found |= {treeshape._MODULES[n].lstrip(".") for n in names if n in treeshape._MODULES}
+    return found
 
 
 def _imports(module: str) -> tuple[set[str], set[str]]:
     """The package modules `module` imports anywhere, and those it imports only inside functions."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    tree = ast.parse(FILES[module].read_text())
     functions = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
     in_functions = {id(node) for f in functions for node in ast.walk(f)}
     top: set[str] = set()
     late: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            (late if id(node) in in_functions else top).update(_imported(node))
+            (late if id(node) in in_functions else top).update(_imported(module, node) - {module})
     return top | late, late - top
 
 
@@ -78,7 +101,7 @@ def page_floors() -> dict[str, list[int]]:
     assert header, "docs/architecture.md has no table with the header `| floor | module | owns |`"
     listed: dict[str, list[int]] = {}
     for line in text[header.end() :].splitlines():
-        row = re.match(r"\|\s*(\d+)\s*\|\s*`(\w+)`\s*\|", line)
+        row = re.match(r"\|\s*(\d+)\s*\|\s*`([\w.]+)`\s*\|", line)
         if not row:
             break
         listed.setdefault(row[2], []).append(int(row[1]))
@@ -130,14 +153,18 @@ def test_no_module_imports_the_package_by_its_absolute_name():
     that hides a dependency from the floors (a relative `from . import name` shows it)."""
     found = []
     for m in sorted(MODULES):
-        for node in ast.walk(ast.parse((PACKAGE / f"{m}.py").read_text())):
+        for node in ast.walk(ast.parse(FILES[m].read_text())):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 names = [node.module or ""]
             else:
                 continue
-            found += [f"{m}.py:{node.lineno} imports {n}" for n in names if n.split(".")[0] == "treeshape"]
+            found += [
+                f"{FILES[m].relative_to(PACKAGE)}:{node.lineno} imports {n}"
+                for n in names
+                if n.split(".")[0] == "treeshape"
+            ]
     assert found == []
 
 
@@ -180,7 +207,7 @@ def test_public_classes_report_module_treeshape(name):
 def _defined(module: str) -> set[str]:
     """The names a package module defines at its top level (functions, classes, assignments)."""
     names: set[str] = set()
-    for node in ast.parse((PACKAGE / f"{module}.py").read_text()).body:
+    for node in ast.parse(FILES[module].read_text()).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -193,7 +220,20 @@ def test_every_name_the_page_gives_is_in_the_code():
     page = PAGE.read_text()
     wrong = sorted(
         f"`{module}.{name}`"
-        for module, name in set(re.findall(r"`(_\w+)\.(\w+)", page))
-        if module not in MODULES or name not in _defined(module)
+        for module, name in set(re.findall(r"`(_\w+(?:\._\w+)?)\.(\w+)", page))
+        if f"{module}.{name}" not in MODULES and (module not in MODULES or name not in _defined(module))
     )
     assert not wrong, f"docs/architecture.md names what the code no longer has: {', '.join(wrong)}"
+
+
+def test_the_rest_of_the_package_imports_a_wing_through_its_front():
+    """A room of a wing (`_cost._program`) is imported by its wing's front and its other rooms
+    only; tests may reach into a room, the package may not."""
+    imports = graph()
+    wrong = sorted(
+        f"`{m}` imports `{room}`"
+        for m in MODULES
+        for room in imports[m]
+        if "." in room and room.split(".")[0] != m.split(".")[0]
+    )
+    assert WINGS == {"_cost"} and wrong == []

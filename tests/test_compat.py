@@ -352,8 +352,8 @@ def test_kept_arguments_leave_out_what_the_program_does_not_use():
 def test_the_compiled_program_gives_its_buffer_assignment_and_module(dtype):
     """XLA's messages read with the field numbers of `_hlo.Fields`: the entry parameter of
     this dtype and shape, its logical buffer and its allocation."""
-    from treeshape._buffers import _assignment
-    from treeshape._hlo import Module as _Module
+    from treeshape._cost._buffers import _assignment
+    from treeshape._cost._hlo import Module as _Module
 
     compiled = jax.jit(lambda x: (x, x.sum())).lower(jax.ShapeDtypeStruct((3, 5), dtype)).compile()
     assignment = _compat.memory_analysis(compiled)["buffer_assignment"]

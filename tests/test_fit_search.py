@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import treeshape as ts
-from treeshape._fit import _search
+from treeshape._cost._fit import _search
 
 
 F32 = jnp.float32

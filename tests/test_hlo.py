@@ -10,7 +10,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from hypothesis import given, strategies as st
 
 from treeshape import _compat
-from treeshape._hlo import Module, fields, int_field, ints, message_field, str_field
+from treeshape._cost._hlo import Module, fields, int_field, ints, message_field, str_field
 
 
 def _message_classes():

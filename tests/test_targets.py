@@ -22,7 +22,7 @@ import treeshape as ts
 
 NEW_ENOUGH = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 10)
 needs_cuda_release = pytest.mark.skipif(not NEW_ENOUGH, reason="jax < 0.10: NVIDIA targets are a JaxReleaseError")
-SPECS = Path(ts.__file__).parent / "targets"
+SPECS = Path(ts.__file__).parent / "_cost" / "specs"
 H100_BYTES = 84_942_979_072
 AUTO = AxisType.Auto  # XLA partitions the step (FSDP, FSDP x TP) as it sees fit
 
@@ -355,7 +355,7 @@ def test_a_spec_field_the_plugin_does_not_know_is_left_out(monkeypatch):
     """The shipped specs have fields an older plugin rejects (0.8.0's knows no
     thread_dim_limit_x): where the plugin cannot parse the spec, it is read again
     without them. Here a field this plugin does not know stands for them."""
-    from treeshape import _target
+    from treeshape._cost import _target
 
     shipped = (SPECS / "h100.txtpb").read_text()
     newer = shipped.replace("  core_count:", "  a_field_of_a_newer_xla: 7\n  core_count:")

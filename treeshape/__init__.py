@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Final
 # conftest must still be able to configure JAX (JAX_PLATFORMS, JAX_ENABLE_X64,
 # XLA_FLAGS) before JAX is imported. Type checkers read the imports below.
 if TYPE_CHECKING:
-    from ._buffers import Buffer as Buffer, Donation as Donation
     from ._cache import CacheInfo as CacheInfo, cache_info as cache_info, clear_cache as clear_cache
     from ._carry import (
         carry_structure as carry_structure,
@@ -20,7 +19,15 @@ if TYPE_CHECKING:
         while_carry as while_carry,
     )
     from ._compat import JaxReleaseError as JaxReleaseError
-    from ._cost import Cost as Cost, cost as cost
+    from ._cost import (
+        Buffer as Buffer,
+        Cost as Cost,
+        Donation as Donation,
+        Fit as Fit,
+        cost as cost,
+        largest_fit as largest_fit,
+        targets as targets,
+    )
     from ._display import describe as describe
     from ._errors import (
         CarryMismatchError as CarryMismatchError,
@@ -28,7 +35,6 @@ if TYPE_CHECKING:
         PrecisionWarning as PrecisionWarning,
         StructureMismatchError as StructureMismatchError,
     )
-    from ._fit import Fit as Fit, largest_fit as largest_fit
     from ._infer import out_structure as out_structure, structure_of as structure_of
     from ._prefix import check_prefix as check_prefix
     from ._restore import (
@@ -39,7 +45,6 @@ if TYPE_CHECKING:
     )
     from ._settle import settle as settle
     from ._structure import Structure as Structure
-    from ._target import targets as targets
     from ._tree import StaticRepr as StaticRepr
     from ._watch import Retrace as Retrace, RetraceError as RetraceError, Trace as Trace, watch as watch
     from ._weak import (
@@ -56,12 +61,12 @@ __version__ = importlib.metadata.version("treeshape")
 # (`__getattr__` below). The imports above say the same to type checkers, which cannot
 # read this table; tests/test_architecture.py checks that the two agree.
 _MODULES: Final = {
-    "Buffer": "._buffers",
+    "Buffer": "._cost",
     "CacheInfo": "._cache",
     "CarryMismatchError": "._errors",
     "Cost": "._cost",
-    "Donation": "._buffers",
-    "Fit": "._fit",
+    "Donation": "._cost",
+    "Fit": "._cost",
     "JaxReleaseError": "._compat",
     "Mismatch": "._errors",
     "PrecisionWarning": "._errors",
@@ -82,14 +87,14 @@ _MODULES: Final = {
     "describe": "._display",
     "fori_carry": "._carry",
     "is_weak": "._weak",
-    "largest_fit": "._fit",
+    "largest_fit": "._cost",
     "out_structure": "._infer",
     "restore_plan": "._restore",
     "scan_carry": "._carry",
     "settle": "._settle",
     "strip_weak_type": "._weak",
     "structure_of": "._infer",
-    "targets": "._target",
+    "targets": "._cost",
     "upcast": "._weak",
     "watch": "._watch",
     "weak_paths": "._weak",

@@ -576,7 +576,7 @@ def _check_target(name: str | None, who: str) -> str | None:
 
 
 def _targets(stdout: TextIO) -> int:
-    from ._target import targets
+    from ._cost import targets
 
     listed = targets()
     width = max(len(name) for name in listed)
@@ -679,8 +679,8 @@ def _fit(args: argparse.Namespace, stdout: TextIO) -> int:
     import jax
 
     from . import largest_fit
+    from ._cost import BudgetError, SizeError, bind_at, check_arguments, check_names, largest_allowed
     from ._dims import free_names
-    from ._fit import BudgetError, SizeError, bind_at, check_arguments, check_names, largest_allowed
 
     try:
         budget = None if args.budget is None else parse_bytes(args.budget)

@@ -35,7 +35,8 @@ import jax.numpy as jnp
 from jax import lax
 
 import treeshape as ts
-from treeshape import _buffers, _compat
+from treeshape import _compat
+from treeshape._cost import _buffers
 
 from harness import Config, Row, at_most, case, compare, faster, per_call, repeat, timed_row
 from workloads import gpt2_step_inputs, mlp, mlp_inputs

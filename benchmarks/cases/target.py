@@ -56,7 +56,7 @@ def target(cfg: Config) -> list[Row]:
     except (ImportError, RuntimeError, ts.JaxReleaseError) as e:
         print(f"case target: no rows ({type(e).__name__}: {e})", file=sys.stderr)
         return []
-    from treeshape import _target
+    from treeshape._cost import _target
 
     devices = _target.devices("h100", "1x8x8")
     auto = (AxisType.Auto,)

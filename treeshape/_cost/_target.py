@@ -4,7 +4,7 @@ installed compiler describes them (`devices`, through `jax.experimental.topologi
 every error a target can raise before anything compiles.
 
 NVIDIA targets are compiled by XLA:GPU through JAX's CUDA plugin, with the device
-description XLA's own spec gives that GPU (shipped as `treeshape/targets/NAME.txtpb`, see
+description XLA's own spec gives that GPU (shipped as `treeshape/_cost/specs/NAME.txtpb`, see
 `_spec_text`); TPU targets by libtpu, for its own topology. Nothing here needs a device or
 a driver; the compile itself is `_deviceless`.
 """
@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import jax
 
-from . import _compat
+from .. import _compat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +202,7 @@ NEWER_FIELDS: Final = ["thread_dim_limit_x", "thread_dim_limit_y", "thread_dim_l
 
 @functools.cache
 def _spec_text(name: str) -> str:
-    return (Path(__file__).parent / "targets" / f"{name}.txtpb").read_text()
+    return (Path(__file__).parent / "specs" / f"{name}.txtpb").read_text()
 
 
 def _without_field(text: str, field: str) -> str:

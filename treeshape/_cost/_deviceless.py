@@ -19,9 +19,10 @@ from typing import Any, Final
 import jax
 import numpy as np
 
-from . import _compat, _target
+from .. import _compat
+from .._leaf import ARRAY, SDS, kind_of
+from . import _target
 from ._hlo import fields
-from ._leaf import ARRAY, SDS, kind_of
 
 
 class OutOfMemory(ValueError):

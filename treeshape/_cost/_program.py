@@ -32,9 +32,9 @@ from typing import Any, Final, NamedTuple
 import jax
 import jax.tree_util as jtu
 
-from . import _compat, _deviceless, _nodes, _sharding, _simulate
-from ._cache import has_value
-from ._infer import (
+from .. import _compat, _nodes, _sharding
+from .._cache import has_value
+from .._infer import (
     _JITTED,
     Call,
     _call_filter_jit,
@@ -49,7 +49,9 @@ from ._infer import (
     program_signature,
     user_function,
 )
-from ._leaf import ARRAY, NUMPY, SDS, kind_of, leaf_str
+from .._leaf import ARRAY, NUMPY, SDS, kind_of, leaf_str
+from .._shapes import extent_problem
+from . import _deviceless, _simulate
 from ._per_device import (
     in_shard_map,
     inner_jaxprs,
@@ -60,7 +62,6 @@ from ._per_device import (
     refuse_collectives,
     too_few_devices,
 )
-from ._shapes import extent_problem
 
 
 # -- donation ----------------------------------------------------------------------------

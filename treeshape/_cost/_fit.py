@@ -32,14 +32,14 @@ from typing import Any, Final
 
 import jax
 
+from .._dims import DimOverflow, bind_leaves, check_sizes, free_names
+from .._infer import Call, abstract_inputs, check_callable, input_path
+from .._leaf import leaf_str
+from .._shapes import extent_problem, human_bytes
+from .._sharding import split_problem
+from .._table import grid, html_grid
 from . import _buffers, _deviceless, _target
 from ._cost import Cost, check_target, cost_of, exact, prepare
-from ._dims import DimOverflow, bind_leaves, check_sizes, free_names
-from ._infer import Call, abstract_inputs, check_callable, input_path
-from ._leaf import leaf_str
-from ._shapes import extent_problem, human_bytes
-from ._sharding import split_problem
-from ._table import grid, html_grid
 
 
 # The second probe: large enough that XLA's small-size effects (minimum buffer sizes,

@@ -28,11 +28,11 @@ from typing import Any, Final
 import jax
 import numpy as np
 
-from . import _compat
-from ._dtypes import short_dtype
+from .. import _compat
+from .._dtypes import short_dtype
+from .._shapes import human_bytes, short_shape
+from .._table import Description, grid, html_grid
 from ._hlo import F, Index, Instruction, Message, Module, fields, int_field, ints, message_field, str_field
-from ._shapes import human_bytes, short_shape
-from ._table import Description, grid, html_grid
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,8 +20,8 @@ from typing import Any, Final
 import jax
 from jax.sharding import PartitionSpec as P
 
-from . import _compat
-from ._leaf import ARRAY, SDS, kind_of
+from .. import _compat
+from .._leaf import ARRAY, SDS, kind_of
 
 
 def in_shard_map() -> bool:

@@ -19,10 +19,9 @@ from typing import Any, Final
 import jax
 import jax.tree_util as jtu
 
-from . import _buffers, _compat, _simulate, _target
-from ._buffers import Buffer, Donation
-from ._cache import COST_CACHE, NEEDS_CONCRETE, Key, call_key, has_value, value_key
-from ._infer import (
+from .. import _compat
+from .._cache import COST_CACHE, NEEDS_CONCRETE, Key, call_key, has_value, value_key
+from .._infer import (
     Call,
     abstract_inputs,
     check_callable,
@@ -33,11 +32,13 @@ from ._infer import (
     split_call,
     with_trees,
 )
-from ._leaf import ARRAY, DIM, OTHER, SDS, is_duck_array, kind_of
+from .._leaf import ARRAY, DIM, OTHER, SDS, is_duck_array, kind_of
+from .._shapes import human_bytes
+from .._table import grid, html_grid
+from . import _buffers, _simulate, _target
+from ._buffers import Buffer, Donation
 from ._loops import NO_LOOPS, LoopCorrection, holds_loops, loop_correction
 from ._program import Compiled, compile_program, donated_leaves
-from ._shapes import human_bytes
-from ._table import grid, html_grid
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ import time
 import types
 from typing import Any, Final
 
-from . import _compat
+from .. import _compat
 
 
 # The most devices a child simulates: XLA's CPU client makes this many in one process in

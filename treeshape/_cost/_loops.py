@@ -40,7 +40,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import _compat
+from .. import _compat
 
 
 @dataclasses.dataclass(frozen=True)

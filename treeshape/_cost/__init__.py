@@ -1,0 +1,32 @@
+"""The cost wing: what a call's compiled program costs, before it runs.
+
+`cost` compiles the program the user's own `jax.jit` would compile for a call's abstract
+inputs (for this process's devices, a mesh it does not have, or a named accelerator) and
+reads XLA's figures: FLOPs and bytes with every loop counted by its trip count, memory, the
+buffers at the peak and the donations. `largest_fit` searches the largest size of one
+symbolic dimension whose program fits a budget. `targets` lists the accelerators.
+
+The rest of the package imports this front, never a room of the wing:
+
+- `_cost`: `cost` and `Cost`, the call prepared, keyed, compiled and read;
+- `_program`: the program itself, as the user's jit wrapper compiles it;
+- `_loops`: what XLA's analysis misses of loop bodies run many times;
+- `_hlo` and `_buffers`: the compiled module and buffer assignment, read;
+- `_per_device`, `_simulate`, `_target`, `_deviceless`: where it compiles (one device's
+  program inside `shard_map`, a far mesh in a child process, a named accelerator);
+- `_fit`: `largest_fit` and `Fit`.
+"""
+
+from ._buffers import Buffer as Buffer, Donation as Donation
+from ._cost import Cost as Cost, check_target as check_target, cost as cost
+from ._fit import (
+    BudgetError as BudgetError,
+    Fit as Fit,
+    SizeError as SizeError,
+    bind_at as bind_at,
+    check_arguments as check_arguments,
+    check_names as check_names,
+    largest_allowed as largest_allowed,
+    largest_fit as largest_fit,
+)
+from ._target import targets as targets
