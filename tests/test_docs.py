@@ -121,21 +121,21 @@ def test_the_symbolic_dimensions_guide_prints_what_it_shows(capsys):
 
 def test_every_public_example_is_run_by_the_doctests():
     """A public class reports module `treeshape`, which doctest would take for another
-    module's: its examples run only through its module's `__test__`."""
+    module's: its examples run only through its module's `__test__`. Every module of the
+    package is read, the cost wing's rooms included, as pytest's --doctest-modules reads them."""
     import doctest
     import importlib
+    import pkgutil
 
-    from treeshape import _MODULES
-
-    missed = []
-    for name in ts.__all__:
-        obj = getattr(ts, name)
-        if ">>>" not in (getattr(obj, "__doc__", None) or ""):
+    found = set()
+    for module_info in pkgutil.walk_packages(ts.__path__, "treeshape."):
+        if module_info.name.endswith("__main__"):
             continue
-        module = importlib.import_module(_MODULES[name], "treeshape")
-        found = {test.name for test in doctest.DocTestFinder().find(module) if test.examples}
-        if not any(test.rsplit(".", 1)[-1] == name for test in found):
-            missed.append(name)
+        module = importlib.import_module(module_info.name)
+        found |= {test.name.rsplit(".", 1)[-1] for test in doctest.DocTestFinder().find(module) if test.examples}
+    missed = [
+        name for name in ts.__all__ if ">>>" in (getattr(getattr(ts, name), "__doc__", None) or "") and name not in found
+    ]
     assert missed == []
 
 

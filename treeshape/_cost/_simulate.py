@@ -122,7 +122,7 @@ def compile_for(lowered: Any, devices: int) -> Simulated:
     kept = _compat.lowered_kept_arguments(lowered)
     limit = timeout()
     request = json.dumps({"module": base64.b64encode(module).decode("ascii"), "devices": devices})
-    command = [sys.executable, "-c", "from treeshape._simulate import child_main; child_main()"]
+    command = [sys.executable, "-c", "from treeshape._cost._simulate import child_main; child_main()"]
     start = time.monotonic()
     with subprocess.Popen(
         command,
