@@ -498,6 +498,195 @@ class BudgetError(ValueError):
         self.peak, self.limit = peak, limit
 
 
+# -- the steps of largest_fit ------------------------------------------------------
+def _check_inputs(fn: Any, dim: Any, budget: Any, margin: Any, max_size: Any, progress: Any) -> None:
+    """The errors of `largest_fit`'s own arguments, raised before anything is traced."""
+    check_callable(fn, "largest_fit")
+    check_arguments(dim, budget, margin, max_size)
+    if not isinstance(progress, bool):
+        raise TypeError(
+            f"treeshape.largest_fit: progress must be True or False, got {type(progress).__name__} {progress!r}."
+        )
+
+
+class _Probes:
+    """One `largest_fit` call's inputs, prepared as `cost` prepares them, with `dim` bound
+    and compiled at the sizes the search asks about: `costs` (each size's `Cost`, compiled
+    or from the cache) and `seconds` (how long each size compiled in this call took).
+    Sizes 1 and `max_size` are checked against the shapes before anything compiles."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        dim: str,
+        max_size: int,
+        donate_argnums: int | Sequence[int],
+        donate_argnames: str | Iterable[str],
+        target: str | None,
+    ) -> None:
+        call, donated = prepare(fn, args, kwargs, donate_argnums, donate_argnames, "largest_fit")
+        self.call, self.donated, self.dim, self.max_size, self.target = call, donated, dim, max_size, target
+        self.leaves = abstract_inputs(call.bound_leaves + call.call_leaves, call.treedef, "largest_fit")
+        self.names = free_names(self.leaves)
+        check_names(dim, self.names)
+        self.costs: dict[int, Cost] = {}
+        self.seconds: dict[int, float] = {}
+        self.bind(1)
+        self.bind(max_size)  # before compiling anything
+
+    def bind(self, n: int) -> list[Any]:
+        """The leaves with `dim` bound to `n`; an error at a size the shapes do not allow."""
+        dim, max_size = self.dim, self.max_size
+        try:
+            return bind_at(dim, n, self.names, self.leaves)
+        except SizeError as e:
+            where = "" if e.index is None else f"at {dim}={n}, {input_path(self.leaves, self.call.treedef, e.index)} "
+            if e.fix:
+                fix = e.fix
+            elif n == 1:
+                fix = f"The search starts at {dim}=1, so the shapes must allow it: write them so that {dim} counts "
+                fix += f"from 1 (an offset such as `{dim} + 7`, not a difference such as `{dim} - 8` or a lower bound)."
+            else:
+                largest = largest_allowed(dim, max_size, self.names, self.leaves)
+                fix = f"The search tries sizes up to max_size={max_size}: pass max_size={largest}, which they allow."
+            raise ValueError(f"treeshape.largest_fit: {where}{str(e).rstrip('.')}. {fix}") from None
+
+    def cost_at(self, n: int) -> Cost:
+        """The `Cost` at size `n`, compiled once (and timed) or taken from the cache."""
+        if n not in self.costs:
+            bound = self.bind(n)
+            call, n_bound = self.call, len(self.call.bound_leaves)
+            call_n = Call(call.core, bound[:n_bound], call.bound_treedef, bound[n_bound:], call.call_treedef)
+            began = time.perf_counter()
+            self.costs[n], compiled = cost_of(call_n, self.donated, self.target, "largest_fit")
+            if compiled:
+                self.seconds[n] = time.perf_counter() - began
+        return self.costs[n]
+
+    def peak_at(self, n: int, limit: int) -> int:
+        """The peak bytes at size `n`; `limit + 1` (does not fit) where the target's compiler
+        refuses the size, or fails on one far over the limit."""
+        try:
+            peak = self.cost_at(n).peak_bytes
+        except _deviceless.OutOfMemory:  # the target's compiler refuses it: it does not fit
+            if n == 1:
+                raise
+            return limit + 1
+        except jax.errors.JaxRuntimeError:
+            # XLA:GPU may fail outright on an absurd size (no tiling for a dot of billions of
+            # rows); a size that the line through the two largest smaller sizes puts well over
+            # the limit does not fit, anything else is the compiler's error.
+            if self.target is None or not _far_over(n, self.costs, limit):
+                raise
+            return limit + 1
+        if peak is None:
+            raise ValueError(
+                f"treeshape.largest_fit: the backend reports no peak for the program at {self.dim}={n} "
+                "(Cost.peak_bytes is None: a memory figure is missing), so no size can be checked against the budget."
+            )
+        return peak
+
+
+def _budget(budget: float | None, probes: _Probes) -> tuple[int, str | None]:
+    """The bytes one device has (an int), and where `target=` chose them (`None`: given, or
+    the device's reported limit, read from the `Cost` at size 1, which this compiles)."""
+    budget_source = None
+    if probes.target is not None and budget is None:  # what JAX lets XLA use on that accelerator
+        budget, budget_source = _deviceless.budget(
+            _target.resolve(probes.target, "largest_fit")[0], os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+        )
+    first = probes.cost_at(1)
+    if budget is None:
+        if first.device_bytes is None:
+            raise ValueError(
+                "treeshape.largest_fit: no budget given, and the device reports no memory limit "
+                "(Cost.device_bytes is None, as on CPU). Pass the bytes one device has, e.g. budget=16 * 2**30 "
+                "for 16 GiB."
+            )
+        budget = first.device_bytes
+    return math.floor(budget), budget_source
+
+
+def _report_size(probes: _Probes, limit: int, n: int, peak: int, lo: int, hi: int) -> None:
+    """The progress line of size `n` (only if this call compiled it), with the range the
+    answer is known to be in (`lo < 1`: none)."""
+    if n in probes.seconds:
+        dim, max_size = probes.dim, probes.max_size
+        verdict = "fits" if peak <= limit else f"over the limit of {limit:,} B"
+        answer = "none" if lo < 1 else f"{lo}" if hi - lo <= 1 or lo == max_size else f"in {lo}..{hi - 1}"
+        print(
+            f"treeshape.largest_fit: {dim}={n}: peak {_bytes_exact(peak)}, {verdict}; the answer is "
+            f"{answer}; "
+            f"{probes.seconds[n]:.2f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _check_size_one(
+    probes: _Probes, budget: int, margin: float, limit: int, report: Callable[[int, int, int, int], None] | None
+) -> None:
+    """Raise `BudgetError` where even size 1 does not fit (with its largest buffers)."""
+    peak = probes.peak_at(1, limit)
+    if peak > limit:
+        if report is not None:
+            report(1, peak, 0, 1)
+        dim, buffers = probes.dim, probes.costs[1].buffers
+        kept = f" less a {_percent(margin)} margin" if margin else ""
+        raise BudgetError(
+            f"treeshape.largest_fit: even {dim}=1 does not fit: peak {human_bytes(peak)} ({peak:,} B) per device > "
+            f"limit {human_bytes(limit)} ({limit:,} B: budget {human_bytes(budget)}{kept}). Raise the budget, "
+            "shard over more devices, donate buffers (donate_argnums) or shrink the program."
+            + (f" Largest at the peak: {_buffers.named(buffers)}." if buffers else ""),
+            peak,
+            limit,
+        )
+    if report is not None:
+        report(1, peak, 1, probes.max_size + 1)
+
+
+def _fit(
+    probes: _Probes, size: int, known: dict[int, int], budget: int, margin: float, budget_source: str | None
+) -> Fit:
+    """The answer: `size`, its `Cost`, the line through the probes (sizes 1 and
+    `_SECOND_PROBE`), and whether the peaks `known` grow with the size."""
+    probe = min(_SECOND_PROBE, probes.max_size)
+    fixed = per_unit = None
+    if probe > 1:
+        per_unit = (known[probe] - known[1]) / (probe - 1)
+        fixed = known[1] - per_unit
+    ordered = sorted(known)
+    monotone = all(known[a] <= known[b] for a, b in zip(ordered, ordered[1:], strict=False))
+    return Fit(
+        probes.dim,
+        size,
+        probes.costs[size],
+        fixed,
+        per_unit,
+        budget,
+        len(probes.seconds),
+        margin=margin,
+        monotone=monotone,
+        capped=size == probes.max_size,
+        budget_source=budget_source,
+    )
+
+
+def _report_fit(fit: Fit, peak: int, limit: int, seconds: float) -> None:
+    """The progress summary line: the answer, and the programs compiled in `seconds`."""
+    dim, size = fit.dim, fit.size
+    after = "is max_size: the budget was not reached" if fit.capped else f"{dim}={size + 1} does not"
+    print(
+        f"treeshape.largest_fit: {dim}={size} fits (peak {peak:,} B, limit {limit:,} B) and {after}; "
+        f"{fit.compiles} programs compiled in "
+        f"{seconds:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 # -- the public function -------------------------------------------------------
 def largest_fit(
     fn: Callable[..., Any],
@@ -596,144 +785,18 @@ def largest_fit(
         True
     """
     start = time.perf_counter()
-    check_callable(fn, "largest_fit")
-    check_arguments(dim, budget, margin, max_size)
-    if not isinstance(progress, bool):
-        raise TypeError(
-            f"treeshape.largest_fit: progress must be True or False, got {type(progress).__name__} {progress!r}."
-        )
+    _check_inputs(fn, dim, budget, margin, max_size, progress)
     max_size = int(max_size)
     target = check_target(target, "largest_fit")
-    call, donated = prepare(fn, args, kwargs, donate_argnums, donate_argnames, "largest_fit")
-    leaves = abstract_inputs(call.bound_leaves + call.call_leaves, call.treedef, "largest_fit")
-    names = free_names(leaves)
-    check_names(dim, names)
-    n_bound = len(call.bound_leaves)
-    costs: dict[int, Cost] = {}
-    seconds: dict[int, float] = {}  # how long each size compiled in this call took
-
-    def bind(n: int) -> list[Any]:
-        """The leaves with `dim` bound to `n`; an error at a size the shapes do not allow."""
-        try:
-            return bind_at(dim, n, names, leaves)
-        except SizeError as e:
-            where = "" if e.index is None else f"at {dim}={n}, {input_path(leaves, call.treedef, e.index)} "
-            if e.fix:
-                fix = e.fix
-            elif n == 1:
-                fix = f"The search starts at {dim}=1, so the shapes must allow it: write them so that {dim} counts "
-                fix += f"from 1 (an offset such as `{dim} + 7`, not a difference such as `{dim} - 8` or a lower bound)."
-            else:
-                largest = largest_allowed(dim, max_size, names, leaves)
-                fix = f"The search tries sizes up to max_size={max_size}: pass max_size={largest}, which they allow."
-            raise ValueError(f"treeshape.largest_fit: {where}{str(e).rstrip('.')}. {fix}") from None
-
-    bind(1)
-    bind(max_size)  # before compiling anything
-
-    def cost_at(n: int) -> Cost:
-        if n not in costs:
-            bound = bind(n)
-            call_n = Call(call.core, bound[:n_bound], call.bound_treedef, bound[n_bound:], call.call_treedef)
-            began = time.perf_counter()
-            costs[n], compiled = cost_of(call_n, donated, target, "largest_fit")
-            if compiled:
-                seconds[n] = time.perf_counter() - began
-        return costs[n]
-
-    budget_source = None
-    if target is not None and budget is None:  # what JAX lets XLA use on that accelerator
-        budget, budget_source = _deviceless.budget(
-            _target.resolve(target, "largest_fit")[0], os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
-        )
-    first = cost_at(1)
-    if budget is None:
-        if first.device_bytes is None:
-            raise ValueError(
-                "treeshape.largest_fit: no budget given, and the device reports no memory limit "
-                "(Cost.device_bytes is None, as on CPU). Pass the bytes one device has, e.g. budget=16 * 2**30 "
-                "for 16 GiB."
-            )
-        budget = first.device_bytes
-    budget = math.floor(budget)  # an int
+    probes = _Probes(fn, args, kwargs, dim, max_size, donate_argnums, donate_argnames, target)
+    budget, budget_source = _budget(budget, probes)
     limit = _limit(budget, margin)
-
-    def peak_at(n: int) -> int:
-        try:
-            peak = cost_at(n).peak_bytes
-        except _deviceless.OutOfMemory:  # the target's compiler refuses it: it does not fit
-            if n == 1:
-                raise
-            return limit + 1
-        except jax.errors.JaxRuntimeError:
-            # XLA:GPU may fail outright on an absurd size (no tiling for a dot of billions of
-            # rows); a size that the line through the two largest smaller sizes puts well over
-            # the limit does not fit, anything else is the compiler's error.
-            if target is None or not _far_over(n, costs, limit):
-                raise
-            return limit + 1
-        if peak is None:
-            raise ValueError(
-                f"treeshape.largest_fit: the backend reports no peak for the program at {dim}={n} "
-                "(Cost.peak_bytes is None: a memory figure is missing), so no size can be checked against the budget."
-            )
-        return peak
-
-    def report(n: int, peak: int, lo: int, hi: int) -> None:
-        if progress and n in seconds:
-            verdict = "fits" if peak <= limit else f"over the limit of {limit:,} B"
-            answer = "none" if lo < 1 else f"{lo}" if hi - lo <= 1 or lo == max_size else f"in {lo}..{hi - 1}"
-            print(
-                f"treeshape.largest_fit: {dim}={n}: peak {_bytes_exact(peak)}, {verdict}; the answer is "
-                f"{answer}; "
-                f"{seconds[n]:.2f} s",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    peak = peak_at(1)
-    if peak > limit:
-        report(1, peak, 0, 1)
-        kept = f" less a {_percent(margin)} margin" if margin else ""
-        raise BudgetError(
-            f"treeshape.largest_fit: even {dim}=1 does not fit: peak {human_bytes(peak)} ({peak:,} B) per device > "
-            f"limit {human_bytes(limit)} ({limit:,} B: budget {human_bytes(budget)}{kept}). Raise the budget, "
-            "shard over more devices, donate buffers (donate_argnums) or shrink the program."
-            + (f" Largest at the peak: {_buffers.named(first.buffers)}." if first.buffers else ""),
-            peak,
-            limit,
-        )
-    report(1, peak, 1, max_size + 1)
-    size, known = _search(peak_at, limit, max_size, report)
-    probe = min(_SECOND_PROBE, max_size)
-    fixed = per_unit = None
-    if probe > 1:
-        per_unit = (known[probe] - known[1]) / (probe - 1)
-        fixed = known[1] - per_unit
-    ordered = sorted(known)
-    monotone = all(known[a] <= known[b] for a, b in zip(ordered, ordered[1:], strict=False))
-    fit = Fit(
-        dim,
-        size,
-        costs[size],
-        fixed,
-        per_unit,
-        budget,
-        len(seconds),
-        margin=margin,
-        monotone=monotone,
-        capped=size == max_size,
-        budget_source=budget_source,
-    )
+    report = (lambda n, peak, lo, hi: _report_size(probes, limit, n, peak, lo, hi)) if progress else None
+    _check_size_one(probes, budget, margin, limit, report)
+    size, known = _search(lambda n: probes.peak_at(n, limit), limit, max_size, report)
+    fit = _fit(probes, size, known, budget, margin, budget_source)
     if progress:
-        after = "is max_size: the budget was not reached" if fit.capped else f"{dim}={size + 1} does not"
-        print(
-            f"treeshape.largest_fit: {dim}={size} fits (peak {known[size]:,} B, limit {limit:,} B) and {after}; "
-            f"{fit.compiles} programs compiled in "
-            f"{time.perf_counter() - start:.1f} s",
-            file=sys.stderr,
-            flush=True,
-        )
+        _report_fit(fit, known[size], limit, time.perf_counter() - start)
     return fit
 
 
