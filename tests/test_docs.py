@@ -1,6 +1,7 @@
 """The docs cover the public API: every name in `treeshape.__all__` has a
-`::: treeshape.NAME` line in docs/api/*.md (optax's coverage check), and every
-page in mkdocs.yml's nav exists, and the examples of the caching guide and of the
+`::: treeshape.NAME` line in docs/api/*.md (optax's coverage check) and a
+docstring of at most 50 lines with an example, and every page in mkdocs.yml's nav
+exists, and the examples of the caching guide and of the
 sharding guide's first section run and print what their comments say, and so do
 the framework models of the structures guide and the fit guide's sections (the train
 step, the search, the peak, loops). `mkdocs build --strict` checks the rest."""
@@ -23,6 +24,18 @@ def test_every_public_name_has_an_api_entry():
     text = "\n".join(path.read_text() for path in sorted((ROOT / "docs" / "api").glob("*.md")))
     documented = re.findall(r"^::: treeshape\.(\w+)\s*$", text, flags=re.MULTILINE)
     assert sorted(documented) == sorted(ts.__all__)
+
+
+# A public docstring is a contract (what, arguments, returns, raises, one example); what it
+# would explain beyond that lives in the guide it links.
+_DOCSTRING_LINES: Final = 50
+
+
+@pytest.mark.parametrize("name", ts.__all__)
+def test_every_public_docstring_is_contract_sized_with_an_example(name):
+    doc = getattr(ts, name).__doc__ or ""
+    assert len(doc.splitlines()) <= _DOCSTRING_LINES, (name, len(doc.splitlines()))
+    assert ">>> " in doc, name
 
 
 def test_every_nav_page_exists():
@@ -134,7 +147,9 @@ def test_every_public_example_is_run_by_the_doctests():
         module = importlib.import_module(module_info.name)
         found |= {test.name.rsplit(".", 1)[-1] for test in doctest.DocTestFinder().find(module) if test.examples}
     missed = [
-        name for name in ts.__all__ if ">>>" in (getattr(getattr(ts, name), "__doc__", None) or "") and name not in found
+        name
+        for name in ts.__all__
+        if ">>>" in (getattr(getattr(ts, name), "__doc__", None) or "") and name not in found
     ]
     assert missed == []
 
@@ -267,6 +282,10 @@ def test_the_fit_guides_peak_section_runs_and_prints_what_it_shows(capsys):
 
 def test_the_fit_guides_loops_section_prints_what_it_shows(capsys):
     _prints_what_it_shows(_section_pairs("fit.md", "Loops", 2), capsys)
+
+
+def test_the_fit_guides_cost_section_prints_what_it_shows(capsys):
+    _prints_what_it_shows(_section_pairs("fit.md", "What `ts.cost` compiles", 1), capsys)
 
 
 def test_the_fit_guides_train_step_prints_what_it_shows(capsys):

@@ -14,26 +14,13 @@ PyTree = Any
 def describe(tree_or_structure: PyTree, *, depth: int | None = None, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
     """Describe a pytree (or a [treeshape.Structure][]) as an aligned table.
 
-    Without `depth`, the table of `str(structure)`: one row per leaf with its
-    path, shape, dtype (`~` marks a weak type, as JAX prints it), an *extra*
-    column (the sharding's `PartitionSpec`, one entry per dimension, the
-    manual mesh axes `{V:i}` a leaf varies over under `shard_map`, or `static
-    TYPE` for a static leaf; left out when every row is empty) and its size in
-    bytes, then a total row with the number of leaves, elements and bytes.
-    When some leaf is split over devices, a *per device* column shows each
-    leaf's largest shard and the total
-    [treeshape.Structure.nbytes_per_device][], and leaves copied whole onto
-    several devices say "replicated".
-
-    With `depth=N`, memory by module: one row per path prefix of `N` keys (a
-    leaf less deep than that is its own row), in tree order, with its number
-    of leaves, parameters (elements) and bytes, and bytes per device where
-    some leaf is sharded; then the total. Like `flax.nnx.tabulate`, but for any
-    pytree, and from a Structure: nothing runs.
-
-    Long tables show their first and last rows around a `... N more` line;
-    the total always counts every leaf. In a notebook the returned string
-    shows as the same table in HTML.
+    Without `depth`, the table of `str(structure)`: one row per leaf (path, shape, dtype,
+    an *extra* column for shardings and static values, bytes, and bytes per device where
+    some leaf is sharded), then a total row. With `depth=N`, memory by module: one row
+    per path prefix of `N` keys, with its leaves, parameters and bytes. The columns are
+    those of [Reading a structure](../guide/structures.md#reading-a-structure) and
+    [Memory by module](../guide/structures.md#memory-by-module-describe-depthn). In a
+    notebook the returned string shows as the same table in HTML.
 
     Args:
         tree_or_structure: A [treeshape.Structure][], or any pytree that

@@ -667,11 +667,9 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
     `fn` unchanged (static). A `jax.jit`-wrapped `fn` gets Python scalars
     concrete, so its static arguments work.
 
-    Answers are cached (LRU, 4096 entries; what the key holds: [the caching
-    guide](../guide/caching.md#the-cache)): a repeated call is answered
-    without tracing, with exactly what `jax.eval_shape` gives there, and the
-    cache keeps nothing alive. A function that reads mutable global state
-    needs [treeshape.clear_cache][] after that state changes.
+    Answers are cached ([the cache](../guide/caching.md#the-cache): what the key holds,
+    what is never held); a function that reads mutable global state needs
+    [treeshape.clear_cache][] after that state changes.
 
     Args:
         fn: Any callable: a function, lambda or closure, `functools.partial`,

@@ -56,37 +56,28 @@ def _check_leaves(state: PyTree) -> None:
 def settle(step: Callable[..., Any], state: PyTree, /, *args: Any, policy: str = "weak", **kwargs: Any) -> PyTree:
     """Convert `state` to the type `step` maps to itself, so a jitted `step` compiles once.
 
-    A train step often returns its state with other types than it received
-    (optimizer moments that start `bfloat16` come back `float32`, a Python-int
-    step counter comes back a strong `int32`), and `jax.jit(step)` then
-    compiles again on the second call. `settle` finds the state type that
-    `step` maps to itself as the loop carries do (abstract evaluation through
-    [treeshape.out_structure][], each leaf joined under `policy` until nothing
-    changes) and returns `state`'s values converted to it.
-
-    Unlike a loop carry, a leaf whose only difference is its weak flag takes
-    the output's flag (`jax.jit` retraces when a weak type changes), and every
-    leaf of the result is a `jax.Array` (`jax.jit` also retraces when a Python
-    or NumPy scalar becomes an array).
+    A train step often returns its state with other types than it received (moments
+    that start `bfloat16` come back `float32`), and `jax.jit(step)` then compiles again
+    on the second call. `settle` finds the state type that `step` maps to itself, as the
+    loop carries do (each leaf joined under `policy` until nothing changes), and returns
+    `state`'s values converted to it, every leaf a `jax.Array`: see [the
+    guide](../guide/settle.md#policies-and-errors) for how it differs from a loop carry.
 
     Args:
-        step: The train step, `step(state, *args, **kwargs)`. It returns the
-            new state, or a tuple or list whose first element is the new state
-            (e.g. `(state, loss)`): the whole output is taken if its tree
-            structure equals `state`'s, else its first element.
-        state: The initial state: a pytree of arrays, tracers or Python
-            scalars (no static values, as for `jax.jit`).
-        *args: The other arguments of `step` (e.g. a batch): arrays,
-            `jax.ShapeDtypeStruct`s or anything `out_structure` accepts.
+        step: The train step, `step(state, *args, **kwargs)`. It returns the new state,
+            or a tuple or list that starts with it (e.g. `(state, loss)`).
+        state: The initial state: a pytree of arrays, tracers or Python scalars (no
+            static values, as for `jax.jit`).
+        *args: The other arguments of `step` (e.g. a batch): anything `out_structure`
+            accepts.
         policy: `"weak"` (default), `"promote"` or `"cast"`, as in
-            [treeshape.carry_structure][] (`"promote"` for mixed precision:
-            `bfloat16` moments meeting `float32` gradients).
-        **kwargs: Keyword arguments of `step`, any name but `policy` (`step=`
-            and `state=` too: `settle`'s own first two are positional-only).
+            [treeshape.carry_structure][] (`"promote"` for mixed precision).
+        **kwargs: Keyword arguments of `step`, any name but `policy` (`step=` and
+            `state=` too: `settle`'s own first two are positional-only).
 
     Returns:
-        A pytree like `state`, of `jax.Array`s (or tracers) whose types `step`
-        returns unchanged.
+        A pytree like `state`, of `jax.Array`s (or tracers) whose types `step` returns
+        unchanged.
 
     Raises:
         CarryMismatchError: no fixed point exists under `policy`; lists every

@@ -45,8 +45,7 @@ from ._program import Compiled, compile_program, donated_leaves
 class Cost:
     """What one compiled program needs, per device, from XLA's own analysis.
 
-    A figure the backend does not report (or reports as a negative sentinel) is
-    `None`, never a made-up 0.
+    A figure the backend does not report is `None`, never a made-up 0.
 
     Attributes:
         flops: Floating-point operations of one run, from XLA's cost analysis.
@@ -60,29 +59,21 @@ class Cost:
             every backend; `None` if one of the four is unknown).
         device_bytes: The device's memory limit where the backend reports one
             (GPUs, TPUs), else `None` (CPU).
-        exact_flops: Whether `flops` and `bytes_accessed` count every loop body
-            (`lax.scan`, `fori_loop`, `while_loop`) as often as it runs. XLA's analysis
-            counts a body once; `ts.cost` multiplies it by its trip count where the
-            compiled program knows it. `False` where one is not known (a `while_loop` on
-            a traced condition) or a body's cost cannot be had alone: that body is then
-            counted once, and the table says so.
-        buffers: The [treeshape.Buffer][]s live on one device at the step of the
-            program's schedule with the most distinct bytes live, largest first; `None`
-            where the release or backend does not give XLA's buffer assignment.
+        exact_flops: Whether `flops` and `bytes_accessed` count every loop body as often as
+            it runs ([Loops](../guide/fit.md#loops)); `False` where a trip count is unknown
+            (a `while_loop` on a traced condition): that body is counted once.
+        buffers: The [treeshape.Buffer][]s live on one device at the peak step of the
+            schedule, largest first ([What is at the peak](../guide/fit.md#what-is-at-the-peak));
+            `None` where the release or backend does not give XLA's buffer assignment.
         donation: Each donated input leaf by path: a [treeshape.Donation][] that says
             which output reuses it, or why none does (`{}` when nothing is donated;
             `None` as for `buffers`).
         live_peak_bytes: The bytes of `buffers` (at most `peak_bytes`).
 
-    Two Costs are equal when their figures are (`buffers` and `donation` name the
-    inputs as they were passed, by position or keyword).
-
     Examples:
         >>> import treeshape as ts
         >>> c = ts.Cost(flops=64.0, bytes_accessed=384, argument_bytes=256, output_bytes=128,
         ...             temp_bytes=0, alias_bytes=128, peak_bytes=256, device_bytes=None)
-        >>> c.peak_bytes, c.exact_flops
-        (256, True)
         >>> print(c)
         per device      value         exact
         --------------  ------------  -----
@@ -95,17 +86,6 @@ class Cost:
         peak            256 B            256
         device memory   not reported
         --------------  ------------  -----
-
-        A program with a loop whose trip count is known only when it runs:
-
-        >>> import jax, jax.numpy as jnp
-        >>> def until_small(x):
-        ...     return jax.lax.while_loop(lambda x: x.sum() > 1.0, lambda x: (x @ x) / 2, x)
-        >>> c = ts.cost(until_small, jnp.zeros((16, 16)))
-        >>> c.exact_flops
-        False
-        >>> print([line for line in str(c).splitlines() if "loop body" in line][0])
-        flops and bytes accessed count a loop body once: its trip count or its cost per run is unknown
     """
 
     __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
@@ -422,53 +402,21 @@ def cost(
     The program is compiled for the abstract values of the inputs (nothing runs and no
     input memory is allocated), and XLA's cost and memory analyses and its buffer
     assignment are read into a [treeshape.Cost][]: FLOPs, bytes and the peak per device,
-    the buffers live at the peak and what became of each donated input. XLA counts a
-    loop body once; here each body of a `lax.scan`, `fori_loop` or `while_loop` whose
-    trip count the program knows counts as often as it runs (`Cost.exact_flops`).
-
-    Inputs are taken as [treeshape.out_structure][] takes them: arrays, tracers,
-    `jax.ShapeDtypeStruct`s, NumPy arrays and Python scalars are abstract (typed as JAX
-    types them), any other leaf (a string, an object) is passed to `fn` unchanged, and a
-    [treeshape.Structure][] stands for the tree it describes (`s.tree`), so a model that
-    was never allocated can be costed. Sharded leaves (committed arrays,
-    `ShapeDtypeStruct`s with a sharding) are compiled with their shardings, and the
-    figures are those of one device. Arrays bound in a `functools.partial` /
-    `jax.tree_util.Partial` and tracers that `fn` closes over are arguments of the
-    program; concrete arrays a closure holds are its constants, as `jax.jit` makes them.
-
-    The program is the one the user's own jit compiles: a `jax.jit`-wrapped `fn` is
-    costed as that wrapper compiles it (its own `donate_argnums` / `donate_argnames`,
-    static arguments and in/out shardings; donation given here is added to it), and so
-    are `eqx.filter_jit` and `nnx.jit` wrappers' donations. Under `eqx.filter_jit` every
-    leaf that is not an array (a module's `hidden_size: int`) is static and never an
-    output; equinox's own program has one more output, a 4-byte marker (and its entry
-    in XLA's table of the outputs), which `output_bytes` here leaves out. A function that updates
-    flax.nnx modules or optimizers in place (`opt.update(model, grads)`, returning only
-    the loss) is costed as `nnx.jit` compiles it: the state of the nnx objects among the
-    inputs is an output of the program. The objects passed in are left unchanged.
-    Shardings over a `jax.sharding.AbstractMesh` (a Structure from JSON, or planned on
-    one) are placed on the `jax.set_mesh` mesh with the same axes, else on a mesh of
-    this process's devices of that shape.
-
-    Safe at top level and inside `jit`, `vmap` (the figures of the per-example program),
-    `grad`, loop bodies and `shard_map` (the figures of one device's program, local
-    shapes): a tracer of an enclosing transformation is never lowered, and none escapes.
-    Answers are cached as `out_structure`'s are, keyed also by the input shardings and
-    the donation; the cache holds figures only, never a compiled program
-    ([treeshape.clear_cache][] empties it too).
+    the buffers live at the peak and what became of each donated input, each loop body
+    counted as often as it runs. Inputs are taken as [treeshape.out_structure][] takes
+    them (a Structure stands for its tree, so a model never allocated can be costed); a
+    jitted `fn` is costed as its wrapper compiles it. Safe under transformations, and
+    cached. What is compiled, and how: [What ts.cost
+    compiles](../guide/fit.md#what-tscost-compiles).
 
     Args:
         fn: Any callable `out_structure` takes.
         *args: Pytrees of abstract inputs, static values or Structures.
         donate_argnums: Positional arguments whose buffers the program may reuse for its
-            outputs, as `jax.jit` takes them (also parameters of `fn` passed by keyword;
-            a negative index, which `jax.jit` ignores, is refused).
-        donate_argnames: The same by parameter name (a keyword argument, or a positional
-            one through `fn`'s signature); may be given with `donate_argnums`.
-        target: An accelerator from [treeshape.targets][] (`"h100"`, `"v5e"`,
-            `"v5e:16x16"`): the program is compiled by that accelerator's own XLA compiler,
-            without one, for as many devices as the inputs' mesh has (one if unsharded);
-            `Cost.backend` names it (`"H100 x512 (deviceless)"`).
+            outputs, as `jax.jit` takes them (a negative index is refused).
+        donate_argnames: The same by parameter name; may be given with `donate_argnums`.
+        target: An accelerator from [treeshape.targets][] (`"h100"`, `"v5e:16x16"`): the
+            program is compiled by that accelerator's own XLA compiler, without one.
         **kwargs: As `args`.
 
     Returns:
@@ -476,14 +424,10 @@ def cost(
 
     Raises:
         TypeError: `fn` is not callable, or a donation is not ints / strings.
-        ValueError: a leaf has symbolic dimensions (bind them with `Structure.bind`),
-            a donation names no argument or is a negative index, `target` is unknown or
-            cannot form the mesh, an abstract mesh has more than 4,096 devices (a mesh
-            larger than this process's is compiled for simulated devices), or inside
-            `shard_map`, `fn` uses a collective over the manual axes.
-        RuntimeError: compiling for simulated devices failed or ran past its timeout
-            (`TREESHAPE_SIMULATE_TIMEOUT`), or a `target`'s plugin did not start (set
-            `JAX_PLATFORMS=cpu` before JAX starts).
+        ValueError: a leaf has symbolic dimensions (bind them with `Structure.bind`), a
+            donation names no argument, `target` is unknown or cannot form the mesh, or
+            the mesh is too large ([the cases](../guide/fit.md#what-tscost-compiles)).
+        RuntimeError: compiling for simulated devices, or a `target`'s plugin, failed.
         ImportError: the `target`'s compiler is not installed (`treeshape[cuda]`, `[tpu]`).
 
     Errors raised by `fn` itself propagate unchanged.
@@ -500,13 +444,6 @@ def cost(
         8388608.0
         >>> c.device_bytes is None  # the CPU reports no memory limit
         True
-
-        A jitted step is costed as its wrapper compiles it, donation included:
-
-        >>> import jax
-        >>> sgd = jax.jit(lambda w, g: w - 0.1 * g, donate_argnums=0)
-        >>> ts.cost(sgd, jnp.zeros((256, 512)), jnp.zeros((256, 512))).alias_bytes
-        524288
     """
     check_callable(fn, "cost")
     target = check_target(target, "cost")

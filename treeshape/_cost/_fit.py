@@ -706,71 +706,39 @@ def largest_fit(
 
     The largest `n` in `1..max_size` for which [treeshape.cost][]`(fn, *args, **kwargs)`,
     with `dim` bound to `n`, has `peak_bytes <= (1 - margin) * budget`: the largest batch
-    (or sequence length, or number of parallel starts) a device can take. The inputs are
-    taken as `cost` takes them (arrays, `jax.ShapeDtypeStruct`s, Structures, static
-    values, bound in a `functools.partial` / `jax.tree_util.Partial`, donation included),
-    and hold the symbolic dimension `dim` (`(b,) = jax.export.symbolic_shape("b")`,
-    `jax.ShapeDtypeStruct((b, 784), jnp.float32)`, or a Structure of such leaves).
-
-    The answer is XLA's, not an extrapolation: the program is compiled at `n`, which fits,
-    and at `n + 1`, which does not (unless `n == max_size`). The search compiles size 1
-    first, then 64: the line through them, `fixed_bytes + per_unit_bytes * n`, says
-    where to look, and the compilations at the sizes it picks check it. A program whose
-    peak is linear in `n` takes at most 4 compilations; one whose peak has steps or grows
-    faster than linearly a few more, and any program at most `ceil(log2(max_size)) + 4`
-    (24 for the default `max_size`), 3 more than a plain bisection. Each size's `Cost` is
-    cached as `cost` caches it, so asking again compiles nothing.
-
-    The search compiles only sizes between the largest size seen to fit and the smallest
-    above it seen not to, so `n` is the largest size it saw fit, next to one that does
-    not. When the peak grows with the size (as it does for almost every program), that
-    is the largest size that fits. Where a size compiled has a smaller peak than a smaller
-    one (another layout at a larger size), `Fit.monotone` is `False`: a larger size past
-    one that does not fit may fit too, unseen.
+    a device can take. The answer is XLA's, not an extrapolation: the program is compiled
+    at `n`, which fits, and at `n + 1`, which does not (unless `n == max_size`), in at most
+    `ceil(log2(max_size)) + 4` compilations, each cached as `cost` caches it. How it
+    searches: [The largest batch that fits](../guide/fit.md#the-largest-batch-that-fits).
 
     Args:
         fn: Any callable `cost` takes.
-        *args: As for `cost`; together with `kwargs` they hold the free dimension `dim`,
-            and no other.
+        *args: As for `cost`; with `kwargs` they hold the symbolic dimension `dim`
+            (`(b,) = jax.export.symbolic_shape("b")`), and no other free one.
         dim: The name of the symbolic dimension to size.
-        budget: The bytes one device has. Defaults to the device's reported memory limit
-            ([treeshape.Cost][]`.device_bytes`); required where there is none (CPU). With
-            `target`, to the memory JAX lets XLA use there: on NVIDIA GPUs the fraction JAX
-            preallocates (`XLA_PYTHON_CLIENT_MEM_FRACTION`, else 75%), on TPUs all of it.
-        margin: The fraction of `budget` to keep free, in `[0, 1)` (for the runtime,
-            fragmentation): `0.1` fits the peak within 90% of it.
+        budget: The bytes one device has; by default the device's reported memory limit
+            (required where there is none, as on CPU), or what JAX lets XLA use on `target`.
+        margin: The fraction of `budget` to keep free, in `[0, 1)`.
         max_size: The largest size to consider.
         donate_argnums: As for `cost`.
         donate_argnames: As for `cost`.
-        progress: Print one line to standard error per size compiled (the size, its
-            peak, the range the answer is known to be in, seconds), and a summary line
-            at the end.
-        target: An accelerator from [treeshape.targets][]: each size is compiled by its
-            own compiler, without one (see [treeshape.cost][]); a size that compiler
-            refuses for want of memory (libtpu does) does not fit.
+        progress: Print a line to standard error per size compiled, and a summary.
+        target: As for `cost`; a size its compiler refuses for want of memory does not fit.
         **kwargs: As `args`.
 
     Returns:
-        A [treeshape.Fit][]: the size, the `Cost` there, the probes' line, the budget, the
-        number of programs compiled, and whether the peaks seen grew with the size and
-        the search stopped at `max_size`.
+        A [treeshape.Fit][].
 
     Raises:
-        TypeError: `fn` is not callable, or `dim`, `budget`, `margin`, `max_size` or
-            `progress` has the wrong type.
-        ValueError: `budget`, `margin` or `max_size` is out of range; `dim` is not a free
-            dimension of the inputs, or others are free too; no `budget` is given and the
-            device reports no limit; the program does not fit even at size 1 (the message
-            gives its peak and the limit); a size breaks a constraint of the dimension's
-            symbolic scope, makes an input's size negative or too large for XLA to count
-            (63 bits), checked before anything compiles; or the backend reports no memory
-            figures.
+        TypeError: `fn` is not callable, or an argument has the wrong type.
+        ValueError: an argument is out of range, `dim` is not the inputs' one free dimension,
+            no budget is known, size 1 does not fit, a size the shapes do not allow, or no
+            memory figures ([the cases](../guide/fit.md#its-arguments-and-errors)).
 
     Errors raised by `fn` itself propagate unchanged.
 
     Examples:
-        >>> import jax
-        >>> import jax.numpy as jnp
+        >>> import jax, jax.numpy as jnp
         >>> import treeshape as ts
         >>> (b,) = jax.export.symbolic_shape("b")  # the batch size, free
         >>> def mlp(w1, w2, x):
@@ -781,8 +749,6 @@ def largest_fit(
         >>> fit = ts.largest_fit(mlp, w1, w2, x, dim="b", budget=2**20)  # 1 MiB
         >>> fit.size, fit.cost.peak_bytes, fit.compiles <= 8, fit.monotone, fit.capped
         (56, 1048256, True, True, False)
-        >>> ts.cost(mlp, w1, w2, jax.ShapeDtypeStruct((57, 784), jnp.float32)).peak_bytes > 2**20
-        True
     """
     start = time.perf_counter()
     _check_inputs(fn, dim, budget, margin, max_size, progress)
