@@ -9,6 +9,7 @@ defined last. They are computed by one sweep over the live ranges' starts and en
 allocation cut at its values' offsets (never steps times values).
 """
 
+import bisect
 import dataclasses
 import html
 from collections.abc import Callable, Sequence
@@ -253,7 +254,7 @@ class Timeline:
 
     def phase_at(self, step: int) -> Phase:
         """The depth-1 phase that holds `step`."""
-        return next(p for p in self.phases() if p.start <= step < p.stop)
+        return _holding(self.phases(), step)
 
     def __str__(self) -> str:
         return chart(self)
@@ -306,8 +307,8 @@ def chart(t: Timeline) -> str:
         for start in range(0, n, width):
             stop = min(n, start + width)
             top = max(range(start, stop), key=lambda s: (t.live_bytes[s], -s))
-            rows.append((start, stop, t.phase_at(top).name, t.live_bytes[top]))
-    held = t.phase_at(t.peak_step).name
+            rows.append((start, stop, _holding(phases, top).name, t.live_bytes[top]))
+    held = _holding(phases, t.peak_step).name
     head = f"memory over the schedule: {n:,} steps, peak {human_bytes(peak)} at step {t.peak_step:,} ({held})"
     steps = [f"{a}-{b - 1}" if b - a > 1 else f"{a}" for a, b, _, _ in rows]
     named = [_clip(name, 40) for _, _, name, _ in rows]
@@ -319,6 +320,11 @@ def chart(t: Timeline) -> str:
         mark = " <- peak" if a <= t.peak_step < b else ""
         lines.append(f"{s:>{ws}}  {name:<{wn}}  {size:>{wb}}  {bar}{mark}".rstrip())
     return "\n".join(lines)
+
+
+def _holding(phases: Sequence[Phase], step: int) -> Phase:
+    """The phase of `phases` (in order, covering every step) that holds `step`."""
+    return phases[bisect.bisect_right([p.start for p in phases], step) - 1]
 
 
 def _clip(text: str, width: int) -> str:
