@@ -293,3 +293,35 @@ def test_a_wrapper_s_own_jit_names_the_ops():
     t = ts.cost(step, jnp.zeros((64, 64)), jnp.zeros((8, 64))).timeline
     assert all(op.startswith("jit(step)/layer/") for op in t.ops if op is not None)
     assert [p.name for p in t.phases()] == ["layer"]
+
+
+def _far_step(w, x):
+    return jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
+
+
+def test_a_simulated_mesh_has_its_timeline_per_device():
+    from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
+
+    mesh = AbstractMesh((16,), ("d",), axis_types=(AxisType.Auto,))
+    w = jax.ShapeDtypeStruct((256, 512), F32, sharding=NamedSharding(mesh, P(None, "d")))
+    x = jax.ShapeDtypeStruct((64, 256), F32, sharding=NamedSharding(mesh, P("d", None)))
+    c = ts.cost(_far_step, w, x)
+    assert c.backend == "cpu x16 (simulated)"
+    t = c.timeline
+    assert max(t.live_bytes) == c.live_peak_bytes and t.buffers_at(t.peak_step) == c.buffers
+    at_start = t.buffers_at(0)
+    assert sorted(b.shape for b in at_start if b.kind == "argument") == [(4, 256), (256, 32)]  # one device's shards
+    assert all(t.by_kind["argument"][s] == (4 * 256 + 256 * 32) * 4 for s in range(len(t.live_bytes)))
+
+
+@pytest.mark.skipif(
+    tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 10),
+    reason="jax < 0.10: NVIDIA targets are a JaxReleaseError",
+)
+def test_a_target_s_program_has_its_timeline():
+    c = ts.cost(_far_step, jax.ShapeDtypeStruct((256, 512), F32), jax.ShapeDtypeStruct((64, 256), F32), target="h100")
+    assert c.backend == "H100 x1 (deviceless)"
+    t = c.timeline
+    assert max(t.live_bytes) == c.live_peak_bytes and t.buffers_at(t.peak_step) == c.buffers
+    assert [sum(k) for k in zip(*t.by_kind.values(), strict=True)] == list(t.live_bytes)
+    assert {p.name for p in t.phases()} <= {"jvp()", "transpose(jvp())"}
