@@ -409,8 +409,11 @@ def _read(
 def _step_op(ins: Instruction) -> str | None:
     """The op of a step: None where the metadata names no operation under the outermost
     `jit(...)` (a parameter's names the input)."""
-    op = None if ins.opcode == "parameter" else _op(ins)
-    return op if op is not None and "/" in op.split(";")[0] else None
+    if ins.opcode == "parameter":
+        return None
+    op = str_field(ins.metadata, F.METADATA_OP_NAME)
+    first = _timeline.first_name(op)  # a fusion's or a combined collective's first
+    return op if first.startswith(_compat.JIT_OP_PREFIXES) and "/" in first else None
 
 
 def _op(ins: Instruction) -> str | None:

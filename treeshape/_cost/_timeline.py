@@ -279,12 +279,19 @@ _ROWS: Final = 23  # and a header: at most 24 lines
 _BAR: Final = 30
 
 
-def phase_name(op: str, depth: int) -> str:
-    """`op`'s first name (a fusion's metadata joins several with `;`, a combined
-    collective's in parentheses) without its outermost `jit(...)`, to `depth` components."""
+def first_name(op: str) -> str:
+    """The first of the names `op` joins: a fusion's metadata joins several with `;`, a
+    combined collective's in parentheses, separated by commas."""
     name = op.split(";")[0].strip()
     if name.startswith("("):
         name = name[1:].split(",")[0].rstrip(")").strip()
+    return name
+
+
+def phase_name(op: str, depth: int) -> str:
+    """`op`'s first name (a fusion's metadata joins several with `;`, a combined
+    collective's in parentheses) without its outermost `jit(...)`, to `depth` components."""
+    name = first_name(op)
     head, _, rest = name.partition("/")
     if head.startswith(("jit(", "pjit(")) and rest:
         name = rest
