@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 from test_buffers import op_names, read_dump
 
 import treeshape as ts
@@ -329,3 +330,43 @@ def test_a_target_s_program_has_its_timeline():
     assert max(t.live_bytes) == c.live_peak_bytes and t.buffers_at(t.peak_step) == c.buffers
     assert [sum(k) for k in zip(*t.by_kind.values(), strict=True)] == list(t.live_bytes)
     assert {p.name for p in t.phases()} <= {"jvp()", "transpose(jvp())"}
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    depth=st.integers(1, 4),
+    width=st.sampled_from([16, 48, 128]),
+    batch=st.integers(1, 33),
+    donate=st.booleans(),
+    scan=st.booleans(),
+)
+def test_the_timeline_adds_up_whatever_the_step(depth, width, batch, donate, scan):
+    """At every step the kinds add up to the bytes live, the buffers live add up to them, and
+    the peak is the first step with the most, the one `Cost.buffers` lists."""
+
+    def loss(ws, x):
+        if scan:
+            x, _ = jax.lax.scan(lambda x, w: (jnp.tanh(x @ w), None), x, ws)
+        else:
+            for i in range(depth):
+                with jax.named_scope(f"layers_{i}"):
+                    x = jnp.tanh(x @ ws[i])
+        return jnp.mean(x**2)
+
+    def step(ws, x):
+        value, grads = jax.value_and_grad(loss)(ws, x)
+        return ws - 0.1 * grads, value
+
+    ws = jax.ShapeDtypeStruct((depth, width, width), F32)
+    c = ts.cost(step, ws, jax.ShapeDtypeStruct((batch, width), F32), donate_argnums=(0,) if donate else ())
+    t = c.timeline
+    n = len(t.live_bytes)
+    assert len(t.ops) == n and all(len(v) == n for v in t.by_kind.values())
+    assert [sum(k) for k in zip(*t.by_kind.values(), strict=True)] == list(t.live_bytes)
+    assert t.peak_step == t.live_bytes.index(max(t.live_bytes)) and max(t.live_bytes) == c.live_peak_bytes
+    assert t.buffers_at(t.peak_step) == c.buffers
+    for s in {0, n // 2, n - 1}:
+        assert sum(b.nbytes for b in t.buffers_at(s)) == t.live_bytes[s]
+    assert t.by_kind["argument"][0] == (batch * width + depth * width * width) * 4  # both inputs, from the start
+    phases = t.phases()
+    assert phases[0].start == 0 and phases[-1].stop == n and len(str(t).splitlines()) <= 24

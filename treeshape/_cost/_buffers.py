@@ -10,11 +10,13 @@ Live ranges follow XLA's own `HloLiveRange` on the flattened schedule (a `while`
 condition and body, a `call`'s or `conditional`'s computations, placed before the
 instruction): a value lives from its defining instruction (a computation's parameters
 from the start of that computation) to its last use or position (a computation's root:
-to the end of that computation; a while's operand: until its loop starts); an entry
-parameter that no output reuses lives to the end. `tests/test_buffers.py` checks these
-live ranges against those XLA writes with `--xla_dump_to`. The live set is taken at the
-step where the distinct bytes live, per allocation the union of the (offset, size) of the
-live values, are the most.
+to the end of that computation; a while's operand: until its loop starts; a loop
+condition's parameter: until its body starts; a get-tuple-element uses a tuple's table
+only, a tuple none of its operands); an entry parameter that no output reuses lives to
+the end. `tests/test_buffers.py` and `tests/test_timeline.py` check these live ranges
+against those XLA writes with `--xla_dump_to`, at every step. The bytes live at each step
+(`_timeline`), per allocation the union of the (offset, size) of the live values, give
+the peak: the first step where they are the most.
 """
 
 import dataclasses

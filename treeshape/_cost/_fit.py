@@ -176,7 +176,7 @@ class Fit:
         timeline = self.cost.timeline
         if timeline is None or not timeline.live_bytes:
             return ""
-        phase = timeline.phase_at(timeline.peak_step)
+        phase = timeline._phase_at(timeline.peak_step)
         last = phase.stop - 1
         steps = f"step {last:,}" if last == phase.start else f"steps {phase.start:,}-{last:,}"
         return (
