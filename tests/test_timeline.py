@@ -284,7 +284,8 @@ def test_largest_fit_carries_the_timeline_and_names_the_phase_of_its_peak():
     assert max(t.live_bytes) == fit.cost.live_peak_bytes and t.buffers_at(t.peak_step) == fit.cost.buffers
     phase = next(p for p in t.phases() if p.start <= t.peak_step < p.stop)
     assert phase.name in ("hidden", "head")
-    assert f"the peak is at step {t.peak_step} of {len(t.live_bytes)}, in {phase.name} " in str(fit)
+    said = f"the peak is at step {t.peak_step} of {len(t.live_bytes)}, in {phase.name} "
+    assert said in str(fit) and said in fit._repr_html_()
     capped = ts.largest_fit(mlp, w1, w2, x, dim="b", budget=2**40, max_size=8)
     assert capped.capped and "the peak is at step" not in str(capped)
 

@@ -190,6 +190,8 @@ class Fit:
         page = html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-fit")
         if self.cost.buffers and not self.capped:
             page += _buffers.largest_html(self.cost.buffers, self.cost.live_peak_bytes, 5)
+            if said := self._peak_phase().strip():
+                page += f"<p>{html.escape(said)}</p>"
         return page + notes
 
 
