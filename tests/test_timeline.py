@@ -54,7 +54,16 @@ def costed(tmp_path_factory):
     return json.loads(done.stdout.strip().splitlines()[-1]), dump
 
 
-PROGRAMS = ["mlp_step", "optax_update", "scan_layers", "scan_layers_long", "while_carry", "sharded_step"]
+PROGRAMS = [
+    "mlp_step",
+    "optax_update",
+    "scan_layers",
+    "scan_layers_long",
+    "while_carry",
+    "nested_loops",
+    "cond_step",
+    "sharded_step",
+]
 
 
 def xla_live(dump, name, steps):

@@ -87,6 +87,21 @@ def while_carry(x, w):
     return a.sum() + b.sum(), c
 
 
+def nested_loops(x, w):
+    """A loop inside a loop: each body appears once."""
+
+    def outer(i, x):
+        return jax.lax.fori_loop(0, 3, lambda j, x: jnp.tanh(x @ w), x) + x
+
+    return jax.lax.fori_loop(0, 4, outer, x)
+
+
+def cond_step(x, w, p):
+    """A conditional's branches, flattened before it."""
+    y = jax.lax.cond(p > 0, lambda x: jnp.tanh(x @ w) @ w, lambda x: jnp.sin(x) * 2.0, x)
+    return (y @ w).sum(), y
+
+
 def sharded_step(w, x):
     """A sharded forward and backward on the 8 CPU devices."""
     return jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
@@ -105,6 +120,8 @@ PROGRAMS = {
     "scan_layers": lambda: ts.cost(scan_layers, sds(4, 256, 256), sds(64, 256)),
     "scan_layers_long": lambda: ts.cost(scan_layers_long, sds(16, 256, 256), sds(64, 256)),
     "while_carry": lambda: ts.cost(while_carry, sds(128, 128), sds(128, 128)),
+    "nested_loops": lambda: ts.cost(nested_loops, sds(128, 128), sds(128, 128)),
+    "cond_step": lambda: ts.cost(cond_step, sds(128, 128), sds(128, 128), sds()),
     "sharded_step": _sharded,
 }
 
