@@ -609,7 +609,9 @@ def _json_data(value: Any) -> Any:
     import numbers
 
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {field.name: _json_data(getattr(value, field.name)) for field in dataclasses.fields(value)}
+        # A field neither compared nor shown (a Cost's timeline: `--timeline` adds it) is left out.
+        shown = [f for f in dataclasses.fields(value) if f.repr or f.compare]
+        return {field.name: _json_data(getattr(value, field.name)) for field in shown}
     if isinstance(value, (list, tuple)):
         return [_json_data(item) for item in value]
     if isinstance(value, dict):

@@ -28,6 +28,7 @@ MODULES = (
     "watch",  # 17 watch
     "scale_cached_call",  # 18 scale_cached_call (group: scale)
     "target",  # 19 target
+    "timeline",  # 20 timeline
 )
 
 for _name in MODULES:

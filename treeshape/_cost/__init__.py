@@ -14,6 +14,7 @@ The rest of the package imports this front, never a room of the wing:
 - `_hlo` and `_buffers`: the compiled module and buffer assignment, read;
 - `_per_device`, `_simulate`, `_target`, `_deviceless`: where it compiles (one device's
   program inside `shard_map`, a far mesh in a child process, a named accelerator);
+- `_timeline`: `Timeline` and `Phase`, the bytes live over the schedule;
 - `_fit`: `largest_fit` and `Fit`.
 """
 
@@ -30,3 +31,4 @@ from ._fit import (
     largest_fit as largest_fit,
 )
 from ._target import targets as targets
+from ._timeline import Phase as Phase, Timeline as Timeline

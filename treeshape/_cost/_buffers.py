@@ -10,11 +10,13 @@ Live ranges follow XLA's own `HloLiveRange` on the flattened schedule (a `while`
 condition and body, a `call`'s or `conditional`'s computations, placed before the
 instruction): a value lives from its defining instruction (a computation's parameters
 from the start of that computation) to its last use or position (a computation's root:
-to the end of that computation; a while's operand: until its loop starts); an entry
-parameter that no output reuses lives to the end. `tests/test_buffers.py` checks these
-live ranges against those XLA writes with `--xla_dump_to`. The live set is taken at the
-step where the distinct bytes live, per allocation the union of the (offset, size) of the
-live values, are the most.
+to the end of that computation; a while's operand: until its loop starts; a loop
+condition's parameter: until its body starts; a get-tuple-element uses a tuple's table
+only, a tuple none of its operands); an entry parameter that no output reuses lives to
+the end. `tests/test_buffers.py` and `tests/test_timeline.py` check these live ranges
+against those XLA writes with `--xla_dump_to`, at every step. The bytes live at each step
+(`_timeline`), per allocation the union of the (offset, size) of the live values, give
+the peak: the first step where they are the most.
 """
 
 import dataclasses
@@ -32,6 +34,7 @@ from .. import _compat
 from .._dtypes import short_dtype
 from .._shapes import human_bytes, short_shape
 from .._table import Description, grid, html_grid
+from . import _timeline
 from ._hlo import F, Index, Instruction, Message, Module, fields, int_field, ints, message_field, str_field
 
 
@@ -108,10 +111,15 @@ class Reading:
     buffers: tuple[Buffer, ...]
     live_peak_bytes: int
     donation: dict[str, Donation]
+    timeline: _timeline.Timeline
 
 
 # -- live ranges ------------------------------------------------------------------------
 _FLATTENED: Final = frozenset({"call", "conditional"})
+# As XLA's dataflow analysis: these read only the top-level (table) buffer of a tuple operand,
+# and these use no operand value (they pass them through).
+_TOP_LEVEL: Final = frozenset({"get-tuple-element", "copy"})
+_PASS_THROUGH: Final = frozenset({"tuple", "domain"})
 
 
 def _flatten(module: Module) -> tuple[list[int], dict[int, tuple[int, int]]]:
@@ -221,15 +229,22 @@ def _value_sets(
     return sets
 
 
-def _live_ranges(module: Module, values: dict[int, _Value]) -> tuple[int, dict[int, dict[Index, set[int]]]]:
+def _live_ranges(module: Module, values: dict[int, _Value]) -> tuple[list[int], dict[int, dict[Index, set[int]]]]:
     """Set each value's live range (start, end) on the flattened schedule, as XLA's
-    `HloLiveRange` does; return the schedule's end time and the values each instruction holds."""
+    `HloLiveRange` does; return that schedule (its end time is its length) and the values
+    each instruction holds."""
     order, spans = _flatten(module)
     time = {iid: t for t, iid in enumerate(order)}
     defined = {(v.instruction, v.index): v.id for v in values.values()}
     sets = _value_sets(module, order, defined)
     end_time = len(order)
     aliased = {p for _, p in module.aliases}
+    body_of = {}  # a while's condition -> its body
+    for ins in map(module.instructions.__getitem__, order):
+        if ins.opcode == "while":
+            body, condition = _while_parts(module, ins)
+            if body in spans:
+                body_of[condition] = body
     root_of = {root: c for c, root in module.roots.items()}
     for v in values.values():
         t = time.get(v.instruction)
@@ -240,6 +255,8 @@ def _live_ranges(module: Module, values: dict[int, _Value]) -> tuple[int, dict[i
         v.end = t
         if ins.opcode == "parameter" and ins.computation == module.entry and ins.parameter not in aliased:
             v.end = end_time
+        elif ins.opcode == "parameter" and ins.computation in body_of:  # XLA keeps a loop condition's
+            v.end = max(v.end, spans[body_of[ins.computation]][0])  # parameter until its body starts
     for iid in order:
         t = time[iid]
         ins = module.instructions[iid]
@@ -252,16 +269,20 @@ def _live_ranges(module: Module, values: dict[int, _Value]) -> tuple[int, dict[i
                     v.end = position_time
         if ins.opcode == "call" and all(c in spans for c in ins.called):
             continue  # its uses are those of the called computation's instructions
+        if ins.opcode in _PASS_THROUGH:
+            continue  # a tuple holds its operands' values (a position), it uses none
         use_time = t
         if ins.opcode == "while":  # a while's operand is used until its loop starts
             use_time = min((spans[c][0] for c in ins.called if c in spans), default=t)
         for operand in ins.operands:
-            for held in sets.get(operand, {}).values():
+            for index, held in sets.get(operand, {}).items():
+                if index and ins.opcode in _TOP_LEVEL:
+                    continue  # it reads the tuple's table only: the elements it holds are positions
                 for vid in held:
                     v = values[vid]
                     if v.start >= 0 and use_time > v.end:
                         v.end = use_time
-    return end_time, sets
+    return order, sets
 
 
 # -- the buffer assignment -----------------------------------------------------------------
@@ -306,67 +327,6 @@ def _assignment(data: bytes) -> tuple[dict[int, _Value], dict[int, _Allocation]]
     return values, allocations
 
 
-def _live_at(values: list[_Value], t: int) -> tuple[int, list[tuple[_Value, int]]]:
-    """The distinct bytes live at step `t` and the values that hold them, each with the bytes
-    it adds (per allocation, the value defined last first)."""
-    live = sorted((v for v in values if v.start <= t <= v.end), key=lambda v: (-v.start, -v.id))
-    covered: dict[int, list[tuple[int, int]]] = {}
-    total = 0
-    listed = []
-    for v in live:
-        spans = covered.setdefault(v.allocation, [])
-        new = _uncovered(spans, v.offset, v.offset + v.size)
-        if new:
-            spans.append((v.offset, v.offset + v.size))
-            total += new
-            listed.append((v, new))
-    return total, listed
-
-
-def _uncovered(spans: list[tuple[int, int]], lo: int, hi: int) -> int:
-    """How many bytes of [lo, hi) none of `spans` covers."""
-    cuts = sorted((max(a, lo), min(b, hi)) for a, b in spans if a < hi and b > lo)
-    free, at = 0, lo
-    for a, b in cuts:
-        if a > at:
-            free += a - at
-        at = max(at, b)
-    return free + max(0, hi - at)
-
-
-def _peak(values: list[_Value], end_time: int) -> tuple[int, list[tuple[_Value, int]]]:
-    """The live set at the earliest step with the most distinct bytes live.
-
-    Per allocation, the live values' sizes summed (and at most the allocation's extent)
-    bound its distinct bytes from above; steps are tried by the bound, largest first,
-    until no step left can beat the best found."""
-    if not values:
-        return 0, []
-    by_allocation: dict[int, list[_Value]] = {}
-    for v in values:
-        by_allocation.setdefault(v.allocation, []).append(v)
-    alone = np.zeros(end_time + 2, dtype=np.int64)  # allocations of one value each
-    bound = np.zeros(end_time + 1, dtype=np.int64)
-    for group in by_allocation.values():
-        delta = alone if len(group) == 1 else np.zeros(end_time + 2, dtype=np.int64)
-        for v in group:
-            delta[v.start] += v.size
-            delta[v.end + 1] -= v.size
-        if len(group) > 1:  # values that may share bytes: no more than the bytes they span
-            extent = max(v.offset + v.size for v in group) - min(v.offset for v in group)
-            bound += np.minimum(np.cumsum(delta)[: end_time + 1], extent)
-    bound += np.cumsum(alone)[: end_time + 1]
-    best_bytes, best_t = -1, 0
-    best: list[tuple[_Value, int]] = []
-    for t in sorted(range(end_time + 1), key=lambda t: (-bound[t], t)):
-        if bound[t] < best_bytes or (bound[t] == best_bytes and t > best_t):
-            break
-        total, listed = _live_at(values, t)
-        if total > best_bytes or (total == best_bytes and t < best_t):
-            best_bytes, best_t, best = total, t, listed
-    return best_bytes, best
-
-
 # -- reading a compiled program -------------------------------------------------------------
 def read(
     compiled: Any,
@@ -405,19 +365,15 @@ def _read(
 ) -> Reading:
     module = Module.read(module_bytes)
     values, allocations = _assignment(assignment)
-    end_time, sets = _live_ranges(module, values)
-    live = [
-        v
-        for v in values.values()
-        if v.start >= 0 and v.allocation in allocations and not allocations[v.allocation].thread_local
-    ]
-    peak, listed = _peak(live, end_time)
+    order, sets = _live_ranges(module, values)
     entry_root = module.instructions.get(module.roots.get(module.entry, -1))
     outputs = _outputs(module, entry_root, values, sets)
     reused = {kept[p]: index for index, p in module.aliases if p < len(kept)}
     frames = _Frames(module)
-    buffers = []
-    for v, nbytes in listed:
+    sources: dict[int, str | None] = {}
+
+    def buffer(v: _Value) -> Buffer:
+        """`v` as a Buffer of all its bytes."""
         ins = module.instructions[v.instruction]
         shape = ins.shape.at(v.index)
         table = bool(shape.tuple_shapes) or shape.dtype == "tuple"  # XLA's table of a tuple's buffers
@@ -426,23 +382,47 @@ def _read(
             arg = kept[ins.parameter] if ins.parameter < len(kept) else -1
             path = argument_paths[arg] if 0 <= arg < len(argument_paths) else None
             was = (arg in reused) if arg in donated else None
-            buffers.append(Buffer(nbytes, dims, dtype, "argument", path, donated=was))
-        elif v.id in outputs:
+            return Buffer(v.size, dims, dtype, "argument", path, donated=was)
+        if v.id in outputs:
             index = outputs[v.id]
             path = "out" if not index and entry_root is not None and entry_root.shape.tuple_shapes else None
-            buffers.append(Buffer(nbytes, dims, dtype, "output", path or _output_path(index, output_paths)))
-        elif allocations[v.allocation].constant or ins.opcode == "constant":
-            buffers.append(Buffer(nbytes, dims, dtype, "constant"))
-        else:
-            name = str_field(ins.metadata, F.METADATA_OP_NAME)
-            # JAX names the program's operations `jit(fn)/...`; a copy XLA makes of a parameter
-            # keeps the parameter's name (`dynamic[2]`): that is XLA's own buffer.
-            op = name if name.startswith(_compat.JIT_OP_PREFIXES) else None
-            source = frames.source(ins.metadata) if op else None
-            buffers.append(Buffer(nbytes, dims, dtype, "temporary", op=op, source=source))
-    buffers.sort(key=lambda b: -b.nbytes)
+            return Buffer(v.size, dims, dtype, "output", path or _output_path(index, output_paths))
+        if allocations[v.allocation].constant or ins.opcode == "constant":
+            return Buffer(v.size, dims, dtype, "constant")
+        op = _op(ins)
+        if op and ins.id not in sources:
+            sources[ins.id] = frames.source(ins.metadata)
+        return Buffer(v.size, dims, dtype, "temporary", op=op, source=sources.get(ins.id) if op else None)
+
+    steps = len(order)
+    live = [
+        _timeline.Live(v.start, v.end, (v.start, v.id), v.allocation, v.offset, v.size, buffer(v))
+        for v in values.values()
+        if v.start >= 0 and v.allocation in allocations and not allocations[v.allocation].thread_local
+    ]
+    ops = [_step_op(module.instructions[iid]) for iid in order]
+    timeline = _timeline.build(live, steps, ops)
+    buffers = timeline.buffers_at(timeline.peak_step) if steps else ()
+    peak = timeline.live_bytes[timeline.peak_step] if steps else 0
     donation = _donations(module, compiled, kept, reused, argument_paths, output_paths, donated, sets, values)
-    return Reading(tuple(buffers), peak, donation)
+    return Reading(buffers, peak, donation, timeline)
+
+
+def _step_op(ins: Instruction) -> str | None:
+    """The op of a step: None where the metadata names no operation under the outermost
+    `jit(...)` (a parameter's names the input)."""
+    if ins.opcode == "parameter":
+        return None
+    op = str_field(ins.metadata, F.METADATA_OP_NAME)
+    first = _timeline.first_name(op)  # a fusion's or a combined collective's first
+    return op if first.startswith(_compat.JIT_OP_PREFIXES) and "/" in first else None
+
+
+def _op(ins: Instruction) -> str | None:
+    """The operation that makes `ins` as JAX names it (`jit(fn)/...`); None where XLA made
+    it (a copy XLA makes of a parameter keeps the parameter's name, `dynamic[2]`)."""
+    name = str_field(ins.metadata, F.METADATA_OP_NAME)
+    return name if name.startswith(_compat.JIT_OP_PREFIXES) else None
 
 
 def _dtype(name: str) -> Any:
@@ -658,13 +638,25 @@ def without_outer_jit(b: Buffer) -> Buffer:
     the wrapper compiles (XLA's own buffer there: a constant broadcast before a loop)."""
     if b.op is None:
         return b
-    head, _, rest = b.op.partition("/")
+    op = own_op(b.op)
+    if op == b.op:
+        return b
+    return dataclasses.replace(b, op=op, source=None if op is None else b.source)
+
+
+def own_op(op: str | None) -> str | None:
+    """`op` as `without_outer_jit` names it."""
+    if op is None:
+        return None
+    head, _, rest = op.partition("/")
     if head.startswith(("jit(", "pjit(")) and rest.startswith(("jit(", "pjit(")):
-        inner = rest.split(";")[0]
-        if "/" not in inner:
-            return dataclasses.replace(b, op=None, source=None)
-        return dataclasses.replace(b, op=rest)
-    return b
+        return None if "/" not in rest.split(";")[0] else rest
+    return op
+
+
+def without_outer_jit_timeline(t: _timeline.Timeline) -> _timeline.Timeline:
+    """`t` with its ops and buffers named as `without_outer_jit` names them."""
+    return _timeline.renamed(t, own_op, without_outer_jit)
 
 
 def _group(b: Buffer, depth: int | None) -> str:

@@ -39,6 +39,7 @@ from . import _buffers, _simulate, _target
 from ._buffers import Buffer, Donation
 from ._loops import NO_LOOPS, LoopCorrection, holds_loops, loop_correction
 from ._program import Compiled, compile_program, donated_leaves
+from ._timeline import Timeline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,8 @@ class Cost:
             which output reuses it, or why none does (`{}` when nothing is donated;
             `None` as for `buffers`).
         live_peak_bytes: The bytes of `buffers` (at most `peak_bytes`).
+        timeline: The bytes live at each step of the schedule, a [treeshape.Timeline][]
+            (`None` exactly where `buffers` is).
 
     Examples:
         >>> import treeshape as ts
@@ -104,6 +107,8 @@ class Cost:
     buffers: tuple[Buffer, ...] | None = dataclasses.field(default=None, compare=False)
     donation: dict[str, Donation] | None = dataclasses.field(default=None, compare=False)
     live_peak_bytes: int | None = None
+    # Compared as `buffers` is: read from the same buffer assignment.
+    timeline: Timeline | None = dataclasses.field(default=None, compare=False, repr=False)
     exact_flops: bool = True
     backend: str | None = None
 
@@ -285,7 +290,10 @@ def _own_ops(cost: Cost, around: bool) -> Cost:
     the program was jitted around that wrapper (`jit(step)/...`, not `jit(step)/jit(step)/...`)."""
     if not around or not cost.buffers:
         return cost
-    return dataclasses.replace(cost, buffers=tuple(_buffers.without_outer_jit(b) for b in cost.buffers))
+    timeline = None if cost.timeline is None else _buffers.without_outer_jit_timeline(cost.timeline)
+    return dataclasses.replace(
+        cost, buffers=tuple(_buffers.without_outer_jit(b) for b in cost.buffers), timeline=timeline
+    )
 
 
 def _targeted(program: Compiled) -> Cost:
@@ -344,6 +352,7 @@ def _read(
         buffers=None if reading is None else reading.buffers,
         donation=None if reading is None else reading.donation,
         live_peak_bytes=None if reading is None else reading.live_peak_bytes,
+        timeline=None if reading is None else reading.timeline,
         exact_flops=loops.exact,
         backend=backend if backend is not None else _backend(compiled),
     )

@@ -168,7 +168,21 @@ class Fit:
         text = grid(_HEADERS, self._rows(), right=1)
         if self.cost.buffers and not self.capped:  # what fills the budget at this size
             text += "\n\n" + _buffers.largest(self.cost.buffers, self.cost.live_peak_bytes, 5)
+            text += self._peak_phase()
         return "\n".join([text, *self._source(), *(f"note: {note}" for note in self._notes())])
+
+    def _peak_phase(self) -> str:
+        """The line that names the phase of the schedule that holds the peak, where known."""
+        timeline = self.cost.timeline
+        if timeline is None or not timeline.live_bytes:
+            return ""
+        phase = timeline._phase_at(timeline.peak_step)
+        last = phase.stop - 1
+        steps = f"step {last:,}" if last == phase.start else f"steps {phase.start:,}-{last:,}"
+        return (
+            f"\nthe peak is at step {timeline.peak_step:,} of {len(timeline.live_bytes):,}, in {phase.name} "
+            f"({steps} of the schedule)"
+        )
 
     def _repr_html_(self) -> str:
         notes = "".join(f"<p>{html.escape(said)}</p>" for said in self._source())
@@ -176,6 +190,8 @@ class Fit:
         page = html_grid(_HEADERS, self._rows(), right=1, css_class="treeshape-fit")
         if self.cost.buffers and not self.capped:
             page += _buffers.largest_html(self.cost.buffers, self.cost.live_peak_bytes, 5)
+            if said := self._peak_phase().strip():
+                page += f"<p>{html.escape(said)}</p>"
         return page + notes
 
 
