@@ -88,11 +88,14 @@ arguments, outputs, temporaries, aliased buffers and the peak); for fit,
 the table of ts.Fit (the size, the peak there, the budget, the probes' line
 and the number of programs compiled), with progress on stderr when it is a
 terminal (--progress, --no-progress). For cost and fit, --json prints one
-JSON object of the ts.Cost or ts.Fit fields instead.
+JSON object of the ts.Cost or ts.Fit fields instead. cost --timeline adds
+the bytes live over the program's schedule, phase by phase (and "timeline"
+to --json); cost --plot FILE draws them (.svg, .png, .pdf; needs matplotlib:
+pip install "treeshape[plot]").
 
 exit status: 0 on success, 2 for bad command-line input (usage, specs,
 unknown module or attribute, a spec larger than XLA counts in 63 bits,
-symbolic dimensions in cost, a budget nothing fits or a dimension out of
+symbolic dimensions in cost, a --plot FILE of another format or without matplotlib, a budget nothing fits or a dimension out of
 range in fit), 1 when the module or the function raises (SystemExit
 included) or its output cannot be shown.
 """
