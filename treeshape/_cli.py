@@ -95,9 +95,10 @@ pip install "treeshape[plot]").
 
 exit status: 0 on success, 2 for bad command-line input (usage, specs,
 unknown module or attribute, a spec larger than XLA counts in 63 bits,
-symbolic dimensions in cost, a --plot FILE of another format or without matplotlib, a budget nothing fits or a dimension out of
-range in fit), 1 when the module or the function raises (SystemExit
-included) or its output cannot be shown.
+symbolic dimensions in cost, a --plot FILE of another format or without
+matplotlib, a budget nothing fits or a dimension out of range in fit), 1
+when the module or the function raises (SystemExit included) or its output
+cannot be shown.
 """
 
 
