@@ -88,13 +88,17 @@ arguments, outputs, temporaries, aliased buffers and the peak); for fit,
 the table of ts.Fit (the size, the peak there, the budget, the probes' line
 and the number of programs compiled), with progress on stderr when it is a
 terminal (--progress, --no-progress). For cost and fit, --json prints one
-JSON object of the ts.Cost or ts.Fit fields instead.
+JSON object of the ts.Cost or ts.Fit fields instead. cost --timeline adds
+the bytes live over the program's schedule, phase by phase (and "timeline"
+to --json); cost --plot FILE draws them (.svg, .png, .pdf; needs matplotlib:
+pip install "treeshape[plot]").
 
 exit status: 0 on success, 2 for bad command-line input (usage, specs,
 unknown module or attribute, a spec larger than XLA counts in 63 bits,
-symbolic dimensions in cost, a budget nothing fits or a dimension out of
-range in fit), 1 when the module or the function raises (SystemExit
-included) or its output cannot be shown.
+symbolic dimensions in cost, a --plot FILE of another format or without
+matplotlib, a budget nothing fits or a dimension out of range in fit), 1
+when the module or the function raises (SystemExit included) or its output
+cannot be shown.
 """
 
 
@@ -190,6 +194,18 @@ def _parser() -> _Parser:
         default=5,
         metavar="N",
         help="list the N largest buffers live at the peak under the figures (default 5; 0: none)",
+    )
+    cost.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print the bytes live over the program's schedule, phase by phase, after the table "
+        '(with --json: add "timeline")',
+    )
+    cost.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="draw the bytes live over the schedule into FILE (.svg, .png or .pdf); needs matplotlib: "
+        'pip install "treeshape[plot]"',
     )
     fit = _call_parser(
         sub,
@@ -493,9 +509,79 @@ def _cost(args: argparse.Namespace, stdout: TextIO) -> int:
                 f"fits with treeshape fit ... --dim {names[0]} --budget 16GiB",
                 2,
             )
+    if args.plot is not None:
+        _check_plot(args.plot)
     target = _check_target(args.target_name, "cost")
-    _print(_call_target(args, lambda fn, *a, **k: cost(fn, *a, target=target, **k)), args.json, stdout, args.buffers)
+    result = _call_target(args, lambda fn, *a, **k: cost(fn, *a, target=target, **k))
+    if args.json:
+        data = _json_data(result)
+        data["buffers"] = data["buffers"][: args.buffers] if isinstance(data.get("buffers"), list) else None
+        data.pop("timeline", None)  # the chart's numbers only when asked for, in their own form
+        if args.timeline:
+            data["timeline"] = _timeline_data(result.timeline)
+        print(json.dumps(data), file=stdout)
+    else:
+        text = result._text(args.buffers)
+        if args.timeline:
+            text += "\n\n" + (_NO_TIMELINE if result.timeline is None else str(result.timeline))
+        print(text, file=stdout)
+    if args.plot is not None:
+        _write_plot(result.timeline, args.plot)
     return 0
+
+
+# -- cost --timeline and --plot ----------------------------------------------------------
+_PLOT_FORMATS: Final = (".svg", ".png", ".pdf")
+_NO_MATPLOTLIB: Final = (
+    'matplotlib is not installed; it comes with the extra treeshape[plot]: pip install "treeshape[plot]"'
+)
+_NO_TIMELINE: Final = (
+    "no timeline: the JAX release or backend that compiled this program does not give XLA's buffer assignment"
+)
+
+
+def _check_plot(path: str) -> None:
+    """`--plot FILE`, refused before anything compiles: an extension matplotlib is not asked
+    for, or no matplotlib (found without importing it)."""
+    import importlib.util
+
+    extension = os.path.splitext(path)[1].lower()
+    if extension not in _PLOT_FORMATS:
+        allowed = ", ".join(_PLOT_FORMATS)
+        raise _Fail(f"--plot {path!r}: the picture's format comes from the file's extension: {allowed}", 2)
+    try:
+        found = importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise _Fail(f"--plot draws with matplotlib, but {_NO_MATPLOTLIB}", 2)
+
+
+def _timeline_data(timeline: Any) -> dict[str, Any] | None:
+    """`--json`'s `"timeline"`: bytes live per step, the peak's step, and the phases at depth 1."""
+    if timeline is None:
+        return None
+    return {
+        "live_bytes": [int(n) for n in timeline.live_bytes],
+        "peak_step": int(timeline.peak_step),
+        "phases": [
+            {"name": p.name, "start": int(p.start), "stop": int(p.stop), "peak_bytes": int(p.peak_bytes)}
+            for p in timeline.phases()
+        ],
+    }
+
+
+def _write_plot(timeline: Any, path: str) -> None:
+    if timeline is None:
+        raise _Fail(f"--plot {path!r}: nothing to draw, {_NO_TIMELINE}", 2)
+    try:
+        figure = timeline.plot().figure
+    except ImportError as err:
+        raise _Fail(f"--plot draws with matplotlib, but {_NO_MATPLOTLIB}", 2) from err
+    try:
+        figure.savefig(path, format=os.path.splitext(path)[1].lower()[1:])
+    except OSError as err:
+        raise _Fail(f"--plot {path!r}: cannot write the picture: {_one_line(err)}", 2) from err
 
 
 # -- targets ------------------------------------------------------------------------

@@ -1,0 +1,193 @@
+"""The picture of a `Timeline`: bytes live over a step's schedule, drawn with matplotlib.
+
+matplotlib is optional (the extra `treeshape[plot]`) and imported here only, inside the
+functions that draw: nothing else of treeshape needs it.
+"""
+
+import io
+import numbers
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from .._shapes import human_bytes
+from .._tree import clip
+
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+
+class _Buffer(Protocol):
+    """What the picture reads of a `ts.Buffer`."""
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def path(self) -> str | None: ...
+    @property
+    def op(self) -> str | None: ...
+
+
+class _Phase(Protocol):
+    """What the picture reads of a `ts.Phase`."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def stop(self) -> int: ...
+
+
+class Drawable(Protocol):
+    """What the picture reads of a `ts.Timeline` (so that this module needs no timeline)."""
+
+    @property
+    def live_bytes(self) -> tuple[int, ...]: ...
+    @property
+    def by_kind(self) -> Mapping[str, tuple[int, ...]]: ...
+    @property
+    def peak_step(self) -> int: ...
+    def buffers_at(self, step: int) -> tuple[_Buffer, ...]: ...
+    def phases(self, depth: int = 1) -> tuple[_Phase, ...]: ...
+
+
+KINDS: Final = ("argument", "output", "temporary", "constant")
+_COLORS: Final = {"argument": "#4c72b0", "output": "#55a868", "temporary": "#dd8452", "constant": "#8172b3"}
+_NAMED_PHASES: Final = 30  # at most this many phase names along the steps (the widest runs)
+_NAME_LENGTH: Final = 40
+MISSING: Final = 'matplotlib is not installed; it comes with the extra treeshape[plot]: pip install "treeshape[plot]"'
+
+
+def _matplotlib() -> None:
+    """Import matplotlib, or raise the `ImportError` that names the extra."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as err:
+        raise ImportError(f"treeshape: Timeline.plot draws with matplotlib, but {MISSING}") from err
+
+
+def _without_jit(op: str) -> str:
+    head, _, rest = op.partition("/")
+    return rest if head.startswith(("jit(", "pjit(")) and rest else op
+
+
+def largest_label(buffer: _Buffer) -> str:
+    """The name the peak's label gives its largest buffer: its path, else its op (without
+    the outermost `jit(...)`), else its kind."""
+    if buffer.path is not None:
+        return buffer.path
+    if buffer.op is not None:
+        return clip(_without_jit(buffer.op), 60)
+    return f"a {buffer.kind} of XLA's own"
+
+
+def peak_text(timeline: Drawable) -> str:
+    """The peak's label: its bytes and step, and its largest buffer."""
+    step = timeline.peak_step
+    text = f"peak {human_bytes(timeline.live_bytes[step])} at step {step}"
+    buffers = timeline.buffers_at(step)
+    if buffers:
+        largest = max(buffers, key=lambda b: b.nbytes)
+        text += f"\nlargest: {largest_label(largest)} ({human_bytes(largest.nbytes)})"
+    return text
+
+
+def plot(timeline: Drawable, ax: "Axes | None" = None, depth: int = 1, budget: float | None = None) -> "Axes":
+    """Draw `timeline` on `ax` (a new `Figure`'s, not pyplot's, where None) and return the Axes.
+
+    One stacked area per kind (in `KINDS` order, each step at x = its number), a marker and
+    label at the peak, the phases at `depth` as separators and names, and `budget` as a
+    horizontal line.
+    """
+    _matplotlib()
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator
+
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, numbers.Real) or budget <= 0):
+        raise ValueError(f"treeshape: Timeline.plot's budget is bytes, a number > 0; got {budget!r}")
+    if ax is None:
+        ax = Figure(figsize=(10, 4), layout="constrained").add_subplot()
+    live = timeline.live_bytes
+    n = len(live)
+    steps = range(n)
+    layers = [timeline.by_kind.get(kind, (0,) * n) for kind in KINDS]
+    labels = [kind if any(layer) else f"_{kind}" for kind, layer in zip(KINDS, layers, strict=True)]
+    ax.stackplot(steps, *layers, labels=labels, colors=[_COLORS[k] for k in KINDS], alpha=0.85, linewidth=0)
+
+    peak_step = timeline.peak_step
+    peak = live[peak_step]
+    ax.plot([peak_step], [peak], marker="v", color="black", linestyle="none", label="_peak")
+    right = peak_step > n / 2  # the label on the side with room
+    ax.annotate(
+        peak_text(timeline),
+        xy=(peak_step, peak),
+        xytext=(-8 if right else 8, 6),
+        textcoords="offset points",
+        ha="right" if right else "left",
+        va="bottom",
+        fontsize=8,
+    )
+
+    phases = timeline.phases(depth)
+    for phase in phases[1:]:
+        ax.axvline(phase.start, color="grey", linewidth=0.5, alpha=0.6, label="_phase")
+    named = sorted(phases, key=lambda p: p.stop - p.start, reverse=True)[:_NAMED_PHASES]
+    for phase in named:
+        ax.text(
+            (phase.start + phase.stop - 1) / 2,
+            0.02,
+            clip(phase.name, _NAME_LENGTH),
+            transform=ax.get_xaxis_transform(),  # x in steps, y in the axes' height
+            rotation=90,
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            clip_on=True,
+            gid="phase",
+        )
+
+    top = max(peak, budget or 0)
+    if budget is not None:
+        ax.axhline(budget, color="#c44e52", linestyle="--", linewidth=1, label=f"budget {human_bytes(budget)}")
+    ax.set_xlim(0, max(n - 1, 1))
+    ax.set_ylim(0, top * 1.3 if top else 1)
+    ax.yaxis.set_major_locator(MultipleLocator(_tick_step(top * 1.3)))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: human_bytes(int(y))))
+    ax.set_xlabel("step of the schedule (a loop's body appears once)")
+    ax.set_ylabel("bytes live, per device")
+    ax.legend(loc="upper left", fontsize=8, frameon=False, ncols=5)
+    return ax
+
+
+def _tick_step(top: float) -> float:
+    """A step between the y axis' ticks, in whole binary units (256 KiB, 1 MiB, 2 GiB), for
+    about four to eight ticks up to `top` bytes."""
+    unit = 1
+    while unit * 1024 <= top:
+        unit *= 1024
+    for factor in (0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
+        if top / (factor * unit) <= 8:
+            return max(factor * unit, 1)
+    return 1024.0 * unit
+
+
+def html(timeline: Drawable) -> str | None:
+    """The picture as SVG text (for `_repr_html_`), or None where matplotlib is missing."""
+    try:
+        _matplotlib()
+    except ImportError:
+        return None
+    from matplotlib import rc_context
+
+    ax = plot(timeline)
+    figure: Any = ax.figure
+    out = io.StringIO()
+    with rc_context({"svg.hashsalt": "treeshape"}):  # the same picture, the same text
+        figure.savefig(out, format="svg", metadata={"Date": None})
+    figure.clear()
+    text = out.getvalue()
+    return text[text.find("<svg") :]
