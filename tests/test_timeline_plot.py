@@ -95,9 +95,35 @@ def test_the_phases_are_named_along_the_steps(timeline, depth):
     ax = timeline.plot(depth=depth)
     phases = timeline.phases(depth)
     names = sorted((t.get_position()[0], t.get_text()) for t in ax.texts if t.get_gid() == "phase")
-    assert names == [((p.start + p.stop - 1) / 2, p.name) for p in phases]
+    centers = {((p.start + p.stop - 1) / 2, p.name) for p in phases}
+    assert names and set(names) <= centers  # each name at the middle of its phase
+    widest = max(phases, key=lambda p: p.stop - p.start)
+    assert ((widest.start + widest.stop - 1) / 2, widest.name) in names
+    gap = len(timeline.live_bytes) / 45
+    assert all(b[0] - a[0] >= gap for a, b in zip(names, names[1:], strict=False))  # never on top of each other
     starts = [line.get_xdata()[0] for line in ax.lines if line.get_label() == "_phase"]
-    assert starts == [p.start for p in phases[1:]]
+    named_starts = sorted(p.start for p in phases if ((p.start + p.stop - 1) / 2, p.name) in names)
+    assert starts == [start for start in named_starts if start]  # a separator before each named phase
+
+
+def test_a_real_programs_interleaved_phases_are_named_sparsely():
+    """A train step's depth-1 phases interleave in runs of a few steps: the picture names at
+    most 30, spread along the schedule, not one per run."""
+
+    def step(w, x):
+        def loss(w):
+            for i in range(6):
+                with jax.named_scope(f"block_{i}"):
+                    x_ = jnp.tanh(x @ w) + x
+            return (x_ * x_).sum()
+
+        return jax.grad(loss)(w)
+
+    t = ts.cost(step, jnp.zeros((64, 64)), jnp.zeros((32, 64))).timeline
+    ax = t.plot()
+    names = [x.get_text() for x in ax.texts if x.get_gid() == "phase"]
+    assert 0 < len(names) <= min(30, len(t.phases()))
+    assert len([line for line in ax.lines if line.get_label() == "_phase"]) <= len(names)
 
 
 class _Phase(NamedTuple):
@@ -126,8 +152,10 @@ class _ManyPhases:
 def test_more_phases_than_fit_name_the_widest():
     ax = _plot.plot(_ManyPhases())
     names = [t.get_text() for t in ax.texts if t.get_gid() == "phase"]
-    assert sorted(names) == sorted(f"block{i}" for i in range(10, 40))  # the 30 widest
-    assert len([line for line in ax.lines if line.get_label() == "_phase"]) == 39  # every phase's start
+    # the widest first, at most 30, none within 820 / 45 steps of another: blocks 20-39 are
+    # each at least 20 steps from the next, narrower ones only where there is room
+    assert set(names) >= {f"block{i}" for i in range(20, 40)} and len(names) <= 30
+    assert len([line for line in ax.lines if line.get_label() == "_phase"]) == len(names)  # each named phase's start
     assert ax.texts[0].get_text() == "peak 820 B at step 819"  # no buffers: no largest
 
 

@@ -6,7 +6,7 @@ functions that draw: nothing else of treeshape needs it.
 
 import io
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .._shapes import human_bytes
@@ -131,11 +131,9 @@ def plot(timeline: Drawable, ax: "Axes | None" = None, depth: int = 1, budget: f
         fontsize=8,
     )
 
-    phases = timeline.phases(depth)
-    for phase in phases[1:]:
-        ax.axvline(phase.start, color="grey", linewidth=0.5, alpha=0.6, label="_phase")
-    named = sorted(phases, key=lambda p: p.stop - p.start, reverse=True)[:_NAMED_PHASES]
-    for phase in named:
+    for phase in named_phases(timeline.phases(depth), n):
+        if phase.start:
+            ax.axvline(phase.start, color="grey", linewidth=0.5, alpha=0.6, label="_phase")
         ax.text(
             (phase.start + phase.stop - 1) / 2,
             0.02,
@@ -161,6 +159,21 @@ def plot(timeline: Drawable, ax: "Axes | None" = None, depth: int = 1, budget: f
     ax.set_ylabel("bytes live, per device")
     ax.legend(loc="upper left", fontsize=8, frameon=False, ncols=5)
     return ax
+
+
+def named_phases(phases: Sequence[_Phase], steps: int) -> list[_Phase]:
+    """The phases named in the picture: the widest first, at most `_NAMED_PHASES`, each name
+    at least `steps / (1.5 * _NAMED_PHASES)` steps from the others (a real program's phases
+    interleave in runs of a few steps: naming them all would be a grey blur)."""
+    gap = steps / (1.5 * _NAMED_PHASES)
+    named: list[_Phase] = []
+    for phase in sorted(phases, key=lambda p: p.stop - p.start, reverse=True):
+        middle = (phase.start + phase.stop - 1) / 2
+        if all(abs(middle - (p.start + p.stop - 1) / 2) >= gap for p in named):
+            named.append(phase)
+            if len(named) == _NAMED_PHASES:
+                break
+    return sorted(named, key=lambda p: p.start)
 
 
 def _tick_step(top: float) -> float:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, NamedTuple
 
 from .._shapes import human_bytes
+from . import _plot  # it imports matplotlib only when a picture is drawn
 
 
 KINDS: Final = ("argument", "output", "temporary", "constant")
@@ -263,13 +264,9 @@ class Timeline:
         """Draw the bytes live over the steps with matplotlib (the extra `treeshape[plot]`),
         stacked by kind, the peak and the phases at `depth` marked, `budget` as a line;
         return the `Axes`."""
-        from . import _plot  # type: ignore[attr-defined,unused-ignore]  # matplotlib only when drawn
-
         return _plot.plot(self, ax=ax, depth=depth, budget=budget)
 
     def _repr_html_(self) -> str:
-        from . import _plot  # type: ignore[attr-defined,unused-ignore]
-
         svg = _plot.html(self)
         return svg if svg is not None else f"<pre>{html.escape(chart(self))}</pre>"
 
