@@ -380,3 +380,25 @@ def test_the_timeline_adds_up_whatever_the_step(depth, width, batch, donate, sca
     assert t.by_kind["argument"][0] == (batch * width + depth * width * width) * 4  # both inputs, from the start
     phases = t.phases()
     assert phases[0].start == 0 and phases[-1].stop == n and len(str(t).splitlines()) <= 24
+
+
+def test_a_grouped_op_is_named_by_its_first_member():
+    """XLA names a multi-output fusion `jit(step)/(a:b:c)` and a combined collective
+    `(a, b)`: the phase is the first member's, its own parentheses kept (seen on the
+    "Will it fit?" guide's scanned train step)."""
+    ops = (
+        None,
+        "jit(step)/(transpose(jvp())/scatter-add:transpose(jvp())/reduce_sum:jvp()/reduce_sum)",
+        "(jvp(block)/all-gather, jvp(block)/all-gather)",
+        "jit(step)/jvp()/(dot_general:reduce_sum)",
+        "jit(step)/add;jit(step)/mul",
+    )
+    live = (1, 3, 2, 5, 4)
+    t = ts.Timeline(live_bytes=live, by_kind={"temporary": live}, ops=ops, peak_step=3)
+    assert t.phases() == (
+        ts.Phase("transpose(jvp())", 0, 2, 3),
+        ts.Phase("jvp(block)", 2, 3, 2),
+        ts.Phase("jvp()", 3, 4, 5),
+        ts.Phase("add", 4, 5, 4),
+    )
+    assert t.phases(depth=2)[2] == ts.Phase("jvp()/(dot_general:reduce_sum)", 3, 4, 5)

@@ -277,12 +277,27 @@ _BAR: Final = 30
 
 
 def first_name(op: str) -> str:
-    """The first of the names `op` joins: a fusion's metadata joins several with `;`, a
-    combined collective's in parentheses, separated by commas."""
+    """The first of the names `op` joins: a fusion's metadata joins several with `;`; a
+    combined collective's, and a multi-output fusion's, are a group in parentheses (after the
+    outermost `jit(...)/`, if any), separated by commas or colons."""
     name = op.split(";")[0].strip()
-    if name.startswith("("):
-        name = name[1:].split(",")[0].rstrip(")").strip()
-    return name
+    head, slash, rest = name.partition("/")
+    if head.startswith(("jit(", "pjit(")) and rest.startswith("("):
+        return head + slash + _first_in_group(rest)
+    return _first_in_group(name) if name.startswith("(") else name
+
+
+def _first_in_group(group: str) -> str:
+    """`(a/b:c/d)` or `(a, b)` -> `a/b` / `a`: the first member, parentheses inside kept."""
+    depth = 0
+    for i, char in enumerate(group[1:], 1):
+        if char == "(":
+            depth += 1
+        elif char == ")" and depth:
+            depth -= 1
+        elif depth == 0 and char in "),:":
+            return group[1:i].strip()
+    return group[1:].strip()
 
 
 def phase_name(op: str, depth: int) -> str:
