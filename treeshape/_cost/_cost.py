@@ -462,7 +462,7 @@ def cost(
         *args: Pytrees of abstract inputs, static values or Structures.
         donate_argnums: Positional arguments whose buffers the program may reuse for its
             outputs, as `jax.jit` takes them (also parameters of `fn` passed by keyword;
-            a negative index, which `jax.jit` ignores, is refused).
+            a negative index donates nothing: `jax.jit` ignores it).
         donate_argnames: The same by parameter name (a keyword argument, or a positional
             one through `fn`'s signature); may be given with `donate_argnums`.
         target: An accelerator from [treeshape.targets][] (`"h100"`, `"v5e"`,
@@ -477,7 +477,7 @@ def cost(
     Raises:
         TypeError: `fn` is not callable, or a donation is not ints / strings.
         ValueError: a leaf has symbolic dimensions (bind them with `Structure.bind`),
-            a donation names no argument or is a negative index, `target` is unknown or
+            a donation names no argument, `target` is unknown or
             cannot form the mesh, an abstract mesh has more than 4,096 devices (a mesh
             larger than this process's is compiled for simulated devices), or inside
             `shard_map`, `fn` uses a collective over the manual axes.
