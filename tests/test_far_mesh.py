@@ -4,6 +4,8 @@ in a child process, and checked against a reference: the same step compiled by
 `jax.jit(...).lower(...).compile()` over a real mesh of the same shape, in a child process that
 has those devices (`far_mesh_programs.py`). Every child is killed on timeout."""
 
+import contextlib
+import io
 import json
 import os
 import pathlib
@@ -63,8 +65,8 @@ def children(monkeypatch):
 
 @pytest.mark.parametrize(
     ("program", "axes"),
-    [("fsdp", {"data": 64}), ("tp", {"data": 64, "model": 8})],
-    ids=["fsdp-64", "tensor-parallel-512"],
+    [("fsdp", {"data": 16}), ("tp", {"data": 64, "model": 8})],
+    ids=["fsdp-16", "tensor-parallel-512"],
 )
 def test_figures_per_device_are_those_of_a_real_mesh_of_the_same_shape(program, axes):
     mesh = _abstract_mesh(axes)
@@ -152,20 +154,51 @@ def test_a_child_that_fails_is_a_runtime_error_with_its_reason(children, monkeyp
     assert all(p.poll() is not None for p in children)
 
 
-def test_largest_fit_sizes_a_batch_for_a_far_mesh():
-    mesh = _abstract_mesh({"data": 64})
+@pytest.fixture(scope="module")
+def far_fit(tmp_path_factory):
+    """One search on a 16-device abstract mesh, by `ts.largest_fit` and then by the command
+    line from the same Structures saved as JSON, with the peaks at the answer and the next
+    size. The budget lies between the peaks at b = 1 and b = 16 (the search's first probes,
+    compiled here first), and `max_size=16`, so that the search compiles few programs."""
+    from treeshape._cli import main
+
+    ts.clear_cache()
+    mesh = _abstract_mesh({"data": 16})
     params, opt_state, data = inputs("fsdp", mesh)
-    # b rows on each of the 64 devices
-    batch = {
-        k: jax.ShapeDtypeStruct(jax.export.symbolic_shape("64*b, 512"), v.dtype, sharding=v.sharding)
-        for k, v in data.items()
-    }
-    budget = 64 * 2**20
-    fit = ts.largest_fit(train_step, params, opt_state, batch, dim="b", budget=budget)
-    at = ts.cost(train_step, params, opt_state, inputs("fsdp", mesh, batch=64 * fit.size)[2])
-    after = ts.cost(train_step, params, opt_state, inputs("fsdp", mesh, batch=64 * (fit.size + 1))[2])
-    assert at.peak_bytes <= budget < after.peak_bytes
-    assert fit.cost.backend == "cpu x64 (simulated)"
+    rows = jax.export.symbolic_shape("16*b, 512")  # b rows on each of the 16 devices
+    batches = {k: jax.ShapeDtypeStruct(rows, v.dtype, sharding=v.sharding) for k, v in data.items()}
+
+    def peak(b):
+        return ts.cost(train_step, params, opt_state, inputs("fsdp", mesh, batch=16 * b)[2]).peak_bytes
+
+    budget = peak(1) + (peak(16) - peak(1)) * 3 // 5
+    fit = ts.largest_fit(train_step, params, opt_state, batches, dim="b", budget=budget, max_size=16)
+    tmp_path = tmp_path_factory.mktemp("far_fit")
+    files = [_saved(tmp_path, n, t) for n, t in (("params", params), ("opt", opt_state), ("batch", data))]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cost_status = main(["cost", "far_mesh_programs:train_step", *files, "--json"])
+    shown_cost = json.loads(out.getvalue())
+    expected_cost = ts.cost(train_step, params, opt_state, data)
+    files[2] = _saved(tmp_path, "batches", batches)
+    argv = ["fit", "far_mesh_programs:train_step", *files, "--dim", "b", "--budget", str(budget), "--max-size", "16"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        fit_status = main([*argv, "--json", "--no-progress"])
+    shown_fit = json.loads(out.getvalue())
+    found = {"fit": fit, "budget": budget, "at": peak(fit.size), "after": peak(fit.size + 1)}
+    found["shown_after"] = peak(shown_fit["size"] + 1)
+    found.update(cost_status=cost_status, shown_cost=shown_cost, expected_cost=expected_cost)
+    found.update(fit_status=fit_status, shown_fit=shown_fit)
+    ts.clear_cache()
+    return found
+
+
+def test_largest_fit_sizes_a_batch_for_a_far_mesh(far_fit):
+    fit, budget = far_fit["fit"], far_fit["budget"]
+    assert 1 <= fit.size < 16 and not fit.capped  # the budget is reached inside 1..16
+    assert fit.cost.peak_bytes == far_fit["at"] <= budget < far_fit["after"]
+    assert fit.cost.backend == "cpu x16 (simulated)"
 
 
 def test_an_interrupt_while_the_child_compiles_ends_the_child(monkeypatch):
@@ -201,28 +234,17 @@ def _saved(tmp_path, name, tree):
     return f"@{path}"
 
 
-def test_the_command_line_takes_structures_planned_for_a_far_mesh(tmp_path, capsys):
-    from treeshape._cli import main
-
-    mesh = _abstract_mesh({"data": 16})
-    params, opt_state, data = inputs("fsdp", mesh)
-    files = [_saved(tmp_path, n, t) for n, t in (("params", params), ("opt", opt_state), ("batch", data))]
-    assert main(["cost", "far_mesh_programs:train_step", *files, "--json"]) == 0
-    shown = json.loads(capsys.readouterr().out)
-    expected = ts.cost(train_step, params, opt_state, data)
+def test_the_command_line_takes_structures_planned_for_a_far_mesh(far_fit):
+    shown, expected = far_fit["shown_cost"], far_fit["expected_cost"]
+    assert far_fit["cost_status"] == 0
     assert shown["backend"] == "cpu x16 (simulated)"
     assert (shown["argument_bytes"], shown["peak_bytes"]) == (expected.argument_bytes, expected.peak_bytes)
 
-    rows = jax.export.symbolic_shape("16*b, 512")
-    batches = {k: jax.ShapeDtypeStruct(rows, v.dtype, sharding=v.sharding) for k, v in data.items()}
-    files[2] = _saved(tmp_path, "batches", batches)
-    argv = ["fit", "far_mesh_programs:train_step", *files, "--dim", "b", "--budget", "32MiB", "--json"]
-    assert main([*argv, "--no-progress"]) == 0
-    fit = json.loads(capsys.readouterr().out)
-    assert fit["cost"]["backend"] == "cpu x16 (simulated)" and fit["cost"]["peak_bytes"] <= 32 * 2**20
-    at = ts.cost(train_step, params, opt_state, inputs("fsdp", mesh, batch=16 * fit["size"])[2])
-    after = ts.cost(train_step, params, opt_state, inputs("fsdp", mesh, batch=16 * (fit["size"] + 1))[2])
-    assert at.peak_bytes <= 32 * 2**20 < after.peak_bytes
+    fit = far_fit["shown_fit"]
+    assert far_fit["fit_status"] == 0
+    assert fit["cost"]["backend"] == "cpu x16 (simulated)"
+    assert fit["cost"]["peak_bytes"] <= far_fit["budget"] < far_fit["shown_after"]
+    assert (fit["size"], fit["cost"]["peak_bytes"]) == (far_fit["fit"].size, far_fit["fit"].cost.peak_bytes)
 
 
 def test_a_missing_or_malformed_structure_file_is_bad_input(tmp_path, capsys):

@@ -1016,3 +1016,16 @@ def test_from_json_keeps_shapes_that_some_sizes_allow(shape, constraints, sizes)
     bound = s.bind(**sizes)
     assert all(d >= 0 for d in bound.leaves[0].shape)
     assert ts.Structure.from_json(s.to_json()) == s
+
+
+@pytest.mark.parametrize(
+    ("shape", "constraints", "where"),
+    [(["b + " + "9" * 5000], None, "leaves[0].shape[0]"), (["b"], ["b >= " + "9" * 5000], "constraints")],
+    ids=["shape", "constraint"],
+)
+def test_from_json_names_the_field_of_an_expression_with_an_integer_of_more_digits_than_python_converts(
+    shape, constraints, where
+):
+    with pytest.raises(ValueError, match=re.escape(f"{where}: ") + r".* holds an integer of 5000 digits") as info:
+        ts.Structure.from_json(_symbolic_doc(shape, constraints))
+    assert "set_int_max_str_digits" not in str(info.value) and len(str(info.value)) < 300

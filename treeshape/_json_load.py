@@ -14,6 +14,7 @@ import itertools
 import json
 import marshal
 import operator
+import re
 import sys
 from collections.abc import Callable
 from typing import Any, Final, NoReturn
@@ -470,6 +471,15 @@ def _vma(x: Any, where: str) -> Any:
         return fail(where, str(err))
 
 
+def _refuse_long_literal(text: str, where: str) -> None:
+    """Refuses an expression holding an integer of more digits than Python converts (JAX's
+    parser would call it a syntax error and echo all of it)."""
+    limit = sys.get_int_max_str_digits() or sys.maxsize
+    for digits in re.findall(r"(?<![A-Za-z_0-9])[0-9]+", text):
+        if len(digits) > limit:
+            fail(where, f"{short_repr(text)} holds an integer of {len(digits)} digits (a size is at most 2**63 - 1)")
+
+
 class _Dims:
     """The document's symbolic scope, made on first use from its `"constraints"`, in which
     every dimension written as a string is read (each distinct text once)."""
@@ -486,6 +496,8 @@ class _Dims:
             return d
         if self.scope is None:
             written = [] if self.constraints is None else read_str_list(self.constraints, "constraints", unique=False)
+            for constraint in written:
+                _refuse_long_literal(constraint, "constraints")
             try:
                 unsatisfiable = _compat.unsatisfiable_constraint(written)
                 scope = _compat.make_scope(written)
@@ -507,6 +519,7 @@ class _Dims:
                     "integers, so no array has these shapes: correct or remove that constraint",
                 )
             self.scope = scope
+        _refuse_long_literal(text, where)
         try:
             d = _compat.parse_dim(text, self.scope)
         except ValueError as err:

@@ -422,7 +422,7 @@ def cost(
         fn: Any callable `out_structure` takes.
         *args: Pytrees of abstract inputs, static values or Structures.
         donate_argnums: Positional arguments whose buffers the program may reuse for its
-            outputs, as `jax.jit` takes them (a negative index is refused).
+            outputs, as `jax.jit` takes them (a negative index donates nothing, as there).
         donate_argnames: The same by parameter name; may be given with `donate_argnums`.
         target: An accelerator from [treeshape.targets][] (`"h100"`, `"v5e:16x16"`): the
             program is compiled by that accelerator's own XLA compiler, without one.

@@ -77,9 +77,10 @@ def donated_leaves(
 ) -> frozenset[int]:
     """The positions (among all the call's leaves, bound ones first) of the donated leaves.
 
-    `donate_argnums` index the positional arguments; `donate_argnames` name keyword
-    arguments or, through `fn`'s signature, positional ones (also when both are given:
-    `jax.jit` then applies the names to keyword arguments only)."""
+    `donate_argnums` index the positional arguments (a negative index donates nothing, as
+    `jax.jit` ignores it); `donate_argnames` name keyword arguments or, through `fn`'s
+    signature, positional ones (also when both are given: `jax.jit` then applies the
+    names to keyword arguments only)."""
     numbers = _index_tuple(donate_argnums, "donate_argnums", int, who)
     names = _index_tuple(donate_argnames, "donate_argnames", str, who)
     if not numbers and not names:
@@ -94,11 +95,8 @@ def donated_leaves(
     positions: set[int] = set()
     donated_keywords: set[str] = set()
     for n in numbers:
-        if n < 0:  # `jax.jit` ignores it: nothing would be donated
-            raise ValueError(
-                f"treeshape.{who}: donate_argnums has {n}, and jax.jit donates nothing for a negative index "
-                f"(it ignores it). Give the position counted from 0{f' ({n % n_args} here)' if n >= -n_args else ''}."
-            )
+        if n < 0:  # `jax.jit` ignores a negative index (jax 0.8-0.10): nothing donated, as it compiles
+            continue
         if n < n_args:
             positions.add(n)
         elif 0 <= n < len(positional) and positional[n] in keywords:  # passed by keyword, as `jax.jit` maps it
