@@ -206,7 +206,7 @@ def _value_part(x: Any) -> Any:
 
 # -- keys -----------------------------------------------------------------------------
 class SplitCall(Protocol):
-    """A call split as `core(*bound, *args, **{**bound_kw, **kwargs})` and flattened (`_infer.Call`)."""
+    """A call split as `core(*bound, *args, **{**bound_kw, **kwargs})` and flattened (`_call.Call`)."""
 
     @property
     def core(self) -> Callable[..., Any]: ...

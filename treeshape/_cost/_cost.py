@@ -2,7 +2,7 @@
 abstract values, from XLA's own analysis of it (compiled, never run, and cached like
 `out_structure`).
 
-How a call flows: the inputs are split, flattened and checked by `_infer` (`split_call`)
+How a call flows: the inputs are split, flattened and checked by `_call` (`split_call`)
 and keyed by `_cache` (`call_key`), with each leaf's placement and the donation
 (`prepare`, `cost_of`); at a miss, `_program` traces, lowers and compiles the program
 the user runs (`compile_program`), and its analyses are read through `_compat` (`_read`,
@@ -21,7 +21,7 @@ import jax.tree_util as jtu
 
 from .. import _compat
 from .._cache import COST_CACHE, NEEDS_CONCRETE, Key, call_key, has_value, value_key
-from .._infer import (
+from .._call import (
     Call,
     abstract_inputs,
     check_callable,
