@@ -26,13 +26,14 @@ import threading
 import types
 import weakref
 from collections.abc import Callable, Hashable
-from typing import Any, ClassVar, Final, Generic, NamedTuple, NoReturn, Protocol, TypeVar
+from typing import Any, ClassVar, Final, Generic, NamedTuple, NoReturn, TypeVar
 
 import jax
 import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat, _tree
+from ._call import Call
 from ._dtypes import jax_dtype
 from ._leaf import ARRAY, DIM, KINDS, NUMPY, OTHER, SCALAR, SDS, as_abstract, is_duck_array, kind_of, static_value
 from ._structure import Structure
@@ -205,21 +206,6 @@ def _value_part(x: Any) -> Any:
 
 
 # -- keys -----------------------------------------------------------------------------
-class SplitCall(Protocol):
-    """A call split as `core(*bound, *args, **{**bound_kw, **kwargs})` and flattened (`_call.Call`)."""
-
-    @property
-    def core(self) -> Callable[..., Any]: ...
-    @property
-    def bound_leaves(self) -> list[Any]: ...
-    @property
-    def bound_treedef(self) -> jtu.PyTreeDef: ...
-    @property
-    def call_leaves(self) -> list[Any]: ...
-    @property
-    def call_treedef(self) -> jtu.PyTreeDef: ...
-
-
 class Key:
     """A cache key that hashes its (long) tuple once, with what its entry must not keep alive
     (`refs`, guarded weakly) and the treedefs that must be plain for its entry to be held."""
@@ -247,7 +233,7 @@ class Key:
 NOT_CACHED: Final = Key((), [], ())
 
 
-def call_key(call: SplitCall, *extra: Hashable, concrete_scalars: bool) -> Key:
+def call_key(call: Call, *extra: Hashable, concrete_scalars: bool) -> Key:
     """The key of `call`: its core function, treedefs, each leaf's part (`_leaf_keys`), the
     tracing context and the abstract mesh, then `extra` (`ts.cost` adds its own); `NOT_CACHED`
     where a part cannot be keyed. `concrete_scalars`: the call's Python scalars are passed
@@ -379,6 +365,57 @@ def _holdable(answer: Structure | _Marker) -> bool:
 CACHE: Cache[Structure | _Marker] = Cache(maxsize=4096, holdable=_holdable)
 # `ts.cost`'s answers (small figures, never a compiled program), keyed as `CACHE` is.
 COST_CACHE: Cache[Any] = Cache(maxsize=4096)
+
+
+# -- the cached answer ------------------------------------------------------------
+def answer(
+    cache: Cache[Any], key: Key, bound_leaves: list[Any], evaluate: Callable[[bool], _Value]
+) -> tuple[_Value, bool]:
+    """The answer to a call keyed `key` (`out_structure`'s, `cost`'s), and whether it was
+    evaluated now (False: found in `cache`).
+
+    `evaluate(close_bound)` computes it: first with the bound arrays abstract. Where
+    that fails as JAX fails where a value is needed (a `TypeError` or `IndexError`: a
+    size, an `int()`, a slice) and some bound leaf has a value, it is evaluated again
+    with `close_bound=True` (the bound arrays passed concrete, as `jax.eval_shape` and
+    `jax.jit` of the partial itself take them): `key` then holds `NEEDS_CONCRETE`, and
+    the answer is stored under a key of those values (`value_key`; small arrays only),
+    looked up first on the calls after. Any other error is the caller's to raise.
+    """
+    hit = cache.get(key)
+    if hit is not None and hit is not NEEDS_CONCRETE:
+        return hit, False
+    if hit is NEEDS_CONCRETE:
+        return _with_bound_values(cache, key, bound_leaves, evaluate, look_up=True)
+    try:
+        value = evaluate(False)
+    except (TypeError, IndexError):
+        if not any(has_value(x) for x in bound_leaves):
+            raise
+        retry = True
+    else:
+        retry = False
+    if retry:  # outside the handler: an error now is the user's, not a consequence of the first
+        found = _with_bound_values(cache, key, bound_leaves, evaluate, look_up=False)
+        cache.put(key, NEEDS_CONCRETE)  # (only once the values answer: else the next call tries again)
+        return found
+    cache.put(key, value)
+    return value, True
+
+
+def _with_bound_values(
+    cache: Cache[Any], key: Key, bound_leaves: list[Any], evaluate: Callable[[bool], _Value], look_up: bool
+) -> tuple[_Value, bool]:
+    """The answer with the bound arrays passed concrete, keyed by their values on top of
+    `key`; looked up first with `look_up` (not on the first call, whose miss is counted)."""
+    values = value_key(key, bound_leaves)
+    if look_up:
+        hit = cache.get(values)
+        if hit is not None and hit is not NEEDS_CONCRETE:
+            return hit, False
+    value = evaluate(True)
+    cache.put(values, value)
+    return value, True
 
 
 # -- administration -------------------------------------------------------------------

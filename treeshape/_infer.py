@@ -11,7 +11,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import _cache, _compat, _sharding, _tree
-from ._cache import CACHE, NEEDS_CONCRETE, Key, has_value
+from ._cache import CACHE, has_value
 from ._call import (
     EMPTY_BOUND,
     abstract_inputs,
@@ -203,50 +203,13 @@ def _out_structure(
     if jax.ShapeDtypeStruct in types:
         check_splits([*bound_leaves, *call_leaves], call.treedef, "out_structure")
     key = _cache.call_key(call, concrete_scalars=call.jitted)
-    hit = CACHE.get(key)
-    if isinstance(hit, Structure):
-        return hit, call_leaves
-    n_concrete = call.n_concrete
-    treedef = call.treedef
-    if hit is NEEDS_CONCRETE:
-        return _with_bound_values(core, n_concrete, bound_leaves, call_leaves, treedef, key, True), call_leaves
-    try:
-        structure = _evaluate(core, n_concrete, bound_leaves, call_leaves, treedef)
-    except (TypeError, IndexError):  # what JAX raises where a value is needed (a size, an `int()`, a slice)
-        if not any(has_value(x) for x in bound_leaves):
-            raise
-        retry = True
-    else:
-        retry = False
-    if retry:  # outside the handler: an error now is the user's, not a consequence of the first
-        structure = _with_bound_values(core, n_concrete, bound_leaves, call_leaves, treedef, key, False)
-        CACHE.put(key, NEEDS_CONCRETE)
-        return structure, call_leaves
-    CACHE.put(key, structure)
+    n_concrete, treedef = call.n_concrete, call.treedef
+
+    def evaluate(close_bound: bool) -> Structure:
+        return _evaluate(core, n_concrete, bound_leaves, call_leaves, treedef, close_bound)
+
+    structure, _ = _cache.answer(CACHE, key, bound_leaves, evaluate)
     return structure, call_leaves
-
-
-def _with_bound_values(
-    core: Callable[..., Any],
-    n_concrete: int,
-    bound_leaves: list[Any],
-    call_leaves: list[Any],
-    treedef: jtu.PyTreeDef,
-    key: Key,
-    look_up: bool,
-) -> Structure:
-    """The answer when `fn` needs the arrays bound in a partial as values (a size, an
-    `int()`): they are passed concrete, as `jax.eval_shape` passes them, and the
-    answer is cached by those values (small arrays only) on top of the abstract key,
-    looked up first with `look_up` (not on the first call, whose miss is counted)."""
-    value_key = _cache.value_key(key, bound_leaves)
-    if look_up:  # else this call's miss is counted already (and the entry cannot be there yet)
-        hit = CACHE.get(value_key)
-        if isinstance(hit, Structure):
-            return hit
-    structure = _evaluate(core, n_concrete, bound_leaves, call_leaves, treedef, close_bound=True)
-    CACHE.put(value_key, structure)
-    return structure
 
 
 def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Structure:
