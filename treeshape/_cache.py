@@ -26,7 +26,7 @@ import threading
 import types
 import weakref
 from collections.abc import Callable, Hashable
-from typing import Any, ClassVar, Final, Generic, NamedTuple, NoReturn, TypeVar
+from typing import Any, Final, Generic, NamedTuple, NoReturn, TypeVar
 
 import jax
 import jax.tree_util as jtu
@@ -459,10 +459,10 @@ class CacheInfo(Counts):
 
     __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
+    # `ts.cost`'s counts: attributes beside the four fields (which stay `out_structure`'s)
     cost_hits: int
     cost_misses: int
     cost_size: int
-    _COST_FIELDS: ClassVar[tuple[str, ...]] = ("cost_hits", "cost_misses", "cost_size")
 
     def __new__(
         cls,
@@ -475,7 +475,7 @@ class CacheInfo(Counts):
         cost_size: int = 0,
     ) -> "CacheInfo":
         self = super().__new__(cls, hits, misses, size, maxsize)
-        self.__dict__.update(cost_hits=cost_hits, cost_misses=cost_misses, cost_size=cost_size)
+        vars(self).update(cost_hits=cost_hits, cost_misses=cost_misses, cost_size=cost_size)
         return self
 
     def __setattr__(self, name: str, value: Any) -> NoReturn:
@@ -484,23 +484,16 @@ class CacheInfo(Counts):
     def __delattr__(self, name: str) -> NoReturn:
         raise AttributeError(f"treeshape.CacheInfo is immutable; cannot delete {name!r}")
 
-    def _costs(self) -> tuple[int, int, int]:
-        return (self.cost_hits, self.cost_misses, self.cost_size)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, CacheInfo) and self._costs() != other._costs():
-            return False
-        return tuple.__eq__(self, other)  # NotImplemented for a non-tuple
+    def __eq__(self, other: object) -> bool:  # equal to a plain tuple of its four fields, as before
+        return (not isinstance(other, CacheInfo) or vars(self) == vars(other)) and tuple.__eq__(self, other)
 
     def __ne__(self, other: object) -> bool:
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
+        return not self == other
 
     __hash__ = Counts.__hash__
 
     def __repr__(self) -> str:
-        fields = {**self._asdict(), **dict(zip(self._COST_FIELDS, self._costs(), strict=True))}
-        return "CacheInfo(" + ", ".join(f"{name}={value!r}" for name, value in fields.items()) + ")"
+        return f"CacheInfo({', '.join(f'{k}={v!r}' for k, v in {**self._asdict(), **vars(self)}.items())})"
 
 
 def cache_info() -> CacheInfo:
