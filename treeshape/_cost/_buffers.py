@@ -23,7 +23,7 @@ import re
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import jax
 import numpy as np
@@ -33,6 +33,10 @@ from .._dtypes import short_dtype
 from .._shapes import human_bytes, short_shape
 from .._table import Description, grid, html_grid
 from ._hlo import F, Index, Instruction, Message, Module, fields, int_field, ints, message_field, str_field
+
+
+# What a buffer at the peak holds (`Buffer.kind`).
+BufferKind = Literal["argument", "output", "temporary", "constant"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +72,7 @@ class Buffer:
     nbytes: int
     shape: tuple[int, ...] | None
     dtype: Any
-    kind: str
+    kind: BufferKind
     path: str | None = None
     op: str | None = None
     source: str | None = None
