@@ -22,10 +22,11 @@ data.
 
 import collections
 import enum
+import operator
 import threading
 import types
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Final, Generic, NamedTuple, NoReturn, TypeVar
 
 import jax
@@ -162,13 +163,19 @@ def _scalar_key(x: Any) -> Any:
     return cls
 
 
-def _leaf_keys(leaves: list[Any], concrete_scalars: bool, refs: list[Any]) -> list[Any]:
+_AVAL: Final = operator.attrgetter("aval")
+
+
+def _leaf_keys(leaves: list[Any], concrete_scalars: bool, refs: list[Any], arrays: bool = False) -> Iterable[Any]:
     """Per-leaf key parts: the abstract value JAX traces for an array-like leaf
     (so an array, a NumPy array, a ShapeDtypeStruct and a duck array of one
     type share them), Python scalars by type (or value, when passed
-    concrete), static values as `static_key` says."""
-    out = []
+    concrete), static values as `static_key` says. `arrays`: every leaf is a
+    JAX array (their avals are read in one C-level pass)."""
+    if arrays:
+        return map(_AVAL, leaves)
     kinds = KINDS  # each type's kind, as `kind_of` notes it (read here without a call per leaf)
+    out = []
     for x in leaves:
         kind = kinds.get(type(x))
         if kind is None:
@@ -239,13 +246,15 @@ def call_key(call: Call, *extra: Hashable, concrete_scalars: bool) -> Key:
     where a part cannot be keyed. `concrete_scalars`: the call's Python scalars are passed
     concrete (to a jitted core), so they are keyed by value (bound ones always are)."""
     refs: list[Any] = []
+    kinds = KINDS
+    arrays = all(kinds.get(t) == ARRAY for t in call.leaf_types())  # a model's parameters and batch
     try:
         items = (
             static_key(call.core, refs),
             call.bound_treedef,
             call.call_treedef,
-            *_leaf_keys(call.bound_leaves, True, refs),
-            *_leaf_keys(call.call_leaves, concrete_scalars, refs),
+            *_leaf_keys(call.bound_leaves, True, refs, arrays),
+            *_leaf_keys(call.call_leaves, concrete_scalars, refs, arrays),
             _compat.tracing_context(),
             jax.sharding.get_abstract_mesh(),
             *extra,

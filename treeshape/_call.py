@@ -397,6 +397,15 @@ class Call(NamedTuple):
     bound_treedef: jtu.PyTreeDef
     call_leaves: list[Any]
     call_treedef: jtu.PyTreeDef
+    types: frozenset[type] | None = None  # its leaves' types, found once (`leaf_types`)
+
+    def leaf_types(self) -> frozenset[type]:
+        """The types of its leaves, bound and given: one C-level pass per call, which every
+        check that depends on them asks (a `Structure` among them, a `ShapeDtypeStruct`,
+        only arrays) instead of a walk of its own."""
+        if self.types is not None:
+            return self.types
+        return frozenset(map(type, self.call_leaves)).union(map(type, self.bound_leaves))
 
     @property
     def jitted(self) -> bool:
@@ -432,7 +441,8 @@ def split_call(
     else:
         bound_leaves, bound_treedef = [], EMPTY_BOUND
     call_leaves, call_treedef = flatten((args, kwargs), who, "the arguments", checked=True)
-    return Call(core, bound_leaves, bound_treedef, call_leaves, call_treedef)
+    call = Call(core, bound_leaves, bound_treedef, call_leaves, call_treedef)
+    return call._replace(types=call.leaf_types())
 
 
 def _is_structure(x: Any) -> bool:
@@ -442,11 +452,12 @@ def _is_structure(x: Any) -> bool:
 def with_trees(call: Call) -> Call:
     """`call` with every `Structure` among its leaves (arguments or bound values) replaced
     by the pytree of `ShapeDtypeStruct`s it describes (`s.tree`)."""
-    if Structure not in map(type, call.call_leaves) and Structure not in map(type, call.bound_leaves):
-        return call  # (a C-level scan: this runs on every call, cached ones too)
+    if Structure not in call.leaf_types():
+        return call
     bound = jtu.tree_unflatten(call.bound_treedef, call.bound_leaves)
     args = jtu.tree_unflatten(call.call_treedef, call.call_leaves)
     bound, args = jtu.tree_map(lambda x: x.tree if _is_structure(x) else x, (bound, args), is_leaf=_is_structure)
     bound_leaves, bound_treedef = jtu.tree_flatten(bound)
     call_leaves, call_treedef = jtu.tree_flatten(args)
-    return Call(call.core, bound_leaves, bound_treedef, call_leaves, call_treedef)
+    found = Call(call.core, bound_leaves, bound_treedef, call_leaves, call_treedef)
+    return found._replace(types=found.leaf_types())

@@ -195,18 +195,14 @@ def _out_structure(
     """The structure of `fn(*args, **kwargs)`, and the flattened `(args, kwargs)`."""
     check_callable(fn, "out_structure")
     call = split_call(fn, args, kwargs)
-    types = {*map(type, call.call_leaves), *map(type, call.bound_leaves)}  # (one pass: this runs on every call)
-    if Structure in types:
-        call = with_trees(call)
-        types = {*map(type, call.call_leaves), *map(type, call.bound_leaves)}
-    core, bound_leaves, bound_treedef, call_leaves, call_treedef = call
-    if jax.ShapeDtypeStruct in types:
+    call = with_trees(call)  # (these checks read the leaves' types, found once by `split_call`)
+    core, bound_leaves, _, call_leaves, _, _ = call
+    if jax.ShapeDtypeStruct in call.leaf_types():
         check_splits([*bound_leaves, *call_leaves], call.treedef, "out_structure")
     key = _cache.call_key(call, concrete_scalars=call.jitted)
-    n_concrete, treedef = call.n_concrete, call.treedef
 
-    def evaluate(close_bound: bool) -> Structure:
-        return _evaluate(core, n_concrete, bound_leaves, call_leaves, treedef, close_bound)
+    def evaluate(close_bound: bool) -> Structure:  # (the call's treedef is built only here: a hit needs none)
+        return _evaluate(core, call.n_concrete, bound_leaves, call_leaves, call.treedef, close_bound)
 
     structure, _ = _cache.answer(CACHE, key, bound_leaves, evaluate)
     return structure, call_leaves
