@@ -216,6 +216,25 @@ def _defined(module: str) -> set[str]:
     return names
 
 
+def test_no_module_imports_another_modules_private_name():
+    """`from ._infer import _JITTED`: a module's private name is its own; what another module
+    needs is public in its home (a module itself, `from . import _cache`, is imported by name)."""
+    found = []
+    for m in sorted(MODULES):
+        for node in ast.walk(ast.parse(FILES[m].read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.level < 1:
+                continue
+            modules = _imported(m, node)
+            found += [
+                f"{FILES[m].relative_to(PACKAGE)}:{node.lineno} imports {alias.name}"
+                for alias in node.names
+                if alias.name.startswith("_")
+                and not alias.name.startswith("__")
+                and not any(x == alias.name or x.endswith("." + alias.name) for x in modules)
+            ]
+    assert found == []
+
+
 def test_every_name_the_page_gives_is_in_the_code():
     page = PAGE.read_text()
     wrong = sorted(

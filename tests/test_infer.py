@@ -556,7 +556,7 @@ def test_a_needed_python_scalar_gets_a_note_naming_the_argument(call, error, nam
     assert kind is error  # the user's exception, not a treeshape wrapper
     [note] = [n for n in notes if n.startswith("treeshape:")]
     assert named in note and bind in note and "static_argnames" in note
-    for internal in ("treeshape/_infer", "function traced", "values[", "_evaluate"):
+    for internal in ("treeshape/_infer", "treeshape/_call", "function traced", "values[", "_evaluate"):
         assert internal not in message + "\n".join(notes)  # JAX's message names the user's function too
     parameters = [part.split("=")[0] for part in bind.split(", ")]  # named as `jax.jit(fn)` names them
     assert any(f"argument {p}" in message or f"argument '{p}'" in message for p in parameters), message

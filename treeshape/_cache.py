@@ -22,17 +22,19 @@ data.
 
 import collections
 import enum
+import operator
 import threading
 import types
 import weakref
-from collections.abc import Callable, Hashable
-from typing import Any, ClassVar, Final, Generic, NamedTuple, NoReturn, Protocol, TypeVar
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, Final, Generic, NamedTuple, NoReturn, TypeVar
 
 import jax
 import jax.tree_util as jtu
 import numpy as np
 
 from . import _compat, _tree
+from ._call import Call
 from ._dtypes import jax_dtype
 from ._leaf import ARRAY, DIM, KINDS, NUMPY, OTHER, SCALAR, SDS, as_abstract, is_duck_array, kind_of, static_value
 from ._structure import Structure
@@ -161,13 +163,19 @@ def _scalar_key(x: Any) -> Any:
     return cls
 
 
-def _leaf_keys(leaves: list[Any], concrete_scalars: bool, refs: list[Any]) -> list[Any]:
+_AVAL: Final = operator.attrgetter("aval")
+
+
+def _leaf_keys(leaves: list[Any], concrete_scalars: bool, refs: list[Any], arrays: bool = False) -> Iterable[Any]:
     """Per-leaf key parts: the abstract value JAX traces for an array-like leaf
     (so an array, a NumPy array, a ShapeDtypeStruct and a duck array of one
     type share them), Python scalars by type (or value, when passed
-    concrete), static values as `static_key` says."""
-    out = []
+    concrete), static values as `static_key` says. `arrays`: every leaf is a
+    JAX array (their avals are read in one C-level pass)."""
+    if arrays:
+        return map(_AVAL, leaves)
     kinds = KINDS  # each type's kind, as `kind_of` notes it (read here without a call per leaf)
+    out = []
     for x in leaves:
         kind = kinds.get(type(x))
         if kind is None:
@@ -205,21 +213,6 @@ def _value_part(x: Any) -> Any:
 
 
 # -- keys -----------------------------------------------------------------------------
-class SplitCall(Protocol):
-    """A call split as `core(*bound, *args, **{**bound_kw, **kwargs})` and flattened (`_infer.Call`)."""
-
-    @property
-    def core(self) -> Callable[..., Any]: ...
-    @property
-    def bound_leaves(self) -> list[Any]: ...
-    @property
-    def bound_treedef(self) -> jtu.PyTreeDef: ...
-    @property
-    def call_leaves(self) -> list[Any]: ...
-    @property
-    def call_treedef(self) -> jtu.PyTreeDef: ...
-
-
 class Key:
     """A cache key that hashes its (long) tuple once, with what its entry must not keep alive
     (`refs`, guarded weakly) and the treedefs that must be plain for its entry to be held."""
@@ -247,19 +240,21 @@ class Key:
 NOT_CACHED: Final = Key((), [], ())
 
 
-def call_key(call: SplitCall, *extra: Hashable, concrete_scalars: bool) -> Key:
+def call_key(call: Call, *extra: Hashable, concrete_scalars: bool) -> Key:
     """The key of `call`: its core function, treedefs, each leaf's part (`_leaf_keys`), the
     tracing context and the abstract mesh, then `extra` (`ts.cost` adds its own); `NOT_CACHED`
     where a part cannot be keyed. `concrete_scalars`: the call's Python scalars are passed
     concrete (to a jitted core), so they are keyed by value (bound ones always are)."""
     refs: list[Any] = []
+    kinds = KINDS
+    arrays = all(kinds.get(t) == ARRAY for t in call.leaf_types())  # a model's parameters and batch
     try:
         items = (
             static_key(call.core, refs),
             call.bound_treedef,
             call.call_treedef,
-            *_leaf_keys(call.bound_leaves, True, refs),
-            *_leaf_keys(call.call_leaves, concrete_scalars, refs),
+            *_leaf_keys(call.bound_leaves, True, refs, arrays),
+            *_leaf_keys(call.call_leaves, concrete_scalars, refs, arrays),
             _compat.tracing_context(),
             jax.sharding.get_abstract_mesh(),
             *extra,
@@ -381,6 +376,57 @@ CACHE: Cache[Structure | _Marker] = Cache(maxsize=4096, holdable=_holdable)
 COST_CACHE: Cache[Any] = Cache(maxsize=4096)
 
 
+# -- the cached answer ------------------------------------------------------------
+def answer(
+    cache: Cache[Any], key: Key, bound_leaves: list[Any], evaluate: Callable[[bool], _Value]
+) -> tuple[_Value, bool]:
+    """The answer to a call keyed `key` (`out_structure`'s, `cost`'s), and whether it was
+    evaluated now (False: found in `cache`).
+
+    `evaluate(close_bound)` computes it: first with the bound arrays abstract. Where
+    that fails as JAX fails where a value is needed (a `TypeError` or `IndexError`: a
+    size, an `int()`, a slice) and some bound leaf has a value, it is evaluated again
+    with `close_bound=True` (the bound arrays passed concrete, as `jax.eval_shape` and
+    `jax.jit` of the partial itself take them): `key` then holds `NEEDS_CONCRETE`, and
+    the answer is stored under a key of those values (`value_key`; small arrays only),
+    looked up first on the calls after. Any other error is the caller's to raise.
+    """
+    hit = cache.get(key)
+    if hit is not None and hit is not NEEDS_CONCRETE:
+        return hit, False
+    if hit is NEEDS_CONCRETE:
+        return _with_bound_values(cache, key, bound_leaves, evaluate, look_up=True)
+    try:
+        value = evaluate(False)
+    except (TypeError, IndexError):
+        if not any(has_value(x) for x in bound_leaves):
+            raise
+        retry = True
+    else:
+        retry = False
+    if retry:  # outside the handler: an error now is the user's, not a consequence of the first
+        found = _with_bound_values(cache, key, bound_leaves, evaluate, look_up=False)
+        cache.put(key, NEEDS_CONCRETE)  # (only once the values answer: else the next call tries again)
+        return found
+    cache.put(key, value)
+    return value, True
+
+
+def _with_bound_values(
+    cache: Cache[Any], key: Key, bound_leaves: list[Any], evaluate: Callable[[bool], _Value], look_up: bool
+) -> tuple[_Value, bool]:
+    """The answer with the bound arrays passed concrete, keyed by their values on top of
+    `key`; looked up first with `look_up` (not on the first call, whose miss is counted)."""
+    values = value_key(key, bound_leaves)
+    if look_up:
+        hit = cache.get(values)
+        if hit is not None and hit is not NEEDS_CONCRETE:
+            return hit, False
+    value = evaluate(True)
+    cache.put(values, value)
+    return value, True
+
+
 # -- administration -------------------------------------------------------------------
 class Counts(NamedTuple):
     """One cache's statistics."""
@@ -422,10 +468,10 @@ class CacheInfo(Counts):
 
     __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
+    # `ts.cost`'s counts: attributes beside the four fields (which stay `out_structure`'s)
     cost_hits: int
     cost_misses: int
     cost_size: int
-    _COST_FIELDS: ClassVar[tuple[str, ...]] = ("cost_hits", "cost_misses", "cost_size")
 
     def __new__(
         cls,
@@ -438,7 +484,7 @@ class CacheInfo(Counts):
         cost_size: int = 0,
     ) -> "CacheInfo":
         self = super().__new__(cls, hits, misses, size, maxsize)
-        self.__dict__.update(cost_hits=cost_hits, cost_misses=cost_misses, cost_size=cost_size)
+        vars(self).update(cost_hits=cost_hits, cost_misses=cost_misses, cost_size=cost_size)
         return self
 
     def __setattr__(self, name: str, value: Any) -> NoReturn:
@@ -447,23 +493,16 @@ class CacheInfo(Counts):
     def __delattr__(self, name: str) -> NoReturn:
         raise AttributeError(f"treeshape.CacheInfo is immutable; cannot delete {name!r}")
 
-    def _costs(self) -> tuple[int, int, int]:
-        return (self.cost_hits, self.cost_misses, self.cost_size)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, CacheInfo) and self._costs() != other._costs():
-            return False
-        return tuple.__eq__(self, other)  # NotImplemented for a non-tuple
+    def __eq__(self, other: object) -> bool:  # equal to a plain tuple of its four fields, as before
+        return (not isinstance(other, CacheInfo) or vars(self) == vars(other)) and tuple.__eq__(self, other)
 
     def __ne__(self, other: object) -> bool:
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
+        return not self == other
 
     __hash__ = Counts.__hash__
 
     def __repr__(self) -> str:
-        fields = {**self._asdict(), **dict(zip(self._COST_FIELDS, self._costs(), strict=True))}
-        return "CacheInfo(" + ", ".join(f"{name}={value!r}" for name, value in fields.items()) + ")"
+        return f"CacheInfo({', '.join(f'{k}={v!r}' for k, v in {**self._asdict(), **vars(self)}.items())})"
 
 
 def cache_info() -> CacheInfo:

@@ -18,6 +18,7 @@ from ._infer import out_structure
 from ._leaf import leaf_str
 from ._structure import PyTree, Structure
 from ._tree import clip
+from ._weak import Policy
 
 
 def _one_step(leaf: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
@@ -125,7 +126,7 @@ def carry_structure(
     xs: PyTree = None,
     *,
     length: int | None = None,
-    policy: str = "weak",
+    policy: Policy = "weak",
 ) -> Structure:
     """Find the carry type for which `lax.scan(body, carry, xs, length=length)` type-checks.
 
@@ -182,7 +183,7 @@ def scan_carry(
     xs: PyTree = None,
     *,
     length: int | None = None,
-    policy: str = "weak",
+    policy: Policy = "weak",
 ) -> PyTree:
     """Convert `init` to the carry type `lax.scan(body, ...)` needs.
 
@@ -224,7 +225,7 @@ def scan_carry(
     return convert_init(init, fixed_point(fn_name, step, init, policy), fn_name)
 
 
-def while_carry(body: Callable[[PyTree], PyTree], init: PyTree, *, policy: str = "weak") -> PyTree:
+def while_carry(body: Callable[[PyTree], PyTree], init: PyTree, *, policy: Policy = "weak") -> PyTree:
     """Convert `init` to the carry type a `lax.while_loop` body `body(carry) -> carry` needs.
 
     As [treeshape.scan_carry][], for `lax.while_loop(cond, body, init)`.
@@ -264,7 +265,7 @@ def fori_carry(
     *,
     lower: Any = 0,
     upper: Any = 1,
-    policy: str = "weak",
+    policy: Policy = "weak",
 ) -> PyTree:
     """Convert `init` to the carry type a `lax.fori_loop` body `body(i, carry) -> carry` needs.
 

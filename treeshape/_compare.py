@@ -11,7 +11,7 @@ import pickle
 import sys
 import types
 from collections.abc import Collection, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol, get_args
 
 import jax
 import jax.tree_util as jtu
@@ -25,7 +25,9 @@ from ._shapes import shape_key
 from ._tree import StaticRepr, as_text
 
 
-IGNORABLE: Final = ("weak_type", "vma", "sharding", "dtype", "shape", "static")
+# The mismatch kinds `diff`, `check` and `matches` may leave out (`ignore=`).
+Ignorable = Literal["weak_type", "vma", "sharding", "dtype", "shape", "static"]
+IGNORABLE: Final[tuple[Ignorable, ...]] = get_args(Ignorable)
 
 
 class Compared(_diff.Compared, Protocol):
@@ -35,7 +37,7 @@ class Compared(_diff.Compared, Protocol):
     def dims(self) -> tuple[str, ...]: ...
 
 
-def ignored(ignore: Collection[str], fn_name: str) -> frozenset[str]:
+def ignored(ignore: Ignorable | Collection[Ignorable], fn_name: str) -> frozenset[str]:
     """The mismatch kinds `ignore` names, checked (for `Structure.{fn_name}`)."""
     kinds = frozenset((ignore,) if isinstance(ignore, str) else ignore)
     unknown = kinds - set(IGNORABLE)

@@ -33,7 +33,7 @@ from ._leaf import SCALAR_TYPES, flatten, leaf_str, refuse_leaked_tracers, varyi
 from ._shapes import has_symbolic, shape_names
 from ._sharding import carry_spec, reshard, spec_value
 from ._structure import PyTree, Structure
-from ._weak import allowing_policy, check_policy, convert, dtype_change_allowed, key_change
+from ._weak import Policy, allowing_policy, check_policy, convert, dtype_change_allowed, key_change
 
 
 _MAX_STEPS: Final = 32
@@ -129,7 +129,7 @@ def fixed_point(
     fn_name: str,
     step: Callable[[PyTree], Structure],
     init: PyTree,
-    policy: str,
+    policy: Policy,
     roles: Roles = CARRY,
 ) -> Structure:
     """Evaluate `step` from `init`'s types, joining input and output types until stable."""
@@ -197,7 +197,7 @@ def _narrowing_message(fn_name: str, leaves: Sequence[tuple[str, str, str]], ini
 
 
 def _structure_mismatches(
-    current: Structure, out: Structure, paths: _Paths, policy: str, roles: Roles
+    current: Structure, out: Structure, paths: _Paths, policy: Policy, roles: Roles
 ) -> tuple[list[Mismatch], list[Line]]:
     """Everything that differs when `body` changes the carry's tree structure: the
     structural differences, and the leaves that also differ where both trees agree."""
@@ -220,7 +220,7 @@ def _structure_mismatches(
 
 
 def _join(
-    paths: Sequence[str] | _Paths, carry: list[Any], out: list[Any], policy: str, roles: Roles
+    paths: Sequence[str] | _Paths, carry: list[Any], out: list[Any], policy: Policy, roles: Roles
 ) -> tuple[list[Any], list[Mismatch], list[Line]]:
     """Each carry leaf joined with the body's output leaf, or why it cannot be."""
     joined: list[Any] = []

@@ -10,6 +10,7 @@ from ._fixpoint import Roles, convert_init, fixed_point, structure_as_values_mes
 from ._infer import out_structure
 from ._leaf import OTHER, kind_of
 from ._structure import PyTree, Structure
+from ._weak import Policy
 
 
 _FN_NAME: Final = "settle"
@@ -53,7 +54,7 @@ def _check_leaves(state: PyTree) -> None:
             ) from None
 
 
-def settle(step: Callable[..., Any], state: PyTree, /, *args: Any, policy: str = "weak", **kwargs: Any) -> PyTree:
+def settle(step: Callable[..., Any], state: PyTree, /, *args: Any, policy: Policy = "weak", **kwargs: Any) -> PyTree:
     """Convert `state` to the type `step` maps to itself, so a jitted `step` compiles once.
 
     A train step often returns its state with other types than it received (moments

@@ -10,6 +10,7 @@ import jax
 import jax.tree_util as jtu
 
 from . import _compare, _compat, _dims, _json, _json_load, _sharding, _values
+from ._compare import Ignorable
 from ._errors import (
     Mismatch,
     StructureMismatchError,
@@ -531,7 +532,7 @@ class Structure:
         return cls(treedef, leaves)
 
     # -- comparing -----------------------------------------------------------
-    def diff(self, tree: PyTree, *, ignore: Collection[str] = ()) -> list[Mismatch]:
+    def diff(self, tree: PyTree, *, ignore: Ignorable | Collection[Ignorable] = ()) -> list[Mismatch]:
         """List every difference between this structure and `tree`, in leaf order.
 
         Compares the tree structure, then each leaf's shape, dtype,
@@ -566,7 +567,7 @@ class Structure:
         kinds = _compare.ignored(ignore, "diff")
         return _compare.diff(self, read_structure(tree, "Structure.diff"), kinds)
 
-    def matches(self, tree: PyTree, *, ignore: Collection[str] = ()) -> bool:
+    def matches(self, tree: PyTree, *, ignore: Ignorable | Collection[Ignorable] = ()) -> bool:
         """Return `True` iff `self.diff(tree, ignore=ignore)` is empty.
 
         Examples:
@@ -577,7 +578,7 @@ class Structure:
         """
         return not self.diff(tree, ignore=ignore)
 
-    def check(self, tree: PyTree, *, ignore: Collection[str] = ()) -> None:
+    def check(self, tree: PyTree, *, ignore: Ignorable | Collection[Ignorable] = ()) -> None:
         """Raise if `tree` does not match this structure.
 
         Args:

@@ -2,7 +2,7 @@
 dtype-change rules shared with loop carries."""
 
 import functools as ft
-from typing import Any, Final
+from typing import Any, Final, Literal, get_args
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +19,9 @@ from ._structure import PyTree, Structure, read_structure
 from ._values import check_x64
 
 
-POLICIES: Final = ("weak", "promote", "cast")
+# The carry policies (the API's table): which leaves may change dtype to reach a loop body's type.
+Policy = Literal["weak", "promote", "cast"]
+POLICIES: Final[tuple[Policy, ...]] = get_args(Policy)
 
 
 def check_policy(policy: str, fn_name: str) -> None:
@@ -185,7 +187,7 @@ def key_change(src: Any, dst: Any) -> bool:
     return bool(src != dst and (is_key_dtype(src) or is_key_dtype(dst)))
 
 
-def dtype_change_allowed(src: Any, src_weak: bool, dst: Any, policy: str) -> bool:
+def dtype_change_allowed(src: Any, src_weak: bool, dst: Any, policy: Policy) -> bool:
     """Whether `policy` lets a leaf of dtype `src` take dtype `dst`."""
     if key_change(src, dst):
         return False
@@ -196,7 +198,7 @@ def dtype_change_allowed(src: Any, src_weak: bool, dst: Any, policy: str) -> boo
     return policy == "promote" and _promotes(src, dst)
 
 
-def allowing_policy(src: Any, src_weak: bool, dst: Any) -> str | None:
+def allowing_policy(src: Any, src_weak: bool, dst: Any) -> Policy | None:
     """The first (least permissive) policy that allows the change."""
     for policy in POLICIES:
         if dtype_change_allowed(src, src_weak, dst, policy):
@@ -213,7 +215,7 @@ def convert(x: Any, dtype: Any, weak_type: bool) -> Any:
 
 
 # -- upcast --------------------------------------------------------------------
-def upcast(tree: PyTree, like: Structure | PyTree, *, policy: str = "weak") -> PyTree:
+def upcast(tree: PyTree, like: Structure | PyTree, *, policy: Policy = "weak") -> PyTree:
     """Convert `tree` to the dtypes of `like`, as far as `policy` allows.
 
     Leaves whose dtype already matches are returned unchanged; a converted leaf

@@ -8,8 +8,9 @@ built in every call on both sides (and checks 1 cache hit, 0 misses).
 
 Why the baseline is fair: no cache keyed on the inputs' types can avoid
 flattening them and reading every leaf's type; the floor does exactly that
-and nothing else. The table also reports, for information, a tighter floor
-for `jax.Array` leaves: flatten + one `.aval` read per leaf.
+and nothing else. A third row holds the call to a tighter floor for
+`jax.Array` leaves, flatten + one `.aval` read per leaf: goal <=1.5x
+(issue 39: what depends only on the call's shape is done once per shape).
 """
 
 import jax.tree_util as jtu
@@ -46,5 +47,5 @@ def cached_vs_floor(cfg: Config) -> list[Row]:
         reps=31,
     )
     note = "tighter floor than the issue's: flatten + one `.aval` read per leaf"
-    rows.append(timed_row("3 cached call vs aval floor", t, None, note))
+    rows.append(timed_row("3 cached call vs aval floor", t, at_most(1.5), note))
     return rows

@@ -25,7 +25,7 @@ import re
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import jax
 import numpy as np
@@ -36,6 +36,10 @@ from .._shapes import human_bytes, short_shape
 from .._table import Description, grid, html_grid
 from . import _timeline
 from ._hlo import F, Index, Instruction, Message, Module, fields, int_field, ints, message_field, str_field
+
+
+# What a buffer at the peak holds (`Buffer.kind`).
+BufferKind = Literal["argument", "output", "temporary", "constant"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +75,7 @@ class Buffer:
     nbytes: int
     shape: tuple[int, ...] | None
     dtype: Any
-    kind: str
+    kind: BufferKind
     path: str | None = None
     op: str | None = None
     source: str | None = None

@@ -2,7 +2,7 @@
 abstract values, from XLA's own analysis of it (compiled, never run, and cached like
 `out_structure`).
 
-How a call flows: the inputs are split, flattened and checked by `_infer` (`split_call`)
+How a call flows: the inputs are split, flattened and checked by `_call` (`split_call`)
 and keyed by `_cache` (`call_key`), with each leaf's placement and the donation
 (`prepare`, `cost_of`); at a miss, `_program` traces, lowers and compiles the program
 the user runs (`compile_program`), and its analyses are read through `_compat` (`_read`,
@@ -20,8 +20,8 @@ import jax
 import jax.tree_util as jtu
 
 from .. import _compat
-from .._cache import COST_CACHE, NEEDS_CONCRETE, Key, call_key, has_value, value_key
-from .._infer import (
+from .._cache import COST_CACHE, answer, call_key, has_value
+from .._call import (
     Call,
     abstract_inputs,
     check_callable,
@@ -496,55 +496,30 @@ def cost_of(call: Call, donated: frozenset[int], target: str | None = None, who:
     key = call_key(
         call, tuple(sorted(donated)), tuple(_placement(x) for x in leaves), target, concrete_scalars=call.jitted
     )
-    hit = COST_CACHE.get(key)
-    if hit is not None and hit is not NEEDS_CONCRETE:
-        return hit, 0
-    leaves = abstract_inputs(leaves, treedef, "cost")
-    abstract = [is_abstract(x, i < call.n_concrete) for i, x in enumerate(leaves)]
-    check_inputs(leaves, abstract, treedef, "cost")
-    if hit is NEEDS_CONCRETE:
-        return _with_bound_values(call, leaves, abstract, donated, key, look_up=True, target=target)
+
     n_bound = len(call.bound_leaves)
-    try:
-        result = _figures(compile_program(call.core, leaves, abstract, treedef, donated, target))
-    except (TypeError, IndexError) as e:
-        # What JAX raises where a value is needed (a size, an `int()`): bound arrays are then
-        # constants of the program, as `jax.jit` of the partial itself makes them.
-        if not any(has_value(x) for x in leaves[:n_bound]):
-            note_abstract_scalars(e, call.core, n_bound, leaves[n_bound:], abstract[n_bound:], call.call_treedef, who)
+    checked: list[tuple[list[Any], list[bool]]] = []  # at the first evaluation: a hit checks nothing
+
+    def evaluate(close_bound: bool) -> Cost:
+        if not checked:
+            flat = abstract_inputs(leaves, treedef, who)
+            abstract = [is_abstract(x, i < call.n_concrete) for i, x in enumerate(flat)]
+            check_inputs(flat, abstract, treedef, who)
+            checked.append((flat, abstract))
+        flat, abstract = checked[0]
+        closed = abstract
+        if close_bound:  # bound arrays are constants of the program, as `jax.jit` of the partial makes them
+            closed = [
+                a and not (i < n_bound and has_value(x)) for i, (x, a) in enumerate(zip(flat, abstract, strict=True))
+            ]
+        try:
+            return _figures(compile_program(call.core, flat, closed, treedef, donated, target))
+        except Exception as e:  # a concretization error: name the Python scalars passed abstractly
+            note_abstract_scalars(e, call.core, n_bound, flat[n_bound:], abstract[n_bound:], call.call_treedef, who)
             raise
-        retry = True
-    else:
-        retry = False
-    if retry:  # outside the handler: an error now is the user's, not a consequence of the first
-        COST_CACHE.put(key, NEEDS_CONCRETE)
-        return _with_bound_values(call, leaves, abstract, donated, key, look_up=False, target=target)
-    COST_CACHE.put(key, result)
-    return result, 1
 
-
-def _with_bound_values(
-    call: Call,
-    leaves: list[Any],
-    abstract: list[bool],
-    donated: frozenset[int],
-    key: Key,
-    look_up: bool,
-    target: str | None = None,
-) -> tuple[Cost, int]:
-    """The cost when `fn` needs the arrays bound in a partial as values: they are constants
-    of the program, and the answer is cached by their values on top of the abstract key
-    (as `out_structure` caches it), looked up first with `look_up`."""
-    values = value_key(key, call.bound_leaves)
-    if look_up:  # else this call's miss is counted already
-        hit = COST_CACHE.get(values)
-        if hit is not None:
-            return hit, 0
-    n_bound = len(call.bound_leaves)
-    closed = [a and not (i < n_bound and has_value(x)) for i, (x, a) in enumerate(zip(leaves, abstract, strict=True))]
-    result = _figures(compile_program(call.core, leaves, closed, call.treedef, donated, target))
-    COST_CACHE.put(values, result)
-    return result, 1
+    result, compiled = answer(COST_CACHE, key, call.bound_leaves, evaluate)
+    return result, int(compiled)
 
 
 # The public classes report module `treeshape`, so doctest would not look for their examples here.

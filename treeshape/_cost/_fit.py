@@ -32,8 +32,8 @@ from typing import Any, Final
 
 import jax
 
+from .._call import Call, abstract_inputs, check_callable, input_path
 from .._dims import DimOverflow, bind_leaves, check_sizes, free_names
-from .._infer import Call, abstract_inputs, check_callable, input_path
 from .._leaf import leaf_str
 from .._shapes import extent_problem, human_bytes
 from .._sharding import split_problem

@@ -34,16 +34,15 @@ import jax.tree_util as jtu
 
 from .. import _compat, _nodes, _sharding
 from .._cache import has_value
-from .._infer import (
-    _JITTED,
+from .._call import (
     Call,
-    _call_filter_jit,
     bound_positional,
     call_path,
     core_name,
     dynamic_arguments,
+    filter_jit_wrapper,
     input_path,
-    is_filter_jit,
+    is_jax_jit,
     is_jit_wrapper,
     is_output_array,
     program_signature,
@@ -257,15 +256,15 @@ def _filter_jit_paths(values: list[Any], treedef: jtu.PyTreeDef) -> list[str]:
     """Where an `eqx.filter_jit` wrapper is called (`ts.cost(eqx.filter_jit(model), x)`),
     the paths in the function it wraps of its arrays, which the wrapper holds as a flat
     list (in that order); else `[]`."""
-    bound = bound_positional(_call_filter_jit, values, treedef)
-    if not bound or not is_filter_jit(bound[0]):
+    wrapper = filter_jit_wrapper(values, treedef)
+    if wrapper is None:
         return []
     try:
-        flat = jtu.tree_flatten_with_path(bound[0].__wrapped__)[0]
+        flat = jtu.tree_flatten_with_path(wrapper.__wrapped__)[0]
     except Exception:  # the wrapped function cannot be rebuilt from abstract leaves
         return []
     paths = [jtu.keystr(tuple(keys)) for keys, x in flat if kind_of(type(x)) in (ARRAY, SDS, NUMPY)]
-    n = sum(kind_of(type(x)) in (ARRAY, SDS, NUMPY) for x in jtu.tree_leaves(bound[0]))
+    n = sum(kind_of(type(x)) in (ARRAY, SDS, NUMPY) for x in jtu.tree_leaves(wrapper))
     return paths if len(paths) == n else []
 
 
@@ -430,7 +429,7 @@ def compile_program(
     named: dict[str, Any]
     output_paths: list[str] | None = None
     closed = any(has_value(x) and not a for x, a in zip(leaves, abstract, strict=True))
-    if type(core) is _JITTED and not wanted and not closed and _compat.at_top_level():
+    if is_jax_jit(core) and not wanted and not closed and _compat.at_top_level():
         # The user's own `jax.jit` wrapper: its donation, static arguments and shardings.
         (bound_args, bound_kw), (call_args, call_kw) = jtu.tree_unflatten(treedef, values)
         jitted, args, named = core, (*bound_args, *call_args), {**bound_kw, **call_kw}
