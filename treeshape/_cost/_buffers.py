@@ -445,11 +445,7 @@ def _read(
     return Reading(tuple(buffers), peak, donation)
 
 
-def _dtype(name: str) -> Any:
-    try:
-        return np.dtype(getattr(jax.numpy, name)) if hasattr(jax.numpy, name) else name
-    except TypeError:
-        return name
+_dtype: Final = _compat.dtype_named
 
 
 def _outputs(
@@ -649,7 +645,7 @@ def _label(b: Buffer) -> str:
 def _without_jit(op: str) -> str:
     """`op` without its outermost `jit(...)` name (the implementer's)."""
     head, _, rest = op.partition("/")
-    return rest if head.startswith(("jit(", "pjit(")) and rest else op
+    return rest if head.startswith(_compat.JIT_OP_PREFIXES) and rest else op
 
 
 def without_outer_jit(b: Buffer) -> Buffer:
@@ -659,7 +655,7 @@ def without_outer_jit(b: Buffer) -> Buffer:
     if b.op is None:
         return b
     head, _, rest = b.op.partition("/")
-    if head.startswith(("jit(", "pjit(")) and rest.startswith(("jit(", "pjit(")):
+    if head.startswith(_compat.JIT_OP_PREFIXES) and rest.startswith(_compat.JIT_OP_PREFIXES):
         inner = rest.split(";")[0]
         if "/" not in inner:
             return dataclasses.replace(b, op=None, source=None)
