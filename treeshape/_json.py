@@ -74,9 +74,29 @@ VERSION: Final = 1
 LEAF: Final = "*"
 
 
+# -- the layout ----------------------------------------------------------------
+# How `dumps` lays the document out, one treedef entry or leaf record a line (each line
+# below is written without its line break); `_json_load` reads a document laid out so
+# line by line, with these same texts.
+OPEN: Final = "{"
+VERSION_LINE: Final = f'  "version": {VERSION},'
+CONSTRAINTS_HEAD: Final = '  "constraints": '  # then the constraints' list and a comma
+TREEDEF_OPEN: Final = '  "treedef": ['
+TREEDEF_CLOSE: Final = "  ],"
+LEAVES_OPEN: Final = '  "leaves": ['
+NO_LEAVES: Final = LEAVES_OPEN + "]"
+LEAVES_CLOSE: Final = "  ]"
+CLOSE: Final = "}"
+INDENT: Final = "    "  # before each entry of the treedef and leaves lists
+SEP: Final = ",\n" + INDENT  # between two entries of those lists
+ITEM_SEP: Final = ", "  # inside an entry, as `json.dumps` writes it
+KEY_SEP: Final = ": "
+PATH_HEAD: Final = "{" + json.dumps("path") + KEY_SEP  # each leaf record up to its path's text
+
+
 # -- encoding ------------------------------------------------------------------
 # `json.dumps(value, allow_nan=False)`, without making a new encoder on every call.
-_encode: Final[Callable[[Any], str]] = json.JSONEncoder(allow_nan=False).encode
+_encode: Final[Callable[[Any], str]] = json.JSONEncoder(allow_nan=False, separators=(ITEM_SEP, KEY_SEP)).encode
 _encode_str: Final[Callable[[str], str]] = json.encoder.encode_basestring_ascii
 
 
@@ -326,10 +346,6 @@ def leaf_records(paths: Sequence[str], leaves: Sequence[Any]) -> list[dict[str, 
 
 # What tells an array leaf's record apart from another's (all but its path).
 _ARRAY_FIELDS: Final = operator.attrgetter("shape", "dtype", "weak_type", "sharding", _compat.MANUAL_AXES_FIELD)
-_PATH_HEAD: Final = '{"path": '
-
-
-_SEP: Final = ",\n    "  # between two entries of the document's lists
 
 
 def _leaf_text(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[list[str], list[Any]]:
@@ -349,7 +365,7 @@ def _leaf_text(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[list[str], 
             ones = None
         # A `NamedSharding` equals another whose spec is written otherwise (`P('x')`, `P(('x',))`).
         if ones is not None and not any(isinstance(kind[3], jax.sharding.NamedSharding) for kind in ones):
-            head = len(_PATH_HEAD) + 2  # `{"path": ""`
+            head = len(PATH_HEAD) + 2  # `{"path": ""`
             tails = {kind: _encode({"path": "", **_array_record(leaf)})[head:] for kind, leaf in ones.items()}
             # A path JSON writes as it is (printable ASCII, no quote or backslash) is written without
             # a call per path: its quotes go with the texts around it.
@@ -357,8 +373,8 @@ def _leaf_text(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[list[str], 
             bare = joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined
             quote = '"' if bare else ""
             # each tail with the next record's start
-            ends = {kind: quote + tail + _SEP + _PATH_HEAD + quote for kind, tail in tails.items()}
-            pieces = [_PATH_HEAD + quote]
+            ends = {kind: quote + tail + SEP + PATH_HEAD + quote for kind, tail in tails.items()}
+            pieces = [PATH_HEAD + quote]
             pieces += itertools.chain.from_iterable(
                 zip(paths if bare else map(_encode_str, paths), map(ends.__getitem__, kinds), strict=True)
             )
@@ -370,7 +386,7 @@ def _leaf_text(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[list[str], 
         else _encode(static_record(path, leaf))
         for path, leaf in zip(paths, leaves, strict=True)
     ]
-    return [_SEP.join(lines)], list(leaves)
+    return [SEP.join(lines)], list(leaves)
 
 
 def dumps(treedef: jtu.PyTreeDef, leaves: Sequence[Any], paths: Sequence[str] | None = None) -> str:
@@ -382,15 +398,17 @@ def dumps(treedef: jtu.PyTreeDef, leaves: Sequence[Any], paths: Sequence[str] | 
     nodes, walked = _walk(treedef, leaves)
     leaf_text, kinds = _leaf_text(walked if paths is None else paths, leaves)
     constraints = _constraints(kinds)
-    parts = ["{\n", f'  "version": {VERSION},\n']
+    parts = [OPEN, "\n", VERSION_LINE, "\n"]
     if constraints is not None:
-        parts.append(f'  "constraints": {_encode(constraints)},\n')
-    parts += ['  "treedef": [\n    ', _SEP.join(nodes), '\n  ],\n  "leaves": [']
+        parts += [CONSTRAINTS_HEAD, _encode(constraints), ",\n"]
+    parts += [TREEDEF_OPEN, "\n", INDENT, SEP.join(nodes), "\n", TREEDEF_CLOSE, "\n"]
     if leaves:
-        parts.append("\n    ")
+        parts += [LEAVES_OPEN, "\n", INDENT]
         parts += leaf_text
-        parts.append("\n  ")
-    parts.append("]\n}\n")
+        parts += ["\n", LEAVES_CLOSE]
+    else:
+        parts.append(NO_LEAVES)
+    parts += ["\n", CLOSE, "\n"]
     return "".join(parts)  # one copy of a text that may be large
 
 
