@@ -358,27 +358,28 @@ def _leaf_text(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[list[str], 
     axes), and joined with the paths in one go. Static leaves are written one by one.
     """
     if set(map(type, leaves)) == {jax.ShapeDtypeStruct}:
-        try:
-            kinds = list(map(_ARRAY_FIELDS, leaves))
-            ones = dict(zip(kinds, leaves, strict=True))  # one leaf of each kind
+        firsts: dict[Any, int] = {}  # each kind -> the position of its first leaf
+        try:  # each leaf's kind by that position: one lookup of its fields per leaf
+            codes = list(map(firsts.setdefault, map(_ARRAY_FIELDS, leaves), itertools.count()))
         except Exception:  # a field that cannot be hashed or compared: write each leaf on its own
-            ones = None
+            firsts = {}
+        ones = {i: leaves[i] for i in firsts.values()}  # one leaf of each kind
         # A `NamedSharding` equals another whose spec is written otherwise (`P('x')`, `P(('x',))`).
-        if ones is not None and not any(isinstance(kind[3], jax.sharding.NamedSharding) for kind in ones):
+        if ones and not any(isinstance(kind[3], jax.sharding.NamedSharding) for kind in firsts):
             head = len(PATH_HEAD) + 2  # `{"path": ""`
-            tails = {kind: _encode({"path": "", **_array_record(leaf)})[head:] for kind, leaf in ones.items()}
+            tails = {i: _encode({"path": "", **_array_record(leaf)})[head:] for i, leaf in ones.items()}
             # A path JSON writes as it is (printable ASCII, no quote or backslash) is written without
             # a call per path: its quotes go with the texts around it.
             joined = "".join(paths)
             bare = joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined
             quote = '"' if bare else ""
             # each tail with the next record's start
-            ends = {kind: quote + tail + SEP + PATH_HEAD + quote for kind, tail in tails.items()}
+            ends = {i: quote + tail + SEP + PATH_HEAD + quote for i, tail in tails.items()}
             pieces = [PATH_HEAD + quote]
             pieces += itertools.chain.from_iterable(
-                zip(paths if bare else map(_encode_str, paths), map(ends.__getitem__, kinds), strict=True)
+                zip(paths if bare else map(_encode_str, paths), map(ends.__getitem__, codes), strict=True)
             )
-            pieces[-1] = quote + tails[kinds[-1]]
+            pieces[-1] = quote + tails[codes[-1]]
             return pieces, list(ones.values())
     lines = [
         _encode({"path": path, **_array_record(leaf)})
