@@ -211,8 +211,9 @@ def _same(a: jtu.PyTreeDef, b: jtu.PyTreeDef) -> bool:
         return False
 
 
-def _walk(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[list[str], list[str]]:
-    """The nodes of `treedef` in pre-order, each as its JSON text, and every leaf's path.
+def _walk(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[list[str], list[str], bool]:
+    """The nodes of `treedef` in pre-order, each as its JSON text, every leaf's path, and
+    whether every key text in those paths is bare (`_bare`: then so is every path).
 
     Iterative (no recursion limit), with a stack of `_Frame`s. A big tree
     repeats its subtrees side by side (a model's layers): a run of subtrees
@@ -223,6 +224,7 @@ def _walk(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[list[str], lis
     """
     nodes: list[str] = []
     paths: list[str] = []
+    bare = True
     frames = [_Frame([treedef], [""], None, "", 0, 0)]
     while frames:
         frame = frames[-1]
@@ -257,9 +259,9 @@ def _walk(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[list[str], lis
                 first = len(paths)
                 keys = _tree.child_keys(node, leaves[first : first + node.num_leaves], len(kids))
             frame.at += 1
-            frames.append(
-                _Frame(kids, [path + _tree.key_text(key) for key in keys], node, path, len(nodes), len(paths))
-            )
+            texts = [_tree.key_text(key) for key in keys]
+            bare = bare and _bare("".join(texts))
+            frames.append(_Frame(kids, [path + text for text in texts], node, path, len(nodes), len(paths)))
             nodes.append(text)
             break  # write its children first, then go on with its siblings
         else:
@@ -267,7 +269,12 @@ def _walk(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[list[str], lis
             if frames:  # `frame` is written: its parent's next children may be copies of it
                 written = slice(frame.first_node, len(nodes)), slice(frame.first_path, len(paths))
                 frames[-1].last = _Written(frame.node, *written, len(frame.path))
-    return nodes, paths
+    return nodes, paths, bare
+
+
+def _bare(text: str) -> bool:
+    """Whether JSON writes `text` as it is between its quotes (printable ASCII, no quote or backslash)."""
+    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
 
 
 def _sharding_record(sharding: Any) -> dict[str, Any] | None:
@@ -348,7 +355,7 @@ def leaf_records(paths: Sequence[str], leaves: Sequence[Any]) -> list[dict[str, 
 _ARRAY_FIELDS: Final = operator.attrgetter("shape", "dtype", "weak_type", "sharding", _compat.MANUAL_AXES_FIELD)
 
 
-def _leaf_text(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[list[str], list[Any]]:
+def _leaf_text(paths: Sequence[str], leaves: Sequence[Any], bare: bool | None = None) -> tuple[list[str], list[Any]]:
     """The JSON text of the leaves' records (as `json.dumps` writes those of `leaf_records`, one
     a line), in pieces to join, and one leaf of each kind the records tell apart (what
     `_constraints` reads).
@@ -370,8 +377,8 @@ def _leaf_text(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[list[str], 
             tails = {i: _encode({"path": "", **_array_record(leaf)})[head:] for i, leaf in ones.items()}
             # A path JSON writes as it is (printable ASCII, no quote or backslash) is written without
             # a call per path: its quotes go with the texts around it.
-            joined = "".join(paths)
-            bare = joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined
+            if bare is None:  # (else: known to the caller, which made the paths)
+                bare = _bare("".join(paths))
             quote = '"' if bare else ""
             # each tail with the next record's start
             ends = {i: quote + tail + SEP + PATH_HEAD + quote for i, tail in tails.items()}
@@ -396,8 +403,8 @@ def dumps(treedef: jtu.PyTreeDef, leaves: Sequence[Any], paths: Sequence[str] | 
     `paths` are the leaves' paths when the caller knows them; else
     they are found while the treedef is written, which costs no more.
     """
-    nodes, walked = _walk(treedef, leaves)
-    leaf_text, kinds = _leaf_text(walked if paths is None else paths, leaves)
+    nodes, walked, bare = _walk(treedef, leaves)
+    leaf_text, kinds = _leaf_text(walked, leaves, bare) if paths is None else _leaf_text(paths, leaves)
     constraints = _constraints(kinds)
     parts = [OPEN, "\n", VERSION_LINE, "\n"]
     if constraints is not None:
