@@ -403,3 +403,17 @@ def test_dtype_named_gives_the_dtype_jax_numpy_names(name):
 
 def test_dtype_named_keeps_a_name_jax_numpy_has_no_dtype_for():
     assert _compat.dtype_named("token") == "token" and _compat.dtype_named("xla type 99") == "xla type 99"
+
+
+def test_the_given_sharding_field_of_a_shape_dtype_struct_holds_what_sharding_returns():
+    mesh = jax.make_mesh((1,), ("x",))
+    named = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+    for given in (None, named, jax.sharding.SingleDeviceSharding(jax.devices()[0])):
+        leaf = jax.ShapeDtypeStruct((2,), jnp.float32, sharding=given)
+        assert getattr(leaf, _compat.GIVEN_SHARDING_FIELD) is leaf.sharding is given
+    # A bare PartitionSpec is kept as given; `sharding` makes it a NamedSharding on the mesh in context.
+    spec = jax.sharding.PartitionSpec("x")
+    leaf = jax.ShapeDtypeStruct((2,), jnp.float32, sharding=spec)
+    with jax.set_mesh(mesh):
+        assert leaf.sharding == jax.sharding.NamedSharding(mesh, spec)
+    assert getattr(leaf, _compat.GIVEN_SHARDING_FIELD) is spec  # (the slot, on every supported release)

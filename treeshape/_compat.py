@@ -364,6 +364,15 @@ _NO_AXES: Final[frozenset[str]] = frozenset()
 UNREDUCED_MANUAL_AXES: Final = "unreduced or reduced manual axes (`jax.sharding.ManualAxisType`)"
 
 
+# What a `ShapeDtypeStruct` was given as `sharding=` (a `Format`'s sharding): the slot
+# `_sharding` on jax 0.8.0 to 0.10.2. The public `sharding` property returns the same object,
+# but for a bare `PartitionSpec` (a `NamedSharding` on the mesh in context), and is a Python
+# call: `to_json` reads the field of every leaf of a big tree. `sharding` where the slot is gone.
+GIVEN_SHARDING_FIELD: Final = (
+    "_sharding" if "_sharding" in getattr(jax.ShapeDtypeStruct, "__slots__", ()) else "sharding"
+)
+
+
 def manual_axes(x: Any) -> Any:
     """The native manual-axes value of a `ShapeDtypeStruct` or an aval (None when it has none)."""
     return getattr(x, MANUAL_AXES_FIELD, None)

@@ -351,8 +351,12 @@ def leaf_records(paths: Sequence[str], leaves: Sequence[Any]) -> list[dict[str, 
     ]
 
 
-# What tells an array leaf's record apart from another's (all but its path).
-_ARRAY_FIELDS: Final = operator.attrgetter("shape", "dtype", "weak_type", "sharding", _compat.MANUAL_AXES_FIELD)
+# What tells an array leaf's record apart from another's (all but its path): its sharding as
+# given (a bare `PartitionSpec` stands for a `NamedSharding`, and is written leaf by leaf).
+_ARRAY_FIELDS: Final = operator.attrgetter(
+    "shape", "dtype", "weak_type", _compat.GIVEN_SHARDING_FIELD, _compat.MANUAL_AXES_FIELD
+)
+_BY_LEAF: Final = (jax.sharding.NamedSharding, jax.sharding.PartitionSpec)
 
 
 def _leaf_text(paths: Sequence[str], leaves: Sequence[Any], bare: bool | None = None) -> tuple[list[str], list[Any]]:
@@ -372,7 +376,7 @@ def _leaf_text(paths: Sequence[str], leaves: Sequence[Any], bare: bool | None = 
             firsts = {}
         ones = {i: leaves[i] for i in firsts.values()}  # one leaf of each kind
         # A `NamedSharding` equals another whose spec is written otherwise (`P('x')`, `P(('x',))`).
-        if ones and not any(isinstance(kind[3], jax.sharding.NamedSharding) for kind in firsts):
+        if ones and not any(isinstance(kind[3], _BY_LEAF) for kind in firsts):
             head = len(PATH_HEAD) + 2  # `{"path": ""`
             tails = {i: _encode({"path": "", **_array_record(leaf)})[head:] for i, leaf in ones.items()}
             # A path JSON writes as it is (printable ASCII, no quote or backslash) is written without
