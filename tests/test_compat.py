@@ -367,3 +367,53 @@ def test_the_compiled_program_gives_its_buffer_assignment_and_module(dtype):
     values, allocations = _assignment(assignment)
     (value,) = [v for v in values.values() if v.instruction == parameter.id]
     assert value.size == 15 * np.dtype(dtype).itemsize and allocations[value.allocation].entry_parameter
+
+
+def test_named_trace_settings_tell_the_mesh_and_the_named_axes_as_users_set_them():
+    base = _compat.named_trace_settings()
+    assert base["mesh"] is None and base["jax_enable_x64"] == jax.config.jax_enable_x64
+    seen = []
+    jax.vmap(lambda x: seen.append(_compat.named_trace_settings()) or x, axis_name="b")(jnp.ones((2, 1)))
+    if "jax_trace_context" in base:  # a release whose trace-context key has no names: the axes are in the whole key
+        assert "named_axes" not in seen[0] and seen[0]["jax_trace_context"] != base["jax_trace_context"]
+    else:
+        assert base["named_axes"] is None and seen[0]["named_axes"] == {"b": 2}
+    with jax.set_mesh(jax.make_mesh((1,), ("x",))):
+        mesh = _compat.named_trace_settings()["mesh"]
+    assert isinstance(mesh, jax.sharding.AbstractMesh) and (mesh.axis_names, mesh.axis_sizes) == (("x",), (1,))
+
+
+def test_jax_names_the_operations_of_a_jitted_function_after_it():
+    from treeshape._cost._hlo import Fields, Module, str_field
+
+    def step(x):
+        return jnp.sin(x) * 2
+
+    compiled = jax.jit(step).lower(jax.ShapeDtypeStruct((8,), jnp.float32)).compile()
+    module = Module.read(_compat.optimized_module(compiled))
+    names = {i.opcode: str_field(i.metadata, Fields.METADATA_OP_NAME) for i in module.instructions.values()}
+    assert names["fusion"].startswith(_compat.JIT_OP_PREFIXES) and names["fusion"].endswith("(step)/mul")
+    assert not names["parameter"].startswith(_compat.JIT_OP_PREFIXES)  # a parameter keeps the argument's name
+
+
+@pytest.mark.parametrize("name", ["bool", "int4", "bfloat16", "float8_e4m3fn", "float8_e5m2", "complex128"])
+def test_dtype_named_gives_the_dtype_jax_numpy_names(name):
+    assert _compat.dtype_named(name) == np.dtype(getattr(jnp, name)) and _compat.dtype_named(name).name == name
+
+
+def test_dtype_named_keeps_a_name_jax_numpy_has_no_dtype_for():
+    assert _compat.dtype_named("token") == "token" and _compat.dtype_named("xla type 99") == "xla type 99"
+
+
+def test_the_given_sharding_field_of_a_shape_dtype_struct_holds_what_sharding_returns():
+    mesh = jax.make_mesh((1,), ("x",))
+    named = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+    for given in (None, named, jax.sharding.SingleDeviceSharding(jax.devices()[0])):
+        leaf = jax.ShapeDtypeStruct((2,), jnp.float32, sharding=given)
+        assert getattr(leaf, _compat.GIVEN_SHARDING_FIELD) is leaf.sharding is given
+    # A bare PartitionSpec is kept as given; `sharding` makes it a NamedSharding on the mesh in context.
+    spec = jax.sharding.PartitionSpec("x")
+    leaf = jax.ShapeDtypeStruct((2,), jnp.float32, sharding=spec)
+    with jax.set_mesh(mesh):
+        assert leaf.sharding == jax.sharding.NamedSharding(mesh, spec)
+    assert getattr(leaf, _compat.GIVEN_SHARDING_FIELD) is spec  # (the slot, on every supported release)

@@ -185,6 +185,23 @@ def test_the_layouts_of_the_installed_releases(m, sample):
     assert paths <= {jtu.keystr((k,)) for k in keys}
 
 
+def test_each_kind_of_framework_node_round_trips_through_json_with_the_parts_nodes_lists(m):
+    """Every kind `_nodes.PARTS` teaches is written by a sample (`to_json`), with the parts listed
+    for its kind, and read back (`from_json`) to the same Structure and the same text."""
+    written = set()
+    for name, (tree, kind, _, _) in _samples(m).items():
+        s = ts.structure_of(tree)
+        text = s.to_json()
+        entries = [e for e in json.loads(text)["treedef"] if isinstance(e, dict) and e["type"] in _nodes.PARTS]
+        assert kind in {e["type"] for e in entries}, name
+        for entry in entries:
+            assert set(entry) - {"type", "name", "n"} <= set(_nodes.PARTS[entry["type"]]), (name, entry)
+            written.add(entry["type"])
+        loaded = ts.Structure.from_json(text)
+        assert loaded == s and loaded.paths == s.paths and loaded.to_json() == text, name
+    assert written == set(_nodes.PARTS)  # nnx's internal state is inside an nnx module
+
+
 def test_the_layout_of_nnx_internal_state_and_equinox_sentinel(m):
     [state] = [c for c in jtu.tree_structure(m["linear8"]).children() if c.num_leaves == 0]
     node_type, aux = state.node_data()

@@ -140,6 +140,31 @@ def trace_settings() -> dict[str, Any]:
     return settings
 
 
+# The entries of JAX's trace-context key that users set as something else: the mesh set with
+# `jax.set_mesh` (its abstract mesh) and the named axes in scope (`vmap(..., axis_name=)`).
+_KEY_ENTRY_NAMES: Final = {"abstract_mesh_context_manager": "mesh", "axis_env_state": "named_axes"}
+
+
+def named_trace_settings() -> dict[str, Any]:
+    """`trace_settings` as users set them: JAX's setting names (`"jax_enable_x64"`, ...),
+    plus `"mesh"` (the abstract mesh set with `jax.set_mesh`, or None) and `"named_axes"`
+    (`{axis name: size}` of the `vmap` axes in scope, or None) for the key's internal
+    entries, whose names and values are JAX's own. A release whose key has no names
+    (`trace_settings`) still gives `"mesh"`."""
+    settings = {}
+    for name, value in trace_settings().items():
+        if name == "abstract_mesh_context_manager":
+            value = jax.sharding.get_abstract_mesh()
+            value = None if value.empty else value
+        elif name == "axis_env_state":
+            value = dict(getattr(value, "axis_sizes", {})) or None
+        settings[_KEY_ENTRY_NAMES.get(name, name)] = value
+    if "mesh" not in settings:
+        mesh = jax.sharding.get_abstract_mesh()
+        settings["mesh"] = None if mesh.empty else mesh
+    return settings
+
+
 def abstractify(x: Any) -> Any:
     """The abstract value JAX traces for an array-like input: the same function
     `jax.eval_shape` applies to arrays, NumPy arrays, `ShapeDtypeStruct`s and
@@ -220,6 +245,17 @@ def memory_analysis(compiled: Any) -> dict[str, Any]:
 # How JAX names an operation of a jitted function in the program's metadata: the function's
 # `jit(name)` (`pjit(name)` in older releases) and the path of transformations and scopes.
 JIT_OP_PREFIXES: Final = ("jit(", "pjit(")
+
+
+def dtype_named(name: str) -> Any:
+    """The NumPy dtype that `jax.numpy` names `name` (`"bfloat16"`, `"float8_e4m3fn"`), or
+    `name` itself where JAX has no such dtype: a narrow type XLA gains before JAX does
+    (every type in `_cost._hlo.PRIMITIVE_TYPES` but `tuple`, `opaque` and `token` is
+    named on jax 0.8.0 to 0.10.2)."""
+    try:
+        return np.dtype(getattr(jax.numpy, name)) if hasattr(jax.numpy, name) else name
+    except TypeError:  # a name of something else
+        return name
 
 
 def optimized_module(compiled: Any) -> bytes | None:
@@ -326,6 +362,15 @@ HAS_MANUAL_AXIS_TYPE: Final = hasattr(jax.sharding, "ManualAxisType")
 MANUAL_AXES_FIELD: Final = "manual_axis_type" if HAS_MANUAL_AXIS_TYPE else "vma"
 _NO_AXES: Final[frozenset[str]] = frozenset()
 UNREDUCED_MANUAL_AXES: Final = "unreduced or reduced manual axes (`jax.sharding.ManualAxisType`)"
+
+
+# What a `ShapeDtypeStruct` was given as `sharding=` (a `Format`'s sharding): the slot
+# `_sharding` on jax 0.8.0 to 0.10.2. The public `sharding` property returns the same object,
+# but for a bare `PartitionSpec` (a `NamedSharding` on the mesh in context), and is a Python
+# call: `to_json` reads the field of every leaf of a big tree. `sharding` where the slot is gone.
+GIVEN_SHARDING_FIELD: Final = (
+    "_sharding" if "_sharding" in getattr(jax.ShapeDtypeStruct, "__slots__", ()) else "sharding"
+)
 
 
 def manual_axes(x: Any) -> Any:

@@ -74,9 +74,29 @@ VERSION: Final = 1
 LEAF: Final = "*"
 
 
+# -- the layout ----------------------------------------------------------------
+# How `dumps` lays the document out, one treedef entry or leaf record a line (each line
+# below is written without its line break); `_json_load` reads a document laid out so
+# line by line, with these same texts.
+OPEN: Final = "{"
+VERSION_LINE: Final = f'  "version": {VERSION},'
+CONSTRAINTS_HEAD: Final = '  "constraints": '  # then the constraints' list and a comma
+TREEDEF_OPEN: Final = '  "treedef": ['
+TREEDEF_CLOSE: Final = "  ],"
+LEAVES_OPEN: Final = '  "leaves": ['
+NO_LEAVES: Final = LEAVES_OPEN + "]"
+LEAVES_CLOSE: Final = "  ]"
+CLOSE: Final = "}"
+INDENT: Final = "    "  # before each entry of the treedef and leaves lists
+SEP: Final = ",\n" + INDENT  # between two entries of those lists
+ITEM_SEP: Final = ", "  # inside an entry, as `json.dumps` writes it
+KEY_SEP: Final = ": "
+PATH_HEAD: Final = "{" + json.dumps("path") + KEY_SEP  # each leaf record up to its path's text
+
+
 # -- encoding ------------------------------------------------------------------
 # `json.dumps(value, allow_nan=False)`, without making a new encoder on every call.
-_encode: Final[Callable[[Any], str]] = json.JSONEncoder(allow_nan=False).encode
+_encode: Final[Callable[[Any], str]] = json.JSONEncoder(allow_nan=False, separators=(ITEM_SEP, KEY_SEP)).encode
 _encode_str: Final[Callable[[str], str]] = json.encoder.encode_basestring_ascii
 
 
@@ -191,8 +211,9 @@ def _same(a: jtu.PyTreeDef, b: jtu.PyTreeDef) -> bool:
         return False
 
 
-def _walk(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[list[str], list[str]]:
-    """The nodes of `treedef` in pre-order, each as its JSON text, and every leaf's path.
+def _walk(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[list[str], list[str], bool]:
+    """The nodes of `treedef` in pre-order, each as its JSON text, every leaf's path, and
+    whether every key text in those paths is bare (`_bare`: then so is every path).
 
     Iterative (no recursion limit), with a stack of `_Frame`s. A big tree
     repeats its subtrees side by side (a model's layers): a run of subtrees
@@ -203,6 +224,7 @@ def _walk(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[list[str], lis
     """
     nodes: list[str] = []
     paths: list[str] = []
+    bare = True
     frames = [_Frame([treedef], [""], None, "", 0, 0)]
     while frames:
         frame = frames[-1]
@@ -237,9 +259,9 @@ def _walk(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[list[str], lis
                 first = len(paths)
                 keys = _tree.child_keys(node, leaves[first : first + node.num_leaves], len(kids))
             frame.at += 1
-            frames.append(
-                _Frame(kids, [path + _tree.key_text(key) for key in keys], node, path, len(nodes), len(paths))
-            )
+            texts = [_tree.key_text(key) for key in keys]
+            bare = bare and _bare("".join(texts))
+            frames.append(_Frame(kids, [path + text for text in texts], node, path, len(nodes), len(paths)))
             nodes.append(text)
             break  # write its children first, then go on with its siblings
         else:
@@ -247,7 +269,12 @@ def _walk(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> tuple[list[str], lis
             if frames:  # `frame` is written: its parent's next children may be copies of it
                 written = slice(frame.first_node, len(nodes)), slice(frame.first_path, len(paths))
                 frames[-1].last = _Written(frame.node, *written, len(frame.path))
-    return nodes, paths
+    return nodes, paths, bare
+
+
+def _bare(text: str) -> bool:
+    """Whether JSON writes `text` as it is between its quotes (printable ASCII, no quote or backslash)."""
+    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
 
 
 def _sharding_record(sharding: Any) -> dict[str, Any] | None:
@@ -324,15 +351,15 @@ def leaf_records(paths: Sequence[str], leaves: Sequence[Any]) -> list[dict[str, 
     ]
 
 
-# What tells an array leaf's record apart from another's (all but its path).
-_ARRAY_FIELDS: Final = operator.attrgetter("shape", "dtype", "weak_type", "sharding", _compat.MANUAL_AXES_FIELD)
-_PATH_HEAD: Final = '{"path": '
+# What tells an array leaf's record apart from another's (all but its path): its sharding as
+# given (a bare `PartitionSpec` stands for a `NamedSharding`, and is written leaf by leaf).
+_ARRAY_FIELDS: Final = operator.attrgetter(
+    "shape", "dtype", "weak_type", _compat.GIVEN_SHARDING_FIELD, _compat.MANUAL_AXES_FIELD
+)
+_BY_LEAF: Final = (jax.sharding.NamedSharding, jax.sharding.PartitionSpec)
 
 
-_SEP: Final = ",\n    "  # between two entries of the document's lists
-
-
-def _leaf_text(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[list[str], list[Any]]:
+def _leaf_text(paths: Sequence[str], leaves: Sequence[Any], bare: bool | None = None) -> tuple[list[str], list[Any]]:
     """The JSON text of the leaves' records (as `json.dumps` writes those of `leaf_records`, one
     a line), in pieces to join, and one leaf of each kind the records tell apart (what
     `_constraints` reads).
@@ -342,27 +369,28 @@ def _leaf_text(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[list[str], 
     axes), and joined with the paths in one go. Static leaves are written one by one.
     """
     if set(map(type, leaves)) == {jax.ShapeDtypeStruct}:
-        try:
-            kinds = list(map(_ARRAY_FIELDS, leaves))
-            ones = dict(zip(kinds, leaves, strict=True))  # one leaf of each kind
+        firsts: dict[Any, int] = {}  # each kind -> the position of its first leaf
+        try:  # each leaf's kind by that position: one lookup of its fields per leaf
+            codes = list(map(firsts.setdefault, map(_ARRAY_FIELDS, leaves), itertools.count()))
         except Exception:  # a field that cannot be hashed or compared: write each leaf on its own
-            ones = None
+            firsts = {}
+        ones = {i: leaves[i] for i in firsts.values()}  # one leaf of each kind
         # A `NamedSharding` equals another whose spec is written otherwise (`P('x')`, `P(('x',))`).
-        if ones is not None and not any(isinstance(kind[3], jax.sharding.NamedSharding) for kind in ones):
-            head = len(_PATH_HEAD) + 2  # `{"path": ""`
-            tails = {kind: _encode({"path": "", **_array_record(leaf)})[head:] for kind, leaf in ones.items()}
+        if ones and not any(isinstance(kind[3], _BY_LEAF) for kind in firsts):
+            head = len(PATH_HEAD) + 2  # `{"path": ""`
+            tails = {i: _encode({"path": "", **_array_record(leaf)})[head:] for i, leaf in ones.items()}
             # A path JSON writes as it is (printable ASCII, no quote or backslash) is written without
             # a call per path: its quotes go with the texts around it.
-            joined = "".join(paths)
-            bare = joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined
+            if bare is None:  # (else: known to the caller, which made the paths)
+                bare = _bare("".join(paths))
             quote = '"' if bare else ""
             # each tail with the next record's start
-            ends = {kind: quote + tail + _SEP + _PATH_HEAD + quote for kind, tail in tails.items()}
-            pieces = [_PATH_HEAD + quote]
+            ends = {i: quote + tail + SEP + PATH_HEAD + quote for i, tail in tails.items()}
+            pieces = [PATH_HEAD + quote]
             pieces += itertools.chain.from_iterable(
-                zip(paths if bare else map(_encode_str, paths), map(ends.__getitem__, kinds), strict=True)
+                zip(paths if bare else map(_encode_str, paths), map(ends.__getitem__, codes), strict=True)
             )
-            pieces[-1] = quote + tails[kinds[-1]]
+            pieces[-1] = quote + tails[codes[-1]]
             return pieces, list(ones.values())
     lines = [
         _encode({"path": path, **_array_record(leaf)})
@@ -370,7 +398,7 @@ def _leaf_text(paths: Sequence[str], leaves: Sequence[Any]) -> tuple[list[str], 
         else _encode(static_record(path, leaf))
         for path, leaf in zip(paths, leaves, strict=True)
     ]
-    return [_SEP.join(lines)], list(leaves)
+    return [SEP.join(lines)], list(leaves)
 
 
 def dumps(treedef: jtu.PyTreeDef, leaves: Sequence[Any], paths: Sequence[str] | None = None) -> str:
@@ -379,18 +407,20 @@ def dumps(treedef: jtu.PyTreeDef, leaves: Sequence[Any], paths: Sequence[str] | 
     `paths` are the leaves' paths when the caller knows them; else
     they are found while the treedef is written, which costs no more.
     """
-    nodes, walked = _walk(treedef, leaves)
-    leaf_text, kinds = _leaf_text(walked if paths is None else paths, leaves)
+    nodes, walked, bare = _walk(treedef, leaves)
+    leaf_text, kinds = _leaf_text(walked, leaves, bare) if paths is None else _leaf_text(paths, leaves)
     constraints = _constraints(kinds)
-    parts = ["{\n", f'  "version": {VERSION},\n']
+    parts = [OPEN, "\n", VERSION_LINE, "\n"]
     if constraints is not None:
-        parts.append(f'  "constraints": {_encode(constraints)},\n')
-    parts += ['  "treedef": [\n    ', _SEP.join(nodes), '\n  ],\n  "leaves": [']
+        parts += [CONSTRAINTS_HEAD, _encode(constraints), ",\n"]
+    parts += [TREEDEF_OPEN, "\n", INDENT, SEP.join(nodes), "\n", TREEDEF_CLOSE, "\n"]
     if leaves:
-        parts.append("\n    ")
+        parts += [LEAVES_OPEN, "\n", INDENT]
         parts += leaf_text
-        parts.append("\n  ")
-    parts.append("]\n}\n")
+        parts += ["\n", LEAVES_CLOSE]
+    else:
+        parts.append(NO_LEAVES)
+    parts += ["\n", CLOSE, "\n"]
     return "".join(parts)  # one copy of a text that may be large
 
 

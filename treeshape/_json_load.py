@@ -22,7 +22,7 @@ from typing import Any, Final, NoReturn
 import jax
 import jax.tree_util as jtu
 
-from . import _compat, _nodes, _tree
+from . import _compat, _json, _nodes, _tree
 from ._json import LEAF, VERSION
 from ._json_values import (
     MAX_DIM,
@@ -141,31 +141,11 @@ def _node(entry: Any, where: str) -> tuple[Any, int, list[Any] | None]:
         if type(data) is not _tree.StaticRepr:
             fail(f"{where}.data", f"expected a value's text {{'repr', 'type'}}, got {short_repr(data)}")
         return (cls, data), 0, []
-    elif kind in _FRAMEWORK_KINDS:
+    elif type(kind) is str and kind in _nodes.PARTS:  # (a list from the text would not hash)
         return _framework_node(kind, entry, where)
     else:
         return fail(f"{where}.type", f"unknown node type {short_repr(kind)}")
     return node_data, n, _tree.node_keys(node_data[0], node_data[1], n)
-
-
-_FRAMEWORK_KINDS: Final = (
-    _nodes.DATACLASS,
-    _nodes.NNX,
-    _nodes.NNX_VARIABLE,
-    _nodes.KEYED,
-    _nodes.NNX_INTERNAL,
-    _nodes.EQUINOX,
-    _nodes.EQUINOX_STATE,
-)
-_PARTS: Final = {
-    _nodes.DATACLASS: ("fields",),
-    _nodes.NNX: ("keys", "static"),
-    _nodes.NNX_VARIABLE: ("fields",),
-    _nodes.KEYED: ("keys",),
-    _nodes.NNX_INTERNAL: ("aux",),
-    _nodes.EQUINOX: ("fields", "wrapper"),
-    _nodes.EQUINOX_STATE: ("keys",),
-}
 
 
 def _framework_node(kind: str, entry: dict[str, Any], where: str) -> tuple[Any, int, list[Any]]:
@@ -174,7 +154,7 @@ def _framework_node(kind: str, entry: dict[str, Any], where: str) -> tuple[Any, 
     cls = lookup_type(get(entry, "name", where), f"{where}.name")
     n = read_int(get(entry, "n", where), f"{where}.n")
     parts: dict[str, Any] = {}
-    for part in _PARTS[kind]:
+    for part in _nodes.PARTS[kind]:
         at = f"{where}.{part}"
         if part == "wrapper":
             if part in entry:
@@ -638,11 +618,9 @@ def _check_rebuilds(treedef: jtu.PyTreeDef) -> None:
         fail("treedef", f"the tree cannot be rebuilt: {type(err).__name__}: {err}")
 
 
-# How `_json.dumps` lays the document out: one treedef entry or leaf record a line.
-_INDENT: Final = "    "
-_RECORD_HEAD: Final = '    {"path": "'  # each leaf record's line up to its path
-_AFTER_PATH: Final = '", '
-_CONSTRAINTS: Final = '  "constraints": '
+# A leaf record's line, as `_json.dumps` lays it out: up to its (bare) path, and after it.
+_RECORD_HEAD: Final = _json.INDENT + _json.PATH_HEAD + '"'
+_AFTER_PATH: Final = '"' + _json.ITEM_SEP
 
 
 def _value(text: str) -> Any:
@@ -684,23 +662,23 @@ def _read_lines(text: str) -> tuple[jtu.PyTreeDef, tuple[Any, ...]] | None:
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
-    if len(lines) < 6 or lines[:2] != ["{", f'  "version": {VERSION},'] or lines[-1] != "}":
+    if len(lines) < 6 or lines[:2] != [_json.OPEN, _json.VERSION_LINE] or lines[-1] != _json.CLOSE:
         return None
     at, constraints = 2, None
-    if lines[at].startswith(_CONSTRAINTS) and lines[at].endswith(","):
-        constraints = _value(lines[at][len(_CONSTRAINTS) : -1])
+    if lines[at].startswith(_json.CONSTRAINTS_HEAD) and lines[at].endswith(","):
+        constraints = _value(lines[at][len(_json.CONSTRAINTS_HEAD) : -1])
         at += 1
-    if lines[at] != '  "treedef": [':
+    if lines[at] != _json.TREEDEF_OPEN:
         return None
-    end = lines.index("  ],")
+    end = lines.index(_json.TREEDEF_CLOSE)
     entries = lines[at + 1 : end]
-    if lines[end + 1 :] == ['  "leaves": []', "}"]:
+    if lines[end + 1 :] == [_json.NO_LEAVES, _json.CLOSE]:
         records = []
-    elif lines[end + 1] == '  "leaves": [' and lines[-2] == "  ]":
+    elif lines[end + 1] == _json.LEAVES_OPEN and lines[-2] == _json.LEAVES_CLOSE:
         records = lines[end + 2 : -2]
     else:
         return None
-    items = _items(entries, _INDENT) if entries else None
+    items = _items(entries, _json.INDENT) if entries else None
     if items is None:
         return None
     index: dict[str, int] = {}

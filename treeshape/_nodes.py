@@ -317,6 +317,18 @@ KEYED: Final = "keyed"
 EQUINOX: Final = "equinox"
 EQUINOX_STATE: Final = "equinox_state"
 DATACLASS: Final = "dataclass"
+# Each kind of node data that `record` writes and `rebuild` reads back, with the JSON parts of
+# its treedef entry in the order `_json_load` reads them (`wrapper` may be left out). A new
+# kind is taught here, in `kind`, `record` and `rebuild`; the JSON writer and reader ask this.
+PARTS: Final[dict[str, tuple[str, ...]]] = {
+    DATACLASS: ("fields",),
+    NNX: ("keys", "static"),
+    NNX_VARIABLE: ("fields",),
+    KEYED: ("keys",),
+    NNX_INTERNAL: ("aux",),
+    EQUINOX: ("fields", "wrapper"),
+    EQUINOX_STATE: ("keys",),
+}
 _KINDS: "weakref.WeakKeyDictionary[type, str | None]" = weakref.WeakKeyDictionary()
 
 

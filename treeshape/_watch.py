@@ -227,24 +227,6 @@ def _inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Structure:
     return Structure(treedef, tuple(described))
 
 
-_SETTING_NAMES: Final = {"abstract_mesh_context_manager": "mesh", "axis_env_state": "named_axes"}
-
-
-def _settings() -> dict[str, Any]:
-    settings = {}
-    for name, value in _compat.trace_settings().items():
-        if name == "abstract_mesh_context_manager":
-            value = jax.sharding.get_abstract_mesh()
-            value = None if value.empty else value
-        elif name == "axis_env_state":
-            value = dict(getattr(value, "axis_sizes", {})) or None
-        settings[_SETTING_NAMES.get(name, name)] = value
-    if "mesh" not in settings:  # a release whose key has no names
-        mesh = jax.sharding.get_abstract_mesh()
-        settings["mesh"] = None if mesh.empty else mesh
-    return settings
-
-
 _LIBRARIES: Final = ("jax", "jaxlib", "equinox", "flax", "treeshape", "functools", "contextlib", "threading")
 
 
@@ -468,7 +450,7 @@ class _Watched:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _compat.at_top_level():  # not a trace (JAX calls this only when it traces)
             return self._fn(*args, **kwargs)
-        seen = _Seen(_inputs(args, kwargs), _settings(), _call_site(), _cache_generation())
+        seen = _Seen(_inputs(args, kwargs), _compat.named_trace_settings(), _call_site(), _cache_generation())
         if self._max_traces is not None:
             self._check_max_traces(seen, self._max_traces)
         out = self._fn(*args, **kwargs)

@@ -429,11 +429,7 @@ def _op(ins: Instruction) -> str | None:
     return name if name.startswith(_compat.JIT_OP_PREFIXES) else None
 
 
-def _dtype(name: str) -> Any:
-    try:
-        return np.dtype(getattr(jax.numpy, name)) if hasattr(jax.numpy, name) else name
-    except TypeError:
-        return name
+_dtype: Final = _compat.dtype_named
 
 
 def _outputs(
@@ -633,7 +629,7 @@ def _label(b: Buffer) -> str:
 def _without_jit(op: str) -> str:
     """`op` without its outermost `jit(...)` name (the implementer's)."""
     head, _, rest = op.partition("/")
-    return rest if head.startswith(("jit(", "pjit(")) and rest else op
+    return rest if head.startswith(_compat.JIT_OP_PREFIXES) and rest else op
 
 
 def without_outer_jit(b: Buffer) -> Buffer:
@@ -653,7 +649,7 @@ def own_op(op: str | None) -> str | None:
     if op is None:
         return None
     head, _, rest = op.partition("/")
-    if head.startswith(("jit(", "pjit(")) and rest.startswith(("jit(", "pjit(")):
+    if head.startswith(_compat.JIT_OP_PREFIXES) and rest.startswith(_compat.JIT_OP_PREFIXES):
         return None if "/" not in rest.split(";")[0] else rest
     return op
 

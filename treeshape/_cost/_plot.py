@@ -9,6 +9,7 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from .. import _compat
 from .._shapes import human_bytes
 from .._tree import clip
 
@@ -71,7 +72,7 @@ def _matplotlib() -> None:
 
 def _without_jit(op: str) -> str:
     head, _, rest = op.partition("/")
-    return rest if head.startswith(("jit(", "pjit(")) and rest else op
+    return rest if head.startswith(_compat.JIT_OP_PREFIXES) and rest else op
 
 
 def largest_label(buffer: _Buffer) -> str:

@@ -15,6 +15,7 @@ import html
 from collections.abc import Callable, Sequence
 from typing import Any, Final, NamedTuple
 
+from .. import _compat
 from .._shapes import human_bytes
 from . import _plot  # it imports matplotlib only when a picture is drawn
 
@@ -282,7 +283,7 @@ def first_name(op: str) -> str:
     outermost `jit(...)/`, if any), separated by commas or colons."""
     name = op.split(";")[0].strip()
     head, slash, rest = name.partition("/")
-    if head.startswith(("jit(", "pjit(")) and rest.startswith("("):
+    if head.startswith(_compat.JIT_OP_PREFIXES) and rest.startswith("("):
         return head + slash + _first_in_group(rest)
     return _first_in_group(name) if name.startswith("(") else name
 
@@ -305,7 +306,7 @@ def phase_name(op: str, depth: int) -> str:
     collective's in parentheses) without its outermost `jit(...)`, to `depth` components."""
     name = first_name(op)
     head, _, rest = name.partition("/")
-    if head.startswith(("jit(", "pjit(")) and rest:
+    if head.startswith(_compat.JIT_OP_PREFIXES) and rest:
         name = rest
     return "/".join(name.split("/")[:depth])
 
