@@ -220,17 +220,16 @@ def op_names(hlo_text: str) -> dict[str, str]:
 
 
 # -- the child process ----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def costed(tmp_path_factory):
-    """What `ts.cost` reports for each program of `buffer_programs.py`, and XLA's dump directory."""
-    dump = tmp_path_factory.mktemp("xla_dump")
+def run_with_xla_dump(script: pathlib.Path, dump: pathlib.Path) -> object:
+    """Run `script` (it prints JSON as its last line) in a child process whose XLA dumps
+    every compiled program's text into `dump`; what it printed."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_dump_to={dump} --xla_dump_hlo_as_text").strip()
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
     try:
         done = subprocess.run(
-            [sys.executable, str(HERE / "buffer_programs.py")],
+            [sys.executable, str(script)],
             env=env,
             capture_output=True,
             text=True,
@@ -239,7 +238,14 @@ def costed(tmp_path_factory):
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the child process costing the programs ran out of time: {e}")
     assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), dump
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def costed(tmp_path_factory):
+    """What `ts.cost` reports for each program of `buffer_programs.py`, and XLA's dump directory."""
+    dump = tmp_path_factory.mktemp("xla_dump")
+    return run_with_xla_dump(HERE / "buffer_programs.py", dump), dump
 
 
 def _shape_of(b):

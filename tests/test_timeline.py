@@ -11,19 +11,15 @@ bytes, and compared with what `ts.cost` read from the compiled program.
 """
 
 import dataclasses
-import json
-import os
 import pathlib
 import re
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from test_buffers import op_names, read_dump
+from test_buffers import op_names, read_dump, run_with_xla_dump
 
 import treeshape as ts
 
@@ -36,22 +32,7 @@ F32 = jnp.float32
 def costed(tmp_path_factory):
     """What `cost.timeline` says of each program of `timeline_programs.py`, and XLA's dump."""
     dump = tmp_path_factory.mktemp("xla_dump")
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_dump_to={dump} --xla_dump_hlo_as_text").strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
-    try:
-        done = subprocess.run(
-            [sys.executable, str(HERE / "timeline_programs.py")],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,  # subprocess.run kills the child when this runs out
-        )
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the child process costing the programs ran out of time: {e}")
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), dump
+    return run_with_xla_dump(HERE / "timeline_programs.py", dump), dump
 
 
 PROGRAMS = [
