@@ -176,7 +176,7 @@ class Fit:
         timeline = self.cost.timeline
         if timeline is None or not timeline.live_bytes:
             return ""
-        phase = timeline._phase_at(timeline.peak_step)
+        phase = next(p for p in timeline.phases() if p.start <= timeline.peak_step < p.stop)
         last = phase.stop - 1
         steps = f"step {last:,}" if last == phase.start else f"steps {phase.start:,}-{last:,}"
         return (

@@ -254,10 +254,6 @@ class Timeline:
             out.append(Phase(current, start, len(names), max(self.live_bytes[start:])))
         return tuple(out)
 
-    def _phase_at(self, step: int) -> Phase:
-        """The depth-1 phase that holds `step`."""
-        return _holding(self.phases(), step)
-
     def __str__(self) -> str:
         return chart(self)
 
