@@ -28,7 +28,7 @@ import jax.tree_util as jtu
 import numpy as np
 import pytest
 from helpers import diff_structures, pcast_varying, varying
-from hypothesis import event, given, settings, strategies as st
+from hypothesis import assume, event, given, settings, strategies as st
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -923,8 +923,30 @@ def _static_as_now(m: ts.Mismatch) -> ts.Mismatch:
     return dataclasses.replace(m, expected=texts.get(m.expected, m.expected), actual=texts.get(m.actual, m.actual))
 
 
+def _faces_a_dict(e_td: Any, a_td: Any) -> bool:
+    """Whether a `DNode` and a dict stand at one path of the two trees (walked as the reference
+    walks them). `diff` reads such a dict as the node written in a checkpoint's layout, by its
+    children's names (section 25; tested in test_orbax.py and test_restore.py), which the 0.1
+    reference predates: such pairs are outside what it can tell."""
+    if e_td.node_data() is None or a_td.node_data() is None:
+        return False
+    (e_type, e_aux), (a_type, a_aux) = e_td.node_data(), a_td.node_data()
+    if {e_type, a_type} == {DNode, dict}:
+        return True
+    e_children, a_children = e_td.children(), a_td.children()
+    if e_type is dict and a_type is dict:
+        pairs = [(e_children[list(e_aux).index(k)], a_children[i]) for i, k in enumerate(a_aux) if k in e_aux]
+    elif e_type is a_type and len(e_children) == len(a_children):
+        pairs = list(zip(e_children, a_children, strict=True))
+    else:
+        return False
+    return any(_faces_a_dict(e, a) for e, a in pairs)
+
+
 def _assert_as_reference(s: ts.Structure, other: Any, ignore: set[str]) -> list[ts.Mismatch]:
     actual = ts.structure_of(other)
+    if _faces_a_dict(s.treedef, actual.treedef):
+        assume(False)  # inside @given only: no other caller builds such a pair
     equalised, fields = _field_differences(s.treedef, actual.treedef, "")
     reference = [_static_as_now(m) for m in diff_structures(s, ts.Structure(equalised, actual.leaves), "tree")]
     reference += fields
