@@ -38,7 +38,8 @@ def two_layers(w1, w2, x):
     return jax.grad(loss)((w1, w2))
 
 
-ARGS = tuple(jnp.zeros(shape, jnp.float32) for shape in [(512, 1024), (1024, 256), (64, 512)])  # f32 as SPECS, x64 on or off
+# f32 as SPECS say, with jax_enable_x64 on or off
+ARGS = tuple(jnp.zeros(shape, jnp.float32) for shape in [(512, 1024), (1024, 256), (64, 512)])
 SPECS = ["f32[512,1024]", "f32[1024,256]", "f32[64,512]"]
 TARGET = "test_timeline_plot:two_layers"
 
