@@ -320,6 +320,57 @@ def test_a_scanned_step_counts_each_layer_as_the_unrolled_one_does():
     assert flat.flops >= 4 * 2 * 128 * 512 * 512
 
 
+def _layers(n_layers, mesh):
+    """A train step over `n_layers` stacked layers, scanned and unrolled, and its inputs on
+    `mesh`: the stack split along its rows (FSDP), the batch along its rows."""
+    ws = jax.ShapeDtypeStruct((n_layers, 1024, 1024), jnp.float32, sharding=NamedSharding(mesh, P(None, "data")))
+    x = jax.ShapeDtypeStruct((256, 1024), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
+
+    def scanned(ws, x):
+        def loss(ws):
+            return jnp.mean(jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)[0])
+
+        return ws - 0.1 * jax.grad(loss)(ws)
+
+    def unrolled(ws, x):
+        def loss(ws):
+            h = x
+            for i in range(n_layers):
+                h = jnp.tanh(h @ ws[i])
+            return jnp.mean(h)
+
+        return ws - 0.1 * jax.grad(loss)(ws)
+
+    return scanned, unrolled, ws, x
+
+
+@needs_cuda_release
+@pytest.mark.parametrize(
+    "axis_type, n_layers",
+    [(AxisType.Explicit, 4), (AxisType.Auto, 16)],
+    ids=["explicit-4-layers", "auto-16-layers"],
+)
+def test_over_several_h100s_each_layer_counts_as_the_unrolled_one_does(axis_type, n_layers):
+    """Each body is compiled alone by XLA:GPU on the 8 H100s (Explicit axes), or the program
+    once more with the scan unrolled twice (Auto: XLA partitions the scan)."""
+    mesh = AbstractMesh((8,), ("data",), axis_types=(axis_type,))
+    scanned, unrolled, ws, x = _layers(n_layers, mesh)
+    looped, flat = ts.cost(scanned, ws, x, target="h100"), ts.cost(unrolled, ws, x, target="h100")
+    assert looped.backend == "H100 x8 (deviceless)" and looped.exact_flops
+    assert abs(looped.flops - flat.flops) <= 0.02 * flat.flops
+    # Per device, three products a layer (forward, and two backward), less the input's gradient.
+    assert flat.flops >= (3 * n_layers - 1) * 2 * (256 // 8) * 1024 * 1024
+    assert "loop body" not in str(looped)
+
+
+def test_over_a_v5e_2x2_each_layer_counts_as_the_unrolled_one_does():
+    mesh = AbstractMesh((4,), ("data",), axis_types=(AxisType.Explicit,))
+    scanned, unrolled, ws, x = _layers(4, mesh)
+    looped, flat = ts.cost(scanned, ws, x, target="v5e"), ts.cost(unrolled, ws, x, target="v5e")
+    assert looped.backend == "TPU v5e x4 (deviceless)" and looped.exact_flops
+    assert abs(looped.flops - flat.flops) <= 0.02 * flat.flops
+
+
 # -- the command line ---------------------------------------------------------------------
 def _cli(*argv):
     return subprocess.run([sys.executable, "-m", "treeshape", *argv], capture_output=True, text=True, timeout=300)

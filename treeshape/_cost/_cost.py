@@ -298,19 +298,15 @@ def _own_ops(cost: Cost, around: bool) -> Cost:
 
 def _targeted(program: Compiled) -> Cost:
     """The `Cost` of a program compiled for a named accelerator: its own memory figures and
-    buffers, its device memory, each loop body counted as often as it runs on one device
-    (each body compiled alone, as `_loops` does for this process's devices; over several,
-    once, and said so)."""
+    buffers, its device memory, each loop body counted as often as it runs (each body
+    compiled alone by the target's compiler for the target's devices, as `_loops` does for
+    this process's)."""
     placed = program.target
     loops = NO_LOOPS
-    if holds_loops(program.jaxpr.jaxpr) and placed.count > 1:
-        # Over several devices `_loops` counts a partitioned body from the program compiled
-        # again, whose FLOPs a deviceless GPU compile does not report: counted once, said so.
-        loops = LoopCorrection(exact=False)
-    elif holds_loops(program.jaxpr.jaxpr):
+    if holds_loops(program.jaxpr.jaxpr):
         analysis = _compat.cost_analysis(program.compiled)
         reported = (_figure(analysis.get("flops")), _figure(analysis.get("bytes accessed")))
-        try:  # each body compiled alone for the target, as for this process's devices
+        try:  # each body compiled alone by the target's compiler, on the target's devices
             loops = loop_correction(
                 program.jaxpr, _shardings(program.compiled), arguments=program.arguments, reported=reported
             )

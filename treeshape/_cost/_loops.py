@@ -661,6 +661,12 @@ def _body_program(body: _Body) -> tuple[Callable[..., Any], list[Any], list[bool
     return program, arguments, carried, front
 
 
+def _analysis(compiled: Any) -> dict[str, Any]:
+    """XLA's cost analysis of a program compiled here, also for a named accelerator's
+    devices (`target=`): a deviceless XLA:GPU compile gives none, its optimized module does."""
+    return _compat.cost_analysis(compiled) or _compat.module_cost_analysis(compiled)
+
+
 def _cost_of_runs(bodies: Sequence[_Body]) -> tuple[float, float] | None:
     """XLA's (flops, bytes accessed) of one run of each of `bodies`, summed: one program that
     runs them side by side (on separate inputs, so XLA shares nothing between them). None
@@ -687,7 +693,7 @@ def _cost_of_runs(bodies: Sequence[_Body]) -> tuple[float, float] | None:
             donated = [i for i, c in enumerate(c for _, _, carried, _ in programs for c in carried) if c]
             flat = [a for _, arguments, _, _ in programs for a in arguments]
             lowered = jax.jit(side_by_side, donate_argnums=donated).lower(*flat)
-            analysis = _compat.cost_analysis(lowered.compile())
+            analysis = _analysis(lowered.compile())
     except Exception:  # our own program of the user's bodies: any failure means "not known"
         return None
     flops, accessed = analysis.get("flops", 0.0), analysis.get("bytes accessed")
@@ -768,7 +774,7 @@ def _partitioned_missed(
     for (extra, odd), ids in groups.items():
         try:
             variant = _unrolled_twice(closed, ids)
-            analysis = _compat.cost_analysis(jax.jit(jex.jaxpr_as_fun(variant)).lower(*arguments).compile())
+            analysis = _analysis(jax.jit(jex.jaxpr_as_fun(variant)).lower(*arguments).compile())
             once_f = float(analysis["flops"]) - reported[0]
             once_b = float(analysis["bytes accessed"]) - reported[1]
         except Exception:  # our own program of the user's jaxpr: any failure means "not known"
