@@ -206,6 +206,46 @@ def test_largest_fit_is_exact_for_the_h100_compiler(monkeypatch):
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.5" in str(half)
 
 
+@needs_cuda_release
+def test_a_size_the_compiler_fails_on_far_over_the_budget_does_not_fit(monkeypatch):
+    """XLA:GPU may fail outright on a size far over what a device holds ("Couldn't find
+    output tile sizes" for the guide's 124M step at 64 sequences per shard). Such a failure
+    is injected here above `broken` rows: where sizes below that compile put the size well
+    over the budget, it does not fit; where they do not, the compiler's error is raised."""
+    from treeshape._cost import _deviceless
+
+    compile_for, tried = _deviceless.compile_for, []
+
+    def failing_above(broken):
+        def compile_or_fail(lowered, placed):
+            rows = jax.tree.leaves(lowered.args_info)[0].shape[0]
+            tried.append(rows)
+            if rows > broken:
+                raise jax.errors.JaxRuntimeError("INTERNAL: Couldn't find output tile sizes")
+            return compile_for(lowered, placed)
+
+        return compile_or_fail
+
+    (b,) = jax.export.symbolic_shape("b")
+    x = jax.ShapeDtypeStruct((b, 2**20), jnp.float32)  # 8 MiB of argument and output per row
+    monkeypatch.setattr(_deviceless, "compile_for", failing_above(50))
+    fit = ts.largest_fit(jnp.tanh, x, dim="b", target="h100", budget=320 * 2**20)
+    assert tried == [1, 64, 32, 40, 41]  # 64 fails: 32 compiled, the line through 1 and 32 puts 64 at 1.6x
+    assert fit.size == 40 and fit.compiles == 4
+    assert fit.cost == ts.cost(jnp.tanh, x.update(shape=(40, 2**20)), target="h100")
+    assert fit.cost.peak_bytes <= 320 * 2**20 < ts.cost(jnp.tanh, x.update(shape=(41, 2**20)), target="h100").peak_bytes
+
+    tried.clear()
+    ts.clear_cache()
+    with pytest.raises(jax.errors.JaxRuntimeError, match="Couldn't find output tile sizes") as info:
+        ts.largest_fit(jnp.tanh, x, dim="b", target="h100", budget=2**30)  # 64 would fit: not judged
+    assert tried == [1, 64, 32]
+    assert info.value.__notes__ == [
+        "treeshape.largest_fit: the 'h100' compiler failed at b=64, which the sizes below it that compile do not "
+        "put well over the budget: whether it fits is not known. Pass max_size=63 to search below it."
+    ]
+
+
 # -- the cache ----------------------------------------------------------------------------
 @needs_cuda_release
 def test_asking_again_compiles_nothing_and_each_target_is_its_own_entry(compiles):

@@ -213,13 +213,16 @@ def _percent(fraction: float) -> str:
     return f"{fraction * 100:g}%"
 
 
-def _far_over(n: int, costs: dict[int, Cost], limit: int) -> bool:
-    """Whether the line through the two largest sizes below `n` puts `n` over twice `limit`."""
+def _far_over(n: int, costs: dict[int, Cost], limit: int) -> float | None:
+    """The peak at `n` on the line through the two largest sizes below it, where that puts
+    `n` a quarter or more over `limit` (a size the target's compiler fails on, judged by
+    the sizes it compiled); else None."""
     below = sorted(m for m, c in costs.items() if m < n and c.peak_bytes is not None)[-2:]
     if len(below) < 2:
-        return False
+        return None
     (a, b), (pa, pb) = below, (costs[m].peak_bytes or 0 for m in below)
-    return pb + (pb - pa) / (b - a) * (n - b) > 2 * limit
+    peak = pb + (pb - pa) / (b - a) * (n - b)
+    return peak if peak >= 1.25 * limit else None
 
 
 def _limit(budget: int, margin: float) -> int:
@@ -590,19 +593,40 @@ class _Probes:
             if n == 1:
                 raise
             return limit + 1
-        except jax.errors.JaxRuntimeError:
-            # XLA:GPU may fail outright on an absurd size (no tiling for a dot of billions of
-            # rows); a size that the line through the two largest smaller sizes puts well over
-            # the limit does not fit, anything else is the compiler's error.
-            if self.target is None or not _far_over(n, self.costs, limit):
+        except jax.errors.JaxRuntimeError as e:
+            # XLA:GPU may fail outright on a size far over what a device holds (no tiling
+            # for its dots: "Couldn't find output tile sizes"). Such a size does not fit
+            # where the line through two smaller sizes that compile puts it well over the
+            # limit (with one known below, the size halfway is compiled for the second);
+            # anything else is the compiler's error.
+            estimate = None if self.target is None else self._far_over(n, limit)
+            if estimate is None:
+                if self.target is not None:
+                    e.add_note(
+                        f"treeshape.largest_fit: the {self.target!r} compiler failed at {self.dim}={n}, which the "
+                        "sizes below it that compile do not put well over the budget: whether it fits is not known. "
+                        f"Pass max_size={n - 1} to search below it."
+                    )
                 raise
-            return limit + 1
+            return math.ceil(estimate)
         if peak is None:
             raise ValueError(
                 f"treeshape.largest_fit: the backend reports no peak for the program at {self.dim}={n} "
                 "(Cost.peak_bytes is None: a memory figure is missing), so no size can be checked against the budget."
             )
         return peak
+
+    def _far_over(self, n: int, limit: int) -> float | None:
+        """The peak at `n` by the line through sizes below it that compile, where that is
+        well over `limit` (`_far_over`), compiling halfway to the largest known below when
+        fewer than two are known; else None."""
+        below = [m for m, c in self.costs.items() if m < n and c.peak_bytes is not None]
+        if len(below) == 1 and max(below) < (half := (max(below) + n) // 2):
+            try:
+                self.cost_at(half)
+            except (jax.errors.JaxRuntimeError, _deviceless.OutOfMemory):
+                return None
+        return _far_over(n, self.costs, limit)
 
 
 def _budget(budget: float | None, probes: _Probes) -> tuple[int, str | None]:
