@@ -151,6 +151,22 @@ def test_a_line_is_answered_in_four():
     assert asked == [1, 64, 70_001, 70_000]
 
 
+def test_a_dip_between_neighbours_is_not_read_as_a_peak_that_stops_growing():
+    """XLA:GPU planned the guide's 124M step for 64 H100s at 58.9 GiB for b = 64 and 58.2
+    GiB for b = 65: a line through those two falls. The search then follows the line
+    from size 1 (doubling, since the line through 1 and 64 proved short), not max_size,
+    where XLA:GPU fails outright on the size."""
+    gib = 2**30
+
+    def peak(n):
+        return int((1.8 + 0.9 * (n - 1)) * gib) - (gib if n % 5 == 0 else 0)
+
+    assert peak(65) < peak(64)
+    size, asked = run(peak, int(59.3 * gib), 2**20)
+    assert asked[:3] == [1, 64, 65] and 2**20 not in asked
+    assert size == 65 and len(asked) <= 6
+
+
 # -- real programs through ts.largest_fit --------------------------------------------
 def oracle_peak(f, *args):
     m = jax.jit(f).lower(*args).compile().memory_analysis()

@@ -242,7 +242,8 @@ def test_a_size_the_compiler_fails_on_far_over_the_budget_does_not_fit(monkeypat
     assert tried == [1, 64, 32]
     assert info.value.__notes__ == [
         "treeshape.largest_fit: the 'h100' compiler failed at b=64, which the sizes below it that compile do not "
-        "put well over the budget: whether it fits is not known. Pass max_size=63 to search below it."
+        "put well over the budget: whether it fits is not known. Pass a max_size below 64 to search below it "
+        "(b=32 is the largest size compiled that fits)."
     ]
 
 

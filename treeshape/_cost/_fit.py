@@ -213,15 +213,25 @@ def _percent(fraction: float) -> str:
     return f"{fraction * 100:g}%"
 
 
+def _rising(peaks: dict[int, int], b: int) -> tuple[int, int]:
+    """The two sizes whose line extrapolates past `b`: the largest below `b` and `b`; or
+    size 1 and `b` where the peak falls between those two (XLA changed kernels between
+    them), so that a dip between neighbours is not read as a peak that stops growing."""
+    a = max(m for m in peaks if m < b)
+    return (a, b) if peaks[b] > peaks[a] or a == 1 else (1, b)
+
+
 def _far_over(n: int, costs: dict[int, Cost], limit: int) -> float | None:
-    """The peak at `n` on the line through the two largest sizes below it, where that puts
+    """The peak at `n` on the line through two sizes below it (`_rising`), where that puts
     `n` a quarter or more over `limit` (a size the target's compiler fails on, judged by
     the sizes it compiled); else None."""
-    below = sorted(m for m, c in costs.items() if m < n and c.peak_bytes is not None)[-2:]
-    if len(below) < 2:
+    peaks = {m: c.peak_bytes for m, c in costs.items() if m < n and c.peak_bytes is not None}
+    if len(peaks) < 2:
         return None
-    (a, b), (pa, pb) = below, (costs[m].peak_bytes or 0 for m in below)
-    peak = pb + (pb - pa) / (b - a) * (n - b)
+    a, b = _rising(peaks, max(peaks))
+    if peaks[b] <= peaks[a]:
+        return None
+    peak = peaks[b] + (peaks[b] - peaks[a]) / (b - a) * (n - b)
     return peak if peak >= 1.25 * limit else None
 
 
@@ -387,7 +397,7 @@ def _guess(s: _Bracket) -> int:
     if len(known) == 1:
         return _SECOND_PROBE
     if hi > s.max_size:  # no size is known not to fit: every size compiled fits
-        a, b = sorted(known)[-2:]
+        a, b = _rising(known, b=max(known))
         rise = known[b] - known[a]
         if rise <= 0:  # no growth: try the largest size
             return s.max_size
@@ -602,10 +612,12 @@ class _Probes:
             estimate = None if self.target is None else self._far_over(n, limit)
             if estimate is None:
                 if self.target is not None:
+                    fitting = max(m for m, c in self.costs.items() if (c.peak_bytes or 0) <= limit)
                     e.add_note(
                         f"treeshape.largest_fit: the {self.target!r} compiler failed at {self.dim}={n}, which the "
                         "sizes below it that compile do not put well over the budget: whether it fits is not known. "
-                        f"Pass max_size={n - 1} to search below it."
+                        f"Pass a max_size below {n} to search below it ({self.dim}={fitting} is the largest size "
+                        "compiled that fits)."
                     )
                 raise
             return math.ceil(estimate)
