@@ -246,6 +246,12 @@ def test_a_size_the_compiler_fails_on_far_over_the_budget_does_not_fit(monkeypat
         "(b=32 is the largest size compiled that fits)."
     ]
 
+    ts.clear_cache()
+    monkeypatch.setattr(_deviceless, "compile_for", failing_above(0))  # even size 1: the compiler's error alone
+    with pytest.raises(jax.errors.JaxRuntimeError, match="Couldn't find output tile sizes") as info:
+        ts.largest_fit(jnp.tanh, x, dim="b", target="h100", budget=2**30)
+    assert not getattr(info.value, "__notes__", [])
+
 
 # -- the cache ----------------------------------------------------------------------------
 @needs_cuda_release

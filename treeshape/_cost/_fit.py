@@ -611,8 +611,8 @@ class _Probes:
             # anything else is the compiler's error.
             estimate = None if self.target is None else self._far_over(n, limit)
             if estimate is None:
-                if self.target is not None:
-                    fitting = max(m for m, c in self.costs.items() if (c.peak_bytes or 0) <= limit)
+                fitting = max((m for m, c in self.costs.items() if (c.peak_bytes or 0) <= limit), default=None)
+                if self.target is not None and fitting is not None:
                     e.add_note(
                         f"treeshape.largest_fit: the {self.target!r} compiler failed at {self.dim}={n}, which the "
                         "sizes below it that compile do not put well over the budget: whether it fits is not known. "
