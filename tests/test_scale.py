@@ -936,8 +936,8 @@ def _faces_a_dict(e_td: Any, a_td: Any) -> bool:
     e_children, a_children = e_td.children(), a_td.children()
     if e_type is dict and a_type is dict:
         pairs = [(e_children[list(e_aux).index(k)], a_children[i]) for i, k in enumerate(a_aux) if k in e_aux]
-    elif e_type is a_type and len(e_children) == len(a_children):
-        pairs = list(zip(e_children, a_children, strict=True))
+    elif e_type is a_type and (len(e_children) == len(a_children) or e_type in (list, tuple)):
+        pairs = list(zip(e_children, a_children, strict=False))  # lists of two lengths: their common prefix
     else:
         return False
     return any(_faces_a_dict(e, a) for e, a in pairs)
