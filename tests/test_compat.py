@@ -369,6 +369,20 @@ def test_the_compiled_program_gives_its_buffer_assignment_and_module(dtype):
     assert value.size == 15 * np.dtype(dtype).itemsize and allocations[value.allocation].entry_parameter
 
 
+def test_the_optimized_text_of_a_program_is_costed_as_the_program():
+    """A compiled program's optimized HLO text, parsed again by jaxlib and costed by XLA's HLO
+    cost analysis, gives the figures XLA gives the program (a loop body is costed so)."""
+    compiled = jax.jit(lambda a, b: jnp.tanh(a @ b)).lower(jnp.ones((8, 16)), jnp.ones((16, 4))).compile()
+    text = _compat.optimized_text(compiled)
+    assert text is not None and text.startswith("HloModule ")
+    own, from_text = _compat.program_cost_analysis(compiled), _compat.hlo_text_cost_analysis(text)
+    assert from_text["flops"] == own["flops"] >= 2 * 8 * 16 * 4
+    assert from_text["bytes accessed"] == own["bytes accessed"]
+    assert _compat.module_cost_analysis(compiled)["flops"] == own["flops"]
+    assert _compat.hlo_text_cost_analysis("HloModule nothing") == {}
+    assert _compat.optimized_text(object()) is None
+
+
 def test_named_trace_settings_tell_the_mesh_and_the_named_axes_as_users_set_them():
     base = _compat.named_trace_settings()
     assert base["mesh"] is None and base["jax_enable_x64"] == jax.config.jax_enable_x64

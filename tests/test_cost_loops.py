@@ -377,15 +377,39 @@ def test_scans_partitioned_by_xla_are_counted_per_device(mesh, length):
     assert_counts_as_unrolled(ts.cost(step_fn, params, xs), unrolled(twin, params, xs))
 
 
-def test_nested_loops_partitioned_by_xla_are_not_exact(mesh):
+def test_nested_loops_partitioned_by_xla_are_counted_by_both_trip_counts(mesh):
     x = jax.ShapeDtypeStruct((8 * 32, 128), F32, sharding=NamedSharding(mesh, P("i")))
 
     def nested(x):
         return lax.scan(lambda c, _: (lax.fori_loop(0, 4, lambda i, c: jnp.tanh(c @ c.T @ c), c), None), x, length=5)[0]
 
-    c = ts.cost(nested, x)
-    assert not c.exact_flops
-    assert c.flops >= unrolled(nested, x)[0]
+    def twin(x):
+        for _ in range(5 * 4):
+            x = jnp.tanh(x @ x.T @ x)
+        return x
+
+    assert_counts_as_unrolled(ts.cost(nested, x), unrolled(twin, x))
+
+
+def test_a_partitioned_scan_beside_a_shard_map_scan_is_counted_per_device(mesh):
+    """The `shard_map` body is compiled alone; the partitioned scan, beside it, is counted
+    from the program compiled again with that scan unrolled twice."""
+    x = jax.ShapeDtypeStruct((8 * 32, 128), F32, sharding=NamedSharding(mesh, P("i")))
+    w = jax.ShapeDtypeStruct((128, 128), F32, sharding=NamedSharding(mesh, P()))
+    manual = jax.shard_map(
+        lambda x, w: lax.scan(lambda c, _: (step(c, w), None), x, length=6)[0],
+        mesh=mesh,
+        in_specs=(P("i"), P()),
+        out_specs=P("i"),
+    )
+
+    def both(x, w):
+        return manual(lax.scan(lambda c, _: (step(c, w), None), x, length=10)[0], w)
+
+    def twin(x, w):
+        return _loop(_loop(x, w, n=10), w, n=6)
+
+    assert_counts_as_unrolled(ts.cost(both, x, w), unrolled(twin, x, w))
 
 
 # -- a scan-over-layers model against its Python-loop twin -----------------------------

@@ -394,12 +394,13 @@ def _layers(n_layers, mesh):
 @needs_cuda_release
 @pytest.mark.parametrize(
     "axis_type, n_layers",
-    [(AxisType.Explicit, 4), (AxisType.Auto, 16)],
-    ids=["explicit-4-layers", "auto-16-layers"],
+    [(AxisType.Explicit, 4), (AxisType.Auto, 4), (AxisType.Auto, 16)],
+    ids=["explicit-4-layers", "auto-4-layers", "auto-16-layers"],
 )
 def test_over_several_h100s_each_layer_counts_as_the_unrolled_one_does(axis_type, n_layers):
-    """Each body is compiled alone by XLA:GPU on the 8 H100s (Explicit axes), or the program
-    once more with the scan unrolled twice (Auto: XLA partitions the scan)."""
+    """Each body is compiled alone by XLA:GPU on the 8 H100s (Explicit axes), or read from the
+    compiled program (Auto: XLA partitions the scan), less the input's gradient that the
+    unrolled program drops from the last layer's backward pass."""
     mesh = AbstractMesh((8,), ("data",), axis_types=(axis_type,))
     scanned, unrolled, ws, x = _layers(n_layers, mesh)
     looped, flat = ts.cost(scanned, ws, x, target="h100"), ts.cost(unrolled, ws, x, target="h100")
@@ -410,8 +411,9 @@ def test_over_several_h100s_each_layer_counts_as_the_unrolled_one_does(axis_type
     assert "loop body" not in str(looped)
 
 
-def test_over_a_v5e_2x2_each_layer_counts_as_the_unrolled_one_does():
-    mesh = AbstractMesh((4,), ("data",), axis_types=(AxisType.Explicit,))
+@pytest.mark.parametrize("axis_type", [AxisType.Explicit, AxisType.Auto], ids=["explicit", "auto"])
+def test_over_a_v5e_2x2_each_layer_counts_as_the_unrolled_one_does(axis_type):
+    mesh = AbstractMesh((4,), ("data",), axis_types=(axis_type,))
     scanned, unrolled, ws, x = _layers(4, mesh)
     looped, flat = ts.cost(scanned, ws, x, target="v5e"), ts.cost(unrolled, ws, x, target="v5e")
     assert looped.backend == "TPU v5e x4 (deviceless)" and looped.exact_flops

@@ -803,25 +803,63 @@ def lowered_kept_arguments(lowered: Any) -> Any:
 
 
 # -- compiling for an accelerator this machine does not have (`target=`) ---------------------
+def _hlo_cost_analysis() -> Any:
+    """jaxlib's private `hlo_module_cost_analysis(client, module)`: XLA's HLO cost analysis of
+    a module, run by a client of this process (no public API runs it on a module)."""
+    from jax._src import lib
+
+    analyse = getattr(getattr(lib, "_jax", None), "hlo_module_cost_analysis", None)
+    return analyse if analyse is not None else lib.xla_client._xla.hlo_module_cost_analysis  # type: ignore[attr-defined]
+
+
 def module_cost_analysis(compiled: Any) -> dict[str, Any]:
     """XLA's HLO cost analysis of a compiled program's optimized module, run by this
     process's CPU client (`{}` where not found). A deviceless XLA:GPU compile answers
     `cost_analysis()` with None; the same analysis over the module it optimized gives its
-    FLOPs and bytes. Only jaxlib's private `hlo_module_cost_analysis` runs it on a module."""
+    FLOPs and bytes."""
+    try:
+        from jax.extend import backend as jax_backend
+
+        modules = compiled.runtime_executable().hlo_modules()
+        if len(modules) != 1:
+            return {}
+        analysis = _hlo_cost_analysis()(jax_backend.get_backend("cpu"), modules[0])
+    except Exception:
+        return {}
+    return dict(analysis) if isinstance(analysis, dict) else {}
+
+
+def program_cost_analysis(compiled: Any) -> dict[str, Any]:
+    """XLA's cost analysis of a compiled program: the backend's own, else (a deviceless
+    XLA:GPU compile gives none) that of the module it optimized."""
+    return cost_analysis(compiled) or module_cost_analysis(compiled)
+
+
+def hlo_text_cost_analysis(text: str) -> dict[str, Any]:
+    """XLA's HLO cost analysis of a module given as HLO text (`{}` where it cannot be read):
+    a loop body of an optimized program, made a module of its own (`_cost._hlo_loops`).
+    jaxlib's private `hlo_module_from_text` is the only parser of that text."""
     try:
         from jax._src import lib
         from jax.extend import backend as jax_backend
 
-        analyse = getattr(getattr(lib, "_jax", None), "hlo_module_cost_analysis", None)
-        if analyse is None:
-            analyse = lib.xla_client._xla.hlo_module_cost_analysis  # type: ignore[attr-defined]
-        modules = compiled.runtime_executable().hlo_modules()
-        if len(modules) != 1:
-            return {}
-        analysis = analyse(jax_backend.get_backend("cpu"), modules[0])
+        parse = getattr(getattr(lib.xla_client, "hlo", None), "hlo_module_from_text", None)  # type: ignore[attr-defined]
+        if parse is None:  # jaxlib before 0.10 keeps it in `_xla`
+            parse = lib.xla_client._xla.hlo_module_from_text  # type: ignore[attr-defined]
+        module = parse(text)
+        analysis = _hlo_cost_analysis()(jax_backend.get_backend("cpu"), module)
     except Exception:
         return {}
     return dict(analysis) if isinstance(analysis, dict) else {}
+
+
+def optimized_text(compiled: Any) -> str | None:
+    """The optimized HLO text of a compiled program (`Compiled.as_text()`, public), or None."""
+    try:
+        text = compiled.as_text()
+    except Exception:
+        return None
+    return text if isinstance(text, str) and text else None
 
 
 # The public classes report module `treeshape`, so doctest would not look for their examples here.

@@ -13,8 +13,8 @@ Row 2, a miss: a fresh step (no cache knows it) on both sides, the cost cache em
 before each `ts.cost`. On top of the compile, `ts.cost` traces the step, has XLA dump
 the compile's buffer assignment and reads it, runs the HLO cost analysis of the
 optimized module, and counts the scan's body by its trip count: XLA partitions that scan
-(`Auto` axes), so the program is compiled once more with the scan unrolled twice. Goal:
-at most 1.2x (issue 40's), missed since that second compile came in (2.26x measured).
+(`Auto` axes), so its body is read from the compiled program's optimized HLO and costed
+alone (nothing compiles again). Goal: at most 1.2x (issue 40's).
 Row 3, a miss of the same step with its layers unrolled (no loop): the compile and the
 readings alone. Goal: at most 1.2x. Needs JAX's
 CUDA plugin (`treeshape[cuda]`); without it the case has no rows.

@@ -277,7 +277,9 @@ def _figures(program: Compiled) -> Cost:
     if program.target is not None:  # compiled by a named accelerator's compiler (`target=`)
         return _targeted(program)
     if program.far is None:
-        loops = loop_correction(program.jaxpr, _shardings(compiled), arguments=program.arguments, reported=reported)
+        loops = loop_correction(
+            program.jaxpr, _shardings(compiled), arguments=program.arguments, reported=reported, compiled=compiled
+        )
         return _own_ops(_read(compiled, paths, output_paths, donate, loops), program.around)
     # Loop bodies are compiled here, and cannot be for the far mesh: counted once, and said so.
     loops = LoopCorrection(exact=not holds_loops(program.jaxpr.jaxpr))
@@ -308,7 +310,11 @@ def _targeted(program: Compiled) -> Cost:
         reported = (_figure(analysis.get("flops")), _figure(analysis.get("bytes accessed")))
         try:  # each body compiled alone by the target's compiler, on the target's devices
             loops = loop_correction(
-                program.jaxpr, _shardings(program.compiled), arguments=program.arguments, reported=reported
+                program.jaxpr,
+                _shardings(program.compiled),
+                arguments=program.arguments,
+                reported=reported,
+                compiled=program.compiled,
             )
         except Exception:  # a body the target's compiler cannot take alone: counted once, and said so
             loops = LoopCorrection(exact=False)

@@ -127,7 +127,7 @@ def compile_for(lowered: Any, placed: Placed) -> "Targeted":
             message = fields(path.read_bytes())
             parts = message.get(_HLO_PROTO_BUFFER_ASSIGNMENT)
             assignment = bytes(parts[-1]) if parts else None
-    return Targeted(compiled, assignment, placed.target.platform == "cuda")
+    return Targeted(compiled, assignment)
 
 
 def _reason(e: BaseException) -> str:
@@ -141,16 +141,14 @@ class Targeted:
     """A deviceless `jax.stages.Compiled`, read as `_compat` reads any: with the buffer
     assignment from XLA's dump, and on NVIDIA the cost analysis of the optimized module."""
 
-    def __init__(self, compiled: Any, assignment: bytes | None, gpu: bool) -> None:
-        self._compiled, self._assignment, self._gpu = compiled, assignment, gpu
+    def __init__(self, compiled: Any, assignment: bytes | None) -> None:
+        self._compiled, self._assignment = compiled, assignment
 
     def __getattr__(self, name: str) -> Any:  # input_shardings, runtime_executable, _executable, ...
         return getattr(self._compiled, name)
 
     def cost_analysis(self) -> dict[str, Any]:
-        if self._gpu:
-            return _compat.module_cost_analysis(self._compiled)
-        return _compat.cost_analysis(self._compiled)
+        return _compat.program_cost_analysis(self._compiled)
 
     def memory_analysis(self) -> Any:
         stats = self._compiled.memory_analysis()

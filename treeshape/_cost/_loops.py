@@ -18,8 +18,9 @@ those two runs are costed as a two-run loop unrolled alone. A body
 nested in a loop is counted for every run of its enclosing loops. A loop in a `cond`
 branch is counted as XLA counts a conditional: the most costly branch. A scan that XLA
 partitions across devices as it sees fit (`Auto` mesh axes) has a cost per device only
-inside the program: the program is compiled once more with that scan unrolled twice, and
-the difference is one run of its body.
+inside the program: where every loop is such a scan, each is read from the compiled
+program's optimized module (`_hlo_loops`); else the program is compiled once more with
+those scans unrolled twice, and the difference is one run of each body.
 
 Where a trip count is not known when compiling, or a body cannot be compiled alone, that
 body stays counted once and the correction says it is not exact.
@@ -41,6 +42,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import _compat
+from . import _hlo_loops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +117,7 @@ class _Walk:
     depth: int = 0  # how many loops or conditionals hold the equations being walked
     # Scans that XLA partitions, outside any loop: (equation, extra runs, length % 2).
     partitioned: list[tuple[Any, int, int]] = dataclasses.field(default_factory=list)
+    nested: bool = False  # whether such a scan holds loops (unrolling it twice misses them)
 
     def terms(self, jaxpr: jex.Jaxpr, known: dict[Any, int], runs: int, manual: _Manual | None) -> list[_Term]:
         """The loop terms of `jaxpr`, run `runs` times, with the scalar values `known`."""
@@ -163,12 +166,11 @@ class _Walk:
         if manual is None and self.multi_device:
             if not _explicit(body, self.mesh):
                 # A body XLA partitions across devices as it sees fit: its cost per device
-                # is known only inside the program, from the program with the scan
-                # unrolled twice (a scan outside other loops, without loops inside).
+                # is known only inside the program, so it is read there (a scan outside
+                # other loops; `loop_correction` says how).
                 if scan is not None and trips is not None and trips >= 2 and counted == 1 and self.depth == 0:
                     self.partitioned.append((eqn, runs * (trips - 1), trips % 2))
-                    if holds_loops(body.jaxpr):
-                        self.exact = False
+                    self.nested = self.nested or holds_loops(body.jaxpr)
                 else:
                     self.exact = False
                 return [], []
@@ -422,9 +424,6 @@ def _shard_map_context(eqn: Any, outer: _Manual | None) -> _Manual:
 
 
 # -- trip counts of `while` loops -------------------------------------------------------
-_FLIPPED: Final = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "ne": "ne"}
-
-
 def _trip_count(eqn: Any, known: dict[Any, int]) -> int | None:
     """How often a `while` body runs, where its condition is `counter OP bound` (OP one of
     `<`, `<=`, `>`, `>=`, `!=`), the counter a carry that starts at a known integer and that
@@ -439,7 +438,7 @@ def _trip_count(eqn: Any, known: dict[Any, int]) -> int | None:
         if value is not None:
             cond_known[var] = value
     test = _defining(cond.jaxpr, cond.jaxpr.outvars[0])
-    if test is None or test.primitive.name not in _FLIPPED:
+    if test is None or test.primitive.name not in _hlo_loops.FLIPPED:
         return None
     carries = cond.jaxpr.invars[n_cond:]
 
@@ -476,29 +475,14 @@ def _trip_count(eqn: Any, known: dict[Any, int]) -> int | None:
     op = test.primitive.name
     left, right = test.invars
     if carry_index(left) is None:
-        left, right, op = right, left, _FLIPPED[op]
+        left, right, op = right, left, _hlo_loops.FLIPPED[op]
     i = carry_index(left)
     if i is None:
         return None
     start, by, end = _value(init[i], known), step(i), bound(right)
     if start is None or by is None or end is None:
         return None
-    return _runs(start, by, end, op)
-
-
-def _runs(start: int, by: int, end: int, op: str) -> int | None:
-    """How often `i = start; while i OP end: i += by` runs its body (None: forever)."""
-    holds = {"lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge, "ne": operator.ne}[op]
-    if not holds(start, end):
-        return 0
-    if op == "ne":
-        gap = end - start
-        return gap // by if by and gap % by == 0 and gap // by > 0 else None
-    towards = by > 0 if op in ("lt", "le") else by < 0
-    if not towards:
-        return None
-    gap, by = abs(end - start), abs(by)
-    return gap // by + 1 if op in ("le", "ge") else math.ceil(gap / by)
+    return _hlo_loops.runs(start, by, end, op)
 
 
 def _defining(jaxpr: jex.Jaxpr, var: Any) -> Any:
@@ -661,12 +645,6 @@ def _body_program(body: _Body) -> tuple[Callable[..., Any], list[Any], list[bool
     return program, arguments, carried, front
 
 
-def _analysis(compiled: Any) -> dict[str, Any]:
-    """XLA's cost analysis of a program compiled here, also for a named accelerator's
-    devices (`target=`): a deviceless XLA:GPU compile gives none, its optimized module does."""
-    return _compat.cost_analysis(compiled) or _compat.module_cost_analysis(compiled)
-
-
 def _cost_of_runs(bodies: Sequence[_Body]) -> tuple[float, float] | None:
     """XLA's (flops, bytes accessed) of one run of each of `bodies`, summed: one program that
     runs them side by side (on separate inputs, so XLA shares nothing between them). None
@@ -693,7 +671,7 @@ def _cost_of_runs(bodies: Sequence[_Body]) -> tuple[float, float] | None:
             donated = [i for i, c in enumerate(c for _, _, carried, _ in programs for c in carried) if c]
             flat = [a for _, arguments, _, _ in programs for a in arguments]
             lowered = jax.jit(side_by_side, donate_argnums=donated).lower(*flat)
-            analysis = _analysis(lowered.compile())
+            analysis = _compat.program_cost_analysis(lowered.compile())
     except Exception:  # our own program of the user's bodies: any failure means "not known"
         return None
     flops, accessed = analysis.get("flops", 0.0), analysis.get("bytes accessed")
@@ -774,7 +752,7 @@ def _partitioned_missed(
     for (extra, odd), ids in groups.items():
         try:
             variant = _unrolled_twice(closed, ids)
-            analysis = _analysis(jax.jit(jex.jaxpr_as_fun(variant)).lower(*arguments).compile())
+            analysis = _compat.program_cost_analysis(jax.jit(jex.jaxpr_as_fun(variant)).lower(*arguments).compile())
             once_f = float(analysis["flops"]) - reported[0]
             once_b = float(analysis["bytes accessed"]) - reported[1]
         except Exception:  # our own program of the user's jaxpr: any failure means "not known"
@@ -792,6 +770,7 @@ def loop_correction(
     *,
     arguments: Sequence[Any] = (),
     reported: tuple[float | None, float | None] = (None, None),
+    compiled: Any = None,
 ) -> LoopCorrection:
     """What XLA's cost analysis of the program `closed` misses by counting each loop body once.
 
@@ -807,6 +786,8 @@ def loop_correction(
         arguments: The program's arguments as it was lowered (`ShapeDtypeStruct`s with
             their shardings), one per input of `closed`.
         reported: XLA's (flops, bytes accessed) of the program.
+        compiled: The compiled program. Where every loop is a scan XLA partitions, each
+            is read from its optimized module instead (`_hlo_loops`): nothing compiles.
 
     Returns:
         The FLOPs and bytes to add, and whether every trip count and body cost was known.
@@ -819,11 +800,17 @@ def loop_correction(
     terms = walk.terms(closed.jaxpr, _consts(closed), 1, None)
     if not terms and not walk.partitioned:
         return LoopCorrection(exact=walk.exact) if not walk.exact else NO_LOOPS
+    if walk.partitioned and not terms:
+        # Every loop is a scan XLA partitions: each is read from the compiled program itself.
+        text = _compat.optimized_text(compiled) if compiled is not None else None
+        read = _hlo_loops.missed(text) if text is not None else None
+        if read is not None:
+            return LoopCorrection(read.flops, read.bytes_accessed, read.exact and walk.exact)
     flops, accessed, exact = _missed(terms)
     if walk.partitioned:
         if None in reported or len(arguments) != len(closed.jaxpr.invars):
             exact = False
         else:
             f, b, e = _partitioned_missed(closed, walk.partitioned, arguments, reported)
-            flops, accessed, exact = flops + f, accessed + b, exact and e
+            flops, accessed, exact = flops + f, accessed + b, exact and e and not walk.nested
     return LoopCorrection(flops, accessed, exact and walk.exact)
