@@ -609,7 +609,7 @@ class _Probes:
             # where the line through two smaller sizes that compile puts it well over the
             # limit (with one known below, the size halfway is compiled for the second);
             # anything else is the compiler's error.
-            estimate = None if self.target is None else self._far_over(n, limit)
+            estimate = None if self.target is None else self._judge_failed_size(n, limit)
             if estimate is None:
                 fitting = max((m for m, c in self.costs.items() if (c.peak_bytes or 0) <= limit), default=None)
                 if self.target is not None and fitting is not None:
@@ -628,7 +628,7 @@ class _Probes:
             )
         return peak
 
-    def _far_over(self, n: int, limit: int) -> float | None:
+    def _judge_failed_size(self, n: int, limit: int) -> float | None:
         """The peak at `n` by the line through sizes below it that compile, where that is
         well over `limit` (`_far_over`), compiling halfway to the largest known below when
         fewer than two are known; else None."""
