@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from far_mesh_programs import inputs, train_step
+from jax import lax
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 
 import treeshape as ts
@@ -104,6 +105,31 @@ def test_asking_again_starts_no_child(children):
     again = ts.cost(train_step, *args)
     assert again == first
     assert len(children) == 1
+
+
+def _layers_step(unroll):
+    def loss(ws, x):
+        return jnp.mean(lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws, unroll=unroll)[0] ** 2)
+
+    return lambda ws, x: ws - 0.1 * jax.grad(loss)(ws, x)
+
+
+def test_loops_on_a_far_mesh_count_each_run_as_the_unrolled_program_does(children):
+    """The loops of a program the child compiled are read from its optimized module."""
+    mesh = _abstract_mesh({"data": 16})
+    ws = jax.ShapeDtypeStruct((6, 256, 256), jnp.float32, sharding=NamedSharding(mesh, P(None, "data")))
+    x = jax.ShapeDtypeStruct((16 * 8, 256), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+    looped, flat = ts.cost(_layers_step(1), ws, x), ts.cost(_layers_step(True), ws, x)
+    assert looped.backend == "cpu x16 (simulated)" and looped.exact_flops
+    assert looped.flops == pytest.approx(flat.flops, rel=0.02)
+    assert flat.bytes_accessed / 2 <= looped.bytes_accessed <= 2 * flat.bytes_accessed
+    assert looped.flops > 3 * ts.cost(_layers_step(1), ws.update(shape=(2, 256, 256)), x).flops  # six layers, not two
+
+    def until_small(x):
+        return lax.while_loop(lambda x: jnp.sum(x) > 1.0, lambda x: jnp.tanh(x) / 2, x)
+
+    assert not ts.cost(until_small, x).exact_flops  # a trip count known only when it runs
+    assert len(children) == 4 and all(p.poll() is not None for p in children)
 
 
 def test_a_structure_planned_on_an_abstract_mesh_and_read_back_from_json(children):

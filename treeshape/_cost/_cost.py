@@ -37,7 +37,7 @@ from .._shapes import human_bytes
 from .._table import grid, html_grid
 from . import _buffers, _simulate, _target
 from ._buffers import Buffer, Donation
-from ._loops import NO_LOOPS, LoopCorrection, holds_loops, loop_correction
+from ._loops import NO_LOOPS, LoopCorrection, compiled_loops, holds_loops, loop_correction
 from ._program import Compiled, compile_program, donated_leaves
 from ._timeline import Timeline
 
@@ -281,8 +281,9 @@ def _figures(program: Compiled) -> Cost:
             program.jaxpr, _shardings(compiled), arguments=program.arguments, reported=reported, compiled=compiled
         )
         return _own_ops(_read(compiled, paths, output_paths, donate, loops), program.around)
-    # Loop bodies are compiled here, and cannot be for the far mesh: counted once, and said so.
-    loops = LoopCorrection(exact=not holds_loops(program.jaxpr.jaxpr))
+    # The far mesh's devices are not here to compile loop bodies on: its loops are read
+    # from the program the child compiled.
+    loops = compiled_loops(compiled) if holds_loops(program.jaxpr.jaxpr) else NO_LOOPS
     cost = _read(compiled, paths, output_paths, donate, loops, backend=f"cpu x{program.far.size} {_SIMULATED}")
     return _own_ops(cost, program.around)
 

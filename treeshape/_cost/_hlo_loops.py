@@ -2,7 +2,8 @@
 analysis misses of them by counting each `while` body once.
 
 A scan that XLA partitions across devices as it sees fit (`Auto` mesh axes) has a cost
-per device only inside the program, so it is read there: each `while` of the optimized
+per device only inside the program, and a program compiled for a far mesh (in a child
+process) has its devices nowhere else, so their loops are read there: each `while` of the optimized
 module whose trip count XLA knows (`known_trip_count`, which XLA's loop analysis records
 on every backend treeshape compiles for) has its body costed alone, as a module of its
 own with that body as its entry, by the same HLO cost analysis, and counted as often as
@@ -326,12 +327,11 @@ def _without_results(body: _Computation, unread: set[int]) -> _Computation | Non
 @dataclasses.dataclass(frozen=True)
 class LoopsRead:
     """What XLA's analysis misses of a compiled program's loops, and whether every trip
-    count and body was known (`exact`); `loops` is how many `while` loops it holds."""
+    count was known (`exact`)."""
 
     flops: float
     bytes_accessed: float
     exact: bool
-    loops: int
 
 
 def missed(text: str) -> LoopsRead | None:
@@ -341,7 +341,7 @@ def missed(text: str) -> LoopsRead | None:
     if module is None:
         return None
     flops = accessed = 0.0
-    exact, count = True, 0
+    exact = True
     # (computation, how often it runs, whether it is the program's own level)
     todo: list[tuple[str, int, bool]] = [(module.entry, 1, True)]
     seen: set[tuple[str, int]] = set()
@@ -353,7 +353,6 @@ def missed(text: str) -> LoopsRead | None:
         computation = module.computations[name]
         todo += [(called, runs, top) for called in computation.called(loops=False)]
         for loop, body, trips in computation.whiles():
-            count += 1
             trips = trips if trips is not None else _counted(module, computation, loop)
             cost = _cost(module.text(body))
             if cost is None:
@@ -373,4 +372,4 @@ def missed(text: str) -> LoopsRead | None:
                 else:
                     flops -= max(cost[0] - cut[0], 0.0)
                     accessed -= max(cost[1] - cut[1], 0.0)
-    return LoopsRead(flops, accessed, exact, count)
+    return LoopsRead(flops, accessed, exact)
