@@ -253,6 +253,38 @@ def test_a_size_the_compiler_fails_on_far_over_the_budget_does_not_fit(monkeypat
     assert not getattr(info.value, "__notes__", [])
 
 
+@needs_cuda_release
+def test_progress_names_each_size_the_target_compiler_refuses_or_fails_on(monkeypatch, capsys):
+    """libtpu refuses a program over a TPU's memory, XLA:GPU may fail on one far over it: the
+    progress lines say so for each such size, and the summary counts them."""
+    from treeshape._cost import _deviceless
+
+    compile_for = _deviceless.compile_for
+
+    def refusing(lowered, placed):
+        rows = jax.tree.leaves(lowered.args_info)[0].shape[0]
+        if rows > 50:
+            raise jax.errors.JaxRuntimeError("INTERNAL: Couldn't find output tile sizes")
+        if rows > 40:
+            raise _deviceless.OutOfMemory("treeshape: the program does not fit on H100")
+        return compile_for(lowered, placed)
+
+    monkeypatch.setattr(_deviceless, "compile_for", refusing)
+    (b,) = jax.export.symbolic_shape("b")
+    x = jax.ShapeDtypeStruct((b, 2**20), jnp.float32)  # 8 MiB of argument and output per row
+    fit = ts.largest_fit(jnp.tanh, x, dim="b", target="h100", budget=320 * 2**20, progress=True)
+    err = capsys.readouterr().err
+    lines = [line.removeprefix("treeshape.largest_fit: ").rsplit("; ", 1)[0] for line in err.splitlines()]
+    assert fit.size == 40 and fit.compiles == 3  # 1, 32 (to judge 64), 40; 41 and above are refused
+    assert lines[1:4] == [
+        "b=64: the 'h100' compiler fails on it; the line through b=1 and 32 puts its peak at 512.0 MiB: "
+        "does not fit; the answer is in 1..63",
+        "b=40: peak 320.0 MiB (335,544,320 B), fits; the answer is in 40..63",
+        "b=41: the 'h100' compiler refuses it (out of memory): does not fit; the answer is 40",
+    ]
+    assert "b=41 does not; 3 programs compiled, 2 sizes refused by the compiler in " in err.splitlines()[-1]
+
+
 # -- the cache ----------------------------------------------------------------------------
 @needs_cuda_release
 def test_asking_again_compiles_nothing_and_each_target_is_its_own_entry(compiles):

@@ -221,10 +221,10 @@ def _rising(peaks: dict[int, int], b: int) -> tuple[int, int]:
     return (a, b) if peaks[b] > peaks[a] or a == 1 else (1, b)
 
 
-def _far_over(n: int, costs: dict[int, Cost], limit: int) -> float | None:
-    """The peak at `n` on the line through two sizes below it (`_rising`), where that puts
-    `n` a quarter or more over `limit` (a size the target's compiler fails on, judged by
-    the sizes it compiled); else None."""
+def _far_over(n: int, costs: dict[int, Cost], limit: int) -> tuple[float, int, int] | None:
+    """The peak at `n` on the line through two sizes below it (`_rising`), and those sizes,
+    where that puts `n` a quarter or more over `limit` (a size the target's compiler fails
+    on, judged by the sizes it compiled); else None."""
     peaks = {m: c.peak_bytes for m, c in costs.items() if m < n and c.peak_bytes is not None}
     if len(peaks) < 2:
         return None
@@ -232,7 +232,7 @@ def _far_over(n: int, costs: dict[int, Cost], limit: int) -> float | None:
     if peaks[b] <= peaks[a]:
         return None
     peak = peaks[b] + (peaks[b] - peaks[a]) / (b - a) * (n - b)
-    return peak if peak >= 1.25 * limit else None
+    return (peak, a, b) if peak >= 1.25 * limit else None
 
 
 def _limit(budget: int, margin: float) -> int:
@@ -562,6 +562,7 @@ class _Probes:
         check_names(dim, self.names)
         self.costs: dict[int, Cost] = {}
         self.seconds: dict[int, float] = {}
+        self.refused: dict[int, tuple[str, float]] = {}  # sizes the target's compiler took no program of
         self.bind(1)
         self.bind(max_size)  # before compiling anything
 
@@ -597,13 +598,16 @@ class _Probes:
     def peak_at(self, n: int, limit: int) -> int:
         """The peak bytes at size `n`; `limit + 1` (does not fit) where the target's compiler
         refuses the size, or fails on one far over the limit."""
+        began = time.perf_counter()
         try:
             peak = self.cost_at(n).peak_bytes
         except _deviceless.OutOfMemory:  # the target's compiler refuses it: it does not fit
             if n == 1:
                 raise
+            self.refused[n] = (f"the {self.target!r} compiler refuses it (out of memory)", time.perf_counter() - began)
             return limit + 1
         except jax.errors.JaxRuntimeError as e:
+            failed = time.perf_counter() - began
             # XLA:GPU may fail outright on a size far over what a device holds (no tiling
             # for its dots: "Couldn't find output tile sizes"). Such a size does not fit
             # where the line through two smaller sizes that compile puts it well over the
@@ -620,7 +624,10 @@ class _Probes:
                         "compiled that fits)."
                     )
                 raise
-            return math.ceil(estimate)
+            peak, a, b = estimate
+            line = f"the line through {self.dim}={a} and {b} puts its peak at {human_bytes(math.ceil(peak))}"
+            self.refused[n] = (f"the {self.target!r} compiler fails on it; {line}", failed)
+            return math.ceil(peak)
         if peak is None:
             raise ValueError(
                 f"treeshape.largest_fit: the backend reports no peak for the program at {self.dim}={n} "
@@ -628,7 +635,7 @@ class _Probes:
             )
         return peak
 
-    def _judge_failed_size(self, n: int, limit: int) -> float | None:
+    def _judge_failed_size(self, n: int, limit: int) -> tuple[float, int, int] | None:
         """The peak at `n` by the line through sizes below it that compile, where that is
         well over `limit` (`_far_over`), compiling halfway to the largest known below when
         fewer than two are known; else None."""
@@ -663,18 +670,22 @@ def _budget(budget: float | None, probes: _Probes) -> tuple[int, str | None]:
 
 def _report_size(probes: _Probes, limit: int, n: int, peak: int, lo: int, hi: int) -> None:
     """The progress line of size `n` (only if this call compiled it), with the range the
-    answer is known to be in (`lo < 1`: none)."""
+    answer is known to be in (`lo < 1`: none); or of a size the target's compiler refused."""
+    dim, max_size = probes.dim, probes.max_size
+    answer = "none" if lo < 1 else f"{lo}" if hi - lo <= 1 or lo == max_size else f"in {lo}..{hi - 1}"
     if n in probes.seconds:
-        dim, max_size = probes.dim, probes.max_size
         verdict = "fits" if peak <= limit else f"over the limit of {limit:,} B"
-        answer = "none" if lo < 1 else f"{lo}" if hi - lo <= 1 or lo == max_size else f"in {lo}..{hi - 1}"
-        print(
-            f"treeshape.largest_fit: {dim}={n}: peak {_bytes_exact(peak)}, {verdict}; the answer is "
-            f"{answer}; "
-            f"{probes.seconds[n]:.2f} s",
-            file=sys.stderr,
-            flush=True,
-        )
+        said, seconds = f"peak {_bytes_exact(peak)}, {verdict}", probes.seconds[n]
+    elif n in probes.refused:
+        reason, seconds = probes.refused[n]
+        said = f"{reason}: does not fit"
+    else:
+        return
+    print(
+        f"treeshape.largest_fit: {dim}={n}: {said}; the answer is {answer}; {seconds:.2f} s",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _check_size_one(
@@ -726,13 +737,15 @@ def _fit(
     )
 
 
-def _report_fit(fit: Fit, peak: int, limit: int, seconds: float) -> None:
-    """The progress summary line: the answer, and the programs compiled in `seconds`."""
+def _report_fit(fit: Fit, peak: int, limit: int, refused: int, seconds: float) -> None:
+    """The progress summary line: the answer, and the programs compiled (and sizes the
+    target's compiler refused) in `seconds`."""
     dim, size = fit.dim, fit.size
     after = "is max_size: the budget was not reached" if fit.capped else f"{dim}={size + 1} does not"
+    also = f", {refused} size{'s' if refused != 1 else ''} refused by the compiler" if refused else ""
     print(
         f"treeshape.largest_fit: {dim}={size} fits (peak {peak:,} B, limit {limit:,} B) and {after}; "
-        f"{fit.compiles} programs compiled in "
+        f"{fit.compiles} programs compiled{also} in "
         f"{seconds:.1f} s",
         file=sys.stderr,
         flush=True,
@@ -814,7 +827,7 @@ def largest_fit(
     size, known = _search(lambda n: probes.peak_at(n, limit), limit, max_size, report)
     fit = _fit(probes, size, known, budget, margin, budget_source)
     if progress:
-        _report_fit(fit, known[size], limit, time.perf_counter() - start)
+        _report_fit(fit, known[size], limit, len(probes.refused), time.perf_counter() - start)
     return fit
 
 
