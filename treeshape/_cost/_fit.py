@@ -624,10 +624,10 @@ class _Probes:
                         "compiled that fits)."
                     )
                 raise
-            peak, a, b = estimate
-            line = f"the line through {self.dim}={a} and {b} puts its peak at {human_bytes(math.ceil(peak))}"
+            on_line, a, b = estimate
+            line = f"the line through {self.dim}={a} and {b} puts its peak at {human_bytes(math.ceil(on_line))}"
             self.refused[n] = (f"the {self.target!r} compiler fails on it; {line}", failed)
-            return math.ceil(peak)
+            return math.ceil(on_line)
         if peak is None:
             raise ValueError(
                 f"treeshape.largest_fit: the backend reports no peak for the program at {self.dim}={n} "
