@@ -84,6 +84,11 @@ def key_name(key: Key) -> Any:
     return key
 
 
+# The key of a wrapper's one child, the function it wraps: a `ts.watch` of a callable
+# pytree flattens so, and a path through it is named as the wrapped function's own.
+WRAPPED_KEY: Final = jtu.GetAttrKey("__wrapped__")
+
+
 def is_private(key: Key) -> bool:
     """A framework's own name (`_pytree__state`, `_length`): never shown in a message."""
     name = key_name(key)

@@ -22,6 +22,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._leaf import leaf_str
+from ._nodes import key_name
 from ._shapes import human_bytes, leaf_nbytes
 from ._sharding import per_device_nbytes, spec_str, split_problem
 from ._structure import Structure
@@ -156,14 +157,7 @@ _TOKEN: Final = re.compile(
 
 def _part(key: Any) -> Part:
     """One key as orbax and the target agree on it: a name, or an index (`'3'` is `3`)."""
-    if isinstance(key, jtu.SequenceKey):
-        return int(key.idx)
-    if isinstance(key, jtu.DictKey):
-        key = key.key
-    elif isinstance(key, jtu.GetAttrKey):
-        key = key.name
-    elif isinstance(key, jtu.FlattenedIndexKey):
-        key = key.key
+    key = key_name(key)
     if isinstance(key, str) and key.isdigit():
         return int(key)
     return key if isinstance(key, (int, str)) else str(key)

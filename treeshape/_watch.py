@@ -21,7 +21,7 @@ from typing import Any, Final, NamedTuple
 import jax
 import jax.tree_util as jtu
 
-from . import _compat
+from . import _compat, _nodes
 from ._compat import spec_text
 from ._diff import diff_structures
 from ._errors import FieldValue, Mismatch, format_report, mismatch_line
@@ -550,7 +550,7 @@ class _WatchedTree(_Watched):
 
 jtu.register_pytree_with_keys(
     _WatchedTree,
-    lambda w: (((jtu.GetAttrKey("__wrapped__"), w._fn),), w._meta()),
+    lambda w: (((_nodes.WRAPPED_KEY, w._fn),), w._meta()),
     lambda meta, children: _WatchedTree._rebuilt(meta, *children),
     flatten_func=lambda w: ((w._fn,), w._meta()),
 )

@@ -27,7 +27,7 @@ it closes over, in an LRU cache of 4096 entries while tracer-leak checking is of
 import contextlib
 import inspect
 from collections.abc import Callable
-from typing import Any, Final, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.tree_util as jtu
@@ -237,7 +237,7 @@ def _input_paths(
         rest = jtu.keystr(tuple(keys[3:]))
         if wrapped and (given, positional, where) == (0, 0, 0):
             rest = wrapped.pop(0)
-        elif (given, positional, where) == (0, 0, 0) and keys[3:4] == (_WRAPPED,):
+        elif (given, positional, where) == (0, 0, 0) and keys[3:4] == (_nodes.WRAPPED_KEY,):
             rest = jtu.keystr(tuple(keys[4:]))  # a wrapper's child, the function it wraps (`ts.watch(model)`)
         if given == 1:
             owner: _Arg = ("args", where) if positional == 0 else ("named", where)
@@ -247,9 +247,6 @@ def _input_paths(
             owner, root = ("named", name), name
         queues.setdefault(owner, []).append(root + rest)
     return [queues[owner].pop(0) for owner in owners]
-
-
-_WRAPPED: Final = jtu.GetAttrKey("__wrapped__")
 
 
 def _filter_jit_paths(values: list[Any], treedef: jtu.PyTreeDef) -> list[str]:
