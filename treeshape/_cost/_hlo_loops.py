@@ -22,7 +22,7 @@ import dataclasses
 import math
 import operator
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 from .. import _compat
@@ -334,42 +334,57 @@ class LoopsRead:
     exact: bool
 
 
-def missed(text: str) -> LoopsRead | None:
+def _whiles(module: _Module, start: str) -> Iterator[tuple[_Computation, _Instruction, str, int | None]]:
+    """The `while` loops that `start` runs, itself or through what it calls (not inside
+    another loop's body): each with the computation holding it, its body and trip count."""
+    todo, seen = [start], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in module.computations:
+            continue
+        seen.add(name)
+        computation = module.computations[name]
+        todo += computation.called(loops=False)
+        for loop, body, trips in computation.whiles():
+            yield computation, loop, body, trips if trips is not None else _counted(module, computation, loop)
+
+
+def missed(text: str, lengths: Sequence[int] = ()) -> LoopsRead | None:
     """What XLA's cost analysis of the compiled program whose optimized HLO is `text` misses
-    by counting each `while` body once (None where the text or a body cannot be read)."""
+    by counting each `while` body once (None where the text or a body cannot be read).
+
+    `lengths` are the trip counts of the program's own loops as it was traced (scans, in
+    any order): where they are all the same and the module holds as many loops at its own
+    level, a loop of that level whose trip count the module does not tell runs that often
+    (libtpu counts a 64-bit loop counter in two 32-bit halves)."""
     module = _parse(text)
     if module is None:
         return None
     flops = accessed = 0.0
     exact = True
-    # (computation, how often it runs, whether it is the program's own level)
-    todo: list[tuple[str, int, bool]] = [(module.entry, 1, True)]
-    seen: set[tuple[str, int]] = set()
+    top = list(_whiles(module, module.entry))
+    same = lengths[0] if len(set(lengths)) == 1 and len(top) == len(lengths) else None
+    # (computation holding the loop, the loop, its body, trip count, how often it starts, at the top?)
+    todo = [(*found, 1, True) for found in top]
     while todo:
-        name, runs, top = todo.pop()
-        if (name, runs) in seen or name not in module.computations:
+        computation, loop, body, trips, runs, at_top = todo.pop()
+        trips = same if trips is None and at_top else trips
+        cost = _cost(module.text(body))
+        if cost is None:
+            return None
+        if trips is None:
+            exact = False
             continue
-        seen.add((name, runs))
-        computation = module.computations[name]
-        todo += [(called, runs, top) for called in computation.called(loops=False)]
-        for loop, body, trips in computation.whiles():
-            trips = trips if trips is not None else _counted(module, computation, loop)
-            cost = _cost(module.text(body))
-            if cost is None:
-                return None
-            if trips is None:
+        flops += runs * (trips - 1) * cost[0]
+        accessed += runs * (trips - 1) * cost[1]
+        todo += [(*found, runs * trips, False) for found in _whiles(module, body)]
+        unread = _unread(computation, loop) if at_top else None
+        last = _without_results(module.computations[body], unread) if unread else None
+        if last is not None:
+            cut = _cost(module.text(body, last))
+            if cut is None:
                 exact = False
-                continue
-            flops += runs * (trips - 1) * cost[0]
-            accessed += runs * (trips - 1) * cost[1]
-            todo.append((body, runs * trips, False))
-            unread = _unread(computation, loop) if top and trips >= 1 else None
-            last = _without_results(module.computations[body], unread) if unread else None
-            if last is not None:
-                cut = _cost(module.text(body, last))
-                if cut is None:
-                    exact = False
-                else:
-                    flops -= max(cost[0] - cut[0], 0.0)
-                    accessed -= max(cost[1] - cut[1], 0.0)
+            else:
+                flops -= max(cost[0] - cut[0], 0.0)
+                accessed -= max(cost[1] - cut[1], 0.0)
     return LoopsRead(flops, accessed, exact)

@@ -48,13 +48,11 @@ from . import _hlo_loops
 @dataclasses.dataclass(frozen=True)
 class LoopCorrection:
     """What to add to XLA's `flops` and `bytes accessed` so each loop body counts as often as
-    it runs, and whether every loop's count was known (`exact`; `unreadable`: a compiled
-    program's loops could not be read at all)."""
+    it runs, and whether every loop's count was known (`exact`)."""
 
     flops: float = 0.0
     bytes_accessed: float = 0.0
     exact: bool = True
-    unreadable: bool = False
 
 
 NO_LOOPS: Final = LoopCorrection()
@@ -766,14 +764,14 @@ def _partitioned_missed(
 
 
 # -- the public entries ---------------------------------------------------------------------
-def compiled_loops(compiled: Any) -> LoopCorrection:
+def compiled_loops(compiled: Any, lengths: Sequence[int] = ()) -> LoopCorrection:
     """What XLA's cost analysis of `compiled` misses, read from its optimized HLO alone
     (`_hlo_loops`): for a program whose loop bodies cannot be compiled here (a far mesh)
-    or have a cost per device only inside it (scans XLA partitions)."""
+    or have a cost per device only inside it (scans XLA partitions, of `lengths`)."""
     text = _compat.optimized_text(compiled)
-    read = _hlo_loops.missed(text) if text is not None else None
+    read = _hlo_loops.missed(text, lengths) if text is not None else None
     if read is None:
-        return LoopCorrection(exact=False, unreadable=True)
+        return LoopCorrection(exact=False)
     return LoopCorrection(read.flops, read.bytes_accessed, read.exact)
 
 
@@ -814,10 +812,11 @@ def loop_correction(
     if not terms and not walk.partitioned:
         return LoopCorrection(exact=walk.exact) if not walk.exact else NO_LOOPS
     if walk.partitioned and not terms and compiled is not None:
-        # Every loop is a scan XLA partitions: each is read from the compiled program itself.
-        read = compiled_loops(compiled)
-        if not read.unreadable:
-            return dataclasses.replace(read, exact=read.exact and walk.exact)
+        # Every loop is a scan XLA partitions: each is read from the compiled program itself
+        # (where that cannot be read, the program is compiled again below).
+        read = compiled_loops(compiled, [eqn.params["length"] for eqn, _, _ in walk.partitioned])
+        if read.exact:
+            return dataclasses.replace(read, exact=walk.exact)
     flops, accessed, exact = _missed(terms)
     if walk.partitioned:
         if None in reported or len(arguments) != len(closed.jaxpr.invars):
