@@ -132,32 +132,28 @@ def _parse(text: str) -> _Module | None:
     return _Module(name, computations, entry)
 
 
-def _shape_end(text: str) -> int:
-    """Where an instruction's shape (`f32[8]{0}`, a tuple `(s32[], f32[8]{0})`) ends in `text`."""
+def _outside_brackets(text: str, chars: str) -> Iterator[int]:
+    """The positions in `text` of any of `chars` outside (), [] and {}."""
     depth = 0
     for i, c in enumerate(text):
         if c in "([{":
             depth += 1
         elif c in ")]}":
             depth -= 1
-        elif c == " " and depth == 0:
-            return i
-    return len(text)
+        elif c in chars and depth == 0:
+            yield i
+
+
+def _shape_end(text: str) -> int:
+    """Where an instruction's shape (`f32[8]{0}`, a tuple `(s32[], f32[8]{0})`) ends in `text`."""
+    return next(_outside_brackets(text, " "), len(text))
 
 
 def _elements(shape: str) -> list[str]:
     """The element shapes of a tuple shape `(s32[], /*index=1*/f32[8]{0})`."""
-    inner, parts, depth, start = re.sub(r"/\*.*?\*/", "", shape)[1:-1], [], 0, 0
-    for i, c in enumerate(inner):
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == "," and depth == 0:
-            parts.append(inner[start:i].strip())
-            start = i + 1
-    parts.append(inner[start:].strip())
-    return parts
+    inner = re.sub(r"/\*.*?\*/", "", shape)[1:-1]
+    cuts = [-1, *_outside_brackets(inner, ","), len(inner)]
+    return [inner[start + 1 : end].strip() for start, end in zip(cuts, cuts[1:], strict=False)]
 
 
 def _op(instruction: _Instruction) -> tuple[str, list[str], str]:
