@@ -372,12 +372,12 @@ def test_main_table_shows_a_static_value_whose_repr_raises_by_its_type(capsys):
 
 
 def test_main_unexpected_error_is_one_line(capsys, monkeypatch):
-    import treeshape._cli
+    import treeshape._cli._inspect
 
     def broken(args, stdout):
         raise RuntimeError("a bug\nwith two lines")
 
-    monkeypatch.setattr(treeshape._cli, "_inspect", broken)
+    monkeypatch.setattr(treeshape._cli._inspect, "run", broken)
     assert main(["inspect", "helpers:echo"]) == 1
     assert_one_line_error(capsys.readouterr().err, "unexpected error: RuntimeError: a bug (rerun with --traceback")
     assert main(["--traceback", "inspect", "helpers:echo"]) == 1

@@ -1,0 +1,139 @@
+"""`treeshape fit`: the largest size of one symbolic dimension (`--dim`) for which the program
+of `MODULE:ATTR` fits a memory budget, as `ts.Fit`'s table or JSON; `--budget`'s amounts of
+bytes read (`parse_bytes`), and a budget nothing fits answered with the one that would."""
+
+import argparse
+import decimal
+import math
+import re
+import sys
+from collections.abc import Callable
+from typing import Any, Final, TextIO
+
+from ._common import arguments, call_target, checked_target, print_result, spec_leaves
+from ._fail import Fail
+
+
+_UNITS: Final = {
+    "b": 1,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_AMOUNT: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*")
+
+
+def parse_bytes(text: str) -> int:
+    """A number of bytes written as `17179869184`, `16GiB`, `1.5 GiB` or `16GB` (units
+    B, KiB, MiB, GiB, TiB, and KB, MB, GB, TB in powers of 1000; any case), rounded down.
+
+    Raises:
+        ValueError: `text` is none of these, or less than one byte.
+    """
+    match = _AMOUNT.fullmatch(text)
+    unit = match and _UNITS.get(match[2].lower() or "b")
+    if not match or unit is None:
+        raise ValueError(
+            f"malformed amount of bytes {text!r}: expected a number of bytes, or a number and a unit (B, KiB, "
+            "MiB, GiB, TiB, KB, MB, GB, TB), e.g. 16GiB"
+        )
+    amount = int(decimal.Decimal(match[1]) * unit)
+    if amount < 1:
+        raise ValueError(f"{text!r} is less than one byte")
+    return amount
+
+
+def _amount(n: int) -> str:
+    """`512 B`, or `36.8 KiB (37,712 B)`."""
+    from .._shapes import human_bytes
+
+    return human_bytes(n) if n < 1024 else f"{human_bytes(n)} ({n:,} B)"
+
+
+def _at_least(n: int) -> str:
+    """A `--budget` of at least `n` bytes in the largest binary unit it reaches, rounded up
+    to a tenth: `36.9KiB` for 37,712."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        size = _UNITS[unit.lower()]
+        if n >= size:
+            return f"{math.ceil(n * 10 / size) / 10:g}{unit}"
+    return str(n)
+
+
+def run(args: argparse.Namespace, stdout: TextIO) -> int:
+    import jax
+
+    from .. import largest_fit
+    from .._cost import BudgetError, SizeError, bind_at, check_arguments, check_names, largest_allowed
+    from .._dims import free_names
+
+    try:
+        budget = None if args.budget is None else parse_bytes(args.budget)
+    except ValueError as err:
+        raise Fail(f"--budget: {err}", 2) from err
+    target = checked_target(args.target_name, "largest_fit")
+    device = jax.devices()[0]
+    stats = device.memory_stats()
+    if budget is None and target is None and not (isinstance(stats, dict) and stats.get("bytes_limit")):
+        raise Fail(
+            f"--budget is required: the device ({device.platform}) reports no memory limit; e.g. --budget 16GiB", 2
+        )
+    positional, keywords = arguments(args.specs, args.target)
+    texts = [
+        text
+        for text, value in zip(args.specs, [*positional, *keywords.values()], strict=True)
+        for _ in spec_leaves(value)
+    ]  # the spec of each abstract leaf
+    leaves = [leaf for value in [*positional, *keywords.values()] for leaf in spec_leaves(value)]
+    names = free_names(leaves)
+    dim = args.dim
+    try:
+        check_arguments(dim, budget, args.margin, args.max_size)
+        check_names(dim, names, command_line=True)
+        for n in (1, args.max_size):
+            bind_at(dim, n, names, leaves)
+    except SizeError as err:
+        spec = "the specs" if err.index is None else f"spec {texts[err.index]!r}"
+        if err.n == 1:
+            fix = f"the search starts at {dim}=1: write {'them' if err.index is None else 'it'} so that {dim} counts "
+            fix += f"from 1 (an offset such as {dim}+7, not a difference such as {dim}-8)"
+        else:
+            fix = f"pass --max-size {largest_allowed(dim, args.max_size, names, leaves)} or less"
+        raise Fail(f"at {dim}={err.n}, {spec} {err}: {fix}", 2) from err
+    except (TypeError, ValueError) as err:
+        raise Fail(str(err).removeprefix("treeshape.largest_fit: "), 2) from err
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
+
+    def fit(fn: Callable[..., Any], *positional: Any, **keywords: Any) -> Any:
+        return largest_fit(
+            fn,
+            *positional,
+            dim=dim,
+            budget=budget,
+            margin=args.margin,
+            max_size=args.max_size,
+            progress=progress,
+            target=target,
+            **keywords,
+        )
+
+    try:
+        result = call_target(args, fit)
+    except Fail as err:
+        cause = err.__cause__
+        if isinstance(cause, BudgetError):
+            needed = math.ceil(cause.peak / (1 - args.margin))  # the least budget whose limit holds the peak
+            raise Fail(
+                f"even {dim}=1 does not fit: its peak is {_amount(cause.peak)} per device, over the limit of "
+                f"{_amount(cause.limit)}: pass --budget {_at_least(needed)} or more"
+                f"{' (or a smaller --margin)' if args.margin else ''}",
+                2,
+            ) from cause
+        raise
+    print_result(result, args.json, stdout)
+    return 0
