@@ -497,9 +497,10 @@ def test_a_train_step_over_stacked_layers_costs_as_unrolled_at_every_length(kind
     assert c.exact_flops
     assert c.flops == pytest.approx(flops, rel=0.02)
     # A fori_loop over 2 to 4 layers: the rolled program alone, before any loop is counted
-    # again, reads 1.6x the bytes of the unrolled one (its stacked residuals and gradients).
-    if kind == "scan" or layers in (1, 16):
-        assert accessed / 2 <= c.bytes_accessed <= 2 * accessed
+    # again, reads 1.2-1.8x the bytes of the unrolled one (it stacks each layer's input and
+    # weights for the backward pass), and counted it reads 2.0-2.2x (the guide says so).
+    factor = 2.3 if kind == "fori_loop" and layers in (2, 3, 4) else 2
+    assert accessed / 2 <= c.bytes_accessed <= factor * accessed
 
 
 @pytest.mark.parametrize("unroll", [2, 4])
