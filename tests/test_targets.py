@@ -4,6 +4,7 @@ devices of `jax.experimental.topologies` for that accelerator."""
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -175,6 +176,67 @@ def test_tpu_v5e_2x2_is_libtpus_own_compile():
     refused = r"does not fit on TPU v5e x1.*refuses it \(Ran out of memory.*15.75G"
     with pytest.raises(ValueError, match=refused):
         ts.cost(lambda a: jnp.sin(a) @ a.T, big, target="v5e")
+
+
+# -- what is at the peak, on a TPU ---------------------------------------------------------
+_ALLOCATION = re.compile(r"^allocation (\d+): size \d+(.*):$")
+_VALUE = re.compile(r"^ value: <\d+ (\S+?)(\{[\d,]*\})? @\d+> \(size=(\d+),offset=(\d+)\): (.*)$")
+_RANGE = re.compile(r"^    (\S+\{[\d,]*\}):(\d+)-(\d+)$")
+
+
+def _libtpu_live_bytes(dump):
+    """Per step of libtpu's schedule, the bytes live in the device's memory, from libtpu's own
+    dump alone (its buffer assignment and live ranges as text): per allocation the union of
+    the live values' (offset, size), leaving out on-chip memories (`color N`), thread-local
+    buffers and the tables of tuples made inside the program, as its memory figures do."""
+    stem = str(sorted(dump.glob("*.after_optimizations-buffer-assignment.txt"))[-1])[: -len("-buffer-assignment.txt")]
+    placed, described = {}, ""
+    for line in Path(stem + "-buffer-assignment.txt").read_text().splitlines():
+        if m := _ALLOCATION.match(line):
+            allocation, described = int(m.group(1)), m.group(2)
+        elif (m := _VALUE.match(line)) and "color" not in described and "thread-local" not in described:
+            table = m.group(5).startswith("(") and "parameter" not in described and "output" not in described
+            if not table:
+                placed[m.group(1) + (m.group(2) or "{}")] = (allocation, int(m.group(4)), int(m.group(3)))
+        elif line.startswith("Total bytes used"):
+            break
+    ranges, steps = {}, 0
+    for line in Path(stem + "-live-range.txt").read_text().splitlines():
+        if line.startswith("HloLiveRange (max "):
+            steps = int(line.split("max ")[1].rstrip("):"))
+        elif (m := _RANGE.match(line)) and m.group(1) in placed:
+            ranges[m.group(1)] = (int(m.group(2)), int(m.group(3)))
+        elif line.startswith("  Live ranges at"):
+            break
+    live = []
+    for t in range(steps):
+        covered = {}
+        for name, (start, end) in ranges.items():
+            if start <= t <= end:
+                allocation, offset, size = placed[name]
+                covered.setdefault(allocation, set()).update(range(offset, offset + size, 512))
+        live.append(sum(len(chunks) * 512 for chunks in covered.values()))
+    return live
+
+
+def test_a_v5e_step_s_buffers_and_timeline_are_libtpus_own(tmp_path):
+    w = (jax.ShapeDtypeStruct((1024, 2048), jnp.float32), jax.ShapeDtypeStruct((2048, 1024), jnp.float32))
+    x = jax.ShapeDtypeStruct((256, 1024), jnp.float32)
+    c = ts.cost(step, w, x, donate_argnums=0, target="v5e")
+    device = jax.sharding.SingleDeviceSharding(topologies.get_topology_desc("v5e:2x2", "tpu").devices[0])
+    placed = jax.tree.map(lambda s: s.update(sharding=device), (w, x))
+    options = {"xla_dump_to": str(tmp_path), "xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": True}
+    compiled = jax.jit(step, donate_argnums=0).lower(*placed).compile(options)
+    assert _ours(c) == _figures(compiled.memory_analysis())
+    if not list(tmp_path.glob("*.after_optimizations-live-range.txt")):  # libtpu 0.0.24 (jax 0.8.0)
+        assert c.buffers is None and c.donation is None and c.timeline is None  # never made up
+        return
+    assert list(c.timeline.live_bytes) == _libtpu_live_bytes(tmp_path)
+    assert sum(b.nbytes for b in c.buffers) == c.live_peak_bytes == max(c.timeline.live_bytes) <= c.peak_bytes
+    # At the peak, the first layer's update has taken its donated input's place.
+    assert {(b.kind, b.path) for b in c.buffers} >= {("argument", "args[1]"), ("output", "out[0]")}
+    assert {p: d.reused for p, d in c.donation.items()} == {"args[0][0]": True, "args[0][1]": True}
+    assert "TPU v5e x1" in str(c) and "largest at the peak" in str(c)
 
 
 # -- largest_fit --------------------------------------------------------------------------

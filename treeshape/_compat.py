@@ -223,8 +223,10 @@ def cost_analysis(compiled: Any) -> dict[str, Any]:
 
 def memory_analysis(compiled: Any) -> dict[str, Any]:
     """The per-device bytes of a compiled program (`argument`, `output`, `temp`, `alias`), each
-    as the backend reports it (possibly negative, a sentinel) or `None` when it does not; and
-    `buffer_assignment`, XLA's buffer assignment (see `Fields`), or `None`.
+    as the backend reports it (possibly negative, a sentinel) or `None` when it does not;
+    `buffer_assignment`, XLA's buffer assignment (see `Fields`), or `None`; and `live_ranges`,
+    the compiler's own schedule and live ranges as it dumps them, where a deviceless compile
+    carries them (`_cost._deviceless`), else `None`.
 
     `memory_analysis()` returns a `CompiledMemoryStats` whose `*_size_in_bytes` fields name
     these figures on every supported release (`None` from a backend without the analysis).
@@ -238,6 +240,8 @@ def memory_analysis(compiled: Any) -> dict[str, Any]:
     figures = {name: getattr(stats, field, None) for name, field in _MEMORY_FIELDS.items()}
     assignment = getattr(stats, "serialized_buffer_assignment_proto", None)
     figures["buffer_assignment"] = assignment if isinstance(assignment, bytes) and assignment else None
+    live_ranges = getattr(stats, "live_ranges", None)  # a deviceless TPU compile's, from its dump
+    figures["live_ranges"] = live_ranges if isinstance(live_ranges, str) and live_ranges else None
     return figures
 
 

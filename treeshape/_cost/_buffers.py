@@ -289,6 +289,49 @@ def _live_ranges(module: Module, values: dict[int, _Value]) -> tuple[list[int], 
     return order, sets
 
 
+def _is_table(shape: Any) -> bool:
+    """Whether a buffer of this shape is XLA's table of a tuple's buffers."""
+    return bool(shape.tuple_shapes) or shape.dtype == "tuple"
+
+
+_SEQUENCE_STEP: Final = re.compile(r"^    (\d+):(\S+)$")
+_VALUE_RANGE: Final = re.compile(r"^    (\S+)\{([\d,]*)\}:(\d+)-(\d+)$")
+
+
+def _dumped_live_ranges(module: Module, values: dict[int, _Value], text: str) -> list[int]:
+    """Set each value's live range from the compiler's own dump (its `HloLiveRange`: the
+    instruction sequence, then each value's `name{index}:start-end`); return that sequence
+    as instruction ids (-1 for a name the module does not hold). A value the dump does not
+    list is not live, nor is a tuple's table made inside the program: libtpu's temporaries
+    figure leaves those out (a program of four matrices holds 16,896 B of them in device
+    memory, and reports 0 B of temporaries)."""
+    ids = {ins.name: ins.id for ins in module.instructions.values()}
+    root = module.roots.get(module.entry, -1)
+    by_position = {(v.instruction, v.index): v for v in values.values()}
+    for v in values.values():
+        v.start = v.end = -1
+    order: list[int] = []
+    section = ""
+    for line in text.splitlines():
+        if line.startswith("  ") and not line.startswith("    "):
+            section = line.strip()
+        elif section == "InstructionSequence:" and (step := _SEQUENCE_STEP.match(line)):
+            order.append(ids.get(step.group(2), -1))
+        elif section == "BufferLiveRange:" and (found := _VALUE_RANGE.match(line)):
+            index = tuple(int(i) for i in found.group(2).split(",") if i)
+            iid = ids.get(found.group(1), -1)
+            held = by_position.get((iid, index))
+            if held is None:
+                continue
+            ins = module.instructions[iid]
+            if ins.opcode != "parameter" and iid != root and _is_table(ins.shape.at(index)):
+                continue
+            held.start, held.end = int(found.group(3)), int(found.group(4))
+    if not order:
+        raise ValueError("the dumped live ranges hold no instruction sequence")
+    return order
+
+
 # -- the buffer assignment -----------------------------------------------------------------
 @dataclasses.dataclass
 class _Allocation:
@@ -297,6 +340,12 @@ class _Allocation:
     entry_parameter: bool
     constant: bool
     thread_local: bool
+    color: int  # the memory space: 0 is the device's memory; a TPU's on-chip VMEM and SMEM have others
+
+    @property
+    def in_device_memory(self) -> bool:
+        """Whether the device's memory figures count it: neither thread-local nor on-chip."""
+        return not self.thread_local and self.color == 0
 
 
 def _assignment(data: bytes) -> tuple[dict[int, _Value], dict[int, _Allocation]]:
@@ -322,6 +371,7 @@ def _assignment(data: bytes) -> tuple[dict[int, _Value], dict[int, _Allocation]]
             bool(int_field(a, F.ALLOCATION_ENTRY_PARAMETER)),
             bool(int_field(a, F.ALLOCATION_CONSTANT)),
             bool(int_field(a, F.ALLOCATION_THREAD_LOCAL)),
+            int_field(a, F.ALLOCATION_COLOR),
         )
         for assigned in a.get(F.ALLOCATION_ASSIGNED, ()):
             s = fields(assigned)
@@ -338,6 +388,7 @@ def read(
     argument_paths: Sequence[str | None],
     output_paths: Sequence[str],
     donated: frozenset[int],
+    live_ranges: str | None = None,
 ) -> Reading | None:
     """The buffers live at the peak of `compiled` and what became of its donated arguments;
     None where the release or backend does not give the buffer assignment or the module.
@@ -345,14 +396,16 @@ def read(
     `assignment` is XLA's buffer assignment (`_compat.memory_analysis`), `argument_paths[i]`
     names the program's argument `i` as the user passed it (None for a value the program
     closes over), `output_paths[k]` its output `k`; `donated` holds the positions of the
-    donated arguments.
+    donated arguments. `live_ranges` is the compiler's own schedule and live ranges as it
+    dumps them (`*-live-range.txt`), where they are read instead of following XLA's rules
+    over the module (libtpu schedules work the module does not show).
     """
     module_bytes = _compat.optimized_module(compiled)
     kept = _compat.kept_arguments(compiled, len(argument_paths))
     if assignment is None or module_bytes is None or kept is None:
         return None
     try:
-        return _read(compiled, assignment, module_bytes, kept, argument_paths, output_paths, donated)
+        return _read(compiled, assignment, module_bytes, kept, argument_paths, output_paths, donated, live_ranges)
     except (ValueError, IndexError, KeyError) as err:  # a module this reader does not know: say nothing
         warnings.warn(f"treeshape: could not read the buffers of this program ({err!r})", RuntimeWarning, stacklevel=2)
         return None
@@ -366,10 +419,13 @@ def _read(
     argument_paths: Sequence[str | None],
     output_paths: Sequence[str],
     donated: frozenset[int],
+    live_ranges: str | None = None,
 ) -> Reading:
     module = Module.read(module_bytes)
     values, allocations = _assignment(assignment)
     order, sets = _live_ranges(module, values)
+    if live_ranges is not None:
+        order = _dumped_live_ranges(module, values, live_ranges)
     entry_root = module.instructions.get(module.roots.get(module.entry, -1))
     outputs = _outputs(module, entry_root, values, sets)
     reused = {kept[p]: index for index, p in module.aliases if p < len(kept)}
@@ -380,8 +436,7 @@ def _read(
         """`v` as a Buffer of all its bytes."""
         ins = module.instructions[v.instruction]
         shape = ins.shape.at(v.index)
-        table = bool(shape.tuple_shapes) or shape.dtype == "tuple"  # XLA's table of a tuple's buffers
-        dims, dtype = (None, None) if table else (shape.dims, _dtype(shape.dtype))
+        dims, dtype = (None, None) if _is_table(shape) else (shape.dims, _dtype(shape.dtype))
         if ins.opcode == "parameter" and ins.computation == module.entry:
             arg = kept[ins.parameter] if ins.parameter < len(kept) else -1
             path = argument_paths[arg] if 0 <= arg < len(argument_paths) else None
@@ -402,9 +457,9 @@ def _read(
     live = [
         _timeline.Live(v.start, v.end, (v.start, v.id), v.allocation, v.offset, v.size, buffer(v))
         for v in values.values()
-        if v.start >= 0 and v.allocation in allocations and not allocations[v.allocation].thread_local
+        if v.start >= 0 and v.allocation in allocations and allocations[v.allocation].in_device_memory
     ]
-    ops = [_step_op(module.instructions[iid]) for iid in order]
+    ops = [_step_op(module.instructions[iid]) if iid in module.instructions else None for iid in order]
     timeline = _timeline.build(live, steps, ops)
     buffers = timeline.buffers_at(timeline.peak_step) if steps else ()
     peak = timeline.live_bytes[timeline.peak_step] if steps else 0

@@ -341,7 +341,9 @@ def _read(
     peak = None
     if argument is not None and output is not None and temp is not None and alias is not None:
         peak = argument + output + temp - alias
-    reading = _buffers.read(compiled, memory["buffer_assignment"], argument_paths, output_paths, donated)
+    reading = _buffers.read(
+        compiled, memory["buffer_assignment"], argument_paths, output_paths, donated, memory["live_ranges"]
+    )
     flops, accessed = _figure(analysis.get("flops")), _figure(analysis.get("bytes accessed"))
     return Cost(
         flops=None if flops is None else flops + loops.flops,

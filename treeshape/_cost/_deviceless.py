@@ -3,10 +3,11 @@ target=NAME)`): the call's leaves placed on a mesh of the target topology's devi
 (`place`), and the lowered program compiled by the target's own compiler in this process
 (`compile_for`), read as `_cost` reads any compiled program (`Targeted`).
 
-XLA:GPU gives no cost analysis and an empty buffer assignment for a deviceless compile:
-the FLOPs are XLA's HLO cost analysis of the GPU-optimized module (`_compat`), and the
-buffer assignment is the one XLA writes when asked to dump that compile (the optimized
-module as an `xla.HloProto`, whose field 3 is the `BufferAssignmentProto`).
+A deviceless compile gives an empty buffer assignment, and XLA:GPU no cost analysis: the
+FLOPs are XLA's HLO cost analysis of the GPU-optimized module (`_compat`), and the buffer
+assignment is the one the target's compiler writes when asked to dump that compile (the
+optimized module as an `xla.HloProto`, whose field 3 is the `BufferAssignmentProto`; XLA:GPU
+and libtpu both write it).
 """
 
 import math
@@ -101,8 +102,8 @@ def _axes(mesh: Any) -> str:
     return "(" + ", ".join(f"{n}={s}" for n, s in zip(mesh.axis_names, mesh.axis_sizes, strict=True)) + ")"
 
 
-# The buffer-assignment dump of the GPU-optimized module, as an `xla.HloProto`.
-_DUMP_SUFFIX: Final = "gpu_after_optimizations.hlo.pb"
+# The dump of the optimized module with its buffer assignment, as an `xla.HloProto`, by platform.
+_DUMP_SUFFIX: Final = {"cuda": "gpu_after_optimizations.hlo.pb", "tpu": ".after_optimizations.hlo.pb"}
 _HLO_PROTO_BUFFER_ASSIGNMENT: Final = 3
 _HBM_OOM: Final = re.compile(r"RESOURCE_EXHAUSTED: .*(out of memory|exceeds available HBM)", re.IGNORECASE | re.DOTALL)
 
@@ -111,9 +112,11 @@ def compile_for(lowered: Any, placed: Placed) -> "Targeted":
     """Compile a lowered program with the target's own compiler; an `OutOfMemory` where
     that compiler refuses it for want of memory."""
     with tempfile.TemporaryDirectory(prefix="treeshape-target-") as dump:
-        options = {"xla_dump_to": dump, "xla_dump_hlo_as_proto": True} if placed.target.platform == "cuda" else {}
+        options = {"xla_dump_to": dump, "xla_dump_hlo_as_proto": True}
+        if placed.target.platform == "tpu":
+            options["xla_dump_hlo_as_text"] = True  # (which also writes libtpu's live ranges)
         try:
-            compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
+            compiled = lowered.compile(compiler_options=options)
         except Exception as e:
             if _HBM_OOM.search(str(e)) is None:
                 raise
@@ -122,12 +125,18 @@ def compile_for(lowered: Any, placed: Placed) -> "Targeted":
                 f"{placed.target.label}'s compiler refuses it ({_reason(e)}). Shard it over more devices, donate "
                 "buffers (donate_argnums) or shrink it."
             ) from None
-        assignment = None
-        for path in sorted(Path(dump).glob(f"*{_DUMP_SUFFIX}")):
+        assignment, live_ranges = None, None
+        for path in sorted(Path(dump).glob(f"*{_DUMP_SUFFIX[placed.target.platform]}")):
             message = fields(path.read_bytes())
             parts = message.get(_HLO_PROTO_BUFFER_ASSIGNMENT)
             assignment = bytes(parts[-1]) if parts else None
-    return Targeted(compiled, assignment)
+            ranges = path.with_name(path.name.removesuffix(".hlo.pb") + "-live-range.txt")
+            # libtpu schedules work its module does not show (its async copies' parts): its own
+            # live ranges are read; XLA:GPU's follow XLA's rules over the module, as the CPU's do.
+            live_ranges = ranges.read_text() if placed.target.platform == "tpu" and ranges.exists() else None
+    if placed.target.platform == "tpu" and live_ranges is None:
+        assignment = None  # a libtpu that writes no live ranges: no buffers, rather than guessed ones
+    return Targeted(compiled, assignment, live_ranges)
 
 
 def _reason(e: BaseException) -> str:
@@ -141,8 +150,8 @@ class Targeted:
     """A deviceless `jax.stages.Compiled`, read as `_compat` reads any: with the buffer
     assignment from XLA's dump, and on NVIDIA the cost analysis of the optimized module."""
 
-    def __init__(self, compiled: Any, assignment: bytes | None) -> None:
-        self._compiled, self._assignment = compiled, assignment
+    def __init__(self, compiled: Any, assignment: bytes | None, live_ranges: str | None = None) -> None:
+        self._compiled, self._assignment, self._live_ranges = compiled, assignment, live_ranges
 
     def __getattr__(self, name: str) -> Any:  # input_shardings, runtime_executable, _executable, ...
         return getattr(self._compiled, name)
@@ -154,12 +163,12 @@ class Targeted:
         stats = self._compiled.memory_analysis()
         if self._assignment is None:
             return stats
-        return _WithAssignment(stats, self._assignment)
+        return _WithAssignment(stats, self._assignment, self._live_ranges)
 
 
 class _WithAssignment:
-    def __init__(self, stats: Any, assignment: bytes) -> None:
-        self._stats, self.serialized_buffer_assignment_proto = stats, assignment
+    def __init__(self, stats: Any, assignment: bytes, live_ranges: str | None) -> None:
+        self._stats, self.serialized_buffer_assignment_proto, self.live_ranges = stats, assignment, live_ranges
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stats, name)
