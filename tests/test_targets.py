@@ -187,17 +187,15 @@ _RANGE = re.compile(r"^    (\S+\{[\d,]*\}):(\d+)-(\d+)$")
 def _libtpu_live_bytes(dump):
     """Per step of libtpu's schedule, the bytes live in the device's memory, from libtpu's own
     dump alone (its buffer assignment and live ranges as text): per allocation the union of
-    the live values' (offset, size), leaving out on-chip memories (`color N`), thread-local
-    buffers and the tables of tuples made inside the program, as its memory figures do."""
+    the live values' (offset, size), leaving out on-chip memories (`color N`) and thread-local
+    buffers, as its memory figures do."""
     stem = str(sorted(dump.glob("*.after_optimizations-buffer-assignment.txt"))[-1])[: -len("-buffer-assignment.txt")]
     placed, described = {}, ""
     for line in Path(stem + "-buffer-assignment.txt").read_text().splitlines():
         if m := _ALLOCATION.match(line):
             allocation, described = int(m.group(1)), m.group(2)
         elif (m := _VALUE.match(line)) and "color" not in described and "thread-local" not in described:
-            table = m.group(5).startswith("(") and "parameter" not in described and "output" not in described
-            if not table:
-                placed[m.group(1) + (m.group(2) or "{}")] = (allocation, int(m.group(4)), int(m.group(3)))
+            placed[m.group(1) + (m.group(2) or "{}")] = (allocation, int(m.group(4)), int(m.group(3)))
         elif line.startswith("Total bytes used"):
             break
     ranges, steps = {}, 0
@@ -232,9 +230,13 @@ def test_a_v5e_step_s_buffers_and_timeline_are_libtpus_own(tmp_path):
         assert c.buffers is None and c.donation is None and c.timeline is None  # never made up
         return
     assert list(c.timeline.live_bytes) == _libtpu_live_bytes(tmp_path)
-    assert sum(b.nbytes for b in c.buffers) == c.live_peak_bytes == max(c.timeline.live_bytes) <= c.peak_bytes
-    # At the peak, the first layer's update has taken its donated input's place.
-    assert {(b.kind, b.path) for b in c.buffers} >= {("argument", "args[1]"), ("output", "out[0]")}
+    assert sum(b.nbytes for b in c.buffers) == c.live_peak_bytes == max(c.timeline.live_bytes)
+    # libtpu's own figures leave out its constants and the scalars and tuple tables it keeps in
+    # device memory (512 B each): only by those can the peak's buffers exceed its peak.
+    small = sum(b.nbytes for b in c.buffers if b.kind == "constant" or b.shape in (None, ()))
+    assert c.live_peak_bytes - small <= c.peak_bytes < c.live_peak_bytes + 4096
+    arguments = {b.path: b.donated for b in c.buffers if b.kind == "argument"}
+    assert arguments == {"args[0][0]": True, "args[0][1]": True, "args[1]": None}
     assert {p: d.reused for p, d in c.donation.items()} == {"args[0][0]": True, "args[0][1]": True}
     assert "TPU v5e x1" in str(c) and "largest at the peak" in str(c)
 

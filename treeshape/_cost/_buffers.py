@@ -302,11 +302,8 @@ def _dumped_live_ranges(module: Module, values: dict[int, _Value], text: str) ->
     """Set each value's live range from the compiler's own dump (its `HloLiveRange`: the
     instruction sequence, then each value's `name{index}:start-end`); return that sequence
     as instruction ids (-1 for a name the module does not hold). A value the dump does not
-    list is not live, nor is a tuple's table made inside the program: libtpu's temporaries
-    figure leaves those out (a program of four matrices holds 16,896 B of them in device
-    memory, and reports 0 B of temporaries)."""
+    list is not live."""
     ids = {ins.name: ins.id for ins in module.instructions.values()}
-    root = module.roots.get(module.entry, -1)
     by_position = {(v.instruction, v.index): v for v in values.values()}
     for v in values.values():
         v.start = v.end = -1
@@ -319,14 +316,9 @@ def _dumped_live_ranges(module: Module, values: dict[int, _Value], text: str) ->
             order.append(ids.get(step.group(2), -1))
         elif section == "BufferLiveRange:" and (found := _VALUE_RANGE.match(line)):
             index = tuple(int(i) for i in found.group(2).split(",") if i)
-            iid = ids.get(found.group(1), -1)
-            held = by_position.get((iid, index))
-            if held is None:
-                continue
-            ins = module.instructions[iid]
-            if ins.opcode != "parameter" and iid != root and _is_table(ins.shape.at(index)):
-                continue
-            held.start, held.end = int(found.group(3)), int(found.group(4))
+            held = by_position.get((ids.get(found.group(1), -1), index))
+            if held is not None:
+                held.start, held.end = int(found.group(3)), int(found.group(4))
     if not order:
         raise ValueError("the dumped live ranges hold no instruction sequence")
     return order

@@ -69,7 +69,8 @@ class Cost:
         donation: Each donated input leaf by path: a [treeshape.Donation][] that says
             which output reuses it, or why none does (`{}` when nothing is donated;
             `None` as for `buffers`).
-        live_peak_bytes: The bytes of `buffers` (at most `peak_bytes`).
+        live_peak_bytes: The bytes of `buffers`: at most `peak_bytes`, but on a TPU target
+            by the constants and scalars libtpu keeps in HBM and leaves out of its figures.
         timeline: The bytes live at each step of the schedule, a [treeshape.Timeline][]
             (`None` exactly where `buffers` is).
 
