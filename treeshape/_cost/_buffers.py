@@ -289,22 +289,20 @@ def _live_ranges(module: Module, values: dict[int, _Value]) -> tuple[list[int], 
     return order, sets
 
 
-def _is_table(shape: Any) -> bool:
-    """Whether a buffer of this shape is XLA's table of a tuple's buffers."""
-    return bool(shape.tuple_shapes) or shape.dtype == "tuple"
-
-
 _SEQUENCE_STEP: Final = re.compile(r"^    (\d+):(\S+)$")
 _VALUE_RANGE: Final = re.compile(r"^    (\S+)\{([\d,]*)\}:(\d+)-(\d+)$")
 
 
-def _dumped_live_ranges(module: Module, values: dict[int, _Value], text: str) -> list[int]:
+def _dumped_live_ranges(
+    module: Module, values: dict[int, _Value], text: str
+) -> tuple[list[int], dict[int, dict[Index, set[int]]]]:
     """Set each value's live range from the compiler's own dump (its `HloLiveRange`: the
     instruction sequence, then each value's `name{index}:start-end`); return that sequence
-    as instruction ids (-1 for a name the module does not hold). A value the dump does not
-    list is not live."""
+    as instruction ids (-1 for a name the module does not hold) and the values each
+    instruction holds, as `_live_ranges` does. A value the dump does not list is not live."""
     ids = {ins.name: ins.id for ins in module.instructions.values()}
     by_position = {(v.instruction, v.index): v for v in values.values()}
+    sets = _value_sets(module, _flatten(module)[0], {position: v.id for position, v in by_position.items()})
     for v in values.values():
         v.start = v.end = -1
     order: list[int] = []
@@ -321,7 +319,7 @@ def _dumped_live_ranges(module: Module, values: dict[int, _Value], text: str) ->
                 held.start, held.end = int(found.group(3)), int(found.group(4))
     if not order:
         raise ValueError("the dumped live ranges hold no instruction sequence")
-    return order
+    return order, sets
 
 
 # -- the buffer assignment -----------------------------------------------------------------
@@ -415,9 +413,10 @@ def _read(
 ) -> Reading:
     module = Module.read(module_bytes)
     values, allocations = _assignment(assignment)
-    order, sets = _live_ranges(module, values)
-    if live_ranges is not None:
-        order = _dumped_live_ranges(module, values, live_ranges)
+    if live_ranges is None:
+        order, sets = _live_ranges(module, values)
+    else:
+        order, sets = _dumped_live_ranges(module, values, live_ranges)
     entry_root = module.instructions.get(module.roots.get(module.entry, -1))
     outputs = _outputs(module, entry_root, values, sets)
     reused = {kept[p]: index for index, p in module.aliases if p < len(kept)}
@@ -428,7 +427,8 @@ def _read(
         """`v` as a Buffer of all its bytes."""
         ins = module.instructions[v.instruction]
         shape = ins.shape.at(v.index)
-        dims, dtype = (None, None) if _is_table(shape) else (shape.dims, _dtype(shape.dtype))
+        table = bool(shape.tuple_shapes) or shape.dtype == "tuple"  # XLA's table of a tuple's buffers
+        dims, dtype = (None, None) if table else (shape.dims, _dtype(shape.dtype))
         if ins.opcode == "parameter" and ins.computation == module.entry:
             arg = kept[ins.parameter] if ins.parameter < len(kept) else -1
             path = argument_paths[arg] if 0 <= arg < len(argument_paths) else None
