@@ -27,6 +27,7 @@ from ._shapes import human_bytes, leaf_nbytes
 from ._sharding import per_device_nbytes, spec_str, split_problem
 from ._structure import Structure
 from ._table import grid, html_grid
+from ._tree import keyed_children
 
 
 PyTree = Any
@@ -620,19 +621,14 @@ class RestorePlan:
         default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
         def build(keys: tuple[Any, ...], node: Any) -> tuple[Any, Any] | None:
-            if isinstance(node, dict):
-                kids = {k: build((*keys, jtu.DictKey(k)), v) for k, v in node.items()}
-                kept = {k: v for k, v in kids.items() if v is not None}
-                if not kept:
+            if isinstance(node, (dict, list, tuple)):
+                kids = [(key, build((*keys, key), v)) for key, v in keyed_children(node)[0]]
+                if all(v is None for _, v in kids):
                     return None
-                return {k: v[0] for k, v in kept.items()}, {k: v[1] for k, v in kept.items()}
-            if isinstance(node, (list, tuple)):
-                kids_list = [build((*keys, jtu.SequenceKey(i)), v) for i, v in enumerate(node)]
-                if all(v is None for v in kids_list):
-                    return None
-                return [None if v is None else v[0] for v in kids_list], [
-                    None if v is None else v[1] for v in kids_list
-                ]
+                if isinstance(node, dict):
+                    kept = {key_name(key): v for key, v in kids if v is not None}
+                    return {k: v[0] for k, v in kept.items()}, {k: v[1] for k, v in kept.items()}
+                return [None if v is None else v[0] for _, v in kids], [None if v is None else v[1] for _, v in kids]
             e = wanted.get(_keystr(keys)) if node is not None else None
             if e is None or e.saved is None or e.wanted is None:
                 return None

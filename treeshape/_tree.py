@@ -142,8 +142,9 @@ def node_keys(node_type: type, aux: Any, n: int) -> list[Any] | None:
         return [jtu.DictKey(k) for k in aux]
     if node_type is collections.defaultdict:
         return [jtu.DictKey(k) for k in aux[1]]
-    if is_namedtuple(node_type):
-        return [jtu.GetAttrKey(name) for name in node_type._fields]  # type: ignore[attr-defined]
+    keys = _compat.namedtuple_keys(node_type)
+    if keys is not None:
+        return keys
     split = _nodes.split(node_type, aux)  # a framework node names its children in its node data
     if split is not None and split.children is not None and len(split.children) == n:
         return list(split.children)
