@@ -1,0 +1,201 @@
+"""Measure the table's train steps on a real accelerator (run it on the machine that has one).
+
+For each row (`models.build(name, size)`): the step compiled as users compile it,
+`jax.jit(step, donate_argnums=0)`, with libtpu asked to dump the optimized module (the
+same options `ts.cost(target=...)` compiles with), then run on real arrays: warm-up,
+then each of `--steps` runs timed alone (`block_until_ready`), the median kept; then a
+few runs under `jax.profiler`, each kernel's device time summed by name. Compiles run in
+parallel threads, runs one at a time. Needs JAX and optax (flax, equinox for their rows),
+not treeshape.
+
+    python benchmarks/steptime/chip.py --out DIR [--rows tuning|held-out|NAME:SIZE,...]
+
+Writes DIR/rows.json (one record a row, written after each row) and the modules (each
+row's optimized module as libtpu dumped it, `*.after_codegen.hlo.pb`, in
+DIR/modules.tar.gz).
+"""
+
+import argparse
+import concurrent.futures
+import gc
+import glob
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tarfile
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import models  # noqa: E402
+
+
+DUMP = {"xla_dump_hlo_as_text": True, "xla_dump_hlo_as_proto": True}
+
+
+def log(*args: Any) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}]", *args, flush=True)
+
+
+def lower_row(case: models.Case) -> Any:
+    state, batch = case.abstract()
+    return jax.jit(case.step, donate_argnums=0).lower(state, batch)
+
+
+def compile_row(lowered: Any, dump: Path) -> Any:
+    start = time.perf_counter()
+    compiled = lowered.compile(compiler_options={"xla_dump_to": str(dump), **DUMP})
+    return compiled, time.perf_counter() - start
+
+
+def profile_summary(directory: Path) -> dict[str, Any]:
+    """Every device plane's lines, each event name's count and total duration (ns), and
+    the stats of its first occurrence."""
+    files = glob.glob(str(directory / "**" / "*.xplane.pb"), recursive=True)
+    if not files:
+        return {"error": "no xplane.pb written"}
+    data = jax.profiler.ProfileData.from_file(files[0])
+    planes: dict[str, Any] = {}
+    for plane in data.planes:
+        if not plane.name.startswith("/device:"):
+            continue
+        lines: dict[str, Any] = {}
+        for line in plane.lines:
+            events: dict[str, Any] = {}
+            for event in line.events:
+                rec = events.get(event.name)
+                if rec is None:
+                    stats = {}
+                    for key, value in event.stats:
+                        text = value if isinstance(value, (int, float)) else str(value)
+                        stats[key] = text[:160] if isinstance(text, str) else text
+                    if line.name != "XLA Ops":
+                        stats = {k: v for k, v in stats.items() if k in ("hlo_category", "program_id")}
+                    rec = events[event.name] = {"count": 0, "ns": 0.0, "stats": stats}
+                rec["count"] += 1
+                rec["ns"] += event.duration_ns
+            lines[line.name] = events
+        planes[plane.name] = lines
+    return planes
+
+
+def measure(case: models.Case, compiled: Any, steps: int, profile_dir: Path) -> dict[str, Any]:
+    state, batch = jax.jit(case.make)(jax.random.key(1))
+    jax.block_until_ready((state, batch))
+    for _ in range(3):
+        state, loss = compiled(state, batch)
+    jax.block_until_ready(state)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        state, loss = compiled(state, batch)
+        jax.block_until_ready((state, loss))
+        times.append(time.perf_counter() - start)
+    out: dict[str, Any] = {"times": times, "median": statistics.median(times), "loss": float(loss)}
+    try:
+        jax.profiler.start_trace(str(profile_dir))
+        for _ in range(3):
+            state, loss = compiled(state, batch)
+        jax.block_until_ready(state)
+        jax.profiler.stop_trace()
+        out["profile"] = profile_summary(profile_dir)
+        out["profile_runs"] = 3
+    except Exception:
+        out["profile_error"] = traceback.format_exc()[-2000:]
+    del state, batch
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rows", default="tuning")
+    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=6)
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    modules = Path(tempfile.mkdtemp(prefix="modules-"))
+    if args.rows in ("tuning", "held-out"):
+        rows = models.rows(models.TUNING if args.rows == "tuning" else models.HELD_OUT)
+    else:
+        rows = [(r.split(":")[0], int(r.split(":")[1])) for r in args.rows.split(",")]
+    env = {
+        "jax": jax.__version__,
+        "devices": [str(d) for d in jax.devices()],
+        "device_kind": jax.devices()[0].device_kind,
+        "python": platform.python_version(),
+    }
+    try:
+        import libtpu  # type: ignore[import-not-found]
+
+        env["libtpu"] = getattr(libtpu, "__version__", "?")
+    except Exception:
+        env["libtpu"] = "not importable"
+    log("env", env)
+    work = Path(tempfile.mkdtemp(prefix="steptime-"))
+    cases = {(n, s): models.build(n, s) for n, s in rows}
+    futures = {}
+    with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
+        for key, case in cases.items():
+            try:
+                lowered = lower_row(case)
+            except Exception as e:
+                futures[key] = pool.submit(lambda e=e: (_ for _ in ()).throw(e))
+                continue
+            futures[key] = pool.submit(compile_row, lowered, work / f"{key[0]}-{key[1]}")
+        results = []
+        for key, case in cases.items():
+            record: dict[str, Any] = {"name": key[0], "size": key[1], "kind": case.kind, "case": case.name}
+            record["tokens"] = case.tokens
+            try:
+                compiled, seconds = futures[key].result()
+                record["compile_seconds"] = seconds
+                m = compiled.memory_analysis()
+                record["memory"] = {
+                    f: int(getattr(m, f))
+                    for f in (
+                        "argument_size_in_bytes",
+                        "output_size_in_bytes",
+                        "alias_size_in_bytes",
+                        "temp_size_in_bytes",
+                        "peak_memory_in_bytes",
+                    )
+                    if hasattr(m, f)
+                }
+                cost = compiled.cost_analysis()
+                cost = cost[0] if isinstance(cost, list) else cost
+                record["cost_analysis"] = {k: float(v) for k, v in cost.items() if k in ("flops", "optimal_seconds")}
+                dumps = glob.glob(str(work / f"{key[0]}-{key[1]}" / "*after_codegen.hlo.pb"))
+                for d in dumps:
+                    shutil.copy(d, modules / f"{key[0]}-{key[1]}.after_codegen.hlo.pb")
+                with tarfile.open(out / "modules.tar.gz", "w:gz") as tar:
+                    tar.add(modules, arcname="modules")
+                record["modules"] = len(dumps)
+                record.update(measure(case, compiled, args.steps, work / f"profile-{key[0]}-{key[1]}"))
+                del compiled
+                log(key, "median", f"{record['median'] * 1e3:.2f} ms", "compile", f"{seconds:.0f} s")
+            except Exception:
+                record["error"] = traceback.format_exc()[-3000:]
+                log(key, "FAILED", record["error"][-500:])
+            results.append(record)
+            (out / "rows.json").write_text(json.dumps({"env": env, "rows": results}))
+            gc.collect()
+    shutil.rmtree(work, ignore_errors=True)
+    log("done")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    np.set_printoptions(precision=4)
+    main()
