@@ -244,6 +244,16 @@ def test_buffers_at_a_step_out_of_range_names_the_length():
     assert t.buffers_at(n - 1) and t.buffers_at(0)
 
 
+def test_buffers_at_takes_any_integral_step_and_refuses_others():
+    t = _deep(2).timeline
+    at_peak = t.buffers_at(t.peak_step)
+    assert t.buffers_at(np.argmax(t.live_bytes)) == at_peak
+    assert t.buffers_at(np.int64(t.peak_step)) == t.buffers_at(np.int32(t.peak_step)) == at_peak
+    for bad in (0.5, float(t.peak_step), "3", None, True, np.float64(1)):
+        with pytest.raises(TypeError, match=r"step must be an integer, 0 <= step < \d+ \(a Python or NumPy int\)"):
+            t.buffers_at(bad)
+
+
 def test_phases_depth_must_be_a_positive_int():
     t = _deep(2).timeline
     for depth in (0, -1, 1.5, True):
