@@ -301,6 +301,24 @@ def test_a_wrapper_s_own_jit_names_the_ops():
     assert [p.name for p in t.phases()] == ["layer"]
 
 
+def test_a_pmapped_step_s_ops_are_its_program_s_and_its_phases_as_under_jit():
+    def step(w, x):
+        def loss(w):
+            with jax.named_scope("layer"):
+                return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+        return jax.grad(loss)(w)
+
+    w, x = jax.ShapeDtypeStruct((64, 64), F32), jax.ShapeDtypeStruct((8, 64), F32)
+    jitted = ts.cost(jax.jit(step), w, x).timeline
+    pmapped = jax.pmap(step)  # named `pmap(step)/...`, as JAX's pmap names its ops
+    c = ts.cost(pmapped, *(jax.ShapeDtypeStruct((2, *a.shape), F32) for a in (w, x)))
+    ops = [op for op in c.timeline.ops if op is not None] + [b.op for b in c.buffers if b.op is not None]
+    assert ops and all(op.startswith(f"pmap({pmapped.__name__})/") for op in ops)
+    assert [p.name for p in c.timeline.phases()] == [p.name for p in jitted.phases()]
+    assert [p.name for p in jitted.phases()] == ["jvp(layer)", "transpose(jvp(layer))"]
+
+
 def _far_step(w, x):
     return jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
 
