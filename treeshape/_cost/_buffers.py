@@ -680,11 +680,9 @@ def _without_jit(op: str) -> str:
 
 
 def without_outer_jit(b: Buffer, pmap: str | None = None) -> Buffer:
-    """`b` with its op's outermost `jit(...)` dropped where a `jit(...)` (or `pmap(...)`)
-    follows it; where nothing follows that, the metadata names the call itself, no
-    operation of the program the wrapper compiles (XLA's own buffer there: a constant
-    broadcast before a loop). With `pmap`, the user's wrapper is the `jax.pmap` of that
-    name, and its program's ops are named `pmap(name)/...` (see `own_op`)."""
+    """`b` with its op's outermost `jit(...)` dropped where a `jit(...)` (`pmap(...)`) follows
+    it; where nothing follows, the metadata names the call itself, no operation of the program
+    the wrapper compiles (XLA's own buffer: a constant broadcast before a loop). `pmap`: see `own_op`."""
     if b.op is None:
         return b
     op = own_op(b.op, pmap)
@@ -693,22 +691,18 @@ def without_outer_jit(b: Buffer, pmap: str | None = None) -> Buffer:
     return dataclasses.replace(b, op=op, source=None if op is None else b.source)
 
 
-# The jit and shard_map that JAX 0.8+ compiles a `jax.pmap` through (`jit(_fun)/shard_map`,
-# `jit(call_wrapped)/shard_map` on 0.8.0), which its older pmap named `pmap(step)`.
+# How JAX 0.8+ compiles a `jax.pmap`: through its own `jit(_fun)/shard_map` (`jit(call_wrapped)` on 0.8.0).
 _PMAP_HEAD: Final = re.compile(r"p?jit\([^()/]*\)/shard_map(?=/|$)")
 
 
 def own_op(op: str | None, pmap: str | None = None) -> str | None:
-    """`op` as `without_outer_jit` names it: each name `;` joins without the outer `jit(...)`,
-    and with `pmap`, `pmap(name)/...` where JAX's pmap compiled it through its own
-    `jit(...)/shard_map` (as JAX's pmap before 0.8 named its ops)."""
+    """`op` as `without_outer_jit` names it, each name `;` joins; for the `jax.pmap` named `pmap`,
+    `pmap(name)/...` for its own `jit(...)/shard_map/...`, as JAX's pmap before 0.8 named them."""
     if op is None:
         return None
     names = op.split(";")
-    first = _own_name(names[0], pmap)
-    if first is None:
-        return None
-    return ";".join([first, *(_own_name(name, pmap) or name for name in names[1:])])
+    own = [_own_name(name, pmap) for name in names]
+    return None if own[0] is None else ";".join(o or n for o, n in zip(own, names, strict=True))
 
 
 def _own_name(name: str, pmap: str | None) -> str | None:
