@@ -596,7 +596,8 @@ def watch(fn: Callable[..., Any], /, *, max_traces: int | None = None) -> Callab
     """Wrap `fn` to record what each JAX trace of it saw, and say why it was traced again.
 
     Use it inside any jit (`jax.jit(ts.watch(step))`, `eqx.filter_jit`,
-    `nnx.jit`, or as a decorator under them). The wrapper calls `fn`
+    `nnx.jit`, or as a decorator under them; `ts.watch(jax.jit(step))`, which
+    sees no trace, warns). The wrapper calls `fn`
     unchanged, adds nothing to the compiled program, and is not called at all
     once JAX has compiled it. Watches of the same `fn` share one history. A
     trace that raised (in `fn`, or `RetraceError`) is not recorded: JAX keeps
@@ -628,11 +629,6 @@ def watch(fn: Callable[..., Any], /, *, max_traces: int | None = None) -> Callab
         TypeError: `fn` is not callable.
         ValueError: `max_traces` is not an int >= 1.
         RetraceError: (from the returned function) more traces than `max_traces`.
-
-    Warns:
-        UserWarning: `fn` is already jitted (`ts.watch(jax.jit(step))`): the watch
-            outside the jit sees none of its traces; watch inside it,
-            `jax.jit(ts.watch(step))`.
 
     Examples:
         >>> import jax, jax.numpy as jnp
