@@ -467,7 +467,8 @@ def test_a_watch_outside_the_jit_warns_at_once_naming_the_watch_inside(wrapper):
         return x * 2
 
     wrap = JITS.get(wrapper, jax.pmap)
-    with pytest.warns(UserWarning, match=re.escape(f"Watch the function inside it: `{wrapper}(ts.watch(step))`")):
+    name = wrap(step).__name__  # `step` (jax 0.8.0's pmap names itself `wrapped`)
+    with pytest.warns(UserWarning, match=re.escape(f"Watch the function inside it: `{wrapper}(ts.watch({name}))`")):
         outside = ts.watch(wrap(step))
     outside(_A)
     assert outside.traces == []  # what it warned of: the trace is the wrapper's, not the watch's
