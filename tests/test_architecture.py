@@ -5,9 +5,13 @@ function to dodge a cycle, `treeshape/__init__.py` names each public name once, 
 public classes report module `treeshape`, where users import them from."""
 
 import ast
+import os
 import pathlib
 import pickle
 import re
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -267,3 +271,17 @@ def test_the_rest_of_the_package_imports_a_wing_through_its_front():
         if "." in room and room.split(".")[0] != m.split(".")[0]
     )
     assert WINGS == {"_cli", "_cost"} and wrong == []
+
+
+def test_a_source_tree_that_is_not_installed_imports_and_its_version_says_so(tmp_path):
+    """A copy of the package on PYTHONPATH, run without site-packages (`-S`): no installed
+    distribution of treeshape to read a version from (and no JAX, which `import treeshape`
+    does not need)."""
+    shutil.copytree(PACKAGE, tmp_path / "treeshape", ignore=shutil.ignore_patterns("__pycache__"))
+    code = "import sys, treeshape; print(treeshape.__version__, treeshape.__file__, 'jax' in sys.modules, sep='\\n')"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-S", "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    version, where, imported_jax = done.stdout.splitlines()
+    assert version == "unknown (not installed)"
+    assert (where, imported_jax) == (str(tmp_path / "treeshape" / "__init__.py"), "False")

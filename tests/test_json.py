@@ -467,6 +467,31 @@ def test_unsupported_trees_fail_to_encode_with_the_path():
         ts.structure_of([jtu.Partial(jnp.add, jnp.zeros(2))]).to_json()
 
 
+def test_a_defaultdict_factory_is_loaded_only_as_a_class():
+    """A hostile document names a function as the factory that the loaded tree would call on
+    a missing key: refused, naming the field, and nothing is installed or called."""
+    live = collections.defaultdict(list, {"k": jnp.zeros(2)})
+    text = ts.structure_of(live).to_json()
+    assert '"factory": "builtins:list"' in text
+    for hostile, kind in [("os:abort", "builtin_function_or_method"), ("builtins:exit", "Quitter")]:
+        with pytest.raises(ValueError, match=rf"treedef\[0\]\.factory: {hostile} names a {kind}, not a class"):
+            ts.Structure.from_json(text.replace("builtins:list", hostile))
+    with pytest.raises(ValueError, match=r"treedef\[0\]\.factory: builtins:List is not defined"):
+        ts.Structure.from_json(text.replace("builtins:list", "builtins:List"))
+    other = ts.Structure.from_json(text.replace("builtins:list", "builtins:dict"))
+    assert other.tree.default_factory is dict and other != ts.structure_of(live)
+    assert other.diff(live) == [ts.Mismatch(".default_factory", "structure", "builtins.dict", "builtins.list")]
+    with pytest.raises(ts.StructureMismatchError, match=r"tree\.default_factory: expected builtins\.dict, got"):
+        other.check(live)
+    assert ts.Structure.from_json(text).diff(live) == []
+    with pytest.raises(TypeError, match=r"factory <function .*>; JSON describes a factory only as a class"):
+        ts.structure_of(collections.defaultdict(_make_list, {"k": jnp.zeros(2)})).to_json()
+
+
+def _make_list():
+    return []
+
+
 # -- a property: random trees round-trip ----------------------------------------------
 def _leaf_strategy():
     shapes = st.lists(st.integers(0, 4), max_size=3).map(tuple)

@@ -244,6 +244,16 @@ def test_buffers_at_a_step_out_of_range_names_the_length():
     assert t.buffers_at(n - 1) and t.buffers_at(0)
 
 
+def test_buffers_at_takes_any_integral_step_and_refuses_others():
+    t = _deep(2).timeline
+    at_peak = t.buffers_at(t.peak_step)
+    assert t.buffers_at(np.argmax(t.live_bytes)) == at_peak
+    assert t.buffers_at(np.int64(t.peak_step)) == t.buffers_at(np.int32(t.peak_step)) == at_peak
+    for bad in (0.5, float(t.peak_step), "3", None, True, np.float64(1)):
+        with pytest.raises(TypeError, match=r"step must be an integer, 0 <= step < \d+ \(a Python or NumPy int\)"):
+            t.buffers_at(bad)
+
+
 def test_phases_depth_must_be_a_positive_int():
     t = _deep(2).timeline
     for depth in (0, -1, 1.5, True):
@@ -289,6 +299,24 @@ def test_a_wrapper_s_own_jit_names_the_ops():
     t = ts.cost(step, jnp.zeros((64, 64)), jnp.zeros((8, 64))).timeline
     assert all(op.startswith("jit(step)/layer/") for op in t.ops if op is not None)
     assert [p.name for p in t.phases()] == ["layer"]
+
+
+def test_a_pmapped_step_s_ops_are_its_program_s_and_its_phases_as_under_jit():
+    def step(w, x):
+        def loss(w):
+            with jax.named_scope("layer"):
+                return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+        return jax.grad(loss)(w)
+
+    w, x = jax.ShapeDtypeStruct((64, 64), F32), jax.ShapeDtypeStruct((8, 64), F32)
+    jitted = ts.cost(jax.jit(step), w, x).timeline
+    pmapped = jax.pmap(step)  # named `pmap(step)/...`, as JAX's pmap names its ops
+    c = ts.cost(pmapped, *(jax.ShapeDtypeStruct((2, *a.shape), F32) for a in (w, x)))
+    ops = [op for op in c.timeline.ops if op is not None] + [b.op for b in c.buffers if b.op is not None]
+    assert ops and all(op.startswith(f"pmap({pmapped.__name__})/") for op in ops)
+    assert [p.name for p in c.timeline.phases()] == [p.name for p in jitted.phases()]
+    assert [p.name for p in jitted.phases()] == ["jvp(layer)", "transpose(jvp(layer))"]
 
 
 def _far_step(w, x):

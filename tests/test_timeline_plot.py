@@ -167,9 +167,17 @@ def test_a_budget_is_a_line_at_its_bytes(timeline):
     assert list(line.get_ydata()) == [budget, budget] and line.get_label() == "budget 8.0 MiB"
     assert ax.get_ylim()[1] > budget > max(timeline.live_bytes)
     assert not [line for line in timeline.plot().lines if line.get_label().startswith("budget")]
-    for bad in (-1, 0, "8GiB", True):
-        with pytest.raises(ValueError, match="budget is bytes, a number > 0"):
+    for bad in (-1, 0, "8GiB", True, float("nan"), float("inf"), np.float32("nan")):
+        with pytest.raises(ValueError, match="budget is bytes, a finite number > 0"):
             timeline.plot(budget=bad)
+    assert timeline.plot(budget=np.int64(budget)).get_ylim() == ax.get_ylim()
+
+
+def test_plot_on_something_not_an_axes_names_ax(timeline):
+    figure = Figure()
+    for bad in (figure, "ax", [figure.add_subplot()]):
+        with pytest.raises(TypeError, match=r"Timeline\.plot's ax must be a matplotlib Axes, got .* of type "):
+            timeline.plot(ax=bad)
 
 
 def test_plot_draws_on_the_axes_given_and_touches_no_pyplot(timeline):

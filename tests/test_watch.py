@@ -224,6 +224,30 @@ def test_a_sharding_under_explicit_mesh_axes(compiles):
     assert watched.traces[0].inputs.leaves[0].sharding.spec == P("a", None)
 
 
+def test_a_scalar_made_outside_the_mesh_that_comes_back_on_it_is_named_with_its_mesh(compiles):
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+
+    def step(x, total):
+        return x * 2, total + x.sum()
+
+    total = jnp.float32(0)  # made outside the mesh: an array of one device
+    with jax.set_mesh(mesh):
+        watched = ts.watch(step)
+        jitted = jax.jit(watched)  # built once
+        x = jax.device_put(np.ones(8, np.float32), P("data"))
+        x, total = jitted(x, total)
+        assert _compiles_of(compiles, lambda: jitted(x, total)) == 1  # it comes back on the mesh: traced anew
+        assert _compiles_of(compiles, lambda: jitted(x, total)) == 0
+    [retrace] = watched.retraces
+    [m] = retrace.mismatches
+    assert (m.where, m.kind) == ("args[1]", "sharding")
+    assert m.expected == "of no mesh (one device's array)"
+    assert m.actual == "P() on Mesh('data': 8; axis types Explicit)"
+    assert "made outside the mesh at trace 0" in m.fix and "jax.set_mesh(mesh)" in m.fix
+    assert "jax.device_put(x, NamedSharding(mesh, P()))" in m.fix
+    assert "built again" not in str(retrace)
+
+
 def test_under_auto_mesh_axes_a_new_sharding_recompiles_without_tracing(compiles):
     mesh = jax.make_mesh((8,), ("a",), axis_types=(AxisType.Auto,))
     x = np.ones((8, 8), np.float32)
@@ -435,6 +459,22 @@ def test_bad_arguments_say_what_is_expected():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="max_traces"):
             ts.watch(_ident(), max_traces=bad)
+
+
+@pytest.mark.parametrize("wrapper", [*JITS, "jax.pmap"])
+def test_a_watch_outside_the_jit_warns_at_once_naming_the_watch_inside(wrapper):
+    def step(x):
+        return x * 2
+
+    wrap = JITS.get(wrapper, jax.pmap)
+    name = wrap(step).__name__  # `step` (jax 0.8.0's pmap names itself `wrapped`)
+    with pytest.warns(UserWarning, match=re.escape(f"Watch the function inside it: `{wrapper}(ts.watch({name}))`")):
+        outside = ts.watch(wrap(step))
+    outside(_A)
+    assert outside.traces == []  # what it warned of: the trace is the wrapper's, not the watch's
+    inside = ts.watch(step)
+    wrap(inside)(_A[None] if wrapper == "jax.pmap" else _A)
+    assert len(inside.traces) == 1
 
 
 def test_safe_under_every_transformation(in_context, request):

@@ -57,7 +57,10 @@ if TYPE_CHECKING:
     )
 
 
-__version__ = importlib.metadata.version("treeshape")
+try:
+    __version__ = importlib.metadata.version("treeshape")
+except importlib.metadata.PackageNotFoundError:  # a source tree on the path, never installed
+    __version__ = "unknown (not installed)"
 
 # The public names, one line each, and the module each is imported from on first use
 # (`__getattr__` below). The imports above say the same to type checkers, which cannot

@@ -71,14 +71,39 @@ def is_filter_jit(fn: Any) -> bool:
 
 def is_jit_wrapper(core: Any) -> bool:
     """Whether the split call's `core` is a jit wrapper of its own (`jax.jit`,
-    `eqx.filter_jit`, `nnx.jit`): the program it compiles is named by it, and the
-    program `ts.cost` jits around it adds nothing but that outer name."""
-    cls = type(core)
-    return (
-        cls is _JITTED
-        or core is _call_filter_jit
-        or (cls.__name__ == "JitWrapped" and cls.__module__.startswith("flax."))
-    )
+    `eqx.filter_jit`, `nnx.jit`, `jax.pmap`): the program it compiles is named by it, and
+    the program `ts.cost` jits around it adds nothing but that outer name."""
+    return core is _call_filter_jit or wrapper_named(core) is not None
+
+
+def wrapper_named(fn: Any) -> str | None:
+    """How the user spelled the jit (or pmap) wrapper `fn` is (`"jax.jit"`, `"eqx.filter_jit"`,
+    `"nnx.jit"`, `"jax.pmap"`), else None."""
+    cls = type(fn)
+    if cls is _JITTED:
+        return "jax.jit"
+    if is_filter_jit(fn):
+        return "eqx.filter_jit"
+    if cls.__name__ == "JitWrapped" and cls.__module__.startswith("flax."):
+        return "nnx.jit"
+    return "jax.pmap" if pmap_name(fn) is not None else None
+
+
+def pmap_name(core: Any) -> str | None:
+    """The name of the function a `jax.pmap` wrapper maps, where the split call's `core` is
+    one (JAX's own `PmapFunction`, or the function JAX 0.8+ builds over `shard_map`, told
+    by its `lower`), else None."""
+    if type(core).__name__ == "PmapFunction" and type(core).__module__.startswith("jaxlib"):
+        return _function_name(getattr(core, "__wrapped__", core))
+    lower = getattr(core, "lower", None)
+    if isinstance(core, types.FunctionType) and getattr(lower, "__qualname__", None) == "pmap.<locals>.lower":
+        return _function_name(getattr(core, "__wrapped__", core))  # jax 0.8.0's wrapper wraps nothing: "wrapped"
+    return None
+
+
+def _function_name(fn: Any) -> str:
+    name = getattr(fn, "__name__", None)
+    return name if isinstance(name, str) and name.isidentifier() else "fn"
 
 
 def bound_positional(core: Any, leaves: list[Any], treedef: jtu.PyTreeDef) -> tuple[Any, ...]:

@@ -247,8 +247,9 @@ def memory_analysis(compiled: Any) -> dict[str, Any]:
 
 # -- what is at a compiled program's peak (`Cost.buffers`) ---------------------------------
 # How JAX names an operation of a jitted function in the program's metadata: the function's
-# `jit(name)` (`pjit(name)` in older releases) and the path of transformations and scopes.
-JIT_OP_PREFIXES: Final = ("jit(", "pjit(")
+# `jit(name)` (`pjit(name)` in older releases, `pmap(name)` for a `jax.pmap`) and the path
+# of transformations and scopes.
+JIT_OP_PREFIXES: Final = ("jit(", "pjit(", "pmap(")
 
 
 def dtype_named(name: str) -> Any:

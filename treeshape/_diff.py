@@ -270,7 +270,11 @@ class _Walk:
         if e_keys is not None and a_keys is not None:
             # The same kind of mapping: children matched by key; missing and extra keys reported.
             ordered = node_type is collections.OrderedDict  # JAX keeps its insertion order
-            return self._children(p, list(e_keys), list(a_keys), ordered)
+            factory: list[_Task] = []
+            if node_type is collections.defaultdict and e_node[1][0] is not a_node[1][0]:
+                e_text, a_text = _factory_text(e_node[1][0]), _factory_text(a_node[1][0])
+                factory = [_Add(p.path + ".default_factory", FieldValue(e_text), FieldValue(a_text))]
+            return factory + self._children(p, list(e_keys), list(a_keys), ordered)
         if node_type is list or node_type is tuple:
             # The same sequence type, another length: children matched by index.
             n_e, n_a = len(e_children), len(a_children)
@@ -620,6 +624,12 @@ def _around(expected: str, actual: str, limit: int = _SHORT) -> tuple[str, str]:
         return ("..." if start else "") + part + ("..." if start + limit < len(text) else "")
 
     return cut(expected), cut(actual)
+
+
+def _factory_text(factory: Any) -> str:
+    """A defaultdict's default factory, by its name (`builtins.list`), or `None`."""
+    module, qualname = getattr(factory, "__module__", None), getattr(factory, "__qualname__", None)
+    return f"{module}.{qualname}" if isinstance(module, str) and isinstance(qualname, str) else clip(repr(factory), 60)
 
 
 def _field(value: Any, text: str) -> FieldValue:

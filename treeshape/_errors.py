@@ -35,8 +35,10 @@ class Mismatch:
             settings, a new function) or `"cache"` (JAX's caches were cleared).
         expected: The expected value: a shape tuple, a dtype, a weak flag, a
             frozenset of manual axes, a `PartitionSpec` (for `"sharding"`,
-            one entry per dimension), or (for `"structure"`) a description of
-            the expected node or leaf; `None` when the entry is extra.
+            one entry per dimension; text naming the spec and the mesh where
+            `ts.watch` saw the leaf's mesh change), or (for `"structure"`) a
+            description of the expected node or leaf; `None` when the entry
+            is extra.
         actual: The actual value, as `expected`; `None` when it is missing.
         root: The name messages print before `path`: `tree` for a compared
             tree, `carry` for a loop carry, `state` for a train state.

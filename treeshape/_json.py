@@ -110,13 +110,15 @@ def _dict_keys(keys: Sequence[Any], where: str) -> list[Any]:
     return list(keys)
 
 
-def _callable_name(factory: Any, where: str) -> str:
+def _factory_name(factory: Any, where: str) -> str:
+    """A defaultdict's default factory by name: a class (`from_json` reads no other callable)."""
     module, qualname = getattr(factory, "__module__", None), getattr(factory, "__qualname__", None)
-    if isinstance(module, str) and isinstance(qualname, str) and NAME.fullmatch(f"{module}:{qualname}"):
+    if isinstance(factory, type) and NAME.fullmatch(f"{module}:{qualname}"):
         return f"{module}:{qualname}"
     raise TypeError(
         f"treeshape.Structure.to_json: the defaultdict at {where} has the default factory "
-        f"{short_repr(factory)}, which has no module-level name; JSON can describe a named factory only."
+        f"{short_repr(factory)}; JSON describes a factory only as a class with a module-level name (such as "
+        "list), which is all from_json installs: use such a class, or a dict"
     )
 
 
@@ -132,7 +134,7 @@ def _encode_node(node_type: type, aux: Any, n: int, path: str) -> str:
         entry = {"type": "OrderedDict", "keys": _dict_keys(aux, where)}
     elif node_type is collections.defaultdict:
         factory, keys = aux
-        name = None if factory is None else _callable_name(factory, where)
+        name = None if factory is None else _factory_name(factory, where)
         entry = {"type": "defaultdict", "factory": name, "keys": _dict_keys(keys, where)}
     elif _tree.is_namedtuple(node_type):
         entry = {"type": "namedtuple", "name": type_name(node_type), "n": n}

@@ -92,6 +92,21 @@ def _keys(x: Any, where: str, sort_as_jax: bool) -> list[Any]:
     return keys
 
 
+def _factory(name: Any, where: str) -> type:
+    """A defaultdict's default factory: a class found by name, never any other callable (a
+    loaded tree calls it on a missing key: a document must install no code)."""
+    factory = lookup(name, where)
+    if not isinstance(factory, type):
+        fail(
+            where,
+            f"{name} names a {type(factory).__name__}, not a class: a defaultdict's factory is read only as a class "
+            "(such as builtins:list), never another callable, since the loaded tree would call it",
+        )
+    if type_name(factory) != name:
+        fail(where, f"{name} is not a class defined under that name")
+    return factory
+
+
 def _node(entry: Any, where: str) -> tuple[Any, int, list[Any] | None]:
     """`(node_data, number of children, each child's key)` of one `treedef` entry; node_data and
     keys None is a leaf."""
@@ -115,9 +130,7 @@ def _node(entry: Any, where: str) -> tuple[Any, int, list[Any] | None]:
     elif kind == "defaultdict":
         keys = _keys(get(entry, "keys", where), f"{where}.keys", sort_as_jax=True)
         factory_name = get(entry, "factory", where)
-        factory = None if factory_name is None else lookup(factory_name, f"{where}.factory")
-        if factory is not None and not callable(factory):
-            fail(f"{where}.factory", f"{factory_name} is not callable")
+        factory = None if factory_name is None else _factory(factory_name, f"{where}.factory")
         node_data, n = (collections.defaultdict, (factory, tuple(keys))), len(keys)
     elif kind == "namedtuple":
         cls = lookup_type(get(entry, "name", where), f"{where}.name")

@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import types
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple
@@ -22,6 +23,7 @@ import jax
 import jax.tree_util as jtu
 
 from . import _compat, _nodes
+from ._call import wrapper_named
 from ._compat import spec_text
 from ._diff import diff_structures
 from ._errors import FieldValue, Mismatch, format_report, mismatch_line
@@ -293,18 +295,35 @@ def _rooted(m: Mismatch) -> Mismatch:
     return dataclasses.replace(m, path=m.path[3:], root=root)
 
 
-def _sharding_mismatches(before: Structure, now: Structure) -> list[Mismatch]:
-    """Leaves at the same path whose shardings differ (explicit mesh axes: part of the type)."""
-    old = dict(zip(before.paths, before.leaves, strict=True))
+def _sharding_mismatches(before: Trace, now: Structure) -> list[Mismatch]:
+    """Leaves at the same path whose shardings differ (explicit mesh axes: part of the type):
+    by spec, or by mesh (then both told as text, `P() on Mesh('data': 8; ...)`, with the fix)."""
+    old = dict(zip(before.inputs.paths, before.inputs.leaves, strict=True))
     found = []
     for path, leaf in zip(now.paths, now.leaves, strict=True):
         earlier = old.get(path)
         if not (isinstance(leaf, jax.ShapeDtypeStruct) and isinstance(earlier, jax.ShapeDtypeStruct)):
             continue
         e, a = _spec(earlier), _spec(leaf)
-        if e != a:
+        mesh_e, mesh_a = _leaf_mesh(earlier), _leaf_mesh(leaf)
+        if _mesh_text(mesh_e) != _mesh_text(mesh_a):
+            fix = _mesh_fix(mesh_e is None, f"trace {before.index}", spec_text(a))
+            found.append(Mismatch(path, "sharding", _placed_text(e, mesh_e), _placed_text(a, mesh_a), fix=fix))
+        elif e != a:
             found.append(Mismatch(path, "sharding", e, a))
     return found
+
+
+def _leaf_mesh(leaf: jax.ShapeDtypeStruct) -> Any:
+    """The mesh of a traced leaf's sharding; None for an array of one device (no mesh)."""
+    mesh = getattr(leaf.sharding, "mesh", None)
+    return None if mesh is None or mesh.empty else mesh
+
+
+def _placed_text(spec: Any, mesh: Any) -> str:
+    if mesh is None:
+        return "of no mesh (one device's array)"
+    return f"{spec_text(spec)} on {_mesh_text(mesh)}"
 
 
 def _spec(leaf: jax.ShapeDtypeStruct) -> Any:
@@ -380,15 +399,32 @@ def _input_fix(m: Mismatch, before: Trace, dtype: Any) -> str:
     )
 
 
+def _mesh_fix(was_unplaced: bool, at: str, spec: str) -> str:
+    """The remedy for a leaf whose sharding's mesh changed since trace `at` (`was_unplaced`:
+    it had none then), `spec` its partition spec now."""
+    if was_unplaced:
+        return (
+            f"It was made outside the mesh at {at} (an array of one device, e.g. `jnp.float32(0)` before "
+            "`jax.set_mesh`) and is on the mesh now (a step's output is): the mesh is part of its type under "
+            "explicit axes, so JAX traced anew. Make it under `jax.set_mesh(mesh)`, or put it onto its sharding "
+            f"before the loop: `x = jax.device_put(x, NamedSharding(mesh, {spec}))`."
+        )
+    return (
+        f"Its mesh is not the one of {at}: under explicit mesh axes the mesh is part of its type, traced anew. "
+        f"Put it on one mesh before the loop (`x = jax.device_put(x, NamedSharding(mesh, {spec}))`), and make "
+        "new arrays under `jax.set_mesh(mesh)`."
+    )
+
+
 def _differences(before: Trace, now: Trace) -> list[Mismatch]:
     found = _setting_mismatches(before.settings, now.settings)
-    inputs = diff_structures(before.inputs, now.inputs, "tree") + _sharding_mismatches(before.inputs, now.inputs)
+    inputs = diff_structures(before.inputs, now.inputs, "tree") + _sharding_mismatches(before, now.inputs)
     if inputs:
         dtypes = {
             path: getattr(leaf, "dtype", None) for path, leaf in zip(now.inputs.paths, now.inputs.leaves, strict=True)
         }
         for m in inputs:
-            found.append(dataclasses.replace(_rooted(m), fix=_input_fix(m, before, dtypes.get(m.path))))
+            found.append(dataclasses.replace(_rooted(m), fix=m.fix or _input_fix(m, before, dtypes.get(m.path))))
     return found
 
 
@@ -560,7 +596,8 @@ def watch(fn: Callable[..., Any], /, *, max_traces: int | None = None) -> Callab
     """Wrap `fn` to record what each JAX trace of it saw, and say why it was traced again.
 
     Use it inside any jit (`jax.jit(ts.watch(step))`, `eqx.filter_jit`,
-    `nnx.jit`, or as a decorator under them). The wrapper calls `fn`
+    `nnx.jit`, or as a decorator under them; `ts.watch(jax.jit(step))`, which
+    sees no trace, warns). The wrapper calls `fn`
     unchanged, adds nothing to the compiled program, and is not called at all
     once JAX has compiled it. Watches of the same `fn` share one history. A
     trace that raised (in `fn`, or `RetraceError`) is not recorded: JAX keeps
@@ -612,6 +649,16 @@ def watch(fn: Callable[..., Any], /, *, max_traces: int | None = None) -> Callab
         raise ValueError(
             f"treeshape.watch: `max_traces` must be an int >= 1 (how many traces are allowed) or None, "
             f"got {max_traces!r}."
+        )
+    wrapper = wrapper_named(fn)
+    if wrapper is not None:
+        name = getattr(fn, "__name__", None) or "step"
+        warnings.warn(
+            f"treeshape.watch: `{name}` is already wrapped by `{wrapper}`: a watch around it is called only "
+            f"outside any trace, so it sees none of that wrapper's traces. Watch the function inside it: "
+            f"`{wrapper}(ts.watch({name}))` (under a `@{wrapper}` decorator, put `@ts.watch` below it).",
+            UserWarning,
+            stacklevel=2,
         )
     if type(fn) not in (types.FunctionType, types.MethodType, ft.partial) and not jtu.treedef_is_leaf(
         jtu.tree_structure(fn)

@@ -679,31 +679,44 @@ def _without_jit(op: str) -> str:
     return rest if head.startswith(_compat.JIT_OP_PREFIXES) and rest else op
 
 
-def without_outer_jit(b: Buffer) -> Buffer:
-    """`b` with its op's outermost `jit(...)` dropped where a `jit(...)` follows it; where
-    nothing follows that, the metadata names the call itself, no operation of the program
-    the wrapper compiles (XLA's own buffer there: a constant broadcast before a loop)."""
+def without_outer_jit(b: Buffer, pmap: str | None = None) -> Buffer:
+    """`b` with its op's outermost `jit(...)` dropped where a `jit(...)` (`pmap(...)`) follows
+    it; where nothing follows, the metadata names the call itself, no operation of the program
+    the wrapper compiles (XLA's own buffer: a constant broadcast before a loop). `pmap`: see `own_op`."""
     if b.op is None:
         return b
-    op = own_op(b.op)
+    op = own_op(b.op, pmap)
     if op == b.op:
         return b
     return dataclasses.replace(b, op=op, source=None if op is None else b.source)
 
 
-def own_op(op: str | None) -> str | None:
-    """`op` as `without_outer_jit` names it."""
+# How JAX 0.8+ compiles a `jax.pmap`: through its own `jit(_fun)/shard_map` (`jit(call_wrapped)` on 0.8.0).
+_PMAP_HEAD: Final = re.compile(r"p?jit\([^()/]*\)/shard_map(?=/|$)")
+
+
+def own_op(op: str | None, pmap: str | None = None) -> str | None:
+    """`op` as `without_outer_jit` names it, each name `;` joins; for the `jax.pmap` named `pmap`,
+    `pmap(name)/...` for its own `jit(...)/shard_map/...`, as JAX's pmap before 0.8 named them."""
     if op is None:
         return None
-    head, _, rest = op.partition("/")
-    if head.startswith(_compat.JIT_OP_PREFIXES) and rest.startswith(_compat.JIT_OP_PREFIXES):
-        return None if "/" not in rest.split(";")[0] else rest
-    return op
+    names = op.split(";")
+    own = [_own_name(name, pmap) for name in names]
+    return None if own[0] is None else ";".join(o or n for o, n in zip(own, names, strict=True))
 
 
-def without_outer_jit_timeline(t: _timeline.Timeline) -> _timeline.Timeline:
+def _own_name(name: str, pmap: str | None) -> str | None:
+    head, _, rest = name.partition("/")
+    if not (head.startswith(_compat.JIT_OP_PREFIXES) and rest.startswith(_compat.JIT_OP_PREFIXES)):
+        return name
+    if pmap is not None:
+        rest = _PMAP_HEAD.sub(f"pmap({pmap})", rest, count=1)
+    return rest if "/" in rest else None
+
+
+def without_outer_jit_timeline(t: _timeline.Timeline, pmap: str | None = None) -> _timeline.Timeline:
     """`t` with its ops and buffers named as `without_outer_jit` names them."""
-    return _timeline.renamed(t, own_op, without_outer_jit)
+    return _timeline.renamed(t, lambda op: own_op(op, pmap), lambda b: without_outer_jit(b, pmap))
 
 
 def _group(b: Buffer, depth: int | None) -> str:

@@ -281,22 +281,23 @@ def _figures(program: Compiled) -> Cost:
         loops = loop_correction(
             program.jaxpr, _shardings(compiled), arguments=program.arguments, reported=reported, compiled=compiled
         )
-        return _own_ops(_read(compiled, paths, output_paths, donate, loops), program.around)
+        return _own_ops(_read(compiled, paths, output_paths, donate, loops), program.around, program.pmap)
     # The far mesh's devices are not here to compile loop bodies on: its loops are read
     # from the program the child compiled.
     loops = compiled_loops(compiled) if holds_loops(program.jaxpr.jaxpr) else NO_LOOPS
     cost = _read(compiled, paths, output_paths, donate, loops, backend=f"cpu x{program.far.size} {_SIMULATED}")
-    return _own_ops(cost, program.around)
+    return _own_ops(cost, program.around, program.pmap)
 
 
-def _own_ops(cost: Cost, around: bool) -> Cost:
+def _own_ops(cost: Cost, around: bool, pmap: str | None = None) -> Cost:
     """`cost` with each op named as the user's own jit wrapper's program names it, where
-    the program was jitted around that wrapper (`jit(step)/...`, not `jit(step)/jit(step)/...`)."""
+    the program was jitted around that wrapper (`jit(step)/...`, not `jit(step)/jit(step)/...`;
+    `pmap(step)/...` for the `jax.pmap` wrapper named `pmap`)."""
     if not around or not cost.buffers:
         return cost
-    timeline = None if cost.timeline is None else _buffers.without_outer_jit_timeline(cost.timeline)
+    timeline = None if cost.timeline is None else _buffers.without_outer_jit_timeline(cost.timeline, pmap)
     return dataclasses.replace(
-        cost, buffers=tuple(_buffers.without_outer_jit(b) for b in cost.buffers), timeline=timeline
+        cost, buffers=tuple(_buffers.without_outer_jit(b, pmap) for b in cost.buffers), timeline=timeline
     )
 
 
@@ -321,7 +322,7 @@ def _targeted(program: Compiled) -> Cost:
         except Exception:  # a body the target's compiler cannot take alone: counted once, and said so
             loops = LoopCorrection(exact=False)
     cost = _read(program.compiled, program.argument_paths, program.output_paths, program.donated, loops, placed.backend)
-    return _own_ops(dataclasses.replace(cost, device_bytes=placed.target.device_bytes), program.around)
+    return _own_ops(dataclasses.replace(cost, device_bytes=placed.target.device_bytes), program.around, program.pmap)
 
 
 def _read(

@@ -5,6 +5,7 @@ functions that draw: nothing else of treeshape needs it.
 """
 
 import io
+import math
 import numbers
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -104,11 +105,19 @@ def plot(timeline: Drawable, ax: "Axes | None" = None, depth: int = 1, budget: f
     horizontal line.
     """
     _matplotlib()
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator
 
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, numbers.Real) or budget <= 0):
-        raise ValueError(f"treeshape: Timeline.plot's budget is bytes, a number > 0; got {budget!r}")
+    if ax is not None and not isinstance(ax, Axes):
+        raise TypeError(
+            f"treeshape: Timeline.plot's ax must be a matplotlib Axes, got {clip(repr(ax), 60)} of type "
+            f"{type(ax).__name__}: give a Figure's axes (fig.add_subplot(), plt.subplots()[1]), or None for a new one"
+        )
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, numbers.Real) or not math.isfinite(budget) or budget <= 0
+    ):
+        raise ValueError(f"treeshape: Timeline.plot's budget is bytes, a finite number > 0; got {budget!r}")
     if ax is None:
         ax = Figure(figsize=(10, 4), layout="constrained").add_subplot()
     live = timeline.live_bytes

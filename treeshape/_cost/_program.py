@@ -45,6 +45,7 @@ from .._call import (
     is_jax_jit,
     is_jit_wrapper,
     is_output_array,
+    pmap_name,
     program_signature,
     user_function,
 )
@@ -394,6 +395,7 @@ class Compiled(NamedTuple):
     far: Any  # the abstract mesh it was compiled for in a child process, else None
     target: Any = None  # the `_deviceless.Placed` it was compiled for with `target=`, else None
     around: bool = False  # jitted around the user's own jit wrapper: the ops' outermost `jit(...)` is ours
+    pmap: str | None = None  # the name of the user's `jax.pmap` wrapper, where it is one
 
 
 def compile_program(
@@ -466,7 +468,8 @@ def compile_program(
         output_paths = ["out" + jtu.keystr(tuple(keys)) for keys, _ in jtu.tree_flatten_with_path(lowered.out_info)[0]]
     arguments = [_lowering_argument(x) for x in jtu.tree_leaves((args, named))]
     around = jitted is not core and is_jit_wrapper(core)
-    return Compiled(compiled, paths, output_paths, donate, traced.jaxpr, arguments, far, placed, around)
+    pmap = pmap_name(core) if around else None
+    return Compiled(compiled, paths, output_paths, donate, traced.jaxpr, arguments, far, placed, around, pmap)
 
 
 def _refuse_too_large(jaxpr: Any) -> None:

@@ -12,6 +12,7 @@ allocation cut at its values' offsets (never steps times values).
 import bisect
 import dataclasses
 import html
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any, Final, NamedTuple
 
@@ -207,6 +208,8 @@ class Timeline:
         at the peak: bytes shared by several belong to the one defined last, largest first.
 
         Raises:
+            TypeError: `step` is not an integer (a Python or NumPy one, as
+                `operator.index` takes).
             IndexError: `step` is outside `0 <= step < len(live_bytes)`.
 
         Examples:
@@ -217,9 +220,18 @@ class Timeline:
             True
         """
         n = len(self.live_bytes)
-        if type(step) is bool or not isinstance(step, int) or not 0 <= step < n:
-            raise IndexError(f"step {step!r} is outside this timeline's {n} steps: give 0 <= step < {n}")
-        return listed_buffers(live_at(self._values, step)[1])
+        try:
+            if isinstance(step, bool):
+                raise TypeError
+            at = operator.index(step)
+        except TypeError:
+            raise TypeError(
+                f"step must be an integer, 0 <= step < {n} (a Python or NumPy int), got {step!r} of type "
+                f"{type(step).__name__}: give the step's number, such as timeline.peak_step"
+            ) from None
+        if not 0 <= at < n:
+            raise IndexError(f"step {at} is outside this timeline's {n} steps: give 0 <= step < {n}")
+        return listed_buffers(live_at(self._values, at)[1])
 
     def phases(self, depth: int = 1) -> tuple[Phase, ...]:
         """The runs of consecutive steps whose op, without its outermost `jit(...)`, shares
