@@ -297,6 +297,47 @@ def dynamic_arguments(
     return args, kwargs, bound
 
 
+class Traceable(NamedTuple):
+    """A call as one function that JAX traces, and the arguments to trace it with."""
+
+    fn: Callable[..., Any]  # `fn(*args, **named)`
+    args: tuple[Any, ...]
+    named: dict[str, Any]  # the keyword arguments, then the bound values by name
+    bound_names: list[str]  # the names the bound values are passed by, in their order
+
+
+def traceable(
+    core: Callable[..., Any],
+    leaves: list[Any],
+    abstract: list[bool],
+    treedef: jtu.PyTreeDef,
+    finish: Callable[[Any, Any], Any],
+) -> Traceable:
+    """The call `core(*bound, *args, **{**bound_kw, **kwargs})` (its leaves flattened by
+    `treedef`) as a function of its abstract leaves (`abstract[i]`; the others are passed
+    as they are), grouped as `dynamic_arguments` groups them: positional arguments as
+    `*args`, keyword arguments and bound values by name. JAX's messages then name them as
+    the user wrote them and point at the user's function (`__wrapped__`, `__signature__`).
+    The function returns `finish(inputs, out)`: the call's inputs rebuilt from its
+    arguments, `((bound, bound_kw), (args, kwargs))`, and `core`'s output."""
+    args, kwargs, bound = dynamic_arguments(core, leaves, abstract, treedef)
+    if set(bound) & set(kwargs):  # a keyword argument overriding a bound one: both are inputs
+        bound = {f"bound_{i}": v for i, v in enumerate(bound.values())}
+    order, keywords = list(bound), list(kwargs)
+
+    def call(*args: Any, **named: Any) -> Any:
+        it = iter(jtu.tree_leaves(([named[n] for n in order], args, {k: named[k] for k in keywords})))
+        inputs = jtu.tree_unflatten(treedef, [next(it) if a else x for x, a in zip(leaves, abstract, strict=True)])
+        (bound_args, bound_kw), (call_args, call_kw) = inputs
+        return finish(inputs, core(*bound_args, *call_args, **{**bound_kw, **call_kw}))
+
+    bound_args = bound_positional(core, leaves, treedef)
+    call.__name__ = call.__qualname__ = core_name(core, bound_args)
+    call.__wrapped__ = user_function(core, bound_args)  # type: ignore[attr-defined]
+    call.__signature__ = program_signature(core, leaves, treedef, len(args), [*keywords, *order])  # type: ignore[attr-defined]
+    return Traceable(call, args, {**kwargs, **bound}, order)
+
+
 _CONCRETIZATION_ERRORS = (
     jax.errors.ConcretizationTypeError,  # also TracerBoolConversionError
     jax.errors.TracerIntegerConversionError,
@@ -312,23 +353,26 @@ def _needed_concrete(error: BaseException) -> bool:
 def note_abstract_scalars(
     error: BaseException,
     core: Callable[..., Any],
-    n_bound: int,
     leaves: list[Any],
     abstract: list[bool],
-    call_treedef: jtu.PyTreeDef,
+    treedef: jtu.PyTreeDef,
     who: str = "out_structure",
 ) -> None:
-    """When `fn` needed a concrete value and got a tracer, name the Python
-    scalars that were passed abstractly and say how to keep them concrete, as a call
-    of `ts.{who}`."""
-    if not _needed_concrete(error):
+    """When `fn` needed a concrete value and got a tracer, name the Python scalars of the
+    call (`leaves`, bound first, flattened by `treedef`) that were passed abstractly, and
+    say how to keep them concrete, as a call of `ts.{who}`. A jit wrapper's own arguments
+    are left to JAX's message, which names its `static_argnums`."""
+    if not _needed_concrete(error) or is_jit_wrapper(core):
         return
+    n_leaves = treedef.children()[0].num_leaves
+    target, n_bound, _ = _signature_target(core, leaves, treedef)
+    call_treedef, leaves, abstract = treedef.children()[1], leaves[n_leaves:], abstract[n_leaves:]
     scalars = [i for i, (x, a) in enumerate(zip(leaves, abstract, strict=True)) if a and kind_of(type(x)) == SCALAR]
     if not scalars:
         return
     flat, _ = jtu.tree_flatten_with_path(jtu.tree_unflatten(call_treedef, leaves))
     named, bind = [], []
-    params = _parameter_names(core)
+    params = _parameter_names(target)
     for i in scalars:
         keys = flat[i][0]
         root = "args" if _nodes.key_name(keys[0]) == 0 else "kwargs"

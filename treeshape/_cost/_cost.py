@@ -500,7 +500,11 @@ def cost_of(call: Call, donated: frozenset[int], target: str | None = None, who:
     treedef = call.treedef
     _refuse_symbolic(leaves, treedef)
     key = call_key(
-        call, tuple(sorted(donated)), tuple(_placement(x) for x in leaves), target, concrete_scalars=call.jitted
+        call,
+        tuple(sorted(donated)),
+        tuple(_placement(x) for x in leaves),
+        target,
+        concrete_scalars=call.jitted,
     )
 
     n_bound = len(call.bound_leaves)
@@ -521,7 +525,7 @@ def cost_of(call: Call, donated: frozenset[int], target: str | None = None, who:
         try:
             return _figures(compile_program(call.core, flat, closed, treedef, donated, target))
         except Exception as e:  # a concretization error: name the Python scalars passed abstractly
-            note_abstract_scalars(e, call.core, n_bound, flat[n_bound:], abstract[n_bound:], call.call_treedef, who)
+            note_abstract_scalars(e, call.core, flat, abstract, treedef, who)
             raise
 
     result, compiled = answer(COST_CACHE, key, call.bound_leaves, evaluate)
