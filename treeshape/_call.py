@@ -69,16 +69,29 @@ def is_filter_jit(fn: Any) -> bool:
     return cls.__name__ == "_JitWrapper" and cls.__module__.startswith("equinox.")
 
 
+def _is_nnx_jit(core: Any) -> bool:
+    cls = type(core)
+    return cls.__name__ == "JitWrapped" and cls.__module__.startswith("flax.")
+
+
 def is_jit_wrapper(core: Any) -> bool:
     """Whether the split call's `core` is a jit wrapper of its own (`jax.jit`,
     `eqx.filter_jit`, `nnx.jit`): the program it compiles is named by it, and the
     program `ts.cost` jits around it adds nothing but that outer name."""
     cls = type(core)
-    return (
-        cls is _JITTED
-        or core is _call_filter_jit
-        or (cls.__name__ == "JitWrapped" and cls.__module__.startswith("flax."))
-    )
+    return cls is _JITTED or core is _call_filter_jit or _is_nnx_jit(core)
+
+
+def static_arguments(core: Any) -> tuple[frozenset[int], frozenset[str]] | None:
+    """The positions and names of the arguments that the split call's `core` makes static,
+    where it is a jit wrapper that names them (`jax.jit`, `nnx.jit`: its `static_argnums`
+    and `static_argnames` as JAX applies them, one given alone completed through the
+    function's signature); None for any other `core`, or where its settings cannot be read."""
+    if type(core) is _JITTED:
+        return _compat.jit_static_arguments(core)
+    if _is_nnx_jit(core):  # `nnx.jit` calls a `jax.jit` of its own with the user's static arguments
+        return _compat.jit_static_arguments(getattr(core, "jitted_fn", None))
+    return None
 
 
 def bound_positional(core: Any, leaves: list[Any], treedef: jtu.PyTreeDef) -> tuple[Any, ...]:
@@ -451,21 +464,43 @@ class Call(NamedTuple):
             return self.types
         return frozenset(map(type, self.call_leaves)).union(map(type, self.bound_leaves))
 
-    @property
-    def jitted(self) -> bool:
-        """A jitted core abstracts its own non-static arguments: Python scalars are
-        passed to it concrete (and keyed by value), so its static arguments work; an
-        `eqx.filter_jit` wrapper makes every leaf that is not an array static."""
-        return type(self.core) is _JITTED or self.core is _call_filter_jit
+    def concrete_scalars(self) -> bool | tuple[bool, ...]:
+        """Whether the Python scalars among the call's leaves (not the bound ones, which
+        always are) are passed to `core` concrete, and so keyed by value: none for a plain
+        function (JAX traces them); every one for an `eqx.filter_jit` wrapper, which makes
+        every leaf that is not an array static; for a `jax.jit` or `nnx.jit` wrapper, those
+        of the arguments it makes static (per leaf), the rest abstract as that jit makes
+        them (every one where its settings cannot be read: it abstracts the others itself)."""
+        core = self.core
+        if core is _call_filter_jit:
+            return True
+        if type(core) is not _JITTED and not _is_nnx_jit(core):
+            return False
+        static = static_arguments(core)
+        if static is None:
+            return True
+        numbers, names = static
+        args_td, kwargs_td = self.call_treedef.children()
+        first = len(self.bound_treedef.children()[0].children())  # the bound positional values come first
+        n_positional = first + len(args_td.children())
+        numbers = frozenset(i % n_positional if i < 0 else i for i in numbers) if n_positional else numbers
+        mask: list[bool] = []
+        for i, td in enumerate(args_td.children()):
+            mask += [first + i in numbers] * td.num_leaves
+        for name, td in zip(kwargs_td.node_data()[1], kwargs_td.children(), strict=True):
+            mask += [name in names] * td.num_leaves
+        return tuple(mask)
+
+    def concrete(self) -> list[bool]:
+        """Per leaf, bound first, whether a Python scalar there is passed concrete."""
+        given = self.concrete_scalars()
+        return [True] * len(self.bound_leaves) + (
+            [given] * len(self.call_leaves) if isinstance(given, bool) else list(given)
+        )
 
     @property
     def treedef(self) -> jtu.PyTreeDef:
         return jtu.treedef_tuple((self.bound_treedef, self.call_treedef))
-
-    @property
-    def n_concrete(self) -> int:
-        """How many leaves, from the first, pass Python scalars concrete."""
-        return len(self.bound_leaves) + (len(self.call_leaves) if self.jitted else 0)
 
 
 def split_call(

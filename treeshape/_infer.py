@@ -35,15 +35,15 @@ from ._structure import PyTree, Structure, read_structure
 def _evaluate(call: Call, close_bound: bool = False) -> Structure:
     """Abstractly evaluate the call (one `jax.eval_shape` trace).
 
-    Python scalars among the first `call.n_concrete` leaves are passed concrete, and with
+    Python scalars are passed concrete where `Call.concrete` says, and with
     `close_bound` so are the bound arrays and tracers (closed over, as
     `jax.eval_shape` of the partial itself passes them).
     """
     core, treedef, n_bound = call.core, call.treedef, len(call.bound_leaves)
     leaves = abstract_inputs(call.bound_leaves + call.call_leaves, treedef)
     abstract = [
-        is_abstract(x, i < call.n_concrete) and not (close_bound and i < n_bound and has_value(x))
-        for i, x in enumerate(leaves)
+        is_abstract(x, concrete) and not (close_bound and i < n_bound and has_value(x))
+        for i, (x, concrete) in enumerate(zip(leaves, call.concrete(), strict=True))
     ]
     check_inputs(leaves, abstract, treedef)
     if is_jax_jit(core) and not n_bound and call.bound_treedef == EMPTY_BOUND:
@@ -167,7 +167,7 @@ def _out_structure(
     call = with_trees(call)  # (these checks read the leaves' types, found once by `split_call`)
     if jax.ShapeDtypeStruct in call.leaf_types():
         check_splits([*call.bound_leaves, *call.call_leaves], call.treedef, "out_structure")
-    key = _cache.call_key(call, concrete_scalars=call.jitted)
+    key = _cache.call_key(call, concrete_scalars=call.concrete_scalars())
 
     def evaluate(close_bound: bool) -> Structure:  # (the call's treedef is built only here: a hit needs none)
         return _evaluate(call, close_bound)
@@ -187,8 +187,8 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
     Arrays, tracers, `jax.ShapeDtypeStruct`s, NumPy arrays, duck arrays and
     Python scalars are abstract inputs, typed as JAX types them; a
     [treeshape.Structure][] stands for its tree; other leaves are passed to
-    `fn` unchanged (static). A `jax.jit`-wrapped `fn` gets Python scalars
-    concrete, so its static arguments work.
+    `fn` unchanged (static). A jit wrapper (`jax.jit`, `nnx.jit`,
+    `eqx.filter_jit`) gets its static arguments as values, so they work.
 
     Answers are cached ([the cache](../guide/caching.md#the-cache): what the key holds,
     what is never held); a function that reads mutable global state needs

@@ -504,7 +504,7 @@ def cost_of(call: Call, donated: frozenset[int], target: str | None = None, who:
         tuple(sorted(donated)),
         tuple(_placement(x) for x in leaves),
         target,
-        concrete_scalars=call.jitted,
+        concrete_scalars=call.concrete_scalars(),
     )
 
     n_bound = len(call.bound_leaves)
@@ -513,7 +513,7 @@ def cost_of(call: Call, donated: frozenset[int], target: str | None = None, who:
     def evaluate(close_bound: bool) -> Cost:
         if not checked:
             flat = abstract_inputs(leaves, treedef, who)
-            abstract = [is_abstract(x, i < call.n_concrete) for i, x in enumerate(flat)]
+            abstract = [is_abstract(x, concrete) for x, concrete in zip(flat, call.concrete(), strict=True)]
             check_inputs(flat, abstract, treedef, who)
             checked.append((flat, abstract))
         flat, abstract = checked[0]
