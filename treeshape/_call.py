@@ -69,6 +69,12 @@ def is_filter_jit(fn: Any) -> bool:
     return cls.__name__ == "_JitWrapper" and cls.__module__.startswith("equinox.")
 
 
+def _is_equinox_partial(fn: Any) -> bool:
+    """Whether `fn` is an `eqx.Partial` (what equinox makes of a module's method bound to it)."""
+    cls = type(fn)
+    return cls.__name__ == "Partial" and cls.__module__.startswith("equinox.")
+
+
 def _is_nnx_jit(core: Any) -> bool:
     cls = type(core)
     return cls.__name__ == "JitWrapped" and cls.__module__.startswith("flax.")
@@ -148,6 +154,9 @@ def split_callable(fn: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[s
         return core, (*bound, fn.__self__), bound_kw
     if is_filter_jit(fn):
         return _call_filter_jit, (fn,), {}
+    if _is_equinox_partial(fn) and is_filter_jit(fn.func):  # a method under `eqx.filter_jit`: `model.step`
+        core, bound, bound_kw = split_callable(fn.func)
+        return core, bound + tuple(fn.args), {**bound_kw, **fn.keywords}
     if not isinstance(fn, types.BuiltinFunctionType) and not jtu.treedef_is_leaf(jtu.tree_structure(fn)):
         return _call_pytree, (fn,), {}
     return fn, (), {}
@@ -230,13 +239,17 @@ def is_output_array(x: Any, kind: int, core: Any = None) -> bool:
 def _signature_target(core: Any, leaves: list[Any], treedef: jtu.PyTreeDef) -> tuple[Any, int, list[str]]:
     """The callable whose parameters name the call's arguments, how many of its leading
     parameters the bound positional values fill, and the names of those bound values
-    that are not its parameters (a callable pytree itself: `self`)."""
+    that are not its parameters (a callable pytree itself: `self`; a function's
+    `eqx.filter_jit` wrapper: `fn`)."""
     n_bound = len(treedef.children()[0].children()[0].children())
     bound = bound_positional(core, leaves, treedef)
     if not bound:
         return core, n_bound, []
     fn = bound[0]
-    return (getattr(fn, "__wrapped__", fn) if is_filter_jit(fn) else fn), n_bound - 1, ["self"]
+    target = getattr(fn, "__wrapped__", fn) if is_filter_jit(fn) else fn
+    if isinstance(target, types.FunctionType):  # an `eqx.filter_jit` of a function, maybe a method taking `self`
+        return target, n_bound - 1, [_unique("fn", set(_parameter_names(target, positional_only=True)))]
+    return target, n_bound - 1, ["self"]
 
 
 def _unique(name: str, taken: set[str]) -> str:
