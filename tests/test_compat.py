@@ -346,6 +346,17 @@ def test_kept_arguments_leave_out_what_the_program_does_not_use():
     assert _compat.kept_arguments(object(), 3) is None
 
 
+def test_jit_static_arguments_are_the_wrappers_own_one_side_completed_through_its_signature():
+    def f(x, n, *, mode="tile"):
+        return x
+
+    assert _compat.jit_static_arguments(jax.jit(f, static_argnames=("n", "mode"))) == ({1}, {"n", "mode"})
+    assert _compat.jit_static_arguments(jax.jit(f, static_argnums=1)) == ({1}, {"n"})
+    assert _compat.jit_static_arguments(jax.jit(f, static_argnums=1, static_argnames="mode")) == ({1}, {"mode"})
+    assert _compat.jit_static_arguments(jax.jit(f)) == (set(), set())
+    assert _compat.jit_static_arguments(f) is None
+
+
 @pytest.mark.parametrize(
     "dtype", [jnp.bool_, jnp.int8, jnp.int32, jnp.uint8, jnp.float16, jnp.bfloat16, jnp.float32, jnp.complex64]
 )

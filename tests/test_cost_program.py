@@ -84,6 +84,48 @@ def test_a_jitted_step_keeps_its_static_arguments():
     assert c.output_bytes == 3 * BATCH_BYTES
 
 
+@pytest.mark.parametrize("wrap", [jax.jit, nnx.jit], ids=["jax.jit", "nnx.jit"])
+@pytest.mark.parametrize("static", [{"static_argnums": 1}, {"static_argnames": "n"}])
+@pytest.mark.parametrize("passed", ["position", "keyword"])
+def test_a_jit_wrappers_static_arguments_stay_static_passed_either_way(wrap, static, passed):
+    def tile(x, n, scale):
+        return jnp.tile(x, n) * scale
+
+    args, kwargs = ((BATCH, 3), {"scale": 2.0}) if passed == "position" else ((BATCH,), {"n": 3, "scale": 2.0})
+    theirs = jax.jit(tile, **static)
+    assert ts.out_structure(wrap(tile, **static), *args, **kwargs).tree == jax.eval_shape(theirs, *args, **kwargs)
+    c = ts.cost(wrap(tile, **static), *args, **kwargs)
+    assert figures(c) == own(theirs.lower(*args, **kwargs).compile())
+    assert (c.argument_bytes, c.output_bytes) == (BATCH_BYTES + 4, 3 * BATCH_BYTES)  # `scale` is traced
+
+
+@pytest.mark.parametrize("wrap", [jax.jit, nnx.jit], ids=["jax.jit", "nnx.jit"])
+def test_a_negative_static_argnum_counts_back_from_the_last_positional_argument(wrap):
+    def tile(x, n):
+        return jnp.tile(x, n)
+
+    expected = jax.eval_shape(jax.jit(tile, static_argnums=-1), BATCH, 3)
+    assert ts.out_structure(wrap(tile, static_argnums=-1), BATCH, 3).tree == expected
+
+
+@pytest.mark.parametrize("where", ["donated", "under jit"])
+def test_a_jitted_steps_traced_python_scalar_stays_an_argument_where_cost_jits_around_it(where):
+    def scaled(x, n, scale):
+        return x * (scale * n)
+
+    jitted = jax.jit(scaled, static_argnums=1)
+    if where == "donated":  # donation given to `cost`: the program jits around the wrapper
+        c = ts.cost(jitted, BATCH, 3, 2.0, donate_argnums=0)
+        expected = own(jax.jit(scaled, static_argnums=1, donate_argnums=0).lower(BATCH, 3, 2.0).compile())
+    else:  # under a transformation: the program is traced there, then compiled alone
+        found = []
+        jax.jit(lambda x: found.append(ts.cost(jitted, x, 3, 2.0)) or x)(BATCH)
+        [c] = found
+        expected = own(jitted.lower(BATCH, 3, 2.0).compile())
+    assert figures(c) == expected
+    assert expected["argument_bytes"] == BATCH_BYTES + 4
+
+
 def test_a_jitted_step_keeps_its_shardings():
     mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Explicit,))
     rows = NamedSharding(mesh, P("d"))

@@ -154,6 +154,34 @@ def test_donation_is_keyed_by_path():
     assert c.alias_bytes == alias
 
 
+class Scaler(eqx.Module):
+    """A method under `eqx.filter_jit`, called bound (`model.update(x)`): equinox binds
+    `self` to the wrapper in an `eqx.Partial`."""
+
+    weight: jax.Array
+    size: int
+    frozen: bool
+
+    @eqx.filter_jit
+    def update(self, x: jax.Array) -> tuple["Scaler", jax.Array]:
+        new = self if self.frozen else eqx.tree_at(lambda m: m.weight, self, self.weight + x.sum())
+        return new, jnp.tile(x, self.size)
+
+
+def test_a_bound_method_under_filter_jit_keeps_the_modules_python_fields_static():
+    model, x = Scaler(jnp.ones((4, 4)), 3, False), jnp.ones(8)
+    s, theirs = ts.out_structure(model.update, x), eqx.filter_eval_shape(model.update, x)
+    assert jax.tree.structure(s.tree) == jax.tree.structure(theirs)
+    assert jax.tree.leaves(s.tree) == jax.tree.leaves(theirs)
+    assert (s.tree[0].size, s.tree[0].frozen) == (3, False)
+    c = ts.cost(model.update, x)
+    compiled = _compiled(Scaler.update, model, x)
+    memory = compiled.memory_analysis()
+    assert (c.flops, c.argument_bytes) == (compiled.cost_analysis()["flops"], memory.argument_size_in_bytes)
+    assert c.output_bytes == memory.output_size_in_bytes - _marker_bytes(2)  # the fields are no outputs
+    assert {b.path for b in c.buffers if b.kind == "argument"} == {"self.weight", "args[0]"}
+
+
 class MLP(nnx.Module):
     def __init__(self, rngs: nnx.Rngs) -> None:
         self.linear1 = nnx.Linear(16, 32, rngs=rngs)

@@ -562,6 +562,24 @@ def test_a_needed_python_scalar_gets_a_note_naming_the_argument(call, error, nam
     assert any(f"argument {p}" in message or f"argument '{p}'" in message for p in parameters), message
 
 
+def _fill(scale, table, x, n, fill=0.0):
+    return jnp.full((n,), fill) * scale + x + table["a"].sum()
+
+
+def test_a_note_after_bound_arguments_names_the_same_parameter_in_cost_and_out_structure():
+    # Two bound arguments holding three leaves: `args[1]` is the fourth parameter, `n`.
+    fn = ft.partial(_fill, 2, {"a": jnp.ones(2), "b": jnp.ones(2)})
+    notes = []
+    for who in ("out_structure", "cost"):
+        with pytest.raises(TypeError) as info:
+            getattr(ts, who)(fn, jnp.ones(()), 3)
+        [note] = [n for n in info.value.__notes__ if n.startswith("treeshape:")]
+        assert "args[1] = 3" in note and f"ts.{who}(functools.partial(_fill, n=3), ...)" in note
+        notes.append(note.replace(f"ts.{who}(", "ts.fn("))
+    assert notes[0] == notes[1]
+    assert ts.cost(ft.partial(fn, n=3), jnp.ones(())).output_bytes == 3 * 4  # the binding it suggests works
+
+
 def test_the_suggested_binding_works():
     s = ts.out_structure(ft.partial(_init, n=8, m=32), jax.random.key(0))
     assert s.tree == {"w": jax.ShapeDtypeStruct((8, 32), jnp.result_type(float))}

@@ -26,7 +26,7 @@ import operator
 import threading
 import types
 import weakref
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Final, Generic, NamedTuple, NoReturn, TypeVar
 
 import jax
@@ -166,24 +166,27 @@ def _scalar_key(x: Any) -> Any:
 _AVAL: Final = operator.attrgetter("aval")
 
 
-def _leaf_keys(leaves: list[Any], concrete_scalars: bool, refs: list[Any], arrays: bool = False) -> Iterable[Any]:
+def _leaf_keys(
+    leaves: list[Any], concrete_scalars: bool | Sequence[bool], refs: list[Any], arrays: bool = False
+) -> Iterable[Any]:
     """Per-leaf key parts: the abstract value JAX traces for an array-like leaf
     (so an array, a NumPy array, a ShapeDtypeStruct and a duck array of one
     type share them), Python scalars by type (or value, when passed
-    concrete), static values as `static_key` says. `arrays`: every leaf is a
-    JAX array (their avals are read in one C-level pass)."""
+    concrete: all, or per leaf), static values as `static_key` says. `arrays`:
+    every leaf is a JAX array (their avals are read in one C-level pass)."""
     if arrays:
         return map(_AVAL, leaves)
     kinds = KINDS  # each type's kind, as `kind_of` notes it (read here without a call per leaf)
     out = []
-    for x in leaves:
+    for i, x in enumerate(leaves):
         kind = kinds.get(type(x))
         if kind is None:
             kind = kind_of(type(x))
         if kind == ARRAY:
             out.append(x.aval)
         elif kind == SCALAR:
-            out.append((type(x), x) if concrete_scalars else _scalar_key(x))
+            concrete = concrete_scalars if isinstance(concrete_scalars, bool) else concrete_scalars[i]
+            out.append((type(x), x) if concrete else _scalar_key(x))
         elif kind == SDS or kind == DIM or (kind == NUMPY and jax_dtype(x.dtype)):
             out.append(_compat.abstractify(x))
         elif kind == OTHER and is_duck_array(x):
@@ -240,11 +243,12 @@ class Key:
 NOT_CACHED: Final = Key((), [], ())
 
 
-def call_key(call: Call, *extra: Hashable, concrete_scalars: bool) -> Key:
+def call_key(call: Call, *extra: Hashable, concrete_scalars: bool | Sequence[bool]) -> Key:
     """The key of `call`: its core function, treedefs, each leaf's part (`_leaf_keys`), the
     tracing context and the abstract mesh, then `extra` (`ts.cost` adds its own); `NOT_CACHED`
-    where a part cannot be keyed. `concrete_scalars`: the call's Python scalars are passed
-    concrete (to a jitted core), so they are keyed by value (bound ones always are)."""
+    where a part cannot be keyed. `concrete_scalars`: the call's Python scalars (all, or per
+    leaf) are passed concrete (to a jitted core, as `Call.concrete_scalars` says), so they
+    are keyed by value (bound ones always are)."""
     refs: list[Any] = []
     kinds = KINDS
     arrays = all(kinds.get(t) == ARRAY for t in call.leaf_types())  # a model's parameters and batch

@@ -69,6 +69,17 @@ def is_filter_jit(fn: Any) -> bool:
     return cls.__name__ == "_JitWrapper" and cls.__module__.startswith("equinox.")
 
 
+def _is_equinox_partial(fn: Any) -> bool:
+    """Whether `fn` is an `eqx.Partial` (what equinox makes of a module's method bound to it)."""
+    cls = type(fn)
+    return cls.__name__ == "Partial" and cls.__module__.startswith("equinox.")
+
+
+def _is_nnx_jit(core: Any) -> bool:
+    cls = type(core)
+    return cls.__name__ == "JitWrapped" and cls.__module__.startswith("flax.")
+
+
 def is_jit_wrapper(core: Any) -> bool:
     """Whether the split call's `core` is a jit wrapper of its own (`jax.jit`,
     `eqx.filter_jit`, `nnx.jit`, `jax.pmap`): the program it compiles is named by it, and
@@ -84,7 +95,7 @@ def wrapper_named(fn: Any) -> str | None:
         return "jax.jit"
     if is_filter_jit(fn):
         return "eqx.filter_jit"
-    if cls.__name__ == "JitWrapped" and cls.__module__.startswith("flax."):
+    if _is_nnx_jit(fn):
         return "nnx.jit"
     return "jax.pmap" if pmap_name(fn) is not None else None
 
@@ -104,6 +115,18 @@ def pmap_name(core: Any) -> str | None:
 def _function_name(fn: Any) -> str:
     name = getattr(fn, "__name__", None)
     return name if isinstance(name, str) and name.isidentifier() else "fn"
+
+
+def static_arguments(core: Any) -> tuple[frozenset[int], frozenset[str]] | None:
+    """The positions and names of the arguments that the split call's `core` makes static,
+    where it is a jit wrapper that names them (`jax.jit`, `nnx.jit`: its `static_argnums`
+    and `static_argnames` as JAX applies them, one given alone completed through the
+    function's signature); None for any other `core`, or where its settings cannot be read."""
+    if type(core) is _JITTED:
+        return _compat.jit_static_arguments(core)
+    if _is_nnx_jit(core):  # `nnx.jit` calls a `jax.jit` of its own with the user's static arguments
+        return _compat.jit_static_arguments(getattr(core, "jitted_fn", None))
+    return None
 
 
 def bound_positional(core: Any, leaves: list[Any], treedef: jtu.PyTreeDef) -> tuple[Any, ...]:
@@ -160,6 +183,9 @@ def split_callable(fn: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[s
         return core, (*bound, fn.__self__), bound_kw
     if is_filter_jit(fn):
         return _call_filter_jit, (fn,), {}
+    if _is_equinox_partial(fn) and is_filter_jit(fn.func):  # a method under `eqx.filter_jit`: `model.step`
+        core, bound, bound_kw = split_callable(fn.func)
+        return core, bound + tuple(fn.args), {**bound_kw, **fn.keywords}
     if not isinstance(fn, types.BuiltinFunctionType) and not jtu.treedef_is_leaf(jtu.tree_structure(fn)):
         return _call_pytree, (fn,), {}
     return fn, (), {}
@@ -242,13 +268,17 @@ def is_output_array(x: Any, kind: int, core: Any = None) -> bool:
 def _signature_target(core: Any, leaves: list[Any], treedef: jtu.PyTreeDef) -> tuple[Any, int, list[str]]:
     """The callable whose parameters name the call's arguments, how many of its leading
     parameters the bound positional values fill, and the names of those bound values
-    that are not its parameters (a callable pytree itself: `self`)."""
+    that are not its parameters (a callable pytree itself: `self`; a function's
+    `eqx.filter_jit` wrapper: `fn`)."""
     n_bound = len(treedef.children()[0].children()[0].children())
     bound = bound_positional(core, leaves, treedef)
     if not bound:
         return core, n_bound, []
     fn = bound[0]
-    return (getattr(fn, "__wrapped__", fn) if is_filter_jit(fn) else fn), n_bound - 1, ["self"]
+    target = getattr(fn, "__wrapped__", fn) if is_filter_jit(fn) else fn
+    if isinstance(target, types.FunctionType):  # an `eqx.filter_jit` of a function, maybe a method taking `self`
+        return target, n_bound - 1, [_unique("fn", set(_parameter_names(target, positional_only=True)))]
+    return target, n_bound - 1, ["self"]
 
 
 def _unique(name: str, taken: set[str]) -> str:
@@ -322,6 +352,47 @@ def dynamic_arguments(
     return args, kwargs, bound
 
 
+class Traceable(NamedTuple):
+    """A call as one function that JAX traces, and the arguments to trace it with."""
+
+    fn: Callable[..., Any]  # `fn(*args, **named)`
+    args: tuple[Any, ...]
+    named: dict[str, Any]  # the keyword arguments, then the bound values by name
+    bound_names: list[str]  # the names the bound values are passed by, in their order
+
+
+def traceable(
+    core: Callable[..., Any],
+    leaves: list[Any],
+    abstract: list[bool],
+    treedef: jtu.PyTreeDef,
+    finish: Callable[[Any, Any], Any],
+) -> Traceable:
+    """The call `core(*bound, *args, **{**bound_kw, **kwargs})` (its leaves flattened by
+    `treedef`) as a function of its abstract leaves (`abstract[i]`; the others are passed
+    as they are), grouped as `dynamic_arguments` groups them: positional arguments as
+    `*args`, keyword arguments and bound values by name. JAX's messages then name them as
+    the user wrote them and point at the user's function (`__wrapped__`, `__signature__`).
+    The function returns `finish(inputs, out)`: the call's inputs rebuilt from its
+    arguments, `((bound, bound_kw), (args, kwargs))`, and `core`'s output."""
+    args, kwargs, bound = dynamic_arguments(core, leaves, abstract, treedef)
+    if set(bound) & set(kwargs):  # a keyword argument overriding a bound one: both are inputs
+        bound = {f"bound_{i}": v for i, v in enumerate(bound.values())}
+    order, keywords = list(bound), list(kwargs)
+
+    def call(*args: Any, **named: Any) -> Any:
+        it = iter(jtu.tree_leaves(([named[n] for n in order], args, {k: named[k] for k in keywords})))
+        inputs = jtu.tree_unflatten(treedef, [next(it) if a else x for x, a in zip(leaves, abstract, strict=True)])
+        (bound_args, bound_kw), (call_args, call_kw) = inputs
+        return finish(inputs, core(*bound_args, *call_args, **{**bound_kw, **call_kw}))
+
+    bound_args = bound_positional(core, leaves, treedef)
+    call.__name__ = call.__qualname__ = core_name(core, bound_args)
+    call.__wrapped__ = user_function(core, bound_args)  # type: ignore[attr-defined]
+    call.__signature__ = program_signature(core, leaves, treedef, len(args), [*keywords, *order])  # type: ignore[attr-defined]
+    return Traceable(call, args, {**kwargs, **bound}, order)
+
+
 _CONCRETIZATION_ERRORS = (
     jax.errors.ConcretizationTypeError,  # also TracerBoolConversionError
     jax.errors.TracerIntegerConversionError,
@@ -337,23 +408,26 @@ def _needed_concrete(error: BaseException) -> bool:
 def note_abstract_scalars(
     error: BaseException,
     core: Callable[..., Any],
-    n_bound: int,
     leaves: list[Any],
     abstract: list[bool],
-    call_treedef: jtu.PyTreeDef,
+    treedef: jtu.PyTreeDef,
     who: str = "out_structure",
 ) -> None:
-    """When `fn` needed a concrete value and got a tracer, name the Python
-    scalars that were passed abstractly and say how to keep them concrete, as a call
-    of `ts.{who}`."""
-    if not _needed_concrete(error):
+    """When `fn` needed a concrete value and got a tracer, name the Python scalars of the
+    call (`leaves`, bound first, flattened by `treedef`) that were passed abstractly, and
+    say how to keep them concrete, as a call of `ts.{who}`. A jit wrapper's own arguments
+    are left to JAX's message, which names its `static_argnums`."""
+    if not _needed_concrete(error) or is_jit_wrapper(core):
         return
+    n_leaves = treedef.children()[0].num_leaves
+    target, n_bound, _ = _signature_target(core, leaves, treedef)
+    call_treedef, leaves, abstract = treedef.children()[1], leaves[n_leaves:], abstract[n_leaves:]
     scalars = [i for i, (x, a) in enumerate(zip(leaves, abstract, strict=True)) if a and kind_of(type(x)) == SCALAR]
     if not scalars:
         return
     flat, _ = jtu.tree_flatten_with_path(jtu.tree_unflatten(call_treedef, leaves))
     named, bind = [], []
-    params = _parameter_names(core)
+    params = _parameter_names(target)
     for i in scalars:
         keys = flat[i][0]
         root = "args" if _nodes.key_name(keys[0]) == 0 else "kwargs"
@@ -432,21 +506,43 @@ class Call(NamedTuple):
             return self.types
         return frozenset(map(type, self.call_leaves)).union(map(type, self.bound_leaves))
 
-    @property
-    def jitted(self) -> bool:
-        """A jitted core abstracts its own non-static arguments: Python scalars are
-        passed to it concrete (and keyed by value), so its static arguments work; an
-        `eqx.filter_jit` wrapper makes every leaf that is not an array static."""
-        return type(self.core) is _JITTED or self.core is _call_filter_jit
+    def concrete_scalars(self) -> bool | tuple[bool, ...]:
+        """Whether the Python scalars among the call's leaves (not the bound ones, which
+        always are) are passed to `core` concrete, and so keyed by value: none for a plain
+        function (JAX traces them); every one for an `eqx.filter_jit` wrapper, which makes
+        every leaf that is not an array static; for a `jax.jit` or `nnx.jit` wrapper, those
+        of the arguments it makes static (per leaf), the rest abstract as that jit makes
+        them (every one where its settings cannot be read: it abstracts the others itself)."""
+        core = self.core
+        if core is _call_filter_jit:
+            return True
+        if type(core) is not _JITTED and not _is_nnx_jit(core):
+            return False
+        static = static_arguments(core)
+        if static is None:
+            return True
+        numbers, names = static
+        args_td, kwargs_td = self.call_treedef.children()
+        first = len(self.bound_treedef.children()[0].children())  # the bound positional values come first
+        n_positional = first + len(args_td.children())
+        numbers = frozenset(i % n_positional if i < 0 else i for i in numbers) if n_positional else numbers
+        mask: list[bool] = []
+        for i, td in enumerate(args_td.children()):
+            mask += [first + i in numbers] * td.num_leaves
+        for name, td in zip(kwargs_td.node_data()[1], kwargs_td.children(), strict=True):
+            mask += [name in names] * td.num_leaves
+        return tuple(mask)
+
+    def concrete(self) -> list[bool]:
+        """Per leaf, bound first, whether a Python scalar there is passed concrete."""
+        given = self.concrete_scalars()
+        return [True] * len(self.bound_leaves) + (
+            [given] * len(self.call_leaves) if isinstance(given, bool) else list(given)
+        )
 
     @property
     def treedef(self) -> jtu.PyTreeDef:
         return jtu.treedef_tuple((self.bound_treedef, self.call_treedef))
-
-    @property
-    def n_concrete(self) -> int:
-        """How many leaves, from the first, pass Python scalars concrete."""
-        return len(self.bound_leaves) + (len(self.call_leaves) if self.jitted else 0)
 
 
 def split_call(

@@ -287,6 +287,21 @@ def kept_arguments(compiled: Any, n_arguments: int) -> list[int] | None:
     return sorted(i for i in kept if 0 <= i < n_arguments)
 
 
+def jit_static_arguments(jitted: Any) -> tuple[frozenset[int], frozenset[str]] | None:
+    """The `static_argnums` and `static_argnames` of a `jax.jit` wrapper as it applies them
+    (to arguments passed by position and by keyword): where only one was given, the other
+    is completed through its function's signature. No public API says which; the wrapper
+    keeps its settings as `_jit_info` on every supported release. None when that is not
+    found."""
+    info = getattr(jitted, "_jit_info", None)
+    numbers, names = getattr(info, "static_argnums", None), getattr(info, "static_argnames", None)
+    if not isinstance(numbers, tuple) or not isinstance(names, tuple):
+        return None
+    if not all(type(n) is int for n in numbers) or not all(type(n) is str for n in names):
+        return None
+    return frozenset(numbers), frozenset(names)
+
+
 def is_traced_shape_error(error: BaseException) -> bool:
     """Whether `error` is JAX's `TypeError` for a shape (or another static value) that
     holds a tracer, as `jnp.zeros(n)` with `n` traced raises it: told by where it was

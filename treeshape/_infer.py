@@ -14,48 +14,39 @@ from . import _cache, _compat, _sharding, _tree
 from ._cache import CACHE, has_value
 from ._call import (
     EMPTY_BOUND,
+    Call,
     abstract_inputs,
-    bound_positional,
     check_callable,
     check_inputs,
     check_splits,
-    dynamic_arguments,
     is_abstract,
     is_jax_jit,
     is_output_array,
     note_abstract_scalars,
-    program_signature,
     split_call,
     split_callable,
-    user_function,
+    traceable,
     with_trees,
 )
 from ._leaf import kind_of
 from ._structure import PyTree, Structure, read_structure
 
 
-def _evaluate(
-    core: Callable[..., Any],
-    n_concrete: int,
-    bound_leaves: list[Any],
-    call_leaves: list[Any],
-    treedef: jtu.PyTreeDef,
-    close_bound: bool = False,
-) -> Structure:
-    """Abstractly evaluate `core` on the given leaves (one `jax.eval_shape` trace).
+def _evaluate(call: Call, close_bound: bool = False) -> Structure:
+    """Abstractly evaluate the call (one `jax.eval_shape` trace).
 
-    Python scalars among the first `n_concrete` leaves are passed concrete, and
-    with `close_bound` so are the bound arrays and tracers (closed over, as
+    Python scalars are passed concrete where `Call.concrete` says, and with
+    `close_bound` so are the bound arrays and tracers (closed over, as
     `jax.eval_shape` of the partial itself passes them).
     """
-    leaves = abstract_inputs(bound_leaves + call_leaves, treedef)
-    n_bound = len(bound_leaves)
+    core, treedef, n_bound = call.core, call.treedef, len(call.bound_leaves)
+    leaves = abstract_inputs(call.bound_leaves + call.call_leaves, treedef)
     abstract = [
-        is_abstract(x, i < n_concrete) and not (close_bound and i < n_bound and has_value(x))
-        for i, x in enumerate(leaves)
+        is_abstract(x, concrete) and not (close_bound and i < n_bound and has_value(x))
+        for i, (x, concrete) in enumerate(zip(leaves, call.concrete(), strict=True))
     ]
     check_inputs(leaves, abstract, treedef)
-    if is_jax_jit(core) and not bound_leaves and treedef.children()[0] == EMPTY_BOUND:
+    if is_jax_jit(core) and not n_bound and call.bound_treedef == EMPTY_BOUND:
         # A jitted function on its own: exactly `jax.eval_shape`, which asks the
         # jitted function for its output info (so its `out_shardings` show).
         (args, kwargs) = jtu.tree_unflatten(treedef, leaves)[1]
@@ -64,16 +55,7 @@ def _evaluate(
         return Structure(out_treedef, tuple(out_leaves))
     out_info: list[Any] = []
 
-    args, kwargs, bound_named = dynamic_arguments(core, leaves, abstract, treedef)
-    if set(bound_named) & set(kwargs):  # a keyword argument overriding a bound one: both are inputs
-        bound_named = {f"bound_{i}": v for i, v in enumerate(bound_named.values())}
-    order, keywords = list(bound_named), list(kwargs)
-
-    def traced(*args: Any, **named: Any) -> list[Any]:
-        it = iter(jtu.tree_leaves(([named[n] for n in order], args, {k: named[k] for k in keywords})))
-        full = [next(it) if a else x for x, a in zip(leaves, abstract, strict=True)]
-        (bound, bound_kw), (args, kwargs) = jtu.tree_unflatten(treedef, full)
-        out = core(*bound, *args, **{**bound_kw, **kwargs})
+    def described(inputs: Any, out: Any) -> list[Any]:
         out_leaves, out_treedef = jtu.tree_flatten(out)
         traced_out = []
         descriptions: list[Any] = []
@@ -89,25 +71,12 @@ def _evaluate(
         out_info[:] = [escapes] if escapes else [out_treedef, descriptions]
         return [] if escapes else traced_out
 
-    # JAX's own messages then name the user's function and the arguments as
-    # it names them (`state['params']`, `kwargs['train']`), not this wrapper.
-    traced.__wrapped__ = user_function(core, bound_positional(core, leaves, treedef))  # type: ignore[attr-defined]
-    traced.__signature__ = program_signature(core, leaves, treedef, len(args), [*keywords, *order])  # type: ignore[attr-defined]
-    named = {**kwargs, **bound_named}
+    traced = traceable(core, leaves, abstract, treedef, described)
     try:
-        shapes = iter(jax.eval_shape(traced, *args, **named))
+        shapes = iter(jax.eval_shape(traced.fn, *traced.args, **traced.named))
     except Exception as e:
-        if not isinstance(e, TypeError):  # JAX's concretization errors are TypeErrors
-            raise
-        n = len(bound_leaves)
-        note_abstract_scalars(
-            e,
-            core,
-            len(treedef.children()[0].children()[0].children()),
-            leaves[n:],
-            abstract[n:],
-            treedef.children()[1],
-        )
+        if isinstance(e, TypeError):  # JAX's concretization errors are TypeErrors
+            note_abstract_scalars(e, core, leaves, abstract, treedef)
         raise
     if len(out_info) == 1:
         _raise_escapes(out_info[0])
@@ -196,16 +165,15 @@ def _out_structure(
     check_callable(fn, "out_structure")
     call = split_call(fn, args, kwargs)
     call = with_trees(call)  # (these checks read the leaves' types, found once by `split_call`)
-    core, bound_leaves, _, call_leaves, _, _ = call
     if jax.ShapeDtypeStruct in call.leaf_types():
-        check_splits([*bound_leaves, *call_leaves], call.treedef, "out_structure")
-    key = _cache.call_key(call, concrete_scalars=call.jitted)
+        check_splits([*call.bound_leaves, *call.call_leaves], call.treedef, "out_structure")
+    key = _cache.call_key(call, concrete_scalars=call.concrete_scalars())
 
     def evaluate(close_bound: bool) -> Structure:  # (the call's treedef is built only here: a hit needs none)
-        return _evaluate(core, call.n_concrete, bound_leaves, call_leaves, call.treedef, close_bound)
+        return _evaluate(call, close_bound)
 
-    structure, _ = _cache.answer(CACHE, key, bound_leaves, evaluate)
-    return structure, call_leaves
+    structure, _ = _cache.answer(CACHE, key, call.bound_leaves, evaluate)
+    return structure, call.call_leaves
 
 
 def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Structure:
@@ -219,8 +187,8 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
     Arrays, tracers, `jax.ShapeDtypeStruct`s, NumPy arrays, duck arrays and
     Python scalars are abstract inputs, typed as JAX types them; a
     [treeshape.Structure][] stands for its tree; other leaves are passed to
-    `fn` unchanged (static). A `jax.jit`-wrapped `fn` gets Python scalars
-    concrete, so its static arguments work.
+    `fn` unchanged (static). A jit wrapper (`jax.jit`, `nnx.jit`,
+    `eqx.filter_jit`) gets its static arguments as values, so they work.
 
     Answers are cached ([the cache](../guide/caching.md#the-cache): what the key holds,
     what is never held); a function that reads mutable global state needs

@@ -501,7 +501,11 @@ def cost_of(call: Call, donated: frozenset[int], target: str | None = None, who:
     treedef = call.treedef
     _refuse_symbolic(leaves, treedef)
     key = call_key(
-        call, tuple(sorted(donated)), tuple(_placement(x) for x in leaves), target, concrete_scalars=call.jitted
+        call,
+        tuple(sorted(donated)),
+        tuple(_placement(x) for x in leaves),
+        target,
+        concrete_scalars=call.concrete_scalars(),
     )
 
     n_bound = len(call.bound_leaves)
@@ -510,7 +514,7 @@ def cost_of(call: Call, donated: frozenset[int], target: str | None = None, who:
     def evaluate(close_bound: bool) -> Cost:
         if not checked:
             flat = abstract_inputs(leaves, treedef, who)
-            abstract = [is_abstract(x, i < call.n_concrete) for i, x in enumerate(flat)]
+            abstract = [is_abstract(x, concrete) for x, concrete in zip(flat, call.concrete(), strict=True)]
             check_inputs(flat, abstract, treedef, who)
             checked.append((flat, abstract))
         flat, abstract = checked[0]
@@ -522,7 +526,7 @@ def cost_of(call: Call, donated: frozenset[int], target: str | None = None, who:
         try:
             return _figures(compile_program(call.core, flat, closed, treedef, donated, target))
         except Exception as e:  # a concretization error: name the Python scalars passed abstractly
-            note_abstract_scalars(e, call.core, n_bound, flat[n_bound:], abstract[n_bound:], call.call_treedef, who)
+            note_abstract_scalars(e, call.core, flat, abstract, treedef, who)
             raise
 
     result, compiled = answer(COST_CACHE, key, call.bound_leaves, evaluate)

@@ -36,18 +36,14 @@ from .. import _compat, _nodes, _sharding
 from .._cache import has_value
 from .._call import (
     Call,
-    bound_positional,
     call_path,
-    core_name,
-    dynamic_arguments,
     filter_jit_wrapper,
     input_path,
     is_jax_jit,
     is_jit_wrapper,
     is_output_array,
     pmap_name,
-    program_signature,
-    user_function,
+    traceable,
 )
 from .._leaf import ARRAY, NUMPY, SDS, kind_of, leaf_str
 from .._shapes import extent_problem
@@ -193,33 +189,21 @@ def _program(core: Callable[..., Any], values: list[Any], abstract: list[bool], 
     `opt.update(model, grads)`), then the array leaves of `core`'s output. The objects
     passed in are never changed: the program updates the copies it rebuilds from the
     leaves."""
-    args, kwargs, bound = dynamic_arguments(core, values, abstract, treedef)
-    if set(bound) & set(kwargs):  # a keyword argument overriding a bound one: both are inputs
-        bound = {f"bound_{i}": v for i, v in enumerate(bound.values())}
-    order, keywords = list(bound), list(kwargs)
+    output_paths: list[str] = []  # filled when traced
 
-    def program(*args: Any, **named: Any) -> list[Any]:
-        it = iter(jtu.tree_leaves(([named[n] for n in order], args, {k: named[k] for k in keywords})))
-        inputs = jtu.tree_unflatten(treedef, [next(it) if a else x for x, a in zip(values, abstract, strict=True)])
-        (bound_args, bound_kw), (call_args, call_kw) = inputs
-        out = core(*bound_args, *call_args, **{**bound_kw, **call_kw})
+    def outputs(inputs: Any, out: Any) -> list[Any]:
         state = [(keys, x) for keys, x in jtu.tree_flatten_with_path(inputs, is_leaf=_is_nnx)[0] if _is_nnx(x)]
         found, paths = _outputs(state, out, core)
         output_paths[:] = paths
         return found
 
-    output_paths: list[str] = []  # filled when traced
-
-    bound_args = bound_positional(core, values, treedef)
-    program.__name__ = program.__qualname__ = core_name(core, bound_args)
-    program.__wrapped__ = user_function(core, bound_args)  # type: ignore[attr-defined]
-    program.__signature__ = program_signature(core, values, treedef, len(args), [*keywords, *order])  # type: ignore[attr-defined]
-    named = {**kwargs, **bound}
+    program = traceable(core, values, abstract, treedef, outputs)
     owners: list[_Arg] = [
         ("args" if _nodes.key_name(path[0]) == 0 else "named", _nodes.key_name(path[1]))
-        for path, _ in jtu.tree_flatten_with_path((args, named))[0]
+        for path, _ in jtu.tree_flatten_with_path((program.args, program.named))[0]
     ]
-    return _Program(program, args, named, owners, _input_paths(values, abstract, treedef, owners, order), output_paths)
+    paths = _input_paths(values, abstract, treedef, owners, program.bound_names)
+    return _Program(program.fn, program.args, program.named, owners, paths, output_paths)
 
 
 def _input_paths(
