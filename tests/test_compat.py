@@ -189,6 +189,22 @@ def test_current_mesh_is_the_set_mesh():
     assert _compat.current_mesh().empty
 
 
+def test_an_equations_context_takes_another_mesh_and_keeps_the_rest():
+    """`ts.cost(..., target=)` moves a traced step onto the target's devices; each equation's
+    context names the mesh JAX sets again when it evaluates or lowers the equation."""
+    mesh = _mesh("d")
+    with jax.set_mesh(mesh):
+        context = jax.make_jaxpr(lambda x: x * 2)(jnp.ones(4)).eqns[0].ctx
+    other = jax.sharding.AbstractMesh(mesh.axis_sizes, mesh.axis_names, axis_types=mesh.axis_types)
+    moved = _compat.with_context_mesh(context, other)
+    assert _compat.context_mesh(context) == mesh.abstract_mesh  # the original is as it was
+    assert _compat.context_mesh(moved) is other and moved is not context
+    assert (moved.compute_type, moved.threefry_partitionable) == (context.compute_type, context.threefry_partitionable)
+    assert _compat.with_context_mesh(context, _compat.context_mesh(context)) is context
+    with moved.manager:  # JAX sets it as the mesh of the equation
+        assert jax.sharding.get_abstract_mesh() is other
+
+
 def test_flatten_one_level_with_keys_keys_each_child_as_its_path_does():
     import collections
 

@@ -381,8 +381,10 @@ def test_errors_name_the_fix(compiles):
         ts.cost(jnp.sin, x, target=100)
     with pytest.raises(ValueError, match="a topology after the colon is a TPU's"):
         ts.cost(jnp.sin, x, target="h100:2x2")
-    with pytest.raises(ValueError, match=r"sharded over 6 devices, which is no standard v5e topology.*v5e:AxB"):
+    with pytest.raises(ValueError, match=r"sharded over 6 devices, and no v5e topology has 6 chips \(the standard"):
         ts.cost(jnp.sin, _sharded(6), target="v5e")
+    with pytest.raises(ValueError, match=r'12 devices, which is no standard v5e.*of 12 chips: "v5e:2x6", "v5e:6x2"\.$'):
+        ts.cost(jnp.sin, _sharded(12), target="v5e")
     with pytest.raises(ValueError, match=r"'v5e:4x4' has 16 chips, and args\[0\] is sharded over 4 devices"):
         ts.cost(jnp.sin, _sharded(4), target="v5e:4x4")
     with pytest.raises(ValueError, match="a v5e slice has at most 256"):
@@ -404,19 +406,67 @@ def test_errors_name_the_fix(compiles):
     assert compiles == []
 
 
-def test_a_compiler_not_installed_names_the_extra(monkeypatch):
-    import importlib.util
+@pytest.mark.parametrize("missing", ["the jax_plugins package", "its CUDA plugins"])
+def test_a_compiler_not_installed_names_the_extra(monkeypatch, missing):
+    """No `jax_plugins` package at all, or none of JAX's CUDA plugins in it; no libtpu. Each
+    import fails as Python makes it fail for a module that is not there."""
+    import sys
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name.startswith(("jax_plugins", "libtpu")) else real(name)
-    )
+    for name in [n for n in sys.modules if n.startswith("jax_plugins.")]:
+        monkeypatch.delitem(sys.modules, name)
+    if missing == "the jax_plugins package":
+        monkeypatch.setitem(sys.modules, "jax_plugins", None)
+    else:
+        for name in ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13"):
+            monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "libtpu", None)
     x = jax.ShapeDtypeStruct((8,), jnp.float32)
     jaxlib = __import__("jaxlib").__version__
     with pytest.raises(ImportError, match=rf'pip install "treeshape\[cuda\]".*jax-cuda12-plugin=={jaxlib}'):
         ts.cost(jnp.sin, x, target="h100")
     with pytest.raises(ImportError, match=r'pip install "treeshape\[tpu\]"'):
         ts.largest_fit(jnp.sin, x, dim="b", target="v6e")
+
+
+def test_a_topology_libtpu_cannot_lay_out_names_those_of_its_count(compiles):
+    """Before anything compiles, and never "libtpu did not start": libtpu started, and
+    lays v5e and v6e chips out in hosts of 2x2, v5p chips in hosts of 2x2x1."""
+    x = jax.ShapeDtypeStruct((8,), jnp.float32)
+    refused = {
+        "v5e:4x1": r"'v5e:4x1' is no topology libtpu can lay out: .*2x2.* v5e topologies of 4 chips: \"v5e:2x2\"\.$",
+        "v6e:1x8": r"'v6e:1x8' is no topology .* The v6e topologies of 8 chips: \"v6e:2x4\", \"v6e:4x2\"\.$",
+        "v5e:": r"'v5e:' gives no topology after the colon: a v5e topology is AxB .*\"v5e:2x2\" for 4 chips",
+        "v5e:1x1x1": r"'v5e:1x1x1' has 3 sides; a v5e topology has 2 \(AxB\)\. .* of 1 chip: \"v5e:1x1\"\.$",
+        "v5p:2x4": r"'v5p:2x4' has 2 sides; .* of 8 chips: \"v5p:2x2x2\", \"v5p:2x4x1\", \"v5p:4x2x1\"\.$",
+        "v5e:0x0": r"'v5e:0x0' is no v5e topology: a topology is AxB, its sides whole numbers of at least 1",
+        "v5e:-1x2": r"'v5e:-1x2' is no v5e topology: a topology is AxB, its sides whole numbers of at least 1",
+    }
+    for target, message in refused.items():
+        with pytest.raises(ValueError, match=message) as info:
+            ts.cost(jnp.sin, x, target=target)
+        assert "did not start" not in str(info.value)
+    # A size its sharding does not divide: named before JAX's IndivisibleError.
+    odd = jax.ShapeDtypeStruct((6, 8), jnp.float32, sharding=NamedSharding(_mesh(4), P("data")))
+    with pytest.raises(
+        ValueError,
+        match=r"sharding of args\[0\]\['x'\] \(f32\[6,8\], P\('data',\)\) does not fit it: "
+        r"dimension 0 \(size 6\) would be split 4 ways",
+    ):
+        ts.cost(lambda t: jnp.sin(t["x"]), {"x": odd}, target="v5e:2x2")
+    assert compiles == []
+
+
+def test_a_program_the_targets_compiler_refuses_is_a_value_error_with_its_reason():
+    """libtpu has no complex128 FFT (the libtpu of jax 0.8.0 no complex128 at all); XLA:GPU has one."""
+    x = jax.ShapeDtypeStruct((64,), jnp.complex128)
+    with jax.enable_x64(True):
+        with pytest.raises(
+            ValueError,
+            match=r"target 'v5e': TPU v5e's compiler refuses the program: INVALID_ARGUMENT: .*(FFT: c128|C128 is not)",
+        ):
+            ts.cost(jnp.fft.fft, x, target="v5e")
+        if NEW_ENOUGH:
+            assert ts.cost(jnp.fft.fft, x, target="h100").output_bytes == 64 * 16
 
 
 @needs_cuda_release

@@ -475,6 +475,27 @@ def current_mesh() -> Any:
     return _get_mesh()
 
 
+def context_mesh(context: Any) -> Any:
+    """The abstract mesh a jaxpr equation was traced under (its `ctx`), which JAX sets
+    again when it evaluates or lowers the equation."""
+    return context.cur_abstract_mesh
+
+
+def with_context_mesh(context: Any, mesh: Any) -> Any:
+    """A jaxpr equation's context (`eqn.ctx`, a `JaxprEqnContext`, no public type) with
+    another abstract mesh, everything else as it was: JAX has no public way to build one.
+    A new object: jax 0.10 interns contexts, so one is never changed in place."""
+    if mesh is context.cur_abstract_mesh:
+        return context
+    kind = type(context)
+    moved = object.__new__(kind)
+    for name in kind.__slots__:
+        if name != "__weakref__" and hasattr(context, name):
+            object.__setattr__(moved, name, getattr(context, name))
+    object.__setattr__(moved, "cur_abstract_mesh", mesh)
+    return moved
+
+
 def spec_entries(spec: Any) -> tuple[Any, ...]:
     """A `PartitionSpec`'s entries, one per leading dimension it names.
 

@@ -47,7 +47,7 @@ from .._call import (
 )
 from .._leaf import ARRAY, NUMPY, SDS, kind_of, leaf_str
 from .._shapes import extent_problem
-from . import _deviceless, _simulate
+from . import _deviceless, _simulate, _target
 from ._per_device import (
     in_shard_map,
     inner_jaxprs,
@@ -398,7 +398,10 @@ def compile_program(
     # A named accelerator: the leaves on its topology's devices, compiled by its compiler.
     placed = None
     if target is not None:
-        placed = _deviceless.place(leaves, abstract, lambda i: input_path(leaves, treedef, i), target, "cost")
+        try:
+            placed = _deviceless.place(leaves, abstract, lambda i: input_path(leaves, treedef, i), target, "cost")
+        except _target.CountError as e:  # the inputs' count; the step may name devices of its own
+            return _retargeted(core, leaves, abstract, treedef, donated, target, e)
     if placed is not None:
         values, mesh = placed.values, placed.mesh
     # A mesh larger than this process: compiled for simulated devices, its shardings kept.
@@ -425,17 +428,23 @@ def compile_program(
         jitted, flat = _hoist_tracers(program, wanted)
         args, named = tuple(flat), {}
         output_paths = program.output_paths
-    with manual_axes_dropped(per_device), contextlib.ExitStack() as context:
-        if mesh is not None:
-            context.enter_context(jax.set_mesh(mesh))
-        traced = jitted.trace(*args, **named)
-        if jitted is not core and _compat.at_top_level():
-            inner = _inner_donations(traced.jaxpr, program.owners)
-            if not inner <= wanted:
-                traced = _jit(program, wanted | inner).trace(*args, **named)
-        _refuse_too_large(traced.jaxpr.jaxpr)  # before XLA, which aborts the process on it
-        # A mesh larger than this process: lowered here for the CPU, compiled in a child.
-        lowered = traced.lower() if far is None else traced.lower(lowering_platforms=("cpu",))
+    try:
+        with manual_axes_dropped(per_device), contextlib.ExitStack() as context:
+            if mesh is not None:
+                context.enter_context(jax.set_mesh(mesh))
+            traced = jitted.trace(*args, **named)
+            if jitted is not core and _compat.at_top_level():
+                inner = _inner_donations(traced.jaxpr, program.owners)
+                if not inner <= wanted:
+                    traced = _jit(program, wanted | inner).trace(*args, **named)
+            _refuse_too_large(traced.jaxpr.jaxpr)  # before XLA, which aborts the process on it
+            # A mesh larger than this process: lowered here for the CPU, compiled in a child.
+            lowered = traced.lower() if far is None else traced.lower(lowering_platforms=("cpu",))
+    except Exception as e:
+        if target is None:
+            raise
+        # The step may name this process's devices itself (a mesh of its own, a pmap).
+        return _retargeted(core, leaves, abstract, treedef, donated, target, e)
     compiled: Any
     if placed is not None:
         compiled = _deviceless.compile_for(lowered, placed)
@@ -454,6 +463,70 @@ def compile_program(
     around = jitted is not core and is_jit_wrapper(core)
     pmap = pmap_name(core) if around else None
     return Compiled(compiled, paths, output_paths, donate, traced.jaxpr, arguments, far, placed, around, pmap)
+
+
+def _retargeted(
+    core: Callable[..., Any],
+    leaves: list[Any],
+    abstract: list[bool],
+    treedef: jtu.PyTreeDef,
+    donated: frozenset[int],
+    target: str,
+    error: Exception,
+) -> Compiled:
+    """`core` compiled for `target` where its own code names this process's devices (a
+    `shard_map` or sharding over a mesh of its own, a `jax.pmap`): traced here as `cost`
+    without a target traces it, moved onto the target's devices (`_deviceless.moved`) and
+    replayed there. `error`, the compile over the target's devices as the inputs name
+    them, is raised where the step names no devices of its own."""
+    try:  # (inputs over more devices than this process has: traced over their abstract mesh)
+        far = _far_mesh(leaves, abstract, treedef) is not None
+        values, local = (leaves, None) if far else _on_concrete_meshes(leaves, abstract, treedef)
+        program = _program(core, values, abstract, treedef)
+        with contextlib.ExitStack() as context:
+            if local is not None:
+                context.enter_context(jax.set_mesh(local))
+            closed = jax.make_jaxpr(program.fn)(*program.args, **program.named)
+    except Exception:
+        raise error from None
+    inputs = jtu.tree_leaves((program.args, program.named))
+    found = _deviceless.moved(closed, inputs, local or _compat.current_mesh(), target, "cost")
+    if found is None:
+        raise error
+    moved, placed = found
+    _refuse_too_large(moved.jaxpr)  # before XLA, which aborts the process on it
+    kwarg_names = list(treedef.children()[1].children()[1].node_data()[1] or ())
+    wanted = _donated_arguments(donated, treedef, kwarg_names) | _inner_donations(closed, program.owners)
+
+    def replay(*flat: Any) -> list[Any]:
+        return jax.core.eval_jaxpr(moved.jaxpr, moved.consts, *flat)
+
+    replay.__name__ = replay.__qualname__ = program.fn.__name__
+    jitted = jax.jit(replay, donate_argnums=[i for i, owner in enumerate(program.owners) if owner in wanted])
+    try:
+        with contextlib.ExitStack() as context:
+            if placed.mesh is not None:
+                context.enter_context(jax.set_mesh(placed.mesh))
+            traced = jitted.trace(*placed.values)
+            lowered = traced.lower()
+    except Exception as e:
+        raise ValueError(
+            f"treeshape.cost: target {target!r}: the step names this process's devices (a mesh of its own, a "
+            f"jax.pmap), and moved onto the target's it does not compile: {_first_line(e)}. " + _deviceless.OVER_INPUTS
+        ) from e
+    infos = jtu.tree_flatten_with_path(lowered.args_info)[0]
+    donate = frozenset(i for i, (_, info) in enumerate(infos) if getattr(info, "donated", False))
+    compiled = _deviceless.compile_for(lowered, placed)
+    paths = [*program.paths, *[None] * (len(infos) - len(program.paths))]
+    arguments = [_lowering_argument(x) for x in placed.values]
+    return Compiled(
+        compiled, paths, program.output_paths, donate, traced.jaxpr, arguments, None, placed, is_jit_wrapper(core)
+    )
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
 
 
 def _refuse_too_large(jaxpr: Any) -> None:

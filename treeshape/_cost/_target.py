@@ -103,20 +103,88 @@ def _listed() -> str:
 
 def resolve(name: Any, who: str) -> tuple[Target, str | None]:
     """The target a `target=` names (case-insensitive), and the TPU topology given after a
-    colon (`"v5e:16x16"`); a `ValueError` listing `ts.targets()` for anything else."""
+    colon (`"v5e:16x16"`); a `ValueError` listing `ts.targets()` for anything else, and
+    one naming the topologies of that many chips for a topology libtpu cannot lay out."""
     if not isinstance(name, str):
         raise TypeError(f"treeshape.{who}: target must be a name from ts.targets() ({_listed()}), got {name!r}.")
-    base, _, shape = name.strip().lower().partition(":")
+    base, colon, shape = name.strip().lower().partition(":")
     target = _TARGETS.get(base)
     if target is None:
         raise ValueError(f"treeshape.{who}: unknown target {name!r}; ts.targets() has {_listed()}.")
-    if shape and (target.platform != "tpu" or not re.fullmatch(r"\d+(x\d+){1,2}", shape)):
-        example = "v5e:16x16" if target.platform == "tpu" else target.name
+    if colon and target.platform != "tpu":
         raise ValueError(
             f"treeshape.{who}: target {name!r}: a topology after the colon is a TPU's, as JAX writes it "
-            f'(e.g. "{example}"); an NVIDIA target takes its device count from the inputs\' mesh.'
+            f'(e.g. "v5e:16x16"); an NVIDIA target takes its device count from the inputs\' mesh.'
         )
-    return target, shape or None
+    if colon and (problem := _tpu_problem(target, shape)) is not None:
+        raise ValueError(f"treeshape.{who}: target {name!r} {problem}")
+    return target, shape if colon else None
+
+
+def _tpu_problem(target: Target, shape: str) -> str | None:
+    """Why `shape` is no topology libtpu lays out for `target`, or None. libtpu places v5e
+    and v6e chips in hosts of 2x2 (a slice is 1x1, or AxB with both sides even), v5p
+    chips in hosts of 2x2x1 (AxBxC with A and B even)."""
+    sides = 3 if target.name == "v5p" else 2
+    form = "AxBxC" if sides == 3 else "AxB"
+    if not shape:
+        return (
+            f"gives no topology after the colon: a {target.name} topology is {form} as JAX writes it "
+            f"({_examples(target)}); leave out the colon for the standard topology of the mesh's device count."
+        )
+    parts = shape.split("x")
+    if not all(re.fullmatch(r"[0-9]+", p) and int(p) >= 1 for p in parts):
+        return (
+            f"is no {target.name} topology: a topology is {form}, its sides whole numbers of at least 1, as JAX "
+            f"writes it ({_examples(target)})."
+        )
+    dims = [int(p) for p in parts]
+    chips = math.prod(dims)
+    if len(dims) != sides:
+        return f"has {len(dims)} sides; a {target.name} topology has {sides} ({form}). {_choices(target, chips)}"
+    if chips > _TPU_LARGEST[target.name]:
+        return f"has {chips} chips; a {target.name} slice has at most {_TPU_LARGEST[target.name]}."
+    if not _laid_out(target, dims):
+        rule = (
+            "in hosts of 2x2x1 chips, so the first two sides of AxBxC are even"
+            if sides == 3
+            else "in hosts of 2x2 chips, so a slice is 1x1 or AxB with both sides even"
+        )
+        return f"is no topology libtpu can lay out: it places {target.name} chips {rule}. {_choices(target, chips)}"
+    return None
+
+
+def _laid_out(target: Target, dims: list[int]) -> bool:
+    if target.name == "v5p":
+        return dims[0] % 2 == 0 and dims[1] % 2 == 0
+    return dims == [1, 1] or all(d % 2 == 0 for d in dims)
+
+
+def _topologies(target: Target, chips: int) -> list[str]:
+    """The topologies of `chips` chips libtpu lays out for `target`, the standard one first."""
+    divisors = [d for d in range(1, chips + 1) if chips % d == 0]
+    if target.name == "v5p":
+        found = [f"{a}x{b}x{chips // (a * b)}" for a in divisors for b in divisors if chips % (a * b) == 0]
+    else:
+        found = [f"{a}x{chips // a}" for a in divisors]
+    found = [s for s in found if _laid_out(target, [int(d) for d in s.split("x")])]
+    standard = (_TPU_3D if target.name == "v5p" else _TPU_2D).get(chips)
+    return sorted(found, key=lambda s: s != standard)
+
+
+def _choices(target: Target, chips: int) -> str:
+    """The topologies of `chips` chips, as a sentence: the first few, the standard one first."""
+    found = _topologies(target, chips) if 1 <= chips <= _TPU_LARGEST[target.name] else []
+    if not found:
+        return f"No {target.name} topology has {chips} chips ({_examples(target)})."
+    shown = ", ".join(f'"{target.name}:{s}"' for s in found[:6]) + (", ..." if len(found) > 6 else "")
+    return f"The {target.name} topologies of {chips} chip{'s' if chips != 1 else ''}: {shown}."
+
+
+def _examples(target: Target) -> str:
+    standard = _TPU_3D if target.name == "v5p" else _TPU_2D
+    shown = [(n, s) for n, s in standard.items() if n > 1][:2] + [max(standard.items())]
+    return "e.g. " + ", ".join(f'"{target.name}:{s}" for {n} chips' for n, s in shown)
 
 
 def check_installed(target: Target, who: str) -> None:
@@ -124,7 +192,7 @@ def check_installed(target: Target, who: str) -> None:
     a `JaxReleaseError` where this JAX release cannot compile for it without a device."""
     jaxlib = _version("jaxlib")
     if target.platform == "cuda":
-        if not any(importlib.util.find_spec(f"jax_plugins.xla_cuda{v}") for v in (12, 13)):
+        if not any(_found(f"jax_plugins.xla_cuda{v}") for v in (12, 13)):
             raise ImportError(
                 f'treeshape.{who}: target="{target.name}" compiles with JAX\'s CUDA plugin, which is not installed. '
                 f'pip install "treeshape[cuda]" (for jaxlib {jaxlib}: jax-cuda12-plugin=={jaxlib}; no CUDA '
@@ -132,11 +200,20 @@ def check_installed(target: Target, who: str) -> None:
             )
         if _release() < (0, 10):
             raise _compat.JaxReleaseError("compiling for an NVIDIA GPU without one (target=)", "0.10.0")
-    elif importlib.util.find_spec("libtpu") is None:
+    elif not _found("libtpu"):
         raise ImportError(
             f'treeshape.{who}: target="{target.name}" compiles with libtpu, which is not installed. '
             f'pip install "treeshape[tpu]" (for jaxlib {jaxlib}: jax[tpu]=={jaxlib} picks its libtpu).'
         )
+
+
+def _found(module: str) -> bool:
+    """Whether `module` can be imported; a package missing above it (no `jax_plugins` at
+    all) is no error."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _version(package: str) -> str:
@@ -151,19 +228,23 @@ def _release() -> tuple[int, int]:
     return major, minor
 
 
+class CountError(ValueError):
+    """A device count that a target cannot form (`topology`)."""
+
+
 def topology(target: Target, shape: str | None, count: int, where: str, who: str) -> str:
     """The topology to compile `count` devices for: `1xHOSTSxPER_HOST` on NVIDIA, the
-    given or standard `AxB[xC]` on TPU; a `ValueError` naming both where they disagree."""
+    given or standard `AxB[xC]` on TPU; a `CountError` naming both where they disagree."""
     if target.platform == "cuda":
         if count > MAX_DEVICES:
-            raise ValueError(
+            raise CountError(
                 f"treeshape.{who}: {where} is sharded over {count} devices; target {target.name!r} compiles for at "
                 f"most {MAX_DEVICES}. Plan on a mesh of at most {MAX_DEVICES} devices."
             )
         if count <= _GPUS_PER_HOST:
             return f"1x1x{count}"
         if count % _GPUS_PER_HOST:
-            raise ValueError(
+            raise CountError(
                 f"treeshape.{who}: {where} is sharded over {count} devices; target {target.name!r} has "
                 f"{_GPUS_PER_HOST} GPUs per host, so a count above {_GPUS_PER_HOST} must be a multiple of it "
                 f"(e.g. {count // _GPUS_PER_HOST * _GPUS_PER_HOST or _GPUS_PER_HOST} or "
@@ -171,26 +252,31 @@ def topology(target: Target, shape: str | None, count: int, where: str, who: str
             )
         return f"1x{count // _GPUS_PER_HOST}x{_GPUS_PER_HOST}"
     largest = _TPU_LARGEST[target.name]
-    if shape is not None:
+    if shape is not None:  # well formed and laid out (`resolve`)
         chips = math.prod(int(d) for d in shape.split("x"))
-        if chips > largest:
-            raise ValueError(
-                f"treeshape.{who}: target '{target.name}:{shape}' has {chips} chips; a {target.name} slice has at "
-                f"most {largest}."
-            )
         if chips != count:
-            raise ValueError(
+            fix = (
+                f"Give a topology of {count} chips, or a mesh of {chips} devices. {_choices(target, count)}"
+                if count <= _TPU_LARGEST[target.name] and _topologies(target, count)
+                else f"No {target.name} topology has {count} chips: plan on a mesh of {chips} devices."
+            )
+            raise CountError(
                 f"treeshape.{who}: target '{target.name}:{shape}' has {chips} chips, and {where} is sharded over "
-                f"{count} devices. Give a topology of {count} chips, or a mesh of {chips} devices."
+                f"{count} devices. {fix}"
             )
         return shape
-    standard = (_TPU_3D if target.name == "v5p" else _TPU_2D).get(count)
+    standards = _TPU_3D if target.name == "v5p" else _TPU_2D
+    standard = standards.get(count)
     if standard is None or count > largest:
-        example = "v5p:2x2x4" if target.name == "v5p" else "v5e:4x8"
-        raise ValueError(
-            f"treeshape.{who}: {where} is sharded over {count} devices, which is no standard {target.name} topology "
-            f"(at most {largest} chips: {', '.join(str(n) for n in (_TPU_3D if target.name == 'v5p' else _TPU_2D))}). "
-            f'Name one: target="{target.name}:AxB" (e.g. "{example}").'
+        counts = ", ".join(str(n) for n in standards)
+        if 1 <= count <= largest and _topologies(target, count):
+            raise CountError(
+                f"treeshape.{who}: {where} is sharded over {count} devices, which is no standard {target.name} "
+                f"topology (those have {counts} chips). Name one: {_choices(target, count)}"
+            )
+        raise CountError(
+            f"treeshape.{who}: {where} is sharded over {count} devices, and no {target.name} topology has {count} "
+            f"chips (the standard ones have {counts}; at most {largest}). Plan on a mesh of one of those counts."
         )
     return standard
 
@@ -225,7 +311,7 @@ def devices(name: str, shape: str) -> tuple[Any, ...]:
             # only keep two processes (two commands, a test and its subprocess) from compiling.
             os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
             # libtpu takes a slice of one chip only as a host of one chip.
-            extra = {"chips_per_host_bounds": (1, 1, 1)} if shape in ("1x1", "1x1x1") else {}
+            extra = {"chips_per_host_bounds": (1, 1, 1)} if shape == "1x1" else {}
             topology = topologies.get_topology_desc(f"{name}:{shape}", "tpu", **extra)
             return tuple(topology.devices)
         text = _spec_text(name)
@@ -240,6 +326,12 @@ def devices(name: str, shape: str) -> tuple[Any, ...]:
             topology = topologies.get_topology_desc(platform="cuda", target_config=text, topology=shape)
         return tuple(topology.devices)
     except Exception as e:
+        if target.platform == "tpu" and "INVALID_ARGUMENT" in str(e):  # it started, and refused this layout
+            chips = math.prod(int(d) for d in shape.split("x"))
+            raise ValueError(
+                f'treeshape: target="{name}:{shape}": libtpu cannot lay out this topology ({_first_line(e)}). '
+                f"{_choices(target, chips)}"
+            ) from None
         setting = "JAX_PLATFORMS=cpu" + (" and TPU_SKIP_MDS_QUERY=1" if target.platform == "tpu" else "")
         raise RuntimeError(
             f'treeshape: target="{name}": the {"CUDA plugin" if target.platform == "cuda" else "libtpu"} is '
