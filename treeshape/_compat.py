@@ -14,9 +14,11 @@ raises `JaxReleaseError`, which names the feature and the first release
 that has it.
 """
 
+import contextlib
 import functools as ft
+import threading
 import weakref
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import jax
@@ -202,6 +204,7 @@ _MEMORY_FIELDS: Final = {
     "output": "output_size_in_bytes",
     "temp": "temp_size_in_bytes",
     "alias": "alias_size_in_bytes",
+    "peak": "peak_memory_in_bytes",
 }
 
 
@@ -243,6 +246,38 @@ def memory_analysis(compiled: Any) -> dict[str, Any]:
     live_ranges = getattr(stats, "live_ranges", None)  # a deviceless TPU compile's, from its dump
     figures["live_ranges"] = live_ranges if isinstance(live_ranges, str) and live_ranges else None
     return figures
+
+
+# -- how many programs XLA compiles ------------------------------------------------------------
+# JAX reports each backend compile as this duration event, on every supported release.
+_COMPILE_EVENT: Final = "/jax/core/compile/backend_compile_duration"
+_counting = threading.local()
+_listening: list[bool] = []
+
+
+def _on_duration(event: str, duration_secs: float, **_: str | int) -> None:
+    if event == _COMPILE_EVENT and getattr(_counting, "counts", None):
+        for count in _counting.counts:
+            count[0] += 1
+
+
+@contextlib.contextmanager
+def counting_compiles() -> Iterator[list[int]]:
+    """Count the programs XLA compiles in this thread inside the block (JAX's own compile
+    event: the user's program, loop bodies compiled alone, a target's compile): the
+    yielded list's one element."""
+    if not _listening:
+        jax.monitoring.register_event_duration_secs_listener(_on_duration)
+        _listening.append(True)
+    count = [0]
+    counts = getattr(_counting, "counts", None)
+    if counts is None:
+        counts = _counting.counts = []
+    counts.append(count)
+    try:
+        yield count
+    finally:
+        counts.remove(count)
 
 
 # -- what is at a compiled program's peak (`Cost.buffers`) ---------------------------------

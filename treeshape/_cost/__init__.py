@@ -3,8 +3,9 @@
 `cost` compiles the program the user's own `jax.jit` would compile for a call's abstract
 inputs (for this process's devices, a mesh it does not have, or a named accelerator) and
 reads XLA's figures: FLOPs and bytes with every loop counted by its trip count, memory, the
-buffers at the peak and the donations. `largest_fit` searches the largest size of one
-symbolic dimension whose program fits a budget. `targets` lists the accelerators.
+buffers at the peak and the donations, and on a named accelerator the time of one run.
+`largest_fit` searches the largest size of one symbolic dimension whose program fits a
+budget. `targets` lists the accelerators.
 
 The rest of the package imports this front, never a room of the wing:
 
@@ -16,6 +17,8 @@ The rest of the package imports this front, never a room of the wing:
 - `_per_device`, `_simulate`, `_target`, `_deviceless`: where it compiles (one device's
   program inside `shard_map`, a far mesh in a child process, a named accelerator);
 - `_timeline`: `Timeline` and `Phase`, the bytes live over the schedule;
+- `_kernels`, `_chips` and `_time`: the kernels of the module the target's compiler dumped,
+  the chips' figures, and `StepTime`, the time of one run;
 - `_fit`: `largest_fit` and `Fit`.
 """
 
@@ -32,4 +35,5 @@ from ._fit import (
     largest_fit as largest_fit,
 )
 from ._target import targets as targets
+from ._time import KernelTime as KernelTime, StepTime as StepTime
 from ._timeline import Phase as Phase, Timeline as Timeline

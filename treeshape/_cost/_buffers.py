@@ -20,9 +20,7 @@ the peak: the first step where they are the most.
 """
 
 import dataclasses
-import os
 import re
-import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any, Final, Literal
@@ -35,7 +33,7 @@ from .._dtypes import short_dtype
 from .._shapes import human_bytes, short_shape
 from .._table import Description, grid, html_grid
 from . import _timeline
-from ._hlo import F, Index, Instruction, Message, Module, fields, int_field, ints, message_field, str_field
+from ._hlo import F, Frames, Index, Instruction, Module, fields, int_field, ints, message_field, str_field
 
 
 # What a buffer at the peak holds (`Buffer.kind`).
@@ -420,7 +418,7 @@ def _read(
     entry_root = module.instructions.get(module.roots.get(module.entry, -1))
     outputs = _outputs(module, entry_root, values, sets)
     reused = {kept[p]: index for index, p in module.aliases if p < len(kept)}
-    frames = _Frames(module)
+    frames = Frames(module)
     sources: dict[int, str | None] = {}
 
     def buffer(v: _Value) -> Buffer:
@@ -440,7 +438,7 @@ def _read(
             return Buffer(v.size, dims, dtype, "output", path or _output_path(index, output_paths))
         if allocations[v.allocation].constant or ins.opcode == "constant":
             return Buffer(v.size, dims, dtype, "constant")
-        op = _op(ins)
+        op = op_of(ins)
         if op and ins.id not in sources:
             sources[ins.id] = frames.source(ins.metadata)
         return Buffer(v.size, dims, dtype, "temporary", op=op, source=sources.get(ins.id) if op else None)
@@ -469,7 +467,7 @@ def _step_op(ins: Instruction) -> str | None:
     return op if first.startswith(_compat.JIT_OP_PREFIXES) and "/" in first else None
 
 
-def _op(ins: Instruction) -> str | None:
+def op_of(ins: Instruction) -> str | None:
     """The operation that makes `ins` as JAX names it (`jit(fn)/...`); None where XLA made
     it (a copy XLA makes of a parameter keeps the parameter's name, `dynamic[2]`)."""
     name = str_field(ins.metadata, F.METADATA_OP_NAME)
@@ -497,53 +495,6 @@ def _output_path(index: Index, output_paths: Sequence[str]) -> str:
     if not index:
         return output_paths[0] if len(output_paths) == 1 else "out"
     return output_paths[index[0]] if index[0] < len(output_paths) else "out"
-
-
-# Packages whose frames are not the user's code: the op is told by the user's line that led to it.
-_LIBRARIES: Final = ("jax", "jaxlib", "flax", "equinox", "optax", "chex", "treeshape")
-
-
-def _library_dirs() -> tuple[str, ...]:
-    dirs = []
-    for name in _LIBRARIES:
-        file = getattr(sys.modules.get(name), "__file__", None)
-        if isinstance(file, str):
-            dirs.append(os.path.dirname(file) + os.sep)
-    return tuple(dirs)
-
-
-class _Frames:
-    """Source locations of instructions: the module's stack frame index (jax 0.9 and newer)
-    or the metadata's own file and line (before)."""
-
-    def __init__(self, module: Module) -> None:
-        frames = module.frames
-        self._files = [bytes(f).decode("utf-8", "replace") for f in frames.get(F.FRAMES_FILE_NAMES, ())]
-        self._locations = frames.get(F.FRAMES_LOCATIONS, [])
-        self._frames = frames.get(F.FRAMES_FRAMES, [])
-        self._libraries = _library_dirs()
-
-    def _user(self, file: str) -> bool:
-        return bool(file) and not file.startswith(self._libraries)
-
-    def source(self, metadata: Message) -> str | None:
-        frame = int_field(metadata, F.METADATA_STACK_FRAME)
-        seen = set()
-        while 0 < frame <= len(self._frames) and frame not in seen:
-            seen.add(frame)
-            fm = fields(self._frames[frame - 1])
-            location = int_field(fm, F.FRAME_LOCATION)
-            if 0 < location <= len(self._locations):
-                lm = fields(self._locations[location - 1])
-                file_id = int_field(lm, F.LOCATION_FILE)
-                file = self._files[file_id - 1] if 0 < file_id <= len(self._files) else ""
-                if self._user(file):
-                    return f"{os.path.basename(file)}:{int_field(lm, F.LOCATION_LINE)}"
-            frame = int_field(fm, F.FRAME_PARENT)
-        file = str_field(metadata, F.METADATA_SOURCE_FILE)
-        if self._user(file):
-            return f"{os.path.basename(file)}:{int_field(metadata, F.METADATA_SOURCE_LINE)}"
-        return None
 
 
 def _donations(

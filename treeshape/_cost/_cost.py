@@ -35,10 +35,13 @@ from .._call import (
 from .._leaf import ARRAY, DIM, OTHER, SDS, is_duck_array, kind_of
 from .._shapes import human_bytes
 from .._table import grid, html_grid
-from . import _buffers, _simulate, _target
+from . import _buffers, _kernels, _simulate, _target, _time
 from ._buffers import Buffer, Donation
-from ._loops import NO_LOOPS, LoopCorrection, compiled_loops, holds_loops, loop_correction
+from ._chips import CHIPS
+from ._hlo import Frames, Module
+from ._loops import NO_LOOPS, LoopCorrection, compiled_loops, holds_loops, loop_correction, scan_lengths
 from ._program import Compiled, compile_program, donated_leaves
+from ._time import StepTime
 from ._timeline import Timeline
 
 
@@ -73,6 +76,13 @@ class Cost:
             by the constants and scalars libtpu keeps in HBM and leaves out of its figures.
         timeline: The bytes live at each step of the schedule, a [treeshape.Timeline][]
             (`None` exactly where `buffers` is).
+        compiler_peak_bytes: On a TPU target, libtpu's own peak
+            (`memory_analysis().peak_memory_in_bytes` of the target compile): what the
+            chip holds, every buffer placed, a donated output once; `largest_fit` judges a
+            TPU target by it. `None` elsewhere.
+        time: How long one run takes on the target, before it runs: a
+            [treeshape.StepTime][] ([How fast will it run?](../guide/time.md)); `None`
+            for a program compiled for this machine (no `target=`).
 
     Examples:
         >>> import treeshape as ts
@@ -112,6 +122,9 @@ class Cost:
     timeline: Timeline | None = dataclasses.field(default=None, compare=False, repr=False)
     exact_flops: bool = True
     backend: str | None = None
+    compiler_peak_bytes: int | None = None
+    # Read from the same compile as `buffers`: compared as they are.
+    time: StepTime | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def breakdown(self, depth: int | None = None) -> str:
         """The buffers at the peak grouped by input path, output path or module, with
@@ -168,7 +181,8 @@ class Cost:
 
     def _notes(self) -> list[str]:
         if self.backend is not None and self.backend.endswith(_DEVICELESS):
-            return [f"compiled for: {self.backend}: the figures are that accelerator's own compiler's"]
+            notes = [f"compiled for: {self.backend}: the figures are that accelerator's own compiler's"]
+            return notes + ([self.time.line()] if self.time is not None else [])
         if self.backend is None or not self.backend.endswith(_SIMULATED):
             return []
         return [
@@ -293,11 +307,14 @@ def _own_ops(cost: Cost, around: bool, pmap: str | None = None) -> Cost:
     """`cost` with each op named as the user's own jit wrapper's program names it, where
     the program was jitted around that wrapper (`jit(step)/...`, not `jit(step)/jit(step)/...`;
     `pmap(step)/...` for the `jax.pmap` wrapper named `pmap`)."""
-    if not around or not cost.buffers:
+    if not around:
         return cost
+    time = None if cost.time is None else _time.renamed(cost.time, lambda op: _buffers.own_op(op, pmap))
+    if not cost.buffers:
+        return dataclasses.replace(cost, time=time)
     timeline = None if cost.timeline is None else _buffers.without_outer_jit_timeline(cost.timeline, pmap)
     return dataclasses.replace(
-        cost, buffers=tuple(_buffers.without_outer_jit(b, pmap) for b in cost.buffers), timeline=timeline
+        cost, buffers=tuple(_buffers.without_outer_jit(b, pmap) for b in cost.buffers), timeline=timeline, time=time
     )
 
 
@@ -322,7 +339,28 @@ def _targeted(program: Compiled) -> Cost:
         except Exception:  # a body the target's compiler cannot take alone: counted once, and said so
             loops = LoopCorrection(exact=False)
     cost = _read(program.compiled, program.argument_paths, program.output_paths, program.donated, loops, placed.backend)
-    return _own_ops(dataclasses.replace(cost, device_bytes=placed.target.device_bytes), program.around, program.pmap)
+    time = _step_time(program, cost.flops)
+    peak = _bytes(_compat.memory_analysis(program.compiled)["peak"]) if placed.target.platform == "tpu" else None
+    cost = dataclasses.replace(cost, device_bytes=placed.target.device_bytes, time=time, compiler_peak_bytes=peak)
+    return _own_ops(cost, program.around, program.pmap)
+
+
+def _step_time(program: Compiled, flops: float | None) -> StepTime | None:
+    """The time of one run on the target, from the kernels of the module its compiler
+    dumped (`None` where it dumped none that can be read)."""
+    placed, dumped = program.target, getattr(program.compiled, "kernels", None)
+    if dumped is None:
+        return None
+    text, proto = dumped
+    read = _kernels.read(text, scan_lengths(program.jaxpr.jaxpr))
+    if read is None:
+        return None
+    kernels, exact = read
+    module = Module.read(proto)
+    frames = Frames(module)
+    names = {i.name: (_buffers.op_of(i), frames.source(i.metadata)) for i in module.instructions.values()}
+    chip = CHIPS[placed.target.name]
+    return _time.estimate(kernels, names, chip, placed.target.label, placed.target.platform, flops, exact)
 
 
 def _read(

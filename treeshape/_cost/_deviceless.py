@@ -401,6 +401,7 @@ def _axes(mesh: Any) -> str:
 
 # The dump of the optimized module with its buffer assignment, as an `xla.HloProto`, by platform.
 _DUMP_SUFFIX: Final = {"cuda": "gpu_after_optimizations.hlo.pb", "tpu": ".after_optimizations.hlo.pb"}
+_HLO_PROTO_MODULE: Final = 1
 _HLO_PROTO_BUFFER_ASSIGNMENT: Final = 3
 _HBM_OOM: Final = re.compile(r"RESOURCE_EXHAUSTED: .*(out of memory|exceeds available HBM)", re.IGNORECASE | re.DOTALL)
 
@@ -409,9 +410,8 @@ def compile_for(lowered: Any, placed: Placed) -> "Targeted":
     """Compile a lowered program with the target's own compiler; an `OutOfMemory` where
     that compiler refuses it for want of memory."""
     with tempfile.TemporaryDirectory(prefix="treeshape-target-") as dump:
-        options = {"xla_dump_to": dump, "xla_dump_hlo_as_proto": True}
-        if placed.target.platform == "tpu":
-            options["xla_dump_hlo_as_text"] = True  # (which also writes libtpu's live ranges)
+        # As text too: libtpu's live ranges, and the optimized module whose kernels `_time` reads.
+        options = {"xla_dump_to": dump, "xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": True}
         try:
             compiled = lowered.compile(compiler_options=options)
         except jax.errors.JaxRuntimeError as e:
@@ -436,9 +436,25 @@ def compile_for(lowered: Any, placed: Placed) -> "Targeted":
             # of them in the fit guide's 124M step), which XLA's rules over the module skip: its
             # own live ranges are read. XLA:GPU's follow those rules, as the CPU's do.
             live_ranges = ranges.read_text() if placed.target.platform == "tpu" and ranges.exists() else None
+        kernels = _dumped_kernels(Path(dump), placed.target.platform)
     if placed.target.platform == "tpu" and live_ranges is None:
         assignment = None  # a libtpu that writes no live ranges: no buffers, rather than guessed ones
-    return Targeted(compiled, assignment, live_ranges)
+    return Targeted(compiled, assignment, live_ranges, kernels)
+
+
+# The module whose kernels run, as its compiler dumps it: libtpu's after code generation
+# (each kernel with its `estimated_cycles`), XLA:GPU's optimized one.
+_KERNELS_SUFFIX: Final = {"tpu": ".after_codegen", "cuda": "gpu_after_optimizations"}
+
+
+def _dumped_kernels(dump: Path, platform: str) -> tuple[str, bytes] | None:
+    """The text and the `HloModuleProto` of the module whose kernels run, from a dump."""
+    texts = sorted(dump.glob(f"*{_KERNELS_SUFFIX[platform]}.txt"))
+    protos = sorted(dump.glob(f"*{_KERNELS_SUFFIX[platform]}.hlo.pb"))
+    if not texts or not protos:
+        return None
+    module = fields(protos[-1].read_bytes()).get(_HLO_PROTO_MODULE)
+    return (texts[-1].read_text(), bytes(module[-1])) if module else None
 
 
 def _compiler_reason(e: BaseException) -> str:
@@ -458,8 +474,15 @@ class Targeted:
     """A deviceless `jax.stages.Compiled`, read as `_compat` reads any: with the buffer
     assignment from XLA's dump, and on NVIDIA the cost analysis of the optimized module."""
 
-    def __init__(self, compiled: Any, assignment: bytes | None, live_ranges: str | None = None) -> None:
+    def __init__(
+        self,
+        compiled: Any,
+        assignment: bytes | None,
+        live_ranges: str | None = None,
+        kernels: tuple[str, bytes] | None = None,
+    ) -> None:
         self._compiled, self._assignment, self._live_ranges = compiled, assignment, live_ranges
+        self.kernels = kernels  # the dumped module whose kernels run: its text and HloModuleProto
 
     def __getattr__(self, name: str) -> Any:  # input_shardings, runtime_executable, _executable, ...
         return getattr(self._compiled, name)

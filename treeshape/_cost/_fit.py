@@ -32,6 +32,7 @@ from typing import Any, Final
 
 import jax
 
+from .. import _compat
 from .._call import Call, abstract_inputs, check_callable, input_path
 from .._dims import DimOverflow, bind_leaves, check_sizes, free_names
 from .._leaf import leaf_str
@@ -45,6 +46,8 @@ from ._cost import Cost, check_target, cost_of, exact, prepare
 # The second probe: large enough that XLA's small-size effects (minimum buffer sizes,
 # other kernels for a single row) do not distort the line, small enough to compile fast.
 _SECOND_PROBE: Final = 64
+# How far past the largest size compiled a guess not on the probes' line may reach.
+_REACH: Final = 4
 # Compilations allowed beyond bisection's (`1 + ceil(log2(max_size))`, size 1 included).
 _SLACK: Final = 3
 
@@ -74,6 +77,11 @@ class Fit:
             was not reached, and a larger `max_size` may fit more.
         budget_source: Where `target=` chose the budget (e.g. JAX's default
             preallocation, 75% of an H100's memory), else `None`; the table says it.
+        judged_by: On a TPU target, the figure each size's peak was judged by: libtpu's
+            own peak (`Cost.compiler_peak_bytes`, what the chip holds), not `peak_bytes`
+            (which counts a donated output twice there); `None` where `peak_bytes` judged.
+        refused_next: Whether the target's compiler refused `size + 1` for want of memory
+            (the compiler, not the budget, bounded the size); the table says it.
 
     Examples:
         >>> import treeshape as ts
@@ -109,31 +117,58 @@ class Fit:
     capped: bool = dataclasses.field(default=False, kw_only=True)
     # Where the budget came from when `target=` chose it (None: given, or the device's limit).
     budget_source: str | None = dataclasses.field(default=None, kw_only=True, compare=False)
+    # The figure each size's peak was judged by, where not `peak_bytes` (a TPU target's own).
+    judged_by: str | None = dataclasses.field(default=None, kw_only=True, compare=False)
+    # Whether the target's compiler refused the next size for want of memory (it, not the budget, bounded).
+    refused_next: bool = dataclasses.field(default=False, kw_only=True, compare=False)
 
     def _line_off_the_answer(self) -> float | None:
         """The probes' line, `fixed_bytes + per_unit_bytes * n`, at the answer where it does not
         pass near the peak there (within `_NEAR`) or has a negative fixed size: the peak does not
         grow in a line (a non-monotone or non-linear peak), and the table shows neither figure.
         None where the line describes the answer, or where there is no line."""
-        fixed, per_unit, peak = self.fixed_bytes, self.per_unit_bytes, self.cost.peak_bytes
+        fixed, per_unit, peak = self.fixed_bytes, self.per_unit_bytes, self._peak()
         if fixed is None or per_unit is None or peak is None:
             return None
         line = fixed + per_unit * self.size
         return None if fixed >= 0 and per_unit >= 0 and abs(line - peak) <= _NEAR * peak else line
 
     def _source(self) -> list[str]:
-        """Where the figures come from, as `str(cost)` says it (a simulated mesh, a target)."""
-        return [line for line in str(self.cost).splitlines() if line.startswith(_COMPILED_FOR)]
+        """Where the figures come from, as `str(cost)` says it (a simulated mesh, a target),
+        and the time of a step at the answer with its throughput, where known."""
+        lines = [line for line in str(self.cost).splitlines() if line.startswith(_COMPILED_FOR)]
+        time = self.cost.time
+        if time is not None:
+            seconds = time.seconds if time.seconds is not None else time.floor_seconds
+            rate = f"{self.size / seconds:,.0f} {self.dim} per second" if seconds > 0 else ""
+            if time.seconds is None:
+                rate = f"at most {rate}"
+            lines.append(f"{time.line()}; {rate}" if rate else time.line())
+        return lines
+
+    def _peak(self) -> int | None:
+        """The peak at the answer by the figure that judged it."""
+        return self.cost.compiler_peak_bytes if self.judged_by is not None else self.cost.peak_bytes
 
     def _notes(self) -> list[str]:
         notes = []
         if self.budget_source is not None:
             notes.append(f"budget: {self.budget_source}")
+        if self.judged_by is not None:
+            notes.append(
+                f"each size judged by {self.judged_by}; peak_bytes (arguments + outputs + temporaries - aliased, "
+                f"a donated output counted twice) is {_bytes(self.cost.peak_bytes)} at {self.dim}={self.size}"
+            )
+        if self.refused_next:
+            notes.append(
+                f"{self.dim}={self.size + 1} was refused by the target's compiler (out of memory): the compiler, "
+                "not the budget, bounded the size"
+            )
         line = self._line_off_the_answer()
         if line is not None:
             notes.append(
                 f"fixed and per unit are not shown: the line through the probes gives {_bytes(line)} at "
-                f"{self.dim}={self.size}, not its peak of {_bytes(self.cost.peak_bytes)} (the peak does not grow "
+                f"{self.dim}={self.size}, not its peak of {_bytes(self._peak())} (the peak does not grow "
                 f"in a line in {self.dim})"
             )
         if self.capped:
@@ -149,7 +184,7 @@ class Fit:
 
     def _rows(self) -> list[tuple[str, str, str]]:
         limit = _limit(self.budget, self.margin)
-        peak = self.cost.peak_bytes
+        peak = self._peak()
         rows = [
             (self.dim, f"{self.size:,}", exact(self.size)),
             (f"peak at {self.dim}={self.size}", _bytes(peak), exact(peak)),
@@ -196,6 +231,7 @@ class Fit:
 
 
 _HEADERS: Final = ("largest fit", "value", "exact")
+_JUDGED_BY_LIBTPU: Final = "libtpu's own peak (Cost.compiler_peak_bytes, what the chip holds)"
 _COMPILED_FOR: Final = "compiled for: "  # the line of `str(cost)` that says where its figures come from
 _NEAR: Final = 0.1  # how far (a fraction of the peak) the probes' line may pass from the answer's peak
 
@@ -221,11 +257,11 @@ def _rising(peaks: dict[int, int], b: int) -> tuple[int, int]:
     return (a, b) if peaks[b] > peaks[a] or a == 1 else (1, b)
 
 
-def _far_over(n: int, costs: dict[int, Cost], limit: int) -> tuple[float, int, int] | None:
+def _far_over(n: int, judged: dict[int, int | None], limit: int) -> tuple[float, int, int] | None:
     """The peak at `n` on the line through two sizes below it (`_rising`), and those sizes,
     where that puts `n` a quarter or more over `limit` (a size the target's compiler fails
-    on, judged by the sizes it compiled); else None."""
-    peaks = {m: c.peak_bytes for m, c in costs.items() if m < n and c.peak_bytes is not None}
+    on, judged by the peaks of the sizes it compiled); else None."""
+    peaks = {m: p for m, p in judged.items() if m < n and p is not None}
     if len(peaks) < 2:
         return None
     a, b = _rising(peaks, max(peaks))
@@ -381,7 +417,9 @@ def _guess(s: _Bracket) -> int:
        that fit reaches the limit, so that a line that is right is checked by that size
        (which does not fit) and then the size before it (`max_size` if the peak does
        not grow). A line that proved short (a curve that bends down) gives way to the
-       power law through those sizes, or to doubling, whichever is further.
+       power law through those sizes, or to doubling, whichever is further, but never
+       past `_REACH` times the largest size compiled where the line stops short of it
+       (a far guess on a curve is a slow compile, and on a target a slow refusal).
     3. Between `lo` and `hi`: where the curve `peak(1) + c * (n**p - 1)` through both
        reaches the limit (a line for `p == 1`, as for most programs; `p` near 2 for
        attention scores quadratic in a sequence length); `lo + 1` when that is `lo`.
@@ -403,7 +441,8 @@ def _guess(s: _Bracket) -> int:
             return s.max_size
         n = b + (limit - known[b]) * (b - a) // rise
         if len(known) > 2 and n > b:  # the last line was short
-            n = max(n, _power_law(known[1], a, known[a], b, known[b], limit) or n, 2 * b)
+            # A curve or doubling, never past 4x the largest size compiled (that line says fits).
+            n = max(n, min(_power_law(known[1], a, known[a], b, known[b], limit) or n, _REACH * b), 2 * b)
         return n + 1
     line = lo + (limit - known[lo]) * (hi - lo) // (known[hi] - known[lo])
     curve = _power_law(known[1], lo, known[lo], hi, known[hi], limit)
@@ -563,6 +602,11 @@ class _Probes:
         self.costs: dict[int, Cost] = {}
         self.seconds: dict[int, float] = {}
         self.refused: dict[int, tuple[str, float]] = {}  # sizes the target's compiler took no program of
+        self.programs = 0  # compiled by this call: each size's, and loop bodies compiled alone
+        self.progress = False
+        # A TPU target's size fits by libtpu's own peak, what the chip holds (`peak_bytes`
+        # counts a donated output twice where libtpu places it once).
+        self.tpu = target is not None and _target.resolve(target, "largest_fit")[0].platform == "tpu"
         self.bind(1)
         self.bind(max_size)  # before compiling anything
 
@@ -589,18 +633,31 @@ class _Probes:
             bound = self.bind(n)
             call, n_bound = self.call, len(self.call.bound_leaves)
             call_n = Call(call.core, bound[:n_bound], call.bound_treedef, bound[n_bound:], call.call_treedef)
+            if self.progress:
+                where = f" for {self.target!r}" if self.target is not None else ""
+                print(f"treeshape.largest_fit: {self.dim}={n}: compiling{where}", file=sys.stderr, flush=True)
             began = time.perf_counter()
-            self.costs[n], compiled = cost_of(call_n, self.donated, self.target, "largest_fit")
+            with _compat.counting_compiles() as programs:
+                try:
+                    self.costs[n], compiled = cost_of(call_n, self.donated, self.target, "largest_fit")
+                finally:
+                    self.programs += programs[0]
             if compiled:
                 self.seconds[n] = time.perf_counter() - began
         return self.costs[n]
+
+    def judged(self, cost: Cost) -> int | None:
+        """The peak a size is judged by: libtpu's own on a TPU target, else `peak_bytes`."""
+        if self.tpu and cost.compiler_peak_bytes is not None:
+            return cost.compiler_peak_bytes
+        return cost.peak_bytes
 
     def peak_at(self, n: int, limit: int) -> int:
         """The peak bytes at size `n`; `limit + 1` (does not fit) where the target's compiler
         refuses the size, or fails on one far over the limit."""
         began = time.perf_counter()
         try:
-            peak = self.cost_at(n).peak_bytes
+            peak = self.judged(self.cost_at(n))
         except _deviceless.OutOfMemory:  # the target's compiler refuses it: it does not fit
             if n == 1:
                 raise
@@ -615,7 +672,7 @@ class _Probes:
             # anything else is the compiler's error.
             estimate = None if self.target is None else self._judge_failed_size(n, limit)
             if estimate is None:
-                fitting = max((m for m, c in self.costs.items() if (c.peak_bytes or 0) <= limit), default=None)
+                fitting = max((m for m, c in self.costs.items() if (self.judged(c) or 0) <= limit), default=None)
                 if self.target is not None and fitting is not None:
                     e.add_note(
                         f"treeshape.largest_fit: the {self.target!r} compiler failed at {self.dim}={n}, which the "
@@ -639,13 +696,13 @@ class _Probes:
         """The peak at `n` by the line through sizes below it that compile, where that is
         well over `limit` (`_far_over`), compiling halfway to the largest known below when
         fewer than two are known; else None."""
-        below = [m for m, c in self.costs.items() if m < n and c.peak_bytes is not None]
+        below = [m for m, c in self.costs.items() if m < n and self.judged(c) is not None]
         if len(below) == 1 and max(below) < (half := (max(below) + n) // 2):
             try:
                 self.cost_at(half)
             except (jax.errors.JaxRuntimeError, _deviceless.OutOfMemory):
                 return None
-        return _far_over(n, self.costs, limit)
+        return _far_over(n, {m: self.judged(c) for m, c in self.costs.items()}, limit)
 
 
 def _budget(budget: float | None, probes: _Probes) -> tuple[int, str | None]:
@@ -729,11 +786,13 @@ def _fit(
         fixed,
         per_unit,
         budget,
-        len(probes.seconds),
+        probes.programs,
         margin=margin,
         monotone=monotone,
         capped=size == probes.max_size,
         budget_source=budget_source,
+        judged_by=_JUDGED_BY_LIBTPU if probes.tpu and probes.costs[size].compiler_peak_bytes is not None else None,
+        refused_next=size + 1 in probes.refused and "out of memory" in probes.refused[size + 1][0],
     )
 
 
@@ -815,11 +874,31 @@ def largest_fit(
         >>> fit.size, fit.cost.peak_bytes, fit.compiles <= 8, fit.monotone, fit.capped
         (56, 1048256, True, True, False)
     """
-    start = time.perf_counter()
     _check_inputs(fn, dim, budget, margin, max_size, progress)
-    max_size = int(max_size)
     target = check_target(target, "largest_fit")
+    return search(
+        fn, args, kwargs, dim, budget, margin, int(max_size), donate_argnums, donate_argnames, progress, target
+    )[0]
+
+
+def search(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    dim: str,
+    budget: float | None,
+    margin: float,
+    max_size: int,
+    donate_argnums: int | Sequence[int],
+    donate_argnames: str | Iterable[str],
+    progress: bool,
+    target: str | None,
+) -> tuple[Fit, "Sizes"]:
+    """`largest_fit` of checked arguments, and the sizes it compiled (to cost more sizes
+    of the same call, as `ts.plan` does)."""
+    start = time.perf_counter()
     probes = _Probes(fn, args, kwargs, dim, max_size, donate_argnums, donate_argnames, target)
+    probes.progress = progress
     budget, budget_source = _budget(budget, probes)
     limit = _limit(budget, margin)
     report = (lambda n, peak, lo, hi: _report_size(probes, limit, n, peak, lo, hi)) if progress else None
@@ -828,7 +907,28 @@ def largest_fit(
     fit = _fit(probes, size, known, budget, margin, budget_source)
     if progress:
         _report_fit(fit, known[size], limit, len(probes.refused), time.perf_counter() - start)
-    return fit
+    return fit, Sizes(probes)
+
+
+class Sizes:
+    """The sizes one `largest_fit` search compiled, and a way to cost more of the same call."""
+
+    def __init__(self, probes: _Probes) -> None:
+        self._probes = probes
+
+    @property
+    def costs(self) -> dict[int, Cost]:
+        """Each size compiled (or found in the cache) by the search, and its `Cost`."""
+        return dict(self._probes.costs)
+
+    @property
+    def programs(self) -> int:
+        """The programs compiled so far, loop bodies compiled alone included."""
+        return self._probes.programs
+
+    def cost_at(self, n: int) -> Cost:
+        """The `Cost` at size `n` (cached: a size the search compiled compiles nothing)."""
+        return self._probes.cost_at(n)
 
 
 # `Fit.__module__` is "treeshape", so doctest would not find its docstring in this module.

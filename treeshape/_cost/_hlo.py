@@ -7,6 +7,8 @@ input/output aliases and the stack frames), decoded with the field numbers that
 """
 
 import dataclasses
+import os
+import sys
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -292,3 +294,50 @@ class Module:
             instructions, roots, parameters, sequences, int_field(m, F.MODULE_ENTRY_ID), aliases,
             message_field(m, F.MODULE_STACK_FRAMES),
         )  # fmt: skip
+
+
+# Packages whose frames are not the user's code: the op is told by the user's line that led to it.
+_LIBRARIES: Final = ("jax", "jaxlib", "flax", "equinox", "optax", "chex", "treeshape")
+
+
+def _library_dirs() -> tuple[str, ...]:
+    dirs = []
+    for name in _LIBRARIES:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if isinstance(file, str):
+            dirs.append(os.path.dirname(file) + os.sep)
+    return tuple(dirs)
+
+
+class Frames:
+    """Source locations of instructions: the module's stack frame index (jax 0.9 and newer)
+    or the metadata's own file and line (before)."""
+
+    def __init__(self, module: Module) -> None:
+        frames = module.frames
+        self._files = [bytes(f).decode("utf-8", "replace") for f in frames.get(F.FRAMES_FILE_NAMES, ())]
+        self._locations = frames.get(F.FRAMES_LOCATIONS, [])
+        self._frames = frames.get(F.FRAMES_FRAMES, [])
+        self._libraries = _library_dirs()
+
+    def _user(self, file: str) -> bool:
+        return bool(file) and not file.startswith(self._libraries)
+
+    def source(self, metadata: Message) -> str | None:
+        frame = int_field(metadata, F.METADATA_STACK_FRAME)
+        seen = set()
+        while 0 < frame <= len(self._frames) and frame not in seen:
+            seen.add(frame)
+            fm = fields(self._frames[frame - 1])
+            location = int_field(fm, F.FRAME_LOCATION)
+            if 0 < location <= len(self._locations):
+                lm = fields(self._locations[location - 1])
+                file_id = int_field(lm, F.LOCATION_FILE)
+                file = self._files[file_id - 1] if 0 < file_id <= len(self._files) else ""
+                if self._user(file):
+                    return f"{os.path.basename(file)}:{int_field(lm, F.LOCATION_LINE)}"
+            frame = int_field(fm, F.FRAME_PARENT)
+        file = str_field(metadata, F.METADATA_SOURCE_FILE)
+        if self._user(file):
+            return f"{os.path.basename(file)}:{int_field(metadata, F.METADATA_SOURCE_LINE)}"
+        return None

@@ -25,183 +25,23 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Final
 
-from .. import _compat
-
-
-_HEADER: Final = re.compile(r"^(ENTRY )?%([^\s(]+) \(.*\{$")
-_INSTRUCTION: Final = re.compile(r"^\s*(ROOT )?%([^\s=]+) = (.*)$")
-_CALLED: Final = re.compile(
-    r"\b(calls|to_apply|body|condition|branch_computations|called_computations|"
-    r"true_computation|false_computation)=(\{[^}]*\}|%[^\s,]+)"
+from ._hlo_text import (
+    GET,
+    Computation,
+    Instruction,
+    Module,
+    constant,
+    cost as text_cost,
+    element,
+    elements,
+    op_of,
+    parse,
+    shape_end,
+    source_of,
 )
-_NAME: Final = re.compile(r"%([^\s,(){}]+)")
-_TRIPS: Final = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
-_GET: Final = re.compile(r"get-tuple-element\(%([^\s,)]+)\), index=(\d+)")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Instruction:
-    name: str
-    text: str  # everything after `name = `
-    root: bool
-
-    def operands(self) -> Iterator[str]:
-        """The names this instruction mentions outside its called computations (its operands
-        and control predecessors, and names in metadata, which match no instruction)."""
-        yield from _NAME.findall(_CALLED.sub("", self.text))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Computation:
-    name: str
-    signature: str  # the line that opens it, without `ENTRY `
-    instructions: tuple[_Instruction, ...]
-
-    def called(self, loops: bool) -> Iterator[str]:
-        """The computations it calls: `loops=False` leaves out loop bodies and conditions."""
-        for instruction in self.instructions:
-            for kind, names in _CALLED.findall(instruction.text):
-                if loops or kind not in ("body", "condition"):
-                    yield from _NAME.findall(names)
-
-    def whiles(self) -> Iterator[tuple[_Instruction, str, int | None]]:
-        """Its `while` instructions: each with its body and trip count (None: not known)."""
-        for instruction in self.instructions:
-            shape_end = _shape_end(instruction.text)
-            if instruction.text[shape_end:].startswith(" while("):
-                body = re.search(r"\bbody=%([^\s,]+)", instruction.text)
-                trips = _TRIPS.search(instruction.text)
-                if body is not None:
-                    yield instruction, body.group(1), int(trips.group(1)) if trips else None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Module:
-    name: str
-    computations: dict[str, _Computation]  # in the text's order (each after those it calls)
-    entry: str
-
-    def text(self, entry: str, replaced: _Computation | None = None) -> str:
-        """A module of its own: `entry` (as `replaced`, where given) and what it calls."""
-        keep, todo = set(), [entry]
-        while todo:
-            name = todo.pop()
-            if name not in keep and name in self.computations:
-                keep.add(name)
-                todo += self.computations[name].called(loops=True)
-        lines = [f"HloModule {self.name}", ""]
-        for name, computation in self.computations.items():
-            if name not in keep:
-                continue
-            if name == entry and replaced is not None:
-                computation = replaced
-            lines.append(("ENTRY " if name == entry else "") + computation.signature)
-            for i in computation.instructions:
-                lines.append(f"  {'ROOT ' if i.root else ''}%{i.name} = {i.text}")
-            lines += ["}", ""]
-        # Stack frames live in the module's header, which this module does not have.
-        return re.sub(r",? stack_frame_id=\d+", "", "\n".join(lines))
-
-
-def _parse(text: str) -> _Module | None:
-    """The computations of an optimized module's text, or None where it is not as expected."""
-    lines = text.splitlines()
-    if not lines or not lines[0].startswith("HloModule "):
-        return None
-    name = lines[0].split()[1].rstrip(",")
-    computations: dict[str, _Computation] = {}
-    entry = None
-    current: tuple[str, str, list[_Instruction]] | None = None
-    for line in lines[1:]:
-        if current is None:
-            header = _HEADER.match(line)
-            if header is not None:
-                current = (header.group(2), line.removeprefix("ENTRY "), [])
-                entry = header.group(2) if header.group(1) else entry
-            continue
-        if line == "}":
-            computations[current[0]] = _Computation(current[0], current[1], tuple(current[2]))
-            current = None
-            continue
-        match = _INSTRUCTION.match(line)
-        if match is None:
-            return None
-        current[2].append(_Instruction(match.group(2), match.group(3), bool(match.group(1))))
-    if entry is None or current is not None:
-        return None
-    return _Module(name, computations, entry)
-
-
-def _outside_brackets(text: str, chars: str) -> Iterator[int]:
-    """The positions in `text` of any of `chars` outside (), [] and {}."""
-    depth = 0
-    for i, c in enumerate(text):
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c in chars and depth == 0:
-            yield i
-
-
-def _shape_end(text: str) -> int:
-    """Where an instruction's shape (`f32[8]{0}`, a tuple `(s32[], f32[8]{0})`) ends in `text`."""
-    return next(_outside_brackets(text, " "), len(text))
-
-
-def _elements(shape: str) -> list[str]:
-    """The element shapes of a tuple shape `(s32[], /*index=1*/f32[8]{0})`."""
-    inner = re.sub(r"/\*.*?\*/", "", shape)[1:-1]
-    cuts = [-1, *_outside_brackets(inner, ","), len(inner)]
-    return [inner[start + 1 : end].strip() for start, end in zip(cuts, cuts[1:], strict=False)]
-
-
-def _op(instruction: _Instruction) -> tuple[str, list[str], str]:
-    """An instruction's opcode, operand names and the attributes after them."""
-    rest = instruction.text[_shape_end(instruction.text) :].lstrip()
-    opcode, _, rest = rest.partition("(")
-    depth, end = 1, len(rest)
-    for i, c in enumerate(rest):
-        depth += c in "([{"
-        depth -= c in ")]}"
-        if depth == 0:
-            end = i
-            break
-    return opcode, _NAME.findall(re.sub(r"/\*.*?\*/", "", rest[:end])), rest[end + 1 :]
-
-
-def _source(computation: _Computation, name: str) -> _Instruction | None:
-    """The instruction that computes `name`'s value, through copies and bitcasts."""
-    named = {i.name: i for i in computation.instructions}
-    for _ in range(16):
-        instruction = named.get(name)
-        if instruction is None:
-            return None
-        opcode, operands, _ = _op(instruction)
-        if opcode not in ("copy", "bitcast", "convert") or len(operands) != 1:
-            return instruction
-        name = operands[0]
-    return None
-
-
-def _constant(computation: _Computation, name: str) -> int | None:
-    instruction = _source(computation, name)
-    if instruction is None:
-        return None
-    opcode, _, _ = _op(instruction)
-    value = re.search(r" constant\((-?\d+)\)", instruction.text)
-    return int(value.group(1)) if opcode == "constant" and value else None
-
-
-def _element(computation: _Computation, name: str) -> int | None:
-    """Which element of the computation's parameter `name` is, where it is one."""
-    instruction = _source(computation, name)
-    got = _GET.search(instruction.text) if instruction is not None else None
-    parameter = next((i.name for i in computation.instructions if " parameter(0)" in i.text), None)
-    return int(got.group(2)) if got is not None and got.group(1) == parameter else None
-
-
-def _counted(module: _Module, parent: _Computation, loop: _Instruction) -> int | None:
+def counted(module: Module, parent: Computation, loop: Instruction) -> int | None:
     """How often a `while` whose trip count XLA did not record runs, where its condition
     compares a counter element with a constant and its body steps that element by a
     constant (as a scan's loop is lowered), read from its condition, body and start."""
@@ -214,33 +54,33 @@ def _counted(module: _Module, parent: _Computation, loop: _Instruction) -> int |
         return None
     test = next((i for i in cond.instructions if i.root), None)
     direction = re.search(r"direction=(LT|LE|GT|GE|NE)\b", test.text) if test is not None else None
-    if test is None or direction is None or _op(test)[0] != "compare" or len(_op(test)[1]) != 2:
+    if test is None or direction is None or op_of(test)[0] != "compare" or len(op_of(test)[1]) != 2:
         return None
-    left, right = _op(test)[1]
+    left, right = op_of(test)[1]
     op = direction.group(1).lower()
-    if _element(cond, left) is None:
+    if element(cond, left) is None:
         left, right, op = right, left, FLIPPED[op]
-    counter, end = _element(cond, left), _constant(cond, right)
+    counter, end = element(cond, left), constant(cond, right)
     root = next((i for i in step.instructions if i.root), None)
-    if counter is None or end is None or root is None or _op(root)[0] != "tuple":
+    if counter is None or end is None or root is None or op_of(root)[0] != "tuple":
         return None
-    update = _source(step, _op(root)[1][counter])
-    if update is None or _op(update)[0] not in ("add", "subtract") or len(_op(update)[1]) != 2:
+    update = source_of(step, op_of(root)[1][counter])
+    if update is None or op_of(update)[0] not in ("add", "subtract") or len(op_of(update)[1]) != 2:
         return None
-    a, b = _op(update)[1]
-    by = _constant(step, b) if _element(step, a) == counter else None
-    if by is None and _op(update)[0] == "add" and _element(step, b) == counter:
-        by = _constant(step, a)
+    a, b = op_of(update)[1]
+    by = constant(step, b) if element(step, a) == counter else None
+    if by is None and op_of(update)[0] == "add" and element(step, b) == counter:
+        by = constant(step, a)
     if by is None:
         return None
-    start = _op(loop)[1]
-    init = _source(parent, start[0]) if len(start) == 1 else None
-    if init is None or _op(init)[0] != "tuple" or counter >= len(_op(init)[1]):
+    start = op_of(loop)[1]
+    init = source_of(parent, start[0]) if len(start) == 1 else None
+    if init is None or op_of(init)[0] != "tuple" or counter >= len(op_of(init)[1]):
         return None
-    first = _constant(parent, _op(init)[1][counter])
+    first = constant(parent, op_of(init)[1][counter])
     if first is None:
         return None
-    return runs(first, by if _op(update)[0] == "add" else -by, end, op)
+    return runs(first, by if op_of(update)[0] == "add" else -by, end, op)
 
 
 FLIPPED: Final = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "ne": "ne"}
@@ -261,15 +101,7 @@ def runs(start: int, by: int, end: int, op: str) -> int | None:
     return gap // by + 1 if op in ("le", "ge") else math.ceil(gap / by)
 
 
-def _cost(text: str) -> tuple[float, float] | None:
-    analysis = _compat.hlo_text_cost_analysis(text)
-    flops, accessed = analysis.get("flops"), analysis.get("bytes accessed")
-    if not isinstance(flops, (int, float)) or not isinstance(accessed, (int, float)):
-        return None
-    return float(flops), float(accessed)
-
-
-def _unread(computation: _Computation, loop: _Instruction) -> set[int] | None:
+def _unread(computation: Computation, loop: Instruction) -> set[int] | None:
     """The results of `loop` that nothing in `computation` reads (None: all may be read)."""
     if loop.root:
         return None
@@ -277,36 +109,36 @@ def _unread(computation: _Computation, loop: _Instruction) -> set[int] | None:
     for instruction in computation.instructions:
         if instruction is loop or f"%{loop.name}" not in instruction.text:
             continue
-        got = _GET.search(instruction.text)
+        got = GET.search(instruction.text)
         if got is None or got.group(1) != loop.name or instruction.text.count(f"%{loop.name}") != 1:
             return None  # the whole tuple is used
         read.add(int(got.group(2)))
-    shape = loop.text[: _shape_end(loop.text)]
-    return set(range(len(_elements(shape)))) - read if shape.startswith("(") else None
+    shape = loop.text[: shape_end(loop.text)]
+    return set(range(len(elements(shape)))) - read if shape.startswith("(") else None
 
 
-def _without_results(body: _Computation, unread: set[int]) -> _Computation | None:
+def _without_results(body: Computation, unread: set[int]) -> Computation | None:
     """`body` with each result in `unread` passed through from its input unchanged and what
     only it needed removed: the body's last run as an unrolled program runs it."""
     root = next((i for i in body.instructions if i.root), None)
     parameter = next((i for i in body.instructions if " parameter(0)" in i.text), None)
     if root is None or parameter is None:
         return None
-    end = _shape_end(root.text)
+    end = shape_end(root.text)
     shape, rest = root.text[:end], root.text[end:]
     if not rest.startswith(" tuple(") or not shape.startswith("("):
         return None
     close = rest.index(")")
     operands = [o.strip() for o in rest[len(" tuple(") : close].split(",")]
-    elements = _elements(shape)
-    if len(operands) != len(elements):
+    parts = elements(shape)
+    if len(operands) != len(parts):
         return None
     added = []
     for k in sorted(unread):
         name = f"unread.result.{k}"
-        added.append(_Instruction(name, f"{elements[k]} get-tuple-element(%{parameter.name}), index={k}", False))
+        added.append(Instruction(name, f"{parts[k]} get-tuple-element(%{parameter.name}), index={k}", False))
         operands[k] = f"%{name}"
-    new_root = _Instruction(root.name, f"{shape} tuple({', '.join(operands)}){rest[close + 1 :]}", True)
+    new_root = Instruction(root.name, f"{shape} tuple({', '.join(operands)}){rest[close + 1 :]}", True)
     everything = {i.name: i for i in (*body.instructions, *added) if i is not root}
     everything[root.name] = new_root
     needed, todo = set(), [root.name]
@@ -330,7 +162,7 @@ class LoopsRead:
     exact: bool
 
 
-def _whiles(module: _Module, start: str) -> Iterator[tuple[_Computation, _Instruction, str, int | None]]:
+def _whiles(module: Module, start: str) -> Iterator[tuple[Computation, Instruction, str, int | None]]:
     """The `while` loops that `start` runs, itself or through what it calls (not inside
     another loop's body): each with the computation holding it, its body and trip count."""
     todo, seen = [start], set()
@@ -342,7 +174,7 @@ def _whiles(module: _Module, start: str) -> Iterator[tuple[_Computation, _Instru
         computation = module.computations[name]
         todo += computation.called(loops=False)
         for loop, body, trips in computation.whiles():
-            yield computation, loop, body, trips if trips is not None else _counted(module, computation, loop)
+            yield computation, loop, body, trips if trips is not None else counted(module, computation, loop)
 
 
 def missed(text: str, lengths: Sequence[int] = ()) -> LoopsRead | None:
@@ -353,7 +185,7 @@ def missed(text: str, lengths: Sequence[int] = ()) -> LoopsRead | None:
     any order): where they are all the same and the module holds as many loops at its own
     level, a loop of that level whose trip count the module does not tell runs that often
     (libtpu counts a 64-bit loop counter in two 32-bit halves)."""
-    module = _parse(text)
+    module = parse(text)
     if module is None:
         return None
     flops = accessed = 0.0
@@ -365,7 +197,7 @@ def missed(text: str, lengths: Sequence[int] = ()) -> LoopsRead | None:
     while todo:
         computation, loop, body, trips, runs, at_top = todo.pop()
         trips = same if trips is None and at_top else trips
-        cost = _cost(module.text(body))
+        cost = text_cost(module.text(body))
         if cost is None:
             return None
         if trips is None:
@@ -377,7 +209,7 @@ def missed(text: str, lengths: Sequence[int] = ()) -> LoopsRead | None:
         unread = _unread(computation, loop) if at_top else None
         last = _without_results(module.computations[body], unread) if unread else None
         if last is not None:
-            cut = _cost(module.text(body, last))
+            cut = text_cost(module.text(body, last))
             if cut is None:
                 exact = False
             else:

@@ -340,6 +340,20 @@ def holds_loops(jaxpr: jex.Jaxpr) -> bool:
     )
 
 
+def scan_lengths(jaxpr: jex.Jaxpr) -> list[int]:
+    """The lengths of the scans `jaxpr` runs outside any other loop (through calls and
+    `shard_map`), in order: what a compiled module whose loop counters cannot be read
+    (libtpu's under `jax_enable_x64`) runs its top-level loops as often as."""
+    out: list[int] = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            out.append(int(eqn.params["length"]))
+        elif eqn.primitive.name not in ("while", "cond"):
+            for sub in _sub_jaxprs(eqn):
+                out += scan_lengths(sub.jaxpr)
+    return out
+
+
 def _consts(closed: jex.ClosedJaxpr) -> dict[Any, int]:
     """The integer scalars among a closed jaxpr's constants, by variable."""
     return {v: int(c) for v, c in zip(closed.jaxpr.constvars, closed.consts, strict=True) if _is_int_scalar(c)}

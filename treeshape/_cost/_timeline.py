@@ -254,7 +254,7 @@ class Timeline:
         if type(depth) is not int or depth < 1:
             raise ValueError(f"depth must be an int >= 1 (how many path components name a phase), got {depth!r}")
         names: list[str | None] = [None if op is None else phase_name(op, depth) for op in self.ops]
-        first = next((name for name in names if name is not None), _NO_OP)
+        first = next((name for name in names if name is not None), NO_OP)
         out: list[Phase] = []
         current, start = first, 0
         for t, name in enumerate(names):
@@ -280,7 +280,7 @@ class Timeline:
         return svg if svg is not None else f"<pre>{html.escape(chart(self))}</pre>"
 
 
-_NO_OP: Final = "(XLA's own)"
+NO_OP: Final = "(XLA's own)"
 _ROWS: Final = 23  # and a header: at most 24 lines
 _BAR: Final = 30
 

@@ -1,0 +1,261 @@
+"""The kernels of a compiled program, read from the optimized module its compiler dumped
+(as text): each instruction the schedule runs that does work (a fusion, a copy, a
+collective, ...), in schedule order, with how often it runs in one step (a loop's body as
+often as its trip count says, a loop inside it as often again), the compiler's own
+estimate of its cycles where it writes one (libtpu's `estimated_cycles`), its FLOPs and
+bytes by XLA's HLO cost analysis of the kernel alone, the bytes of those in device memory
+(not in a TPU's VMEM or SMEM, which a layout's `S(n)` names), and its kind.
+
+Nothing compiles: each kernel is costed as a module of its own, in about a millisecond.
+"""
+
+import dataclasses
+import re
+import typing
+from collections.abc import Iterator, Sequence
+from typing import Final, Literal
+
+from .. import _compat
+from . import _hlo_loops
+from ._hlo_text import Computation, Instruction, Module, op_of, parse, shape_end
+
+
+Kind = Literal[
+    "matmul", "convolution", "reduction", "elementwise", "data movement", "async copy", "collective", "custom call"
+]
+KINDS: Final[tuple[Kind, ...]] = typing.get_args(Kind)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    name: str  # the instruction's name in the optimized module, as a profile names it
+    opcode: str
+    kind: Kind
+    position: int  # in the schedule flattened (a loop's body once, where the loop runs it)
+    runs: int  # in one run of the program
+    cycles: float | None  # the compiler's estimate of one run, where it writes one
+    flops: float  # one run
+    bytes_accessed: float  # one run
+    device_bytes: float  # one run, read or written in device memory (HBM)
+    dtype: str  # of its matrix product where it has one, else of its result
+    done: int | None = None  # an asynchronous copy's or collective's `-done` position
+    devices: int = 1  # a collective's group size
+
+
+# Instructions that run no kernel of their own.
+_FREE: Final = frozenset(
+    {
+        "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
+        "replica-id", "opt-barrier", "add-dependency", "domain", "copy-done", "async-done", "all-reduce-done",
+        "all-gather-done", "collective-permute-done", "send-done", "recv-done", "while", "call", "conditional",
+    }
+)  # fmt: skip
+_ASYNC_COPIES: Final = frozenset({"copy-start", "async-start"})
+_COLLECTIVES: Final = frozenset(
+    {
+        "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "collective-broadcast",
+        "all-reduce-start", "all-gather-start", "collective-permute-start", "ragged-all-to-all",
+    }
+)  # fmt: skip
+_DATA: Final = frozenset(
+    {
+        "copy", "transpose", "broadcast", "convert", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate",
+        "pad", "gather", "scatter", "reshape", "reverse", "iota", "select", "sort",
+    }
+)  # fmt: skip
+_CYCLES: Final = re.compile(r'"estimated_cycles":"(\d+)"')
+_CALLS: Final = re.compile(r"\bcalls=%([^\s,]+)")
+_WINDOW: Final = re.compile(r"\bwindow=\{size=([\dx]+)")
+_ARRAY: Final = re.compile(r"\b(pred|[a-z]+\d+[a-z0-9]*)\[([\d,]*)\](\{[^}]*\})?")
+_BRANCHES: Final = re.compile(
+    r"\b(?:to_apply|branch_computations|true_computation|false_computation)=(\{[^}]*\}|%[^\s,]+)"
+)
+_GROUPS: Final = re.compile(r"replica_groups=(\{[^=]*?\}\}|\[[\d,]+\]<=\[[\d,]+\])")
+_SIZES: Final = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2}
+_NAMES: Final = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64", "s8": "int8", "u8": "uint8"}
+
+
+def _arrays(shape: str) -> Iterator[tuple[str, int, bool]]:
+    """Each array of a shape's text: its XLA type, bytes, and whether it is in device memory."""
+    for kind, dims, layout in _ARRAY.findall(re.sub(r"/\*.*?\*/", "", shape)):
+        count = 1
+        for d in dims.split(","):
+            count *= int(d) if d else 1
+        size = _SIZES.get(kind) or (int(re.sub(r"\D", "", kind) or 32) // 8)
+        yield kind, count * size, re.search(r"S\((\d+)\)", layout or "") is None
+
+
+def _shape(instruction: Instruction) -> str:
+    return instruction.text[: shape_end(instruction.text)]
+
+
+def _kind(module: Module, opcode: str, attributes: str) -> tuple[Kind, str | None]:
+    """A kernel's kind, and the XLA type of its matrix product's operands (where it has one)."""
+    if opcode in _ASYNC_COPIES:
+        return "async copy", None
+    if opcode in _COLLECTIVES:
+        return "collective", None
+    if opcode == "custom-call":
+        return "custom call", None
+    if opcode in ("convolution", "dot"):
+        window = _WINDOW.search(attributes)
+        spatial = window is not None and any(int(s) > 1 for s in window.group(1).split("x"))
+        return ("convolution" if spatial else "matmul"), None
+    if opcode in ("reduce", "reduce-window", "select-and-scatter"):
+        return "reduction", None
+    called = _CALLS.search(attributes)
+    if opcode != "fusion" or called is None or called.group(1) not in module.computations:
+        return ("data movement" if opcode in _DATA else "elementwise"), None
+    kinds: set[str] = set()
+    dtype = None
+    for instruction in module.computations[called.group(1)].instructions:
+        inner, operands, rest = op_of(instruction)
+        if inner in ("convolution", "dot"):
+            window = _WINDOW.search(rest)
+            kinds.add("convolution" if window and any(int(s) > 1 for s in window.group(1).split("x")) else "matmul")
+            if dtype is None:
+                dtype = next(iter(_arrays(_shape(instruction))), ("f32",))[0]
+        elif inner in ("reduce", "reduce-window", "select-and-scatter"):
+            kinds.add("reduction")
+        elif inner not in _DATA and inner not in ("parameter", "constant", "get-tuple-element", "tuple", "bitcast"):
+            kinds.add("elementwise")
+    for kind in ("convolution", "matmul", "reduction", "elementwise"):
+        if kind in kinds:
+            return typing.cast(Kind, kind), dtype
+    return "data movement", None
+
+
+def _alone(module: Module, computation: Computation, instruction: Instruction) -> str | None:
+    """A module whose entry runs `instruction` alone, on parameters shaped as its operands."""
+    opcode, operands, attributes = op_of(instruction)
+    named = {i.name: i for i in computation.instructions}
+    shapes = []
+    for operand in operands:
+        source = named.get(operand)
+        if source is None:
+            return None
+        shapes.append(_shape(source))
+    attributes = re.sub(r",\s*control-predecessors=\{[^}]*\}", "", attributes)
+    signature = ", ".join(f"p{i}: {s}" for i, s in enumerate(shapes))
+    body = [f"  %p{i} = {s} parameter({i})" for i, s in enumerate(shapes)]
+    operand_list = ", ".join(f"%p{i}" for i in range(len(shapes)))
+    body.append(f"  ROOT %kernel = {_shape(instruction)} {opcode}({operand_list}){attributes}")
+    called = _CALLS.search(attributes)
+    head = module.text(called.group(1)).replace("ENTRY ", "", 1) if called else f"HloModule {module.name}\n"
+    entry = f"ENTRY %kernel.entry ({signature}) -> {_shape(instruction)} {{\n" + "\n".join(body) + "\n}\n"
+    return re.sub(r",? stack_frame_id=\d+", "", head + "\n" + entry)
+
+
+def _costed(module: Module, computation: Computation, instruction: Instruction) -> tuple[float, float, float]:
+    """FLOPs, bytes accessed and those in device memory of one run of `instruction`, by XLA's
+    HLO cost analysis of the instruction alone (each operand's bytes as it reads them: a
+    slice of a stacked array, not the whole); the shapes' bytes where that fails."""
+    opcode, operands, _ = op_of(instruction)
+    named = {i.name: i for i in computation.instructions}
+    in_device = [all(d for _, _, d in _arrays(_shape(named[o]))) if o in named else True for o in operands]
+    outputs = [d for _, _, d in _arrays(_shape(instruction))]
+    out_device = all(outputs)
+    text = _alone(module, computation, instruction) if opcode not in _ASYNC_COPIES | _COLLECTIVES else None
+    analysis = _compat.hlo_text_cost_analysis(text) if text is not None else {}
+    if "bytes accessed" not in analysis:
+        sizes = [sum(b for _, b, _ in _arrays(_shape(named[o]))) if o in named else 0 for o in operands]
+        out = sum(b for _, b, _ in _arrays(_shape(instruction)))
+        if opcode in _ASYNC_COPIES | _COLLECTIVES:  # the output holds the operand again, and a context
+            return 0.0, float(sum(sizes)), float(sum(sizes))
+        held = sum(s for s, d in zip(sizes, in_device, strict=True) if d) + (out if out_device else 0)
+        return 0.0, float(sum(sizes) + out), float(held)
+    read = sum(float(analysis.get(f"bytes accessed{i}{{}}", 0.0)) for i, d in enumerate(in_device) if d)
+    if f"bytes accessedout{{{0}}}" in analysis:  # a tuple: each element in its own memory
+        written = sum(float(analysis.get(f"bytes accessedout{{{i}}}", 0.0)) for i, d in enumerate(outputs) if d)
+    else:
+        written = float(analysis.get("bytes accessedout{}", 0.0)) if out_device else 0.0
+    return float(analysis.get("flops", 0.0)), float(analysis["bytes accessed"]), read + written
+
+
+def _group(attributes: str) -> int:
+    groups = _GROUPS.search(attributes)
+    if groups is None:
+        return 1
+    text = groups.group(1)
+    if text.startswith("["):  # iota form: [groups,size]<=[devices]
+        return int(text[1:].split("]")[0].split(",")[-1])
+    first = re.search(r"\{\{([^}]*)\}", text)
+    return len(first.group(1).split(",")) if first and first.group(1) else 1
+
+
+def _trips(module: Module, computation: Computation, loop: Instruction, same: int | None) -> int | None:
+    known = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', loop.text)
+    if known is not None:
+        return int(known.group(1))
+    counted = _hlo_loops.counted(module, computation, loop)
+    return counted if counted is not None else same
+
+
+def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | None:
+    """The kernels of the optimized module `text` in schedule order, and whether every loop's
+    trip count was known (a loop whose count is not is counted once); None where the text
+    cannot be read. `lengths`: the program's own loops' trip counts as it was traced (scans),
+    for a top-level loop whose count the module does not tell (see `_hlo_loops.missed`)."""
+    module = parse(text)
+    if module is None:
+        return None
+    top = sum(1 for _ in module.computations[module.entry].whiles())
+    same = lengths[0] if len(set(lengths)) == 1 and top == len(lengths) else None
+    kernels: list[Kernel] = []
+    exact = True
+    pending: dict[str, int] = {}  # an async start's name -> its kernel's index
+    # (computation, its next instruction, runs, at the top level?): a body is read where it runs
+    stack: list[tuple[Computation, int, int, bool]] = []
+
+    def push(name: str, runs: int, at_top: bool) -> None:
+        if name in module.computations:
+            stack.append((module.computations[name], 0, runs, at_top))
+
+    push(module.entry, 1, True)
+    while stack:
+        computation, i, runs, at_top = stack.pop()
+        if i >= len(computation.instructions):
+            continue
+        stack.append((computation, i + 1, runs, at_top))
+        instruction = computation.instructions[i]
+        opcode, operands, attributes = op_of(instruction)
+        if opcode == "while":
+            trips = _trips(module, computation, instruction, same if at_top else None)
+            exact = exact and trips is not None
+            body = re.search(r"\bbody=%([^\s,]+)", instruction.text)
+            if body is not None:
+                push(body.group(1), runs * (trips if trips is not None else 1), False)
+            continue
+        if opcode in ("call", "conditional"):  # every branch counted: an upper bound, said so
+            called = _BRANCHES.findall(attributes)
+            names = [n for group in called for n in re.findall(r"%([^\s,{}]+)", group)]
+            exact = exact and len(names) <= 1
+            for name in reversed(names):
+                push(name, runs, at_top)
+            continue
+        if opcode.endswith("-done") and operands and operands[0] in pending:
+            start = pending.pop(operands[0])
+            kernels[start] = dataclasses.replace(kernels[start], done=len(kernels))
+        if opcode in _FREE:
+            continue
+        cycles = _CYCLES.search(attributes)
+        kind, dtype = _kind(module, opcode, attributes)
+        flops, accessed, device = _costed(module, computation, instruction)
+        result = next(iter(_arrays(_shape(instruction))), ("f32", 0, True))[0]
+        kernel = Kernel(
+            name=instruction.name,
+            opcode=opcode,
+            kind=kind,
+            position=len(kernels),
+            runs=runs,
+            cycles=float(cycles.group(1)) if cycles else None,
+            flops=flops,
+            bytes_accessed=accessed,
+            device_bytes=device,
+            dtype=_NAMES.get(dtype or result, dtype or result),
+            devices=_group(attributes) if kind == "collective" else 1,
+        )
+        if opcode.endswith("-start"):
+            pending[instruction.name] = len(kernels)
+        kernels.append(kernel)
+    return kernels, exact

@@ -1,0 +1,330 @@
+"""`plan`, `Plan` and `PlanRow`: which combination of choices (a rematerialization policy,
+a mesh layout, ...) and which size of one dimension make a step fastest on the target
+while it fits, each combination compiled by the target's own compiler.
+
+How a call flows: for each combination of `choices` (their product, in order), `make`
+builds the step and its arguments; `_fit.search` finds the largest size that fits, as
+`largest_fit` does, and keeps the `Cost` of every size it compiled; the sizes below that
+largest which are powers of two and were not compiled are compiled too (each once, cached
+as `cost` caches it). Each size's throughput is `size / seconds` (`Cost.time`; the
+roofline floor where the target has no checked estimate), and the row keeps the size of
+highest throughput. A combination that fits at no size is a row of size 0 with its reason.
+"""
+
+import dataclasses
+import html
+import itertools
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from .._shapes import human_bytes
+from .._table import grid, html_grid
+from . import _plot, _target
+from ._cost import Cost, check_target
+from ._fit import BudgetError, Fit, check_arguments, search
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+    """One combination of a [treeshape.plan][]: its best size and how fast it runs there.
+
+    Attributes:
+        choice: The combination, a `dict` from each choice's name to its value.
+        size: The size of highest throughput among those compiled up to `largest` and
+            the powers of two below it (ties: the larger); 0 where none fits.
+        largest: The largest size that fits, as [treeshape.largest_fit][] finds it; 0
+            where none does.
+        seconds: The time of one step at `size` (`Cost.time.seconds`, else its
+            `floor_seconds`: see `timed`); `None` where none fits.
+        throughput: `size / seconds`, units of the dimension per second; 0.0 where none
+            fits.
+        peak_bytes: The peak at `size` by the figure `largest_fit` judges (libtpu's own
+            on a TPU target); `None` where none fits.
+        budget: The bytes one device has.
+        mfu: The model FLOPs utilization at `size`, where `seconds` is an estimate.
+        fit: The [treeshape.Fit][] of the combination, `None` where none fits.
+        note: Why none fits, or which time the throughput is of (`"floor"` where the
+            target has no checked estimate); `""` otherwise.
+    """
+
+    __module__ = "treeshape"
+
+    choice: dict[str, Any]
+    size: int
+    largest: int
+    seconds: float | None
+    throughput: float
+    peak_bytes: int | None
+    budget: int | None
+    mfu: float | None
+    fit: Fit | None = dataclasses.field(repr=False)
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The combinations of a [treeshape.plan][], fastest first.
+
+    Attributes:
+        dim: The dimension sized.
+        rows: One [treeshape.PlanRow][] per combination, by throughput, fastest first (ties:
+            the smaller peak); combinations that fit at no size last.
+        compiles: The programs compiled for the plan (cached sizes compile nothing).
+    """
+
+    __module__ = "treeshape"
+
+    dim: str
+    rows: tuple[PlanRow, ...]
+    compiles: int = 0
+
+    @property
+    def best(self) -> PlanRow:
+        """The fastest combination that fits (the first row)."""
+        return self.rows[0]
+
+    @property
+    def pareto(self) -> tuple[PlanRow, ...]:
+        """The rows that fit and that no other row beats on both throughput and peak
+        (higher throughput and a smaller peak, or one of them equal), fastest first."""
+        fitting = [r for r in self.rows if r.size > 0 and r.peak_bytes is not None]
+        return tuple(
+            r
+            for r in fitting
+            if not any(
+                o is not r
+                and o.throughput >= r.throughput
+                and o.peak_bytes <= r.peak_bytes  # type: ignore[operator]
+                and (o.throughput > r.throughput or o.peak_bytes < r.peak_bytes)  # type: ignore[operator]
+                for o in fitting
+            )
+        )
+
+    def _table(self) -> tuple[list[str], list[list[str]]]:
+        names = list(self.rows[0].choice) if self.rows else []
+        head = ["", *names, self.dim, "largest", "seconds", f"{self.dim}/s", "peak", "MFU", "note"]
+        rows = []
+        for i, r in enumerate(self.rows):
+            mark = "best" if i == 0 and r.size > 0 else ""
+            values = [_value(r.choice[n]) for n in names]
+            seconds = "-" if r.seconds is None else _duration(r.seconds)
+            rate = "-" if r.size == 0 else f"{r.throughput:,.0f}"
+            peak = "-" if r.peak_bytes is None else human_bytes(r.peak_bytes)
+            mfu = "" if r.mfu is None else f"{r.mfu:.0%}"
+            rows.append([mark, *values, f"{r.size:,}", f"{r.largest:,}", seconds, rate, peak, mfu, r.note])
+        return head, rows
+
+    def __str__(self) -> str:
+        head, rows = self._table()
+        return grid(head, rows, right=0)
+
+    def _repr_html_(self) -> str:
+        head, rows = self._table()
+        return html_grid(head, rows, right=0, css_class="treeshape-plan")
+
+    def plot(self, ax: Any = None) -> Any:
+        """Draw throughput against peak bytes with matplotlib (the extra `treeshape[plot]`),
+        one point per combination that fits, the Pareto rows joined and the best marked;
+        return the `Axes`."""
+        return _plot.plot_plan(self, ax=ax)
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, tuple) and all(isinstance(x, int) for x in v):
+        return "x".join(str(x) for x in v)
+    return v if isinstance(v, str) else repr(v)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _combinations(choices: Any) -> list[dict[str, Any]]:
+    if not isinstance(choices, Mapping) or not choices:
+        raise TypeError(
+            "treeshape.plan: choices must be a non-empty dict from a name to the values to try, e.g. "
+            f'{{"remat": ["none", "dots", "full"]}}; got {type(choices).__name__} {choices!r}.'
+        )
+    names = list(choices)
+    values = []
+    for name in names:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise TypeError(f"treeshape.plan: each choice's name must be a keyword of make, got {name!r}.")
+        options = choices[name]
+        if isinstance(options, (str, bytes)) or not isinstance(options, Iterable):
+            raise TypeError(
+                f"treeshape.plan: choices[{name!r}] must be a sequence of values to try (a list), got "
+                f"{type(options).__name__} {options!r}."
+            )
+        options = list(options)
+        if not options:
+            raise ValueError(f"treeshape.plan: choices[{name!r}] is empty; give at least one value.")
+        values.append(options)
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*values)]
+
+
+def _said(choice: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in choice.items())
+
+
+def _made(make: Callable[..., Any], choice: dict[str, Any]) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """`make(**choice)` as `(step, args)`; its errors named by the combination."""
+    try:
+        made = make(**choice)
+    except Exception as e:
+        e.add_note(f"treeshape.plan: raised by make({_said(choice)})")
+        raise
+    if not isinstance(made, (tuple, list)) or not made or not callable(made[0]):
+        raise TypeError(
+            f"treeshape.plan: make({_said(choice)}) must return (step, *args) with step callable, as largest_fit "
+            f"takes them; got {type(made).__name__}."
+        )
+    return made[0], tuple(made[1:])
+
+
+def _seconds(cost: Cost) -> tuple[float | None, bool]:
+    """The time of one step, and whether it is the estimate (else the floor)."""
+    if cost.time is None:
+        return None, False
+    if cost.time.seconds is not None:
+        return cost.time.seconds, True
+    return cost.time.floor_seconds, False
+
+
+def _row(
+    choice: dict[str, Any], fit: Fit, costs: dict[int, Cost], judged: Callable[[Cost], int | None]
+) -> PlanRow:
+    """The row of one combination: of the sizes costed up to `fit.size`, the one of highest
+    throughput (ties: the larger)."""
+    best: tuple[float, int] | None = None
+    estimated = True
+    for n, cost in costs.items():
+        if n > fit.size:
+            continue
+        seconds, estimate = _seconds(cost)
+        if seconds is None or seconds <= 0:
+            continue
+        estimated = estimated and estimate
+        key = (n / seconds, n)
+        if best is None or key > best:
+            best = key
+    if best is None:
+        raise ValueError("treeshape.plan: no size has a time; pass target= an accelerator of ts.targets()")
+    throughput, size = best
+    cost = costs[size]
+    seconds, _ = _seconds(cost)
+    mfu = cost.time.mfu if cost.time is not None else None
+    note = "" if estimated else "floor: the roofline floor's time (no estimate checked on this target)"
+    return PlanRow(choice, size, fit.size, seconds, throughput, judged(cost), fit.budget, mfu, fit, note)
+
+
+def _powers_below(n: int) -> list[int]:
+    return [1 << k for k in range(n.bit_length()) if 1 << k < n]
+
+
+def plan(
+    make: Callable[..., Any],
+    choices: Mapping[str, Sequence[Any]],
+    *,
+    dim: str = "b",
+    target: str | None = None,
+    budget: float | None = None,
+    donate_argnums: int | Sequence[int] = (),
+    donate_argnames: str | Iterable[str] = (),
+    max_size: int | None = None,
+    progress: bool = False,
+) -> Plan:
+    """The fastest combination of `choices` that fits, with its size: each combination
+    compiled by the target's own compiler at the sizes [treeshape.largest_fit][] searches.
+
+    For each combination of `choices` (their product), `make(**combination)` returns
+    `(step, *args)`, the arguments holding the symbolic dimension `dim` as `largest_fit`
+    takes them. The row's `largest` is `largest_fit`'s answer; its `size` is, of the sizes
+    compiled up to `largest` and the powers of two below it, the one of highest
+    throughput (`size / seconds`, seconds from [treeshape.StepTime][]): the largest batch
+    is not always the fastest. [The fastest plan](../guide/plan.md).
+
+    Args:
+        make: Called with one keyword per choice; returns `(step, *args)`.
+        choices: A dict from each choice's name to the values to try.
+        dim: The symbolic dimension to size.
+        target: An accelerator from [treeshape.targets][] (required: the time of a step
+            is known for an accelerator).
+        budget: As for `largest_fit`.
+        donate_argnums: As for `largest_fit`, for every combination's step.
+        donate_argnames: As for `largest_fit`.
+        max_size: The largest size to consider (`largest_fit`'s default where `None`).
+        progress: Print a line to standard error per combination and per compile.
+
+    Returns:
+        A [treeshape.Plan][].
+
+    Raises:
+        TypeError: `make` is not callable, or `choices` is not a dict of sequences.
+        ValueError: no `target`, an empty choice, or what `largest_fit` raises for a
+            combination (other than "even size 1 does not fit", which is a row).
+
+    Errors raised by `make` or a step propagate unchanged, with a note naming the
+    combination.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> import treeshape as ts
+        >>> (b,) = jax.export.symbolic_shape("b")
+        >>> def make(width):
+        ...     w = jax.ShapeDtypeStruct((512, width), jnp.bfloat16)
+        ...     x = jax.ShapeDtypeStruct((b, 512), jnp.bfloat16)
+        ...     return (lambda w, x: jnp.tanh(x @ w).sum()), w, x
+        >>> p = ts.plan(make, {"width": [256, 1024]}, target="v5e", max_size=4096)  # doctest: +SKIP
+        >>> p.best.choice  # doctest: +SKIP
+        {'width': 256}
+    """
+    if not callable(make):
+        raise TypeError(f"treeshape.plan: make must be callable, got {type(make).__name__} {make!r}.")
+    combinations = _combinations(choices)
+    if target is None:
+        raise ValueError(
+            "treeshape.plan: a plan ranks by the time of a step on an accelerator; pass target= one of "
+            f"{', '.join(repr(t) for t in _target.targets())}."
+        )
+    check_arguments(dim, budget, 0.0, 2**20 if max_size is None else max_size)
+    target = check_target(target, "plan")
+    largest = 2**20 if max_size is None else int(max_size)
+    start = time.perf_counter()
+    rows, programs = [], 0
+    for i, choice in enumerate(combinations):
+        if progress:
+            print(f"treeshape.plan: [{i + 1}/{len(combinations)}] {_said(choice)}", file=sys.stderr, flush=True)
+        step, args = _made(make, choice)
+        try:
+            fit, sizes = search(step, args, {}, dim, budget, 0.0, largest, donate_argnums, donate_argnames, progress,
+                                target)  # fmt: skip
+        except BudgetError as e:
+            note = str(e).removeprefix("treeshape.largest_fit: ")
+            rows.append(PlanRow(choice, 0, 0, None, 0.0, None, None, None, None, note))
+            continue
+        except Exception as e:
+            e.add_note(f"treeshape.plan: for the combination {_said(choice)}")
+            raise
+        for n in _powers_below(fit.size):
+            if n not in sizes.costs:
+                sizes.cost_at(n)
+        programs += sizes.programs
+        judged = (lambda c: c.compiler_peak_bytes) if fit.judged_by is not None else (lambda c: c.peak_bytes)
+        rows.append(_row(choice, fit, sizes.costs, judged))
+    rows.sort(key=lambda r: (r.size == 0, -r.throughput, r.peak_bytes if r.peak_bytes is not None else 0))
+    out = Plan(dim, tuple(rows), programs)
+    if progress:
+        best = out.best
+        print(
+            f"treeshape.plan: best {_said(best.choice)} at {dim}={best.size} ({best.throughput:,.0f} {dim}/s); "
+            f"{programs} programs compiled in {time.perf_counter() - start:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    return out
+
+
+_UNUSED: Final = html

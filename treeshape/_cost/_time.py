@@ -1,0 +1,287 @@
+"""`StepTime` and `KernelTime`: how long one run of a compiled program takes on the
+target, before it runs (`Cost.time`), from its kernels as `_kernels` reads them and the
+chip's figures (`_chips`).
+
+Three figures:
+
+- `compiler_seconds`: the compiler's own estimate as it writes it (libtpu's
+  `estimated_cycles` of every kernel, each loop body counted by its trip count), at the
+  chip's clock. TPU targets only.
+- `floor_seconds`: the roofline floor, on every target: each kernel's FLOPs at the chip's
+  peak for its dtype or its device-memory bytes at the chip's HBM bandwidth, the larger;
+  no kernel runs faster.
+- `seconds`: the estimate, where one was checked on the chip (TPU targets): each kernel's
+  compiler estimate, but no more than its roofline at the efficiencies measured on a real
+  v5e (`CORRECTION`: the matrix units', the vector units', HBM's and VMEM's, and a fixed
+  cost per kernel run), and no less than its floor; an asynchronous copy costs what of its
+  bytes at HBM's measured bandwidth the kernels between its start and its end do not hide;
+  a collective its bytes over the interconnect's links plus their latency.
+
+The correction was measured on a v5e against each kernel's time in a profile of ten train
+steps (the guide's "How fast will it run?", `benchmarks/steptime/`); v5p and v6e use it as
+measured there, and `source` says so.
+"""
+
+import dataclasses
+import html
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from .._table import grid, html_grid
+from . import _timeline
+from ._chips import Chip
+from ._kernels import Kernel, Kind
+
+
+@dataclasses.dataclass(frozen=True)
+class Correction:
+    """What a v5e measured of libtpu's estimates: the fractions of the chip's peaks its
+    kernels reach, VMEM's bytes per cycle and a fixed cost per kernel run, in cycles."""
+
+    matrix_efficiency: float
+    vector_efficiency: float
+    hbm_efficiency: float
+    vmem_bytes_per_cycle: float
+    cycles_per_run: float
+    measured_on: str
+
+
+CORRECTION: Final = Correction(
+    matrix_efficiency=0.7,
+    vector_efficiency=0.02,
+    hbm_efficiency=0.85,
+    vmem_bytes_per_cycle=4e12 / 1.5e9,
+    cycles_per_run=750,
+    measured_on="v5e",
+)
+_MATRIX: Final[frozenset[Kind]] = frozenset({"matmul", "convolution"})
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTime:
+    """One kernel of a compiled program, and its share of the step's time.
+
+    Attributes:
+        op: The JAX operation it computes, named as a [treeshape.Buffer][]'s `op` (a
+            fusion's first), or `None` where XLA made it.
+        source: The user's source line that led to it (`file.py:line`), or `None`.
+        runs: How often it runs in one step (a loop body's kernel as often as the loop).
+        seconds: All its runs together: the estimate where the target has one, else the
+            roofline floor.
+        flops: FLOPs of all its runs, by XLA's HLO cost analysis.
+        bytes_accessed: Bytes of all its runs, by the same.
+        name: Its instruction's name in the optimized module, as a profile names it.
+        kind: `"matmul"`, `"convolution"`, `"reduction"`, `"elementwise"`, `"data
+            movement"`, `"async copy"`, `"collective"` or `"custom call"`.
+    """
+
+    __module__ = "treeshape"
+
+    op: str | None
+    source: str | None
+    runs: int
+    seconds: float
+    flops: float
+    bytes_accessed: float
+    name: str
+    kind: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    """How long one run of a compiled program takes on one device of the target, before
+    it runs: [How fast will it run?](../guide/time.md).
+
+    Attributes:
+        seconds: The estimate (see the guide for how it was checked on a chip), or `None`
+            where no device has checked one (the NVIDIA targets).
+        compiler_seconds: The target compiler's own estimate, every loop body counted by
+            its trip count, at the chip's clock (TPU targets), else `None`.
+        floor_seconds: The roofline floor: every kernel's FLOPs at the chip's peak for its
+            dtype or its bytes at the chip's HBM bandwidth, the larger, summed.
+        source: Which model gave `seconds`, and how it was checked.
+        mfu: The model FLOPs utilization `seconds` implies: the program's FLOPs over
+            `seconds` times the chip's bf16 peak; `None` where `seconds` is.
+        kernels: Every kernel as a [treeshape.KernelTime][], largest first; their
+            `seconds` sum to `seconds` (to `floor_seconds` where `seconds` is `None`).
+
+    Examples:
+        >>> import treeshape as ts
+        >>> t = ts.StepTime(seconds=0.012, compiler_seconds=0.015, floor_seconds=0.009,
+        ...                 source="an example", mfu=0.4, kernels=())
+        >>> print(t)
+        time 12.0 ms per step (an example), MFU 40%
+    """
+
+    __module__ = "treeshape"
+
+    seconds: float | None
+    compiler_seconds: float | None
+    floor_seconds: float
+    source: str
+    mfu: float | None
+    kernels: tuple[KernelTime, ...]
+    # (phase op, seconds) of each kernel in schedule order, for `phases`
+    schedule: tuple[tuple[str | None, float], ...] = dataclasses.field(default=(), repr=False, compare=False)
+    device: str = dataclasses.field(default="", repr=False, compare=False)  # "TPU v5e"
+
+    def phases(self, depth: int = 1) -> tuple[tuple[str, float], ...]:
+        """The step's time by phase, in schedule order: `(name, seconds)` for each run of
+        consecutive kernels whose op shares its first `depth` path components (a loop's
+        body counted by its trip count), named as `Cost.timeline.phases` names them.
+
+        Raises:
+            ValueError: `depth` is not an int >= 1.
+        """
+        if type(depth) is not int or depth < 1:
+            raise ValueError(f"depth must be an int >= 1 (how many path components name a phase), got {depth!r}")
+        names = [None if op is None else _timeline.phase_name(op, depth) for op, _ in self.schedule]
+        current = next((name for name in names if name is not None), _timeline.NO_OP)
+        out: list[tuple[str, float]] = []
+        for name, (_, seconds) in zip(names, self.schedule, strict=True):
+            if out and (name is None or name == out[-1][0]):
+                out[-1] = (out[-1][0], out[-1][1] + seconds)
+            else:
+                out.append((current if name is None else name, seconds))
+        return tuple(out)
+
+    def line(self) -> str:
+        """The one line `str(cost)` prints."""
+        on = f" on {self.device}" if self.device else ""
+        if self.seconds is None:
+            return f"time at least {_duration(self.floor_seconds)} per step{on} ({self.source})"
+        mfu = f", MFU {self.mfu:.0%}" if self.mfu is not None else ""
+        return f"time {_duration(self.seconds)} per step{on} ({self.source}){mfu}"
+
+    def _rows(self, n: int) -> list[list[str]]:
+        total = self.seconds if self.seconds is not None else self.floor_seconds
+        rows = []
+        for k in self.kernels[:n]:
+            share = f"{k.seconds / total:.0%}" if total else "-"
+            op = k.op if k.op is not None else f"({k.name})"
+            rows.append([op, k.source or "", str(k.runs), _duration(k.seconds), share])
+        return rows
+
+    def __str__(self) -> str:
+        if not self.kernels:
+            return self.line()
+        head = ["kernel", "source", "runs", "seconds", "share"]
+        return self.line() + "\n\n" + grid(head, self._rows(10), right=3)
+
+    def _repr_html_(self) -> str:
+        head = ["kernel", "source", "runs", "seconds", "share"]
+        return f"<p>{html.escape(self.line())}</p>" + html_grid(head, self._rows(10), right=3)
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def _floor(k: Kernel, chip: Chip) -> float:
+    return max(k.flops / chip.peak(k.dtype), k.device_bytes / chip.hbm_bytes_per_second)
+
+
+def _roofline(k: Kernel, chip: Chip, c: Correction) -> float:
+    """One run of `k` at the efficiencies measured on the chip."""
+    assert chip.clock_hz is not None
+    unit = c.matrix_efficiency if k.kind in _MATRIX else c.vector_efficiency
+    return c.cycles_per_run / chip.clock_hz + max(
+        k.flops / (chip.peak(k.dtype) * unit),
+        k.device_bytes / (chip.hbm_bytes_per_second * c.hbm_efficiency),
+        k.bytes_accessed / (c.vmem_bytes_per_cycle * chip.clock_hz),
+    )
+
+
+def _collective(k: Kernel, chip: Chip) -> float:
+    """A ring over the group: each device sends and receives (n-1)/n of the bytes once
+    (twice for an all-reduce), over one link each way, plus a hop's latency per step."""
+    n = max(k.devices, 1)
+    if n == 1:
+        return 0.0
+    passes = 2 if k.opcode.startswith("all-reduce") else 1
+    return passes * ((n - 1) / n * k.bytes_accessed / chip.link_bytes_per_second + (n - 1) * chip.link_latency_seconds)
+
+
+def estimate(
+    kernels: Sequence[Kernel],
+    names: dict[str, tuple[str | None, str | None]],
+    chip: Chip,
+    label: str,
+    platform: str,
+    flops: float | None,
+    exact: bool,
+) -> StepTime:
+    """The `StepTime` of a program's kernels on `chip`: `names` gives each kernel's op and
+    source by name; `flops` is the program's (for the MFU); `exact` whether every loop's
+    trip count was known."""
+    checked = platform == "tpu" and chip.clock_hz is not None
+    each: list[float] = []
+    compiler = 0.0
+    for k in kernels:
+        floor = k.runs * _floor(k, chip)
+        if k.kind == "collective":
+            each.append(max(floor, k.runs * _collective(k, chip)) if checked else floor)
+        elif not checked or k.kind == "async copy":
+            each.append(0.0 if k.kind == "async copy" else floor)
+        elif k.cycles is None:
+            each.append(floor)
+        else:
+            assert chip.clock_hz is not None
+            compiler += k.runs * k.cycles / chip.clock_hz
+            each.append(max(floor, k.runs * min(k.cycles / chip.clock_hz, _roofline(k, chip, CORRECTION))))
+    if checked:  # an asynchronous copy costs what the kernels until its end do not hide
+        for k in kernels:
+            if k.kind == "async copy" and k.done is not None:
+                hidden = sum(each[k.position + 1 : k.done])
+                moved = k.runs * k.device_bytes / (chip.hbm_bytes_per_second * CORRECTION.hbm_efficiency)
+                each[k.position] = max(0.0, moved - hidden)
+    floor_seconds = sum(k.runs * _floor(k, chip) for k in kernels if k.kind != "async copy")
+    total = sum(each)
+    seconds = total if checked else None
+    uncosted = sum(1 for k in kernels if k.kind not in ("async copy", "collective") and k.cycles is None and k.flops)
+    uncosted = uncosted if checked else 0
+    source = _source(label, platform, checked, uncosted, exact)
+    bf16 = chip.peak("bfloat16")
+    mfu = flops / (seconds * bf16) if seconds and flops is not None else None
+    times = [
+        KernelTime(
+            op=names.get(k.name, (None, None))[0],
+            source=names.get(k.name, (None, None))[1],
+            runs=k.runs,
+            seconds=t if checked else k.runs * _floor(k, chip),
+            flops=k.runs * k.flops,
+            bytes_accessed=k.runs * k.bytes_accessed,
+            name=k.name,
+            kind=k.kind,
+        )
+        for k, t in zip(kernels, each, strict=True)
+    ]
+    schedule = tuple((t.op, t.seconds) for t in times)
+    ordered = tuple(sorted((t for t in times if t.seconds > 0), key=lambda t: -t.seconds))
+    return StepTime(seconds, compiler if checked else None, floor_seconds, source, mfu, ordered, schedule, label)
+
+
+def _source(label: str, platform: str, checked: bool, uncosted: int, exact: bool) -> str:
+    if checked:
+        said = "libtpu's cost model, checked on a v5e: within 20%"
+        if not label.endswith("v5e"):
+            said = "libtpu's cost model, with the correction measured on a v5e (this chip is not measured)"
+    else:
+        said = "the roofline floor only: no estimate checked on an NVIDIA GPU"
+    notes = []
+    if uncosted:
+        notes.append(f"{uncosted} kernel{'s' if uncosted != 1 else ''} without the compiler's estimate at the floor")
+    if not exact:
+        notes.append("a loop of unknown trip count counted once")
+    return said + "".join(f"; {n}" for n in notes)
+
+
+def renamed(t: StepTime, op: Callable[[str | None], str | None]) -> StepTime:
+    """`t` with each kernel's op renamed by `op` (the user's own jit's names)."""
+    kernels = tuple(dataclasses.replace(k, op=op(k.op)) for k in t.kernels)
+    schedule = tuple((op(o), s) for o, s in t.schedule)
+    return dataclasses.replace(t, kernels=kernels, schedule=schedule)
