@@ -661,7 +661,18 @@ def test_without_orbax_an_import_error_names_the_package(tmp_path, monkeypatch):
     assert ts.restore_plan({"w": F2}, {"w": jnp.zeros(2)}).ok  # a metadata tree is planned without orbax
 
 
-# orbax abandons the other reads of a restore that fails; Python tells of them when they are collected
+def _unreadable(path, target):
+    """The plan (ok) and the message of its restore's RestoreError (checked to name the first unreadable leaf)."""
+    plan = ts.restore_plan(path, target)
+    assert plan.ok
+    with pytest.raises(ts.RestoreError) as info:
+        plan.restore()
+    assert info.value.entries == (plan.entries[1],) and info.value.__cause__ is not None
+    return str(info.value)
+
+
+# orbax abandons the other reads of a restore that fails: Python tells of them when they are
+# collected, once the error (whose traceback holds them) is gone
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_array_data_that_cannot_be_read_is_named_by_its_leaf_and_directory(tmp_path):
     path = _save(tmp_path / "c", {"a": jnp.ones(2), "w": jnp.arange(4.0)}, ocdbt=False)
@@ -669,11 +680,7 @@ def test_array_data_that_cannot_be_read_is_named_by_its_leaf_and_directory(tmp_p
     chunk = path / "w" / "0"
     for damage in (chunk.unlink, lambda: chunk.write_bytes(b"not an array")):
         damage()
-        plan = ts.restore_plan(path, target)
-        assert plan.ok
-        with pytest.raises(ts.RestoreError) as info:
-            plan.restore()
-        message = str(info.value)
+        message = _unreadable(path, target)
         assert message.startswith(
             f"treeshape.RestorePlan.restore: the array data of ['w'] (the checkpoint's ['w']) cannot be read from "
             f"{str(path)!r} ("
@@ -682,8 +689,7 @@ def test_array_data_that_cannot_be_read_is_named_by_its_leaf_and_directory(tmp_p
             "). The plan reads the checkpoint's metadata only, so it could not see this: the checkpoint's array files "
             "are missing or damaged; restore another checkpoint (an earlier step), or save this one again"
         )
-        assert info.value.entries == (plan.entries[1],) and info.value.__cause__ is not None
-    gc.collect()  # here, where they are expected
+        gc.collect()  # here, where they are expected
 
 
 # -- the command line ----------------------------------------------------------------------
