@@ -667,12 +667,29 @@ def test_long_field_values_are_told_around_where_they_differ_and_lookalikes_as_s
     assert m.path == ".tag" and m.expected.startswith("...") and m.actual.endswith("'option_19', 'x')")
     assert "option_0'" not in m.actual  # not a cut-off start that is the same on both sides
     adam = train_state.TrainState.create(apply_fn=_apply, params={}, tx=optax.adam(1e-3))
-    sgd = train_state.TrainState.create(apply_fn=_apply, params={}, tx=optax.sgd(1e-3))
-    [m, _] = ts.structure_of(adam).diff(sgd)  # the two optimizers' functions print alike
+    again = train_state.TrainState.create(apply_fn=_apply, params={}, tx=optax.adam(1e-3))
+    [m] = ts.structure_of(adam).diff(again)  # two optimizers built alike print alike (new closures)
     assert str(m) == (
-        "tree.tx: expected GradientTransformationExtraArgs(init=optax.chain.<locals>.init_fn, "
-        "update=optax.chain.<locals>.update_fn), got another value that prints the same (the two are not equal)."
+        "tree.tx: expected GradientTransformationExtraArgs(optax.scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, "
+        "eps_root=0.0, mu_dtype=None, nesterov=False), optax.scale(step_size=-0.001)), got another value that prints "
+        "the same (the two are not equal)."
     )
+
+
+def test_two_nnx_optimizers_whose_tx_differ_name_tx_also_when_one_is_loaded_from_json():
+    model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+    adam = ts.structure_of(nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param))
+    sgd = nnx.Optimizer(model, optax.sgd(1e-3), wrt=nnx.Param)
+    for expected in (adam, ts.Structure.from_json(adam.to_json())):  # a snapshot knows tx by its text only
+        assert [str(m) for m in expected.diff(sgd)] == [
+            "tree.tx: expected ...tionExtraArgs(optax.scale_by_adam(b1=0.9, b2=0.999, eps=1e-0..., got "
+            "...tionExtraArgs(optax.identity(), optax.scale(step_size=-0.001....",
+            "tree.opt_state[0]: expected a ScaleByAdamState with 3 children, got an empty EmptyState.",
+        ]
+    loaded = ts.Structure.from_json(adam.to_json())
+    [m] = loaded.diff(nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param))  # what tx holds is what it is
+    assert str(m) == "tree.tx: expected ...scale(step_size=-0.001)), got ...scale(step_size=-0.01))."
+    assert loaded.diff(nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)) == [] and loaded == adam
 
 
 def _apply(params, x):

@@ -208,26 +208,50 @@ def test_modules_and_train_states_compare_leaf_by_leaf(layouts):
     import equinox as eqx
 
     metadata, tree = layouts["equinox"]
-    # orbax writes the MLP as a dict of its fields, and its tuple of layers as a list: that
-    # list is the only difference, never the whole module at the root
-    assert [str(m) for m in ts.structure_of(tree).diff(metadata)] == [
-        "tree.layers: expected a tuple with 2 children, got a list with 2 children."
-    ]
+    # orbax writes the MLP as a dict of its fields, and its tuple of layers as a list: the same MLP
+    assert ts.structure_of(tree).diff(metadata) == [] and ts.structure_of(metadata).diff(tree) == []
     abstract = eqx.filter_eval_shape(eqx.nn.MLP, 2, 3, 16, 1, key=jax.random.key(0))
     wider = eqx.filter(abstract, lambda x: isinstance(x, jax.ShapeDtypeStruct))
-    metadata = {**metadata, "layers": tuple(metadata["layers"])}
     assert [(m.path, m.expected, m.actual) for m in ts.structure_of(wider).diff(metadata)] == [
         (".layers[0].bias", (16,), (8,)),
         (".layers[0].weight", (16, 2), (8, 2)),
         (".layers[1].weight", (3, 16), (3, 8)),
     ]
     metadata, tree = layouts["linen"]
-    found = ts.structure_of(_dense_state(5)).diff(metadata, ignore={"weak_type"})
+    found = ts.structure_of(_dense_state(5)).diff(metadata)
     assert [(m.path, m.kind) for m in found] == [
-        (".opt_state", "structure"),  # orbax writes optax's tuple as a list
+        *[(f".opt_state[0].{m}['params'][{p!r}]", "shape") for m in ("mu", "nu") for p in ("bias", "kernel")],
         (".params['params']['bias']", "shape"),
         (".params['params']['kernel']", "shape"),
     ]
+
+
+def test_a_train_states_metadata_equals_the_live_state(tmp_path):
+    """orbax writes a TrainState as a dict of its fields, optax's tuples as lists, its namedtuple
+    states as dicts of their fields and its empty states as None, and keeps no weak type (the
+    step, a Python int, comes back a strong int): none of that is a difference there."""
+    import flax.linen as nn
+    from flax.training import train_state
+
+    dense = nn.Dense(3)
+    params = dense.init(jax.random.key(0), jnp.ones((1, 2)))
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
+    state = train_state.TrainState.create(apply_fn=dense.apply, params=params, tx=tx)
+    with ocp.PyTreeCheckpointer() as checkpointer:
+        checkpointer.save(tmp_path / "state", state)
+        metadata = checkpointer.metadata(tmp_path / "state").item_metadata.tree
+    assert type(metadata["opt_state"]) is list and metadata["opt_state"][0] is None
+    live, saved = ts.structure_of(state), ts.structure_of(metadata)
+    assert live.tree.step.weak_type and not saved.tree["step"].weak_type
+    assert live.diff(metadata) == [] and saved.diff(state) == [] and live.matches(saved) and saved.matches(live)
+    # an optimizer of another kind still differs, where its state does
+    sgd = state.replace(tx=optax.sgd(1e-3), opt_state=optax.sgd(1e-3).init(params))
+    assert [str(m) for m in ts.structure_of(sgd).diff(metadata)] == [
+        "tree.opt_state[1]: expected an empty EmptyState, got a list with 3 children."
+    ]
+    # outside a node orbax wrote, a list is no tuple and a weak leaf no strong one
+    assert [m.kind for m in ts.structure_of({"s": (state.step,)}).diff({"s": [metadata["step"]]})] == ["structure"]
+    assert [m.kind for m in ts.structure_of({"s": state.step}).diff({"s": metadata["step"]})] == ["weak_type"]
 
 
 def test_a_sharded_checkpoint_counts_bytes_per_device_as_the_state(layouts):

@@ -3,6 +3,7 @@ tmp_path): what users save (nnx states and optimizers, equinox modules and state
 TrainStates, optax states, sharded states), restored into the same model, a changed
 model, and another topology; the plan read from the metadata alone; the command line."""
 
+import gc
 import json
 import pathlib
 import re
@@ -151,7 +152,7 @@ def test_linen_train_state_and_its_state_dict(saved):
     _all_same(plan, 8)
     assert plan.entries[0].path == ".step" and plan.entries[0].source == "['step']"
     restored = plan.restore()
-    assert isinstance(restored, train_state.TrainState) and int(restored.step) == 7
+    assert isinstance(restored, train_state.TrainState) and type(restored.step) is int and restored.step == 7
     _same_values(restored.params, trees["linen"].params)
     _same_values(restored.opt_state, trees["linen"].opt_state)
     # to_state_dict writes the optimizer's tuple as a dict {'0': ...}: read as the tuple's index 0
@@ -171,7 +172,9 @@ def test_optax_states_in_the_containers_orbax_writes(saved):
     _all_same(plan, 5)
     assert [e.path for e in plan.entries][1:3] == ["['opt'][1][0].mu['w']", "['opt'][1][0].nu['w']"]
     restored = plan.restore()
-    assert type(restored["opt"][1][0]) is type(target["opt"][1][0]) and int(restored["step"]) == 3
+    assert type(restored["opt"][1][0]) is type(target["opt"][1][0])
+    assert type(restored["step"]) is int and restored["step"] == 3  # a Python number, as the target's
+    assert plan.entries[-1].reason == "the checkpoint holds 3 where the target holds 0: restored as 3"
     _same_values(restored, trees["optax"])
 
 
@@ -328,16 +331,17 @@ def test_a_refused_plan_reads_nothing_and_unused_leaves_are_not_read(tmp_path):
 # -- what a checkpoint is, and bad input --------------------------------------------------
 def test_manager_directories(tmp_path):
     with ocp.CheckpointManager(tmp_path / "run") as manager:
-        for step in (1, 2):
+        for step in (1, 2, 10):
             manager.save(step, args=ocp.args.StandardSave({"w": jnp.full(3, float(step))}))
     target = {"w": jnp.zeros(3)}
-    for where in (tmp_path / "run" / "2", tmp_path / "run" / "2" / "default"):
-        assert ts.restore_plan(where, target).restore()["w"].tolist() == [2.0] * 3
+    for where in (tmp_path / "run" / "10", tmp_path / "run" / "10" / "default"):
+        assert ts.restore_plan(where, target).restore()["w"].tolist() == [10.0] * 3
     with pytest.raises(ValueError) as info:
         ts.restore_plan(tmp_path / "run", target)
-    assert str(info.value) == (
-        f"treeshape.restore_plan: {str(tmp_path / 'run')!r} is a CheckpointManager's directory of steps (1, 2), "
-        f"not one checkpoint: pass a step's item directory, e.g. {str(tmp_path / 'run' / '2' / 'default')!r}"
+    latest = tmp_path / "run" / "10" / "default"  # steps in numeric order, and one of the latest step's items
+    assert latest.is_dir() and str(info.value) == (
+        f"treeshape.restore_plan: {str(tmp_path / 'run')!r} is a CheckpointManager's directory of steps (1, 2, 10), "
+        f"not one checkpoint: pass a step's item directory, e.g. the latest step's {str(latest)!r}"
     )
     with pytest.raises(ValueError, match=r"'.*nowhere' does not exist: pass the directory of an orbax checkpoint"):
         ts.restore_plan(tmp_path / "nowhere", target)
@@ -348,6 +352,23 @@ def test_manager_directories(tmp_path):
     (damaged / "_METADATA").write_text("{")
     with pytest.raises(ValueError, match=r"the metadata of the checkpoint '.*default' cannot be read: "):
         ts.restore_plan(damaged, target)
+
+
+def test_a_manager_of_named_items_is_refused_naming_a_real_item(tmp_path):
+    with ocp.CheckpointManager(tmp_path / "run", item_names=("state", "extra")) as manager:
+        for step in (9, 10):
+            items = {
+                "state": ocp.args.StandardSave({"w": jnp.ones(2)}),
+                "extra": ocp.args.StandardSave({"n": jnp.ones(1)}),
+            }
+            manager.save(step, args=ocp.args.Composite(**items))
+    with pytest.raises(ValueError) as info:
+        ts.restore_plan(tmp_path / "run", {"w": jnp.zeros(2)})
+    assert str(info.value).endswith(
+        f"steps (9, 10), not one checkpoint: pass a step's item directory, e.g. the latest "
+        f"step's {str(tmp_path / 'run' / '10' / 'extra')!r}"
+    )
+    assert ts.restore_plan(tmp_path / "run" / "10" / "extra", {"n": jnp.zeros(1)}).ok
 
 
 def test_the_metadata_tree_itself(saved):
@@ -372,6 +393,303 @@ def test_bad_renames(tmp_path):
         ts.restore_plan(path, {"a": jnp.ones(2)}, rename={"['b']": "z"})
     with pytest.raises(ValueError, match=r"cast='yes' is not one of 'error', 'allow'"):
         ts.restore_plan(path, {"a": jnp.ones(2)}, cast="yes")
+
+
+# -- keys as orbax writes them -------------------------------------------------------------
+F2 = jax.ShapeDtypeStruct((2,), jnp.float32)
+
+
+def test_a_key_is_an_index_only_as_its_decimal_text(tmp_path):
+    metadata = {"layers": {"1": F2, "03": F2, "²": F2}}
+    target = {"layers": [np.zeros(2, np.float32)] * 4}
+    plan = ts.restore_plan(metadata, target)
+    assert [(e.path, e.fate) for e in plan.entries] == [
+        ("['layers'][0]", "missing"),
+        ("['layers'][1]", "same"),
+        ("['layers'][2]", "missing"),
+        ("['layers'][3]", "missing"),
+        ("['layers']['03']", "extra"),  # never the index 3
+        ("['layers']['²']", "extra"),  # a name, never the index 2
+    ]
+    assert "rename=" not in plan.entries[3].reason  # nor suggested for it
+    renamed = ts.restore_plan(metadata, target, rename={"['layers']['²']": "['layers'][2]"}, missing="keep")
+    assert [e.fate for e in renamed.entries] == ["kept", "same", "renamed", "kept", "extra"]
+    # a real checkpoint: the value saved under '03' is not restored into the target's '3'
+    path = _save(tmp_path / "c", {"layers": {"03": jnp.ones(2), "3": jnp.full(2, 3.0)}}, ocdbt=False)
+    plan = ts.restore_plan(path, {"layers": {"3": jnp.zeros(2)}})
+    assert [(e.path, e.fate, e.source) for e in plan.entries] == [
+        ("['layers']['3']", "same", "['layers']['3']"),
+        ("['layers']['03']", "extra", "['layers']['03']"),
+    ]
+    assert plan.restore()["layers"]["3"].tolist() == [3.0, 3.0]
+
+
+def test_diff_matches_a_key_to_an_index_only_as_its_decimal_text():
+    x = jnp.zeros(2)
+    saved = ts.structure_of({"03": F2, "1": F2, "²": F2})
+    found = [(m.path, m.expected, m.actual) for m in saved.diff({3: x, 1: x, 2: x})]
+    assert found == [
+        ("['03']", "f32[2]", None),
+        ("['²']", "f32[2]", None),
+        ("[2]", None, "f32[2]"),
+        ("[3]", None, "f32[2]"),
+    ]
+    assert ts.structure_of({"3": F2, "1": F2}).diff({3: x, 1: x}) == []
+
+
+# -- arguments of the wrong kind ----------------------------------------------------------------
+class Opaque:
+    def __repr__(self):
+        return "Opaque()"
+
+
+_HOLDS_NO_ARRAY = (
+    "which holds no array leaf: pass what the state should become, a pytree of arrays or jax.ShapeDtypeStruct "
+    "leaves (an nnx.State or module, an equinox module, linen parameters, an optax state, a dict of those) or a "
+    "treeshape.Structure"
+)
+
+
+@pytest.mark.parametrize(
+    ("target", "shown"),
+    [
+        (None, "None (of type NoneType)"),
+        (3, "3 (of type int)"),
+        ("text", "'text' (of type str)"),
+        (Opaque(), "Opaque() (of type Opaque)"),
+        ({"step": 3, "name": "run"}, "{'step': 3, 'name': 'run'} (of type dict)"),
+    ],
+)
+def test_a_target_without_an_array_leaf_is_a_type_error(target, shown):
+    with pytest.raises(TypeError) as info:
+        ts.restore_plan({"w": F2}, target)
+    assert str(info.value) == f"treeshape.restore_plan: target is {shown}, {_HOLDS_NO_ARRAY}"
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "shown"),
+    [
+        (3, "3 (of type int)"),
+        (None, "None (of type NoneType)"),
+        ({}, "{} (of type dict)"),
+        (
+            {"w": np.ones(2, np.float32)},
+            "{'w': array([1., 1.], dtype=float32)} (of type dict), holding array([1., 1.], "
+            "dtype=float32) (of type ndarray) at ['w']",
+        ),
+    ],
+)
+def test_a_checkpoint_that_is_neither_a_directory_nor_metadata_is_a_type_error(checkpoint, shown):
+    with pytest.raises(TypeError) as info:
+        ts.restore_plan(checkpoint, {"w": jnp.zeros(2)})
+    assert str(info.value) == (
+        f"treeshape.restore_plan: checkpoint is {shown}, neither a checkpoint's directory nor its metadata tree: pass "
+        "the directory (a str or pathlib.Path), or the metadata orbax reads (checkpointer.metadata(path).item_metadata)"
+    )
+
+
+_RENAMES = (
+    "rename= takes a dict from checkpoint path to target path ({\"['Dense_0']\": \"['dense_0']\"}), a callable from a "
+    "checkpoint path to a target path or None, or a list of (regex, replacement) pairs applied in order"
+)
+_CASTS = (
+    "cast= takes 'error', 'allow' (floating to floating, integer to integer) or a set of (saved, wanted) dtype pairs, "
+    "e.g. {('bfloat16', 'float32')}"
+)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"rename": "['a']"}, TypeError, f"rename=\"['a']\" (of type str): {_RENAMES}"),
+        (
+            {"rename": {"['a']": 1}},
+            TypeError,
+            f"rename has the entry \"['a']\": 1, not two keystr paths (strings): {_RENAMES}",
+        ),
+        ({"rename": {("(", "x")}}, TypeError, f"rename={{('(', 'x')}} (of type set): {_RENAMES}"),
+        (
+            {"rename": [("a", "b", "c")]},
+            TypeError,
+            f"rename holds ('a', 'b', 'c'), not a (regex, replacement) pair: {_RENAMES}",
+        ),
+        (
+            {"rename": [("(", "x")]},
+            ValueError,
+            "rename's pattern '(' is not a regular expression: missing ), unterminated subpattern at position 0",
+        ),
+        (
+            {"rename": lambda path: 3},
+            TypeError,
+            "rename(\"['a']\") returned 3 (of type int): a rename callable returns a "
+            "target's keystr path (a str) or None",
+        ),
+        ({"cast": None}, TypeError, f"cast=None (of type NoneType): {_CASTS}"),
+        ({"cast": "yes"}, ValueError, f"cast='yes' is not one of 'error', 'allow': {_CASTS}"),
+        ({"cast": {"float32"}}, TypeError, f"cast holds 'float32', not a (saved, wanted) pair: {_CASTS}"),
+        ({"cast": {"a": "b"}}, TypeError, f"cast={{'a': 'b'}} (of type dict): {_CASTS}"),
+    ],
+)
+def test_rename_and_cast_of_the_wrong_form_name_the_argument_and_its_forms(kwargs, error, message):
+    with pytest.raises(error) as info:
+        ts.restore_plan({"a": F2}, {"a": jnp.zeros(2)}, **kwargs)
+    assert type(info.value) is error and str(info.value) == f"treeshape.restore_plan: {message}"
+
+
+def test_rename_errors_found_while_renaming_name_the_pair_or_keep_the_users_own():
+    with pytest.raises(ValueError) as info:
+        ts.restore_plan({"a": F2}, {"a": jnp.zeros(2)}, rename=[(r"\['a'\]", r"\2")])
+    assert str(info.value).startswith(
+        "treeshape.restore_plan: rename's replacement '\\\\2' (for \"\\\\['a'\\\\]\") cannot be"
+    )
+    with pytest.raises(ValueError, match=r"cast holds \('float32', 'nonsense'\), which is not two dtypes \(.*nonsense"):
+        ts.restore_plan({"a": F2}, {"a": jnp.zeros(2)}, cast={("float32", "nonsense")})
+
+    def rename(path):
+        raise KeyError(path)
+
+    with pytest.raises(KeyError) as raised:
+        ts.restore_plan({"a": F2}, {"a": jnp.zeros(2)}, rename=rename)
+    assert raised.value.__notes__ == [
+        "(raised by rename(\"['a']\"), which treeshape.restore_plan calls for each checkpoint path)"
+    ]
+
+
+# -- PRNG keys and Python numbers -------------------------------------------------------------
+class Sampler(nnx.Module):
+    def __init__(self, rngs):
+        self.linear = nnx.Linear(2, 2, rngs=rngs)
+        self.rngs = nnx.Rngs(noise=rngs.params())
+
+
+def test_prng_keys_restore_from_the_key_data_orbax_writes(tmp_path):
+    model = Sampler(nnx.Rngs(3))
+    path = _save(tmp_path / "nnx", nnx.state(model))
+    abstract = nnx.eval_shape(lambda: Sampler(nnx.Rngs(0)))
+    plan = ts.restore_plan(path, abstract)
+    _all_same(plan, 4)
+    [key] = [e for e in plan.entries if e.path == ".rngs.noise.key.value"]
+    assert key.saved == jax.ShapeDtypeStruct((2,), jnp.uint32) and key.wanted.shape == ()
+    assert jnp.issubdtype(key.wanted.dtype, jax.dtypes.prng_key)
+    restored = plan.restore()
+    assert jnp.issubdtype(restored.rngs.noise.key[...].dtype, jax.dtypes.prng_key)
+    np.testing.assert_array_equal(
+        jax.random.key_data(restored.rngs.noise.key[...]), jax.random.key_data(model.rngs.noise.key[...])
+    )
+    same = jax.random.key_data(restored.rngs.noise()) == jax.random.key_data(model.rngs.noise())
+    assert bool(same.all())  # the same keys follow
+    # a typed key in a dict, into a concrete key and an abstract one
+    path = _save(tmp_path / "keys", {"key": jax.random.key(7), "w": jnp.ones(2)})
+    for target in (
+        {"key": jax.random.key(0), "w": jnp.zeros(2)},
+        jax.eval_shape(lambda: {"key": jax.random.key(0), "w": jnp.zeros(2)}),
+    ):
+        plan = ts.restore_plan(path, target)
+        _all_same(plan, 2)
+        np.testing.assert_array_equal(
+            jax.random.key_data(plan.restore()["key"]), jax.random.key_data(jax.random.key(7))
+        )
+
+
+def test_a_prng_key_without_key_data_in_the_checkpoint_is_refused_with_its_reason():
+    target = {"key": jax.random.key(0), "w": jnp.zeros(2)}
+    reshaped = ts.restore_plan({"key": jax.ShapeDtypeStruct((3,), jnp.float32), "w": F2}, target).problems
+    assert [(e.path, e.fate, e.reason) for e in reshaped] == [
+        (
+            "['key']",
+            "reshaped",
+            "the checkpoint holds f32[3] at ['key'], the target wants u32[2], the key data of its PRNG key "
+            "key<fry>[]: a restore never reshapes; the checkpoint holds no key data for this key: leave it out of the "
+            "target, or missing='keep' it",
+        )
+    ]
+    [uncast] = ts.restore_plan({"key": jax.ShapeDtypeStruct((2,), jnp.float32), "w": F2}, target).problems
+    assert uncast.fate == "uncast" and uncast.reason.startswith(
+        "the checkpoint holds f32[2] at ['key'], the target wants u32[2], the key data"
+    )
+    [missing] = ts.restore_plan({"w": F2}, target).problems
+    assert (missing.path, missing.fate) == ("['key']", "missing")
+    assert ts.restore_plan({"w": F2}, target, missing="keep").ok
+
+
+class Counter(eqx.Module):
+    weight: jax.Array
+    steps: int
+    scale: float
+
+    def __call__(self, x):
+        return jnp.zeros(self.steps) + x * self.scale * self.weight.sum()
+
+
+def test_python_numbers_restore_as_python_numbers_and_a_changed_value_is_named(tmp_path):
+    path = _save(tmp_path / "c", Counter(jnp.ones(2), 3, 0.1))
+    plan = ts.restore_plan(path, Counter(jnp.zeros(2), 4, 0.1))
+    _all_same(plan, 3)
+    assert [(e.path, e.reason) for e in plan.entries] == [
+        (".weight", ""),
+        (".steps", "the checkpoint holds 3 where the target holds 4: restored as 3"),
+        (".scale", ""),
+    ]
+    assert str(plan).splitlines()[3].split() == [
+        ".steps",
+        "same",
+        "i32[]",
+        "i32[]",
+        *"the checkpoint holds 3 where the target holds 4: restored as 3".split(),
+    ]
+    restored = plan.restore()
+    assert (type(restored.steps), restored.steps, type(restored.scale), restored.scale) == (int, 3, float, 0.1)
+    out = eqx.filter_jit(lambda m, x: m(x))(restored, 2.0)  # int fields static, as equinox makes them
+    assert out.tolist() == [pytest.approx(0.4)] * 3
+
+
+# -- orbax, and array data that cannot be read ----------------------------------------------
+def test_without_orbax_an_import_error_names_the_package(tmp_path, monkeypatch):
+    path = _save(tmp_path / "c", {"w": jnp.ones(2)})
+    plan = ts.restore_plan(path, {"w": jnp.zeros(2)})
+    monkeypatch.setitem(sys.modules, "orbax.checkpoint", None)
+    for who, call in (
+        ("restore_plan", lambda: ts.restore_plan(path, {"w": jnp.zeros(2)})),
+        ("RestorePlan.restore", plan.restore),
+    ):
+        with pytest.raises(ImportError) as info:
+            call()
+        assert str(info.value).startswith(
+            f"treeshape.{who} reads orbax checkpoints with orbax-checkpoint, which cannot be imported ("
+        )
+        assert str(info.value).endswith("): pip install orbax-checkpoint")
+    assert ts.restore_plan({"w": F2}, {"w": jnp.zeros(2)}).ok  # a metadata tree is planned without orbax
+
+
+def _unreadable(path, target):
+    """The plan (ok) and the message of its restore's RestoreError (checked to name the first unreadable leaf)."""
+    plan = ts.restore_plan(path, target)
+    assert plan.ok
+    with pytest.raises(ts.RestoreError) as info:
+        plan.restore()
+    assert info.value.entries == (plan.entries[1],) and info.value.__cause__ is not None
+    return str(info.value)
+
+
+# orbax abandons the other reads of a restore that fails: Python tells of them when they are
+# collected, once the error (whose traceback holds them) is gone
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_array_data_that_cannot_be_read_is_named_by_its_leaf_and_directory(tmp_path):
+    path = _save(tmp_path / "c", {"a": jnp.ones(2), "w": jnp.arange(4.0)}, ocdbt=False)
+    target = {"a": jnp.zeros(2), "w": jnp.zeros(4)}
+    chunk = path / "w" / "0"
+    for damage in (chunk.unlink, lambda: chunk.write_bytes(b"not an array")):
+        damage()
+        message = _unreadable(path, target)
+        assert message.startswith(
+            f"treeshape.RestorePlan.restore: the array data of ['w'] (the checkpoint's ['w']) cannot be read from "
+            f"{str(path)!r} ("
+        )
+        assert message.endswith(
+            "). The plan reads the checkpoint's metadata only, so it could not see this: the checkpoint's array files "
+            "are missing or damaged; restore another checkpoint (an earlier step), or save this one again"
+        )
+        gc.collect()  # here, where they are expected
 
 
 # -- the command line ----------------------------------------------------------------------

@@ -177,8 +177,9 @@ def test_two_train_states_built_alike_differ_only_on_static_fields_that_ignore_s
     assert [(m.path, m.kind) for m in a.diff(b)] == [(".apply_fn", "structure"), (".tx", "structure")]
     [_, tx] = a.diff(b)
     assert str(tx) == (
-        "tree.tx: expected GradientTransformationExtraArgs(init=optax.chain.<locals>.init_fn, "
-        "update=optax.chain.<locals>.update_fn), got another value that prints the same (the two are not equal)."
+        "tree.tx: expected GradientTransformationExtraArgs(optax.scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, "
+        "eps_root=0.0, mu_dtype=None, nesterov=False), optax.scale(step_size=-0.001)), got another value that prints "
+        "the same (the two are not equal)."
     )
     assert a.diff(b, ignore={"static"}) == [] and a.matches(b, ignore={"static"})
     assert a.check(b, ignore={"static"}) is None

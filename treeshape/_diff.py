@@ -14,6 +14,7 @@ list's length costs about as much as flattening both.
 import bisect
 import collections
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol
 
@@ -71,7 +72,7 @@ class _Found(list[Mismatch]):
 
 
 # -- leaves --------------------------------------------------------------------
-def _differing(e_leaves: Sequence[Any], e0: int, a_leaves: Sequence[Any], a0: int, n: int) -> list[int]:
+def _differing(e_leaves: Sequence[Any], e0: int, a_leaves: Sequence[Any], a0: int, n: int, saved: int = 0) -> list[int]:
     """The offsets `j < n` where leaf `e0 + j` and leaf `a0 + j` differ as `_diff_leaf` tells."""
     sds = jax.ShapeDtypeStruct
     found = []
@@ -79,7 +80,7 @@ def _differing(e_leaves: Sequence[Any], e0: int, a_leaves: Sequence[Any], a0: in
         e, a = e_leaves[e0 + j], a_leaves[a0 + j]
         if e is a:
             continue
-        if isinstance(e, sds) and isinstance(a, sds) and same_type(e, a):
+        if isinstance(e, sds) and isinstance(a, sds) and (same_type(e, a) or (saved and _alike_but_weak(e, a))):
             continue
         if not isinstance(e, sds) and not isinstance(a, sds) and static_equal(e, a):
             continue
@@ -87,7 +88,13 @@ def _differing(e_leaves: Sequence[Any], e0: int, a_leaves: Sequence[Any], a0: in
     return found
 
 
-def _diff_leaf(path: str, e: Any, a: Any, out: _Found, index: int) -> None:
+def _alike_but_weak(e: jax.ShapeDtypeStruct, a: jax.ShapeDtypeStruct) -> bool:
+    return e.weak_type != a.weak_type and same_type(e, a.update(weak_type=e.weak_type))
+
+
+def _diff_leaf(path: str, e: Any, a: Any, out: _Found, index: int, saved: int = 0) -> None:
+    """One leaf's differences (`saved`: below a node of a checkpoint's metadata, which keeps no
+    weak type, the weak flag is not compared)."""
     if out.leaf_index is not None:
         out.leaf_index[path] = index
     e_array = isinstance(e, jax.ShapeDtypeStruct)
@@ -104,7 +111,7 @@ def _diff_leaf(path: str, e: Any, a: Any, out: _Found, index: int) -> None:
         out.add(path, "shape", e.shape, a.shape)
     if e.dtype != a.dtype:
         out.add(path, "dtype", e.dtype, a.dtype)
-    if e.weak_type != a.weak_type:
+    if e.weak_type != a.weak_type and not saved:
         out.add(path, "weak_type", e.weak_type, a.weak_type)
     if varying_axes(e) != varying_axes(a):
         out.add(path, "vma", varying_axes(e), varying_axes(a))
@@ -159,6 +166,7 @@ class _Pair:
     e0: int
     a_td: jtu.PyTreeDef
     a0: int
+    saved: int = 0  # below a node read as orbax wrote it: which side is the checkpoint's (1 expected, 2 actual)
 
 
 @dataclasses.dataclass
@@ -174,6 +182,7 @@ class _Run:
     a0: int
     n: int  # leaves in the run
     differ: list[int] | None = None  # the offsets of differing leaves, when already known
+    saved: int = 0  # as `_Pair.saved`
 
 
 @dataclasses.dataclass
@@ -181,6 +190,7 @@ class _Leaves:
     """Differing leaves, with their paths."""
 
     found: list[tuple[str, int, int]]  # path, expected leaf, actual leaf
+    saved: int = 0  # as `_Pair.saved`
 
 
 @dataclasses.dataclass
@@ -205,7 +215,7 @@ class _Walk:
                 self.out.add(task.path, "structure", task.expected, task.actual)
             elif isinstance(task, _Leaves):
                 for path, i, j in task.found:
-                    _diff_leaf(path, self.e_leaves[i], self.a_leaves[j], self.out, i)
+                    _diff_leaf(path, self.e_leaves[i], self.a_leaves[j], self.out, i, task.saved)
             else:
                 stack.extend(reversed(self._run(task) if isinstance(task, _Run) else self._pair(task)))
 
@@ -214,7 +224,7 @@ class _Walk:
         written from its own flatten, a big one split into its children."""
         differ = run.differ
         if differ is None:
-            differ = _differing(self.e_leaves, run.e0, self.a_leaves, run.a0, run.n)
+            differ = _differing(self.e_leaves, run.e0, self.a_leaves, run.a0, run.n, run.saved)
         tasks: list[_Task] = []
         k = 0
         while k < len(differ):
@@ -230,10 +240,10 @@ class _Walk:
             if td.num_leaves > _SMALL and td.num_nodes > 1:
                 keys, children = self._keyed_children(td, e0)
                 starts = _starts(children, 0)
-                tasks.append(_Run(path, keys, list(children), starts, e0, a0, td.num_leaves, mine))
+                tasks.append(_Run(path, keys, list(children), starts, e0, a0, td.num_leaves, mine, run.saved))
             else:
                 paths = _subtree_paths(td, self.e_leaves[e0 : e0 + td.num_leaves])
-                tasks.append(_Leaves([(path + paths[j], e0 + j, a0 + j) for j in mine]))
+                tasks.append(_Leaves([(path + paths[j], e0 + j, a0 + j) for j in mine], run.saved))
         return tasks
 
     def _keyed_children(self, td: jtu.PyTreeDef, e0: int) -> tuple[list[str], list[jtu.PyTreeDef]]:
@@ -247,10 +257,14 @@ class _Walk:
     def _pair(self, p: _Pair) -> list[_Task]:
         e_td, a_td = p.e_td, p.a_td
         if _same_treedef(e_td, a_td):
-            return [_Run(p.path, [""], [e_td], [0], p.e0, p.a0, e_td.num_leaves)]
+            return [_Run(p.path, [""], [e_td], [0], p.e0, p.a0, e_td.num_leaves, saved=p.saved)]
+        if p.saved:
+            written = self._as_written(p)
+            if written is not None:
+                return written
         e_leaf, a_leaf = e_td.num_nodes == 1, a_td.num_nodes == 1  # a leaf, None, or an empty container
         if e_leaf and a_leaf and e_td.num_leaves and a_td.num_leaves:
-            _diff_leaf(p.path, self.e_leaves[p.e0], self.a_leaves[p.a0], self.out, p.e0)
+            _diff_leaf(p.path, self.e_leaves[p.e0], self.a_leaves[p.a0], self.out, p.e0, p.saved)
             return []
         e_node = None if e_leaf else e_td.node_data()
         a_node = None if a_leaf else a_td.node_data()
@@ -297,13 +311,14 @@ class _Walk:
         dict's), else None."""
         (e_type, e_aux), (a_type, a_aux) = e_node, a_node
         e_children, a_children = p.e_td.children(), p.a_td.children()
+        written = dataclasses.replace(p, saved=1 if e_type is dict else 2)  # the dict is the checkpoint's
         if (e_type is dict and _nodes.is_nnx_state(a_type)) or (a_type is dict and _nodes.is_nnx_state(e_type)):
-            return self._children(p, list(mapping_keys(e_type, e_aux)), list(mapping_keys(a_type, a_aux)), False)
+            return self._children(written, list(mapping_keys(e_type, e_aux)), list(mapping_keys(a_type, a_aux)), False)
         if e_type is dict or a_type is dict:
             e_names = list(e_aux) if e_type is dict else _child_names(e_type, e_aux, len(e_children))
             a_names = list(a_aux) if a_type is dict else _child_names(a_type, a_aux, len(a_children))
             if e_names is not None and a_names is not None and (e_type is not dict or a_type is not dict):
-                return self._children(p, e_names, a_names, False)
+                return self._children(written, e_names, a_names, False)
         variable = _nodes.kind(e_type) == _nodes.NNX_VARIABLE
         one_child = len(e_children) == len(a_children) == 1
         if one_child and (
@@ -311,7 +326,26 @@ class _Walk:
             or (e_type is dict and list(e_aux) == ["value"] and _nodes.kind(a_type) == _nodes.NNX_VARIABLE)
         ):
             key = self._texts(p.e_td, self.e_leaves, p.e0)[0]  # `.value` of a Variable, `['value']` of a dict
-            return [_Pair(p.path + key, e_children[0], p.e0, a_children[0], p.a0)]
+            return [_Pair(p.path + key, e_children[0], p.e0, a_children[0], p.a0, 1 if e_type is dict else 2)]
+        return None
+
+    def _as_written(self, p: _Pair) -> list[_Task] | None:
+        """Below a node read as orbax wrote it (`p.saved` names the checkpoint's side), the
+        containers orbax writes for others: a list for a tuple, a dict of field names for a
+        namedtuple (an optax state), None for a node that holds nothing (optax's `EmptyState`);
+        else None."""
+        mine, other = (p.e_td, p.a_td) if p.saved == 1 else (p.a_td, p.e_td)
+        mine_data, other_data = mine.node_data(), other.node_data()
+        if mine_data is None or other_data is None:
+            return None
+        (mine_type, mine_aux), other_type = mine_data, other_data[0]
+        if mine_type is type(None) and other.num_leaves == 0:
+            return []
+        if mine_type is list and other_type is tuple and len(mine.children()) == len(other.children()):
+            return self._by_position(p)
+        if mine_type is dict and _tree.is_namedtuple(other_type) and other_type is not mine_type:
+            names = list(other_type._fields)
+            return self._children(p, *((list(mine_aux), names) if p.saved == 1 else (names, list(mine_aux))), False)
         return None
 
     @staticmethod
@@ -417,9 +451,9 @@ class _Walk:
 
     def _children(self, p: _Pair, e_keys: list[Any], a_keys: list[Any], ordered: bool) -> list[_Task]:
         """The children of two mappings or sequences, matched by key (`e_keys`, `a_keys`: their
-        keys or indices, in their order), in leaf order (sorted keys unless `ordered`). A string
-        of digits on one side matches that integer on the other (orbax writes the index or int
-        key 3 of an `nnx.List` or an optimizer's `opt_state` as the key `'3'`)."""
+        keys or indices, in their order), in leaf order (sorted keys unless `ordered`). A key
+        `str(i)` on one side matches the integer `i` on the other (orbax writes the index or int
+        key 3 of an `nnx.List` or an optimizer's `opt_state` as the key `'3'`; `'03'` is a name)."""
         if _digit_keys(e_keys) != _digit_keys(a_keys):
             e_keys, a_keys = _as_indices(e_keys), _as_indices(a_keys)
         e_index = {k: i for i, k in enumerate(e_keys)}
@@ -464,7 +498,7 @@ class _Walk:
             e_child, a_child = e_children[ei], a_children[ai]
             e0, a0 = e_starts[ei], a_starts[ai]
             if not _same_treedef(e_child, a_child):
-                tasks.append(_Pair(p.path + key, e_child, e0, a_child, a0))
+                tasks.append(_Pair(p.path + key, e_child, e0, a_child, a0, p.saved))
                 run = None
             elif run is not None and run.e0 + run.n == e0 and run.a0 + run.n == a0:
                 run.keys.append(key)
@@ -472,7 +506,7 @@ class _Walk:
                 run.starts.append(run.n)
                 run.n += e_child.num_leaves
             else:
-                run = _Run(p.path, [key], [e_child], [0], e0, a0, e_child.num_leaves)
+                run = _Run(p.path, [key], [e_child], [0], e0, a0, e_child.num_leaves, saved=p.saved)
                 tasks.append(run)
         return tasks
 
@@ -489,13 +523,23 @@ def _child_names(node_type: type, aux: Any, n: int) -> list[Any] | None:
     return names if len(set(names)) == n else None
 
 
+_INDEX: Final = re.compile(r"0|-?[1-9][0-9]*")
+
+
+def as_index(key: Any) -> int | None:
+    """The integer `i` that a checkpoint's string key stands for where it is `str(i)`, the
+    decimal text orbax writes for an index or int key (`'3'`, `'-1'`); None for any other key
+    (`'03'`, `'+3'` and `'²'` are names)."""
+    return int(key) if isinstance(key, str) and _INDEX.fullmatch(key) else None
+
+
 def _digit_keys(keys: list[Any]) -> bool:
-    return any(isinstance(k, str) and k.isdigit() for k in keys)
+    return any(as_index(k) is not None for k in keys)
 
 
 def _as_indices(keys: list[Any]) -> list[Any]:
-    """Keys with each string of digits read as its integer, unless two keys would then be one."""
-    out = [int(k) if isinstance(k, str) and k.isdigit() else k for k in keys]
+    """Keys with each `str(i)` read as `i`, unless two keys would then be one."""
+    out = [k if as_index(k) is None else as_index(k) for k in keys]
     return out if len(set(out)) == len(out) else keys
 
 

@@ -40,6 +40,7 @@ type is named as users know it by `node_type_name` (orbax's private
 
 import dataclasses
 import functools as ft
+import hashlib
 import re
 import sys
 import types
@@ -223,6 +224,9 @@ def static_text(x: Any) -> str:
         name = public_name(x)
         if name is not None:
             return _dotted(name)
+        told = _optax_text(x) if _compat.is_namedtuple(kind) else ""
+        if told:
+            return f"{kind.__name__}({told})"
         if _compat.is_namedtuple(kind):
             fields = ", ".join(f"{field}={static_text(value)}" for field, value in zip(x._fields, x, strict=True))
             return f"{kind.__name__}({fields})"
@@ -235,6 +239,61 @@ def static_text(x: Any) -> str:
         return _repr(x)
     except RecursionError:  # a container that holds itself: as Python's repr tells it
         return _repr(x)
+
+
+# -- optax transformations ---------------------------------------------------------------
+_DEEP: Final = 16  # closures followed at most this deep
+_HELD: Final = 80  # a held value's text is cut, with a digest of the whole (two values never print alike)
+
+
+def _optax_text(tx: Any) -> str:
+    """What an optax transformation does, as the transformations its `update` closes over, each
+    by its maker and the values it holds (`optax.scale_by_adam(b1=0.9, ...), optax.scale(
+    step_size=-0.001)`): optax makes every optimizer a `chain` of closures, whose names alone
+    are the same for `adam` and `sgd`. "" where `update` is no closure of optax's."""
+    update = getattr(tx, "update", None)
+    return ", ".join(_made(update, 0, set())) if _is_optax_closure(update) else ""
+
+
+def _is_optax_closure(fn: Any) -> bool:
+    module = str(getattr(fn, "__module__", ""))
+    return isinstance(fn, types.FunctionType) and (module == "optax" or module.startswith("optax."))
+
+
+def _made(fn: Any, depth: int, seen: set[int]) -> list[str]:
+    """The transformations an optax closure stands for: a closure that holds only other
+    transformations (`chain`, a wrapper) stands for theirs; any other, for its maker and what
+    it holds."""
+    if id(fn) in seen or depth > _DEEP:
+        return ["..."]
+    seen.add(id(fn))
+    held = [(name, _contents(cell)) for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=False)]
+    inner = [_inner(v) for _, v in held]
+    if held and all(parts is not None for parts in inner):
+        return [text for parts in inner for part in parts or () for text in _made(part, depth + 1, seen)]
+    name = public_name(fn)
+    maker = (fn.__qualname__ if name is None else _dotted(name)).split(".<locals>", 1)[0]
+    return [f"{maker}({', '.join(f'{k}={_held_text(v, depth, seen)}' for k, v in held)})"]
+
+
+def _inner(x: Any) -> list[Any] | None:
+    """The `update` closures a held value is made of (a transformation's, or a tuple of closures), or None."""
+    if _compat.is_namedtuple(type(x)) and _is_optax_closure(getattr(x, "update", None)):
+        return [x.update]
+    return list(x) if type(x) in (tuple, list) and all(map(_is_optax_closure, x)) else None
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # a cell not yet filled
+        return None
+
+
+def _held_text(value: Any, depth: int, seen: set[int]) -> str:
+    closure = _is_optax_closure(value) and value.__closure__
+    text = ", ".join(_made(value, depth + 1, seen)) if closure else static_text(value)
+    return text if len(text) <= _HELD else f"{text[: _HELD - 16]}...#{hashlib.sha1(text.encode()).hexdigest()[:8]}"
 
 
 def by_text(x: Any) -> bool:

@@ -20,7 +20,7 @@ def run(args: argparse.Namespace, stdout: TextIO) -> int:
         raise Fail(f"building the target {args.target} failed: {one_line(err)}", 2) from err
     try:
         plan = restore_plan(args.checkpoint, target)
-    except ValueError as err:
+    except (ValueError, TypeError, ImportError) as err:  # the checkpoint or the target cannot be read
         raise Fail(str(err).removeprefix("treeshape.restore_plan: "), 2) from err
     print(json.dumps(plan_data(plan), indent=1) if args.json else str(plan), file=stdout)
     return 0 if plan.ok else 1
