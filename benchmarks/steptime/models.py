@@ -147,7 +147,7 @@ def _rms(x: Any, scale: Any) -> Any:
 
 def _block(p: Any, x: Any, heads: int, attention: str) -> Any:
     b, t, d = x.shape
-    w = jax.tree.map(lambda a: a.astype(BF16), p)
+    w = jax.tree.map(lambda a: a.astype(x.dtype), p)
     h = _rms(x, p["n1"])
     q, k, v = ((h @ w[n]).reshape(b, t, heads, d // heads) for n in ("wq", "wk", "wv"))
     if attention == "fused":
@@ -155,7 +155,7 @@ def _block(p: Any, x: Any, heads: int, attention: str) -> Any:
     else:  # written out, with the scores in f32
         s = jnp.einsum("bthd,bshd->bhts", q, k, preferred_element_type=jnp.float32) * (d // heads) ** -0.5
         s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -1e9)
-        a = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(s, -1).astype(BF16), v)
+        a = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(s, -1).astype(x.dtype), v)
     x = x + a.reshape(b, t, d) @ w["wo"]
     h = _rms(x, p["n2"])
     return x + jax.nn.gelu(h @ w["up"]) @ w["down"]
@@ -172,6 +172,7 @@ def transformer(
     scan: bool,
     remat: str = "none",
     attention: str = "fused",
+    dtype: str = "bfloat16",
 ) -> Case:
     d_ff = 4 * d
 
@@ -190,14 +191,16 @@ def transformer(
     if _REMAT[remat] is not None:
         block = jax.checkpoint(block, policy=_REMAT[remat])
 
+    compute = jnp.dtype(dtype)
+
     def loss_fn(params: Any, batch: Any) -> Any:
-        x = params["embed"].astype(BF16)[batch["inputs"]]
+        x = params["embed"].astype(compute)[batch["inputs"]]
         if scan:
             x, _ = jax.lax.scan(lambda x, p: (block(p, x), None), x, params["layers"])
         else:
             for p in params["layers"]:
                 x = block(p, x)
-        logits = (_rms(x, params["norm"]) @ params["unembed"].astype(BF16)).astype(jnp.float32)
+        logits = (_rms(x, params["norm"]) @ params["unembed"].astype(compute)).astype(jnp.float32)
         return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
 
     tx = _adamw()
@@ -207,7 +210,7 @@ def transformer(
         tokens = jax.random.randint(k2, (size, seq + 1), 0, vocab)
         return _state(init(k1), tx), {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
 
-    name = f"transformer-{layers}x{d}-{'scan' if scan else 'unrolled'}-{remat}-{attention}"
+    name = f"transformer-{layers}x{d}-{'scan' if scan else 'unrolled'}-{remat}-{attention}-{dtype}"
     kind = "scanned transformer" if scan else "unrolled transformer"
     return Case(name, kind, size, _functional(loss_fn, tx), make, size * seq)
 
@@ -423,3 +426,23 @@ def rows(group: dict[str, tuple[Callable[[int], Case], tuple[int, ...]]]) -> lis
 def build(name: str, size: int) -> Case:
     builder, _ = {**TUNING, **HELD_OUT}[name]
     return builder(size)
+
+
+# -- the plan's step (guide: "The fastest plan") ----------------------------------------------
+PLAN_MODEL = dict(layers=6, d=1024, heads=16, seq=1024, vocab=32_000, scan=True)
+PLAN_CHOICES = {"remat": ["none", "full"], "dtype": ["bfloat16", "float32"]}
+
+
+def plan_step(remat: str, dtype: str) -> tuple[Any, Any, Any]:
+    """`ts.plan`'s `make`: the 6-layer scanned transformer's step, its state and a batch of
+    `b` sequences (symbolic)."""
+    case = transformer(1, **PLAN_MODEL, remat=remat, dtype=dtype)
+    state, _ = case.abstract()
+    (b,) = jax.export.symbolic_shape("b")
+    seq = PLAN_MODEL["seq"]
+    batch = {k: jax.ShapeDtypeStruct((b, seq), jnp.int32) for k in ("inputs", "targets")}
+    return case.step, state, batch
+
+
+def plan_case(remat: str, dtype: str, size: int) -> Case:
+    return transformer(size, **PLAN_MODEL, remat=remat, dtype=dtype)

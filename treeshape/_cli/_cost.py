@@ -42,11 +42,15 @@ def run(args: argparse.Namespace, stdout: TextIO) -> int:
         data.pop("timeline", None)  # the chart's numbers only when asked for, in their own form
         if args.timeline:
             data["timeline"] = _timeline_data(result.timeline)
+        if result.time is not None:
+            data["time"] = time_data(result.time)
         print(json.dumps(data), file=stdout)
     else:
         text = result._text(args.buffers)
         if args.timeline:
             text += "\n\n" + (_NO_TIMELINE if result.timeline is None else str(result.timeline))
+        if args.time:
+            text += "\n\n" + (_NO_TIME if result.time is None else str(result.time))
         print(text, file=stdout)
     if args.plot is not None:
         _write_plot(result.timeline, args.plot)
@@ -61,6 +65,16 @@ _NO_MATPLOTLIB: Final = (
 _NO_TIMELINE: Final = (
     "no timeline: the JAX release or backend that compiled this program does not give XLA's buffer assignment"
 )
+
+
+_NO_TIME: Final = "no time: a step's time is known for a named accelerator only (--target NAME)"
+
+
+def time_data(time: Any) -> dict[str, Any]:
+    """`Cost.time` as JSON: its figures and every kernel."""
+    kernels = [json_data(k) for k in time.kernels]
+    figures = ("seconds", "compiler_seconds", "floor_seconds", "mfu", "source")
+    return {**{name: json_data(getattr(time, name)) for name in figures}, "kernels": kernels}
 
 
 def _check_plot(path: str) -> None:

@@ -119,7 +119,7 @@ def build_parser() -> _Parser:
     parser.add_argument("--traceback", action="store_true", help=traceback_help)
     sub = parser.add_subparsers(
         dest="command",
-        metavar="{demo,inspect,cost,fit,targets,restore-plan}",
+        metavar="{demo,inspect,cost,fit,plan,targets,restore-plan}",
         required=True,
         parser_class=_SubParser,
     )
@@ -175,6 +175,12 @@ def build_parser() -> _Parser:
         '(with --json: add "timeline")',
     )
     cost.add_argument(
+        "--time",
+        action="store_true",
+        help="print the ten largest kernels of the step's time after the table (with --target; "
+        '--json always adds "time" there)',
+    )
+    cost.add_argument(
         "--plot",
         metavar="FILE",
         help="draw the bytes live over the schedule into FILE (.svg, .png or .pdf); needs matplotlib: "
@@ -218,6 +224,44 @@ def build_parser() -> _Parser:
             help="compile with that accelerator's own compiler, without one (h100, v5e, v5e:16x16, ...: "
             "see treeshape targets); fit's default budget is then the memory JAX lets XLA use there",
         )
+    plan = sub.add_parser(
+        "plan",
+        help="print the fastest combination of choices and size for which MODULE:MAKE's step fits a target",
+        description="Import MODULE, take MAKE (dotted attributes allowed): called with one\n"
+        "keyword per --choice, it returns (step, *args) with the symbolic\n"
+        "dimension --dim in the args. Every combination is compiled by the\n"
+        "target's own compiler at the sizes the largest fit takes, and ranked\n"
+        "by throughput (size per second of a step).",
+        epilog="A choice's values are read as Python values: 8 is an int, 8x1 a tuple\n(8, 1), 0.5 a float, "
+        "anything else a string (none, dots, full).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    plan.add_argument("target", metavar="MODULE:MAKE", help="e.g. mypkg.train:make_step")
+    plan.add_argument(
+        "--choice",
+        action="append",
+        required=True,
+        metavar="NAME=V1,V2,...",
+        help="a choice and the values to try, e.g. remat=none,dots,full (repeat for more choices)",
+    )
+    plan.add_argument("--dim", default="b", metavar="NAME", help="the symbolic dimension to size (default b)")
+    plan.add_argument(
+        "--target",
+        dest="target_name",
+        required=True,
+        metavar="NAME",
+        help="the accelerator (v5e, v5e:2x4, h100, ...: see treeshape targets)",
+    )
+    plan.add_argument("--budget", metavar="BYTES", help="the memory of one device (default: what JAX lets XLA use)")
+    plan.add_argument("--max-size", type=int, default=None, metavar="N", help="the largest size to try")
+    plan.add_argument("--donate", type=int, action="append", default=[], metavar="I", help="donate argument I")
+    plan.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="print a line per combination and per compile to stderr (default: when stderr is a terminal)",
+    )
+    plan.add_argument("--json", action="store_true", help="print one JSON object of the ts.Plan instead of a table")
     targets = sub.add_parser(
         "targets",
         help="list the accelerators that cost and fit compile for with --target NAME",
@@ -236,7 +280,7 @@ def build_parser() -> _Parser:
     restore.add_argument("checkpoint", metavar="CHECKPOINT", help="an orbax checkpoint's directory")
     restore.add_argument("target", metavar="MODULE:ATTR", help="e.g. mypkg.model:init_state")
     restore.add_argument("--json", action="store_true", help='print {"ok": ..., "entries": [...]} instead of a table')
-    for subparser in (demo, inspect, cost, fit, targets, restore):
+    for subparser in (demo, inspect, cost, fit, plan, targets, restore):
         # Accepted after the subcommand too; SUPPRESS keeps the main parser's value.
         subparser.add_argument(
             "--traceback",

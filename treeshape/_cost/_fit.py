@@ -353,8 +353,10 @@ class _Bracket:
     compiled that does not; `max_size + 1` until there is one) and `left`, how many
     more sizes the search may compile."""
 
-    def __init__(self, peak_at: Callable[[int], int], limit: int, max_size: int) -> None:
-        self.peak_at, self.limit, self.max_size = peak_at, limit, max_size
+    def __init__(
+        self, peak_at: Callable[[int], int], limit: int, max_size: int, refused: Callable[[int], bool]
+    ) -> None:
+        self.peak_at, self.limit, self.max_size, self.refused = peak_at, limit, max_size, refused
         self.known = {1: peak_at(1)}
         self.lo, self.hi = 1, max_size + 1
         self.left = (max_size - 1).bit_length() + _SLACK  # ceil(log2(max_size)) + _SLACK
@@ -378,6 +380,7 @@ def _search(
     limit: int,
     max_size: int,
     on_step: Callable[[int, int, int, int], None] | None = None,
+    refused: Callable[[int], bool] = lambda n: False,
 ) -> tuple[int, dict[int, int]]:
     """The size `n` in `1..max_size` with `peak_at(n) <= limit` and `peak_at(n + 1) > limit`
     (or `n == max_size`), and the peak of every size compiled on the way, in order. Size 1
@@ -398,7 +401,7 @@ def _search(
     guesses that miss. Where the guesses are right the window never binds; where they
     are wrong it closes in on the middle (once `hi - lo == 2**left`, the midpoint alone).
     """
-    s = _Bracket(peak_at, limit, max_size)
+    s = _Bracket(peak_at, limit, max_size, refused)
     while s.hi - s.lo > 1:
         reach = 2 ** (s.left - 1)  # the bracket after this step is at most this wide
         n = min(max(_guess(s), s.hi - reach, s.lo + 1), s.lo + reach, s.hi - 1)
@@ -423,6 +426,7 @@ def _guess(s: _Bracket) -> int:
     3. Between `lo` and `hi`: where the curve `peak(1) + c * (n**p - 1)` through both
        reaches the limit (a line for `p == 1`, as for most programs; `p` near 2 for
        attention scores quadratic in a sequence length); `lo + 1` when that is `lo`.
+       Where the target's compiler refused `hi` (its peak is not known), halfway.
        Where `hi` moved twice in a row, `lo` may be stale (a kink between them, where
        XLA changes kernels): the line through the two sizes compiled last, if lower.
        Where the guess is next to an end whose peak another size shares (a plateau:
@@ -444,6 +448,8 @@ def _guess(s: _Bracket) -> int:
             # A curve or doubling, never past 4x the largest size compiled (that line says fits).
             n = max(n, min(_power_law(known[1], a, known[a], b, known[b], limit) or n, _REACH * b), 2 * b)
         return n + 1
+    if s.refused(hi):  # the compiler refused `hi`: no peak to draw a line to
+        return (lo + hi) // 2
     line = lo + (limit - known[lo]) * (hi - lo) // (known[hi] - known[lo])
     curve = _power_law(known[1], lo, known[lo], hi, known[hi], limit)
     n = line if curve is None or abs(curve - line) <= 2 else curve  # where it is a line, the exact integer one
@@ -777,7 +783,7 @@ def _fit(
     if probe > 1:
         per_unit = (known[probe] - known[1]) / (probe - 1)
         fixed = known[1] - per_unit
-    ordered = sorted(known)
+    ordered = sorted(n for n in known if n not in probes.refused)  # a refused size has no peak
     monotone = all(known[a] <= known[b] for a, b in zip(ordered, ordered[1:], strict=False))
     return Fit(
         probes.dim,
@@ -903,7 +909,7 @@ def search(
     limit = _limit(budget, margin)
     report = (lambda n, peak, lo, hi: _report_size(probes, limit, n, peak, lo, hi)) if progress else None
     _check_size_one(probes, budget, margin, limit, report)
-    size, known = _search(lambda n: probes.peak_at(n, limit), limit, max_size, report)
+    size, known = _search(lambda n: probes.peak_at(n, limit), limit, max_size, report, probes.refused.__contains__)
     fit = _fit(probes, size, known, budget, margin, budget_source)
     if progress:
         _report_fit(fit, known[size], limit, len(probes.refused), time.perf_counter() - start)

@@ -12,12 +12,11 @@ highest throughput. A combination that fits at no size is a row of size 0 with i
 """
 
 import dataclasses
-import html
 import itertools
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 from .._shapes import human_bytes
 from .._table import grid, html_grid
@@ -193,9 +192,7 @@ def _seconds(cost: Cost) -> tuple[float | None, bool]:
     return cost.time.floor_seconds, False
 
 
-def _row(
-    choice: dict[str, Any], fit: Fit, costs: dict[int, Cost], judged: Callable[[Cost], int | None]
-) -> PlanRow:
+def _row(choice: dict[str, Any], fit: Fit, costs: dict[int, Cost], judged: Callable[[Cost], int | None]) -> PlanRow:
     """The row of one combination: of the sizes costed up to `fit.size`, the one of highest
     throughput (ties: the larger)."""
     best: tuple[float, int] | None = None
@@ -325,6 +322,3 @@ def plan(
             flush=True,
         )
     return out
-
-
-_UNUSED: Final = html

@@ -1,4 +1,5 @@
-"""The picture of a `Timeline`: bytes live over a step's schedule, drawn with matplotlib.
+"""The pictures of a `Timeline` (bytes live over a step's schedule) and of a `Plan`
+(throughput against peak), drawn with matplotlib.
 
 matplotlib is optional (the extra `treeshape[plot]`) and imported here only, inside the
 functions that draw: nothing else of treeshape needs it.
@@ -214,3 +215,64 @@ def html(timeline: Drawable) -> str | None:
     figure.clear()
     text = out.getvalue()
     return text[text.find("<svg") :]
+
+
+class _Row(Protocol):
+    """What the plan's picture reads of a `ts.PlanRow`."""
+
+    @property
+    def choice(self) -> dict[str, Any]: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def throughput(self) -> float: ...
+    @property
+    def peak_bytes(self) -> int | None: ...
+
+
+class Planned(Protocol):
+    """What the plan's picture reads of a `ts.Plan`."""
+
+    @property
+    def dim(self) -> str: ...
+    @property
+    def rows(self) -> tuple[_Row, ...]: ...
+    @property
+    def pareto(self) -> tuple[_Row, ...]: ...
+
+
+def plot_plan(plan: Planned, ax: "Axes | None" = None) -> "Axes":
+    """Throughput against peak bytes, one point per combination that fits (labelled with
+    its choices and size), the Pareto rows joined, the best marked; the `Axes`."""
+    try:
+        from matplotlib.axes import Axes
+        from matplotlib.figure import Figure
+    except ImportError as err:
+        raise ImportError(f"treeshape: Plan.plot draws with matplotlib, but {MISSING}") from err
+    if ax is not None and not isinstance(ax, Axes):
+        raise TypeError(
+            f"treeshape: Plan.plot's ax must be a matplotlib Axes, got {clip(repr(ax), 60)} of type "
+            f"{type(ax).__name__}: give a Figure's axes (fig.add_subplot(), plt.subplots()[1]), or None for a new one"
+        )
+    if ax is None:
+        ax = Figure(figsize=(7, 4.5), layout="constrained").add_subplot()
+    fitting = [r for r in plan.rows if r.size > 0 and r.peak_bytes is not None]
+    gib = 2**30
+    for r in fitting:
+        ax.scatter([r.peak_bytes / gib], [r.throughput], color="#4c72b0", zorder=3)  # type: ignore[operator]
+        label = ", ".join(f"{v}" for v in r.choice.values()) + f" ({plan.dim}={r.size})"
+        ax.annotate(label, (r.peak_bytes / gib, r.throughput), fontsize=8, xytext=(4, 4),  # type: ignore[operator]
+                    textcoords="offset points")  # fmt: skip
+    front = sorted(plan.pareto, key=lambda r: r.peak_bytes or 0)
+    if len(front) > 1:
+        ax.plot([r.peak_bytes / gib for r in front], [r.throughput for r in front], color="#55a868",  # type: ignore[operator]
+                label="Pareto front", zorder=2)  # fmt: skip
+    if fitting:
+        best = fitting[0]
+        ax.scatter([best.peak_bytes / gib], [best.throughput], s=160, facecolors="none",  # type: ignore[operator]
+                   edgecolors="#c44e52", linewidths=2, label="best", zorder=4)  # fmt: skip
+    ax.set_xlabel("peak memory per device (GiB)")
+    ax.set_ylabel(f"{plan.dim} per second")
+    ax.set_title("throughput against peak, one point per combination")
+    ax.legend(loc="best", fontsize=8)
+    return ax

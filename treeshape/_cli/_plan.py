@@ -1,0 +1,78 @@
+"""`treeshape plan`: the fastest combination of `--choice` values, and its size of `--dim`,
+for which the step `MODULE:MAKE` builds fits `--target`, as `ts.Plan`'s table or JSON; each
+choice's values read as Python values (`8`, `8x1` a tuple, `0.5`, else a string)."""
+
+import argparse
+import json
+import re
+import sys
+from typing import Any, Final, TextIO
+
+from ._common import checked_target, json_data, resolve
+from ._fail import USER_ERRORS, Fail, one_line
+
+
+_TUPLE: Final = re.compile(r"\d+(x\d+)+")
+
+
+def choice_value(text: str) -> Any:
+    """A `--choice` value as Python: `8` an int, `8x1` a tuple of ints, `0.5` a float,
+    anything else the string itself."""
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    if _TUPLE.fullmatch(text):
+        return tuple(int(part) for part in text.split("x"))
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def choices(given: list[str]) -> dict[str, list[Any]]:
+    """`--choice NAME=V1,V2` options as `ts.plan`'s `choices`; bad input is exit 2."""
+    out: dict[str, list[Any]] = {}
+    for text in given:
+        name, eq, values = text.partition("=")
+        name = name.strip()
+        if not eq or not name.isidentifier() or not values.strip():
+            raise Fail(f"--choice {text!r}: expected NAME=V1,V2,... (a keyword of MAKE and its values), e.g. "
+                       "remat=none,dots,full", 2)  # fmt: skip
+        if name in out:
+            raise Fail(f"--choice {name} is given twice: give its values once, comma-separated", 2)
+        out[name] = [choice_value(v.strip()) for v in values.split(",") if v.strip()]
+    return out
+
+
+def run(args: argparse.Namespace, stdout: TextIO) -> int:
+    from .. import plan
+    from ._fit import parse_bytes
+
+    asked = choices(args.choice)
+    try:
+        budget = None if args.budget is None else parse_bytes(args.budget)
+    except ValueError as err:
+        raise Fail(f"--budget: {err}", 2) from err
+    if args.max_size is not None and args.max_size < 1:
+        raise Fail(f"--max-size must be >= 1, got {args.max_size}", 2)
+    target = checked_target(args.target_name, "plan")
+    make = resolve(args.target)
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    try:
+        result = plan(
+            make,
+            asked,
+            dim=args.dim,
+            target=target,
+            budget=budget,
+            donate_argnums=tuple(args.donate),
+            max_size=args.max_size,
+            progress=progress,
+        )
+    except USER_ERRORS as err:
+        raise Fail(f"planning {args.target} failed: {one_line(err)}", 1) from err
+    if args.json:
+        rows = [{**json_data(row), "fit": None if row.fit is None else json_data(row.fit)} for row in result.rows]
+        print(json.dumps({"dim": result.dim, "compiles": result.compiles, "rows": rows}), file=stdout)
+    else:
+        print(result, file=stdout)
+    return 0
