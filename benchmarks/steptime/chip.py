@@ -8,7 +8,10 @@ few runs under `jax.profiler`, each kernel's device time summed by name. Compile
 parallel threads, runs one at a time. Needs JAX and optax (flax, equinox for their rows),
 not treeshape.
 
-    python benchmarks/steptime/chip.py --out DIR [--rows tuning|held-out|NAME:SIZE,...]
+    python benchmarks/steptime/chip.py --out DIR [--rows tuning,held-out,NAME:SIZE,...]
+
+A row `plan/REMAT/DTYPE:SIZE` is the plan's step (`models.plan_case`); a row whose
+compile the chip refuses is recorded with the compiler's error.
 
 Writes DIR/rows.json (one record a row, written after each row) and the modules (each
 row's optimized module as libtpu dumped it, `*.after_codegen.hlo.pb`, in
@@ -45,6 +48,18 @@ DUMP = {"xla_dump_hlo_as_text": True, "xla_dump_hlo_as_proto": True}
 
 def log(*args: Any) -> None:
     print(f"[{time.strftime('%H:%M:%S')}]", *args, flush=True)
+
+
+def _file(key: tuple[str, int]) -> str:
+    return f"{key[0]}-{key[1]}".replace("/", "_")
+
+
+def _case(name: str, size: int) -> models.Case:
+    """A table row (`resnet`), or the plan's step (`plan/REMAT/DTYPE`)."""
+    if name.startswith("plan/"):
+        _, remat, dtype = name.split("/")
+        return models.plan_case(remat, dtype, size)
+    return models.build(name, size)
 
 
 def lower_row(case: models.Case) -> Any:
@@ -89,7 +104,7 @@ def profile_summary(directory: Path) -> dict[str, Any]:
     return planes
 
 
-def measure(case: models.Case, compiled: Any, steps: int, profile_dir: Path) -> dict[str, Any]:
+def measure(case: models.Case, compiled: Any, steps: int, profile_dir: Path, profile: bool = True) -> dict[str, Any]:
     state, batch = jax.jit(case.make)(jax.random.key(1))
     jax.block_until_ready((state, batch))
     for _ in range(3):
@@ -101,7 +116,24 @@ def measure(case: models.Case, compiled: Any, steps: int, profile_dir: Path) -> 
         state, loss = compiled(state, batch)
         jax.block_until_ready((state, loss))
         times.append(time.perf_counter() - start)
+    # As a training loop runs: `group` steps dispatched back to back, then one wait.
+    group, grouped = 5, []
+    for _ in range(max(3, steps // group)):
+        start = time.perf_counter()
+        for _ in range(group):
+            state, loss = compiled(state, batch)
+        jax.block_until_ready((state, loss))
+        grouped.append((time.perf_counter() - start) / group)
     out: dict[str, Any] = {"times": times, "median": statistics.median(times), "loss": float(loss)}
+    out["grouped"] = grouped
+    out["median_back_to_back"] = statistics.median(grouped)
+    try:
+        out["memory_stats"] = {k: int(v) for k, v in (jax.devices()[0].memory_stats() or {}).items()}
+    except Exception:
+        pass
+    if not profile:
+        del state, batch
+        return out
     try:
         jax.profiler.start_trace(str(profile_dir))
         for _ in range(3):
@@ -122,14 +154,18 @@ def main() -> None:
     parser.add_argument("--rows", default="tuning")
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--threads", type=int, default=6)
+    parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     modules = Path(tempfile.mkdtemp(prefix="modules-"))
-    if args.rows in ("tuning", "held-out"):
-        rows = models.rows(models.TUNING if args.rows == "tuning" else models.HELD_OUT)
-    else:
-        rows = [(r.split(":")[0], int(r.split(":")[1])) for r in args.rows.split(",")]
+    groups = {"tuning": models.TUNING, "held-out": models.HELD_OUT, "fresh": models.FRESH}
+    rows = []
+    for r in args.rows.split(","):
+        if r in groups:
+            rows += models.rows(groups[r])
+        else:
+            rows.append((r.rsplit(":", 1)[0], int(r.rsplit(":", 1)[1])))
     env = {
         "jax": jax.__version__,
         "devices": [str(d) for d in jax.devices()],
@@ -144,7 +180,7 @@ def main() -> None:
         env["libtpu"] = "not importable"
     log("env", env)
     work = Path(tempfile.mkdtemp(prefix="steptime-"))
-    cases = {(n, s): models.build(n, s) for n, s in rows}
+    cases = {(n, s): _case(n, s) for n, s in rows}
     futures = {}
     with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
         for key, case in cases.items():
@@ -153,7 +189,7 @@ def main() -> None:
             except Exception as e:
                 futures[key] = pool.submit(lambda e=e: (_ for _ in ()).throw(e))
                 continue
-            futures[key] = pool.submit(compile_row, lowered, work / f"{key[0]}-{key[1]}")
+            futures[key] = pool.submit(compile_row, lowered, work / _file(key))
         results = []
         for key, case in cases.items():
             record: dict[str, Any] = {"name": key[0], "size": key[1], "kind": case.kind, "case": case.name}
@@ -176,18 +212,19 @@ def main() -> None:
                 cost = compiled.cost_analysis()
                 cost = cost[0] if isinstance(cost, list) else cost
                 record["cost_analysis"] = {k: float(v) for k, v in cost.items() if k in ("flops", "optimal_seconds")}
-                dumps = glob.glob(str(work / f"{key[0]}-{key[1]}" / "*after_codegen.hlo.pb"))
+                dumps = glob.glob(str(work / _file(key) / "*after_codegen.hlo.pb"))
                 for d in dumps:
-                    shutil.copy(d, modules / f"{key[0]}-{key[1]}.after_codegen.hlo.pb")
+                    shutil.copy(d, modules / f"{_file(key)}.after_codegen.hlo.pb")
+                    shutil.copy(d.replace(".hlo.pb", ".txt"), modules / f"{_file(key)}.after_codegen.txt")
                 with tarfile.open(out / "modules.tar.gz", "w:gz") as tar:
                     tar.add(modules, arcname="modules")
                 record["modules"] = len(dumps)
-                record.update(measure(case, compiled, args.steps, work / f"profile-{key[0]}-{key[1]}"))
+                record.update(measure(case, compiled, args.steps, work / f"profile-{_file(key)}", args.profile))
                 del compiled
                 log(key, "median", f"{record['median'] * 1e3:.2f} ms", "compile", f"{seconds:.0f} s")
             except Exception:
                 record["error"] = traceback.format_exc()[-3000:]
-                log(key, "FAILED", record["error"][-500:])
+                log(key, "FAILED", record["error"][-300:])
             results.append(record)
             (out / "rows.json").write_text(json.dumps({"env": env, "rows": results}))
             gc.collect()
