@@ -21,7 +21,16 @@ from ._hlo_text import Computation, Instruction, Module, op_of, parse, shape_end
 
 
 Kind = Literal[
-    "matmul", "convolution", "reduction", "elementwise", "data movement", "async copy", "collective", "custom call"
+    "matmul",
+    "batched matmul",
+    "convolution",
+    "reduction",
+    "elementwise",
+    "data movement",
+    "copy",
+    "async copy",
+    "collective",
+    "custom call",
 ]
 KINDS: Final[tuple[Kind, ...]] = typing.get_args(Kind)
 
@@ -59,13 +68,13 @@ _COLLECTIVES: Final = frozenset(
 )  # fmt: skip
 _DATA: Final = frozenset(
     {
-        "copy", "transpose", "broadcast", "convert", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate",
+        "broadcast", "convert", "slice", "dynamic-slice", "dynamic-update-slice", "concatenate",
         "pad", "gather", "scatter", "reshape", "reverse", "iota", "select", "sort",
     }
 )  # fmt: skip
 _CYCLES: Final = re.compile(r'"estimated_cycles":"(\d+)"')
 _CALLS: Final = re.compile(r"\bcalls=%([^\s,]+)")
-_WINDOW: Final = re.compile(r"\bwindow=\{size=([\dx]+)")
+_WINDOW_TEXT: Final = re.compile(r"\bwindow=\{[^}]*\}")
 _ARRAY: Final = re.compile(r"\b(pred|[a-z]+\d+[a-z0-9]*)\[([\d,]*)\](\{[^}]*\})?")
 _BRANCHES: Final = re.compile(
     r"\b(?:to_apply|branch_computations|true_computation|false_computation)=(\{[^}]*\}|%[^\s,]+)"
@@ -98,31 +107,42 @@ def _kind(module: Module, opcode: str, attributes: str) -> tuple[Kind, str | Non
     if opcode == "custom-call":
         return "custom call", None
     if opcode in ("convolution", "dot"):
-        window = _WINDOW.search(attributes)
-        spatial = window is not None and any(int(s) > 1 for s in window.group(1).split("x"))
-        return ("convolution" if spatial else "matmul"), None
+        return _product(attributes), None
     if opcode in ("reduce", "reduce-window", "select-and-scatter"):
         return "reduction", None
+    if opcode in ("copy", "transpose"):
+        return "copy", None
     called = _CALLS.search(attributes)
     if opcode != "fusion" or called is None or called.group(1) not in module.computations:
         return ("data movement" if opcode in _DATA else "elementwise"), None
-    kinds: set[str] = set()
+    kinds: set[Kind] = set()
     dtype = None
     for instruction in module.computations[called.group(1)].instructions:
         inner, operands, rest = op_of(instruction)
         if inner in ("convolution", "dot"):
-            window = _WINDOW.search(rest)
-            kinds.add("convolution" if window and any(int(s) > 1 for s in window.group(1).split("x")) else "matmul")
+            kinds.add(_product(rest))
             if dtype is None:
                 dtype = next(iter(_arrays(_shape(instruction))), ("f32",))[0]
         elif inner in ("reduce", "reduce-window", "select-and-scatter"):
             kinds.add("reduction")
         elif inner not in _DATA and inner not in ("parameter", "constant", "get-tuple-element", "tuple", "bitcast"):
             kinds.add("elementwise")
-    for kind in ("convolution", "matmul", "reduction", "elementwise"):
+    for kind in ("convolution", "batched matmul", "matmul", "reduction", "elementwise"):
         if kind in kinds:
             return typing.cast(Kind, kind), dtype
     return "data movement", None
+
+
+def _product(attributes: str) -> Kind:
+    """A matrix product's kind: a convolution over padded spatial windows; a product
+    with batch dimensions (a TPU writes it as a convolution whose window dilates over the
+    batch); else a matmul."""
+    window = _WINDOW_TEXT.search(attributes)
+    if window is None:
+        return "matmul"
+    if "pad=" in window.group(0):
+        return "convolution"
+    return "batched matmul" if "lhs_dilate=" in window.group(0) else "matmul"
 
 
 def _alone(module: Module, computation: Computation, instruction: Instruction) -> str | None:

@@ -10,51 +10,68 @@ Three figures:
 - `floor_seconds`: the roofline floor, on every target: each kernel's FLOPs at the chip's
   peak for its dtype or its device-memory bytes at the chip's HBM bandwidth, the larger;
   no kernel runs faster.
-- `seconds`: the estimate, where one was checked on the chip (TPU targets): each kernel's
-  compiler estimate, but no more than its roofline at the efficiencies measured on a real
-  v5e (`CORRECTION`: the matrix units', the vector units', HBM's and VMEM's, and a fixed
-  cost per kernel run), and no less than its floor; an asynchronous copy costs what of its
-  bytes at HBM's measured bandwidth the kernels between its start and its end do not hide;
-  a collective its bytes over the interconnect's links plus their latency.
+- `seconds`: the estimate, where one was checked on the chip (TPU targets): a matrix
+  product (matmul, batched matmul, convolution) at the compiler's estimate as measured
+  for its kind, unless its roofline at the efficiency measured for its kind is lower; a
+  vector kernel (elementwise, reduction, data movement, copy) at its bytes, at the HBM and
+  VMEM rates measured for its kind (libtpu's estimates of those are 1.2x to 17x the chip's
+  time); never below its floor; an asynchronous copy at the part of its HBM time the
+  kernels around it did not hide on the chip; a collective at its bytes over the
+  interconnect's links plus their latency; and the runtime's gap between two steps.
 
-The correction was measured on a v5e against each kernel's time in a profile of ten train
-steps (the guide's "How fast will it run?", `benchmarks/steptime/`); v5p and v6e use it as
-measured there, and `source` says so.
+The correction (`CORRECTION`) was measured on a v5e against each kernel's time in a
+profile of eighteen train steps (the guide's "How fast will it run?",
+`benchmarks/steptime/`); v5p and v6e use it as measured there, and `source` says so.
 """
 
 import dataclasses
 import html
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from .._table import grid, html_grid
 from . import _timeline
 from ._chips import Chip
-from ._kernels import Kernel, Kind
+from ._kernels import Kernel
 
 
 @dataclasses.dataclass(frozen=True)
 class Correction:
-    """What a v5e measured of libtpu's estimates: the fractions of the chip's peaks its
-    kernels reach, VMEM's bytes per cycle and a fixed cost per kernel run, in cycles."""
+    """What a real v5e measured of libtpu's kernels, against each kernel's time in a profile
+    of eighteen train steps (`benchmarks/steptime/`): per kind of matrix product, the
+    fraction of the compiler's estimate it took (`estimate`) and of the chip's peak it
+    reached (`efficiency`); the bytes per cycle each kind of vector kernel moves in VMEM
+    (libtpu's estimates of those are 1.2x to 17x the chip's time, so their bytes decide);
+    HBM's fraction of its bandwidth; the cycles a kernel run costs besides; the fraction of
+    an asynchronous copy's HBM time that the kernels around it do not hide; and the
+    runtime's gap between two steps run back to back, in seconds."""
 
-    matrix_efficiency: float
-    vector_efficiency: float
+    estimate: Mapping[str, float]
+    efficiency: Mapping[str, float]
+    vmem_bytes_per_cycle: Mapping[str, float]
     hbm_efficiency: float
-    vmem_bytes_per_cycle: float
     cycles_per_run: float
+    exposed_copy: float
+    launch_seconds: float
     measured_on: str
 
 
+_V5E_CLOCK: Final = 1.5e9
 CORRECTION: Final = Correction(
-    matrix_efficiency=0.7,
-    vector_efficiency=0.02,
-    hbm_efficiency=0.85,
-    vmem_bytes_per_cycle=4e12 / 1.5e9,
+    estimate={"convolution": 1.0, "batched matmul": 0.8, "matmul": 1.0},
+    efficiency={"convolution": 0.5, "batched matmul": 0.3, "matmul": 0.7},
+    vmem_bytes_per_cycle={
+        "elementwise": 4e12 / _V5E_CLOCK,
+        "reduction": 2e12 / _V5E_CLOCK,
+        "data movement": 2e12 / _V5E_CLOCK,
+        "copy": 5e11 / _V5E_CLOCK,
+    },
+    hbm_efficiency=670e9 / 819e9,
     cycles_per_run=750,
+    exposed_copy=0.15,
+    launch_seconds=0.28e-3,
     measured_on="v5e",
 )
-_MATRIX: Final[frozenset[Kind]] = frozenset({"matmul", "convolution"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +190,9 @@ class StepTime:
         return f"<p>{html.escape(self.line())}</p>" + html_grid(head, self._rows(10), right=3)
 
 
+_LAUNCH: Final = "(between steps)"
+
+
 def _duration(seconds: float) -> str:
     if seconds >= 1:
         return f"{seconds:.2f} s"
@@ -185,15 +205,19 @@ def _floor(k: Kernel, chip: Chip) -> float:
     return max(k.flops / chip.peak(k.dtype), k.device_bytes / chip.hbm_bytes_per_second)
 
 
-def _roofline(k: Kernel, chip: Chip, c: Correction) -> float:
-    """One run of `k` at the efficiencies measured on the chip."""
-    assert chip.clock_hz is not None
-    unit = c.matrix_efficiency if k.kind in _MATRIX else c.vector_efficiency
-    return c.cycles_per_run / chip.clock_hz + max(
-        k.flops / (chip.peak(k.dtype) * unit),
-        k.device_bytes / (chip.hbm_bytes_per_second * c.hbm_efficiency),
-        k.bytes_accessed / (c.vmem_bytes_per_cycle * chip.clock_hz),
-    )
+def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
+    """One run of `k` as the chip runs it: a matrix product at its compiler estimate,
+    scaled as measured for its kind, unless its roofline at the efficiency measured for
+    its kind is lower (libtpu charges bytes it keeps in VMEM as if they came from HBM);
+    a vector kernel at its bytes, HBM's and VMEM's at the rates measured for its kind."""
+    assert chip.clock_hz is not None and k.cycles is not None
+    hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
+    run = c.cycles_per_run / chip.clock_hz
+    if k.kind in c.estimate:
+        roofline = max(k.flops / (chip.peak(k.dtype) * c.efficiency[k.kind]), k.device_bytes / hbm) + run
+        return min(c.estimate[k.kind] * k.cycles / chip.clock_hz, roofline)
+    vmem = c.vmem_bytes_per_cycle.get(k.kind, c.vmem_bytes_per_cycle["data movement"]) * chip.clock_hz
+    return k.device_bytes / hbm + max(k.bytes_accessed - k.device_bytes, 0.0) / vmem + run
 
 
 def _collective(k: Kernel, chip: Chip) -> float:
@@ -219,29 +243,24 @@ def estimate(
     source by name; `flops` is the program's (for the MFU); `exact` whether every loop's
     trip count was known."""
     checked = platform == "tpu" and chip.clock_hz is not None
+    c = CORRECTION
     each: list[float] = []
     compiler = 0.0
     for k in kernels:
         floor = k.runs * _floor(k, chip)
         if k.kind == "collective":
             each.append(max(floor, k.runs * _collective(k, chip)) if checked else floor)
-        elif not checked or k.kind == "async copy":
-            each.append(0.0 if k.kind == "async copy" else floor)
-        elif k.cycles is None:
+        elif k.kind == "async copy":  # the part of its HBM time the kernels around it do not hide
+            moved = k.runs * k.device_bytes / (chip.hbm_bytes_per_second * c.hbm_efficiency)
+            each.append(c.exposed_copy * moved if checked else 0.0)
+        elif not checked or k.cycles is None:
             each.append(floor)
         else:
             assert chip.clock_hz is not None
             compiler += k.runs * k.cycles / chip.clock_hz
-            each.append(max(floor, k.runs * min(k.cycles / chip.clock_hz, _roofline(k, chip, CORRECTION))))
-    if checked:  # an asynchronous copy costs what the kernels until its end do not hide
-        for k in kernels:
-            if k.kind == "async copy" and k.done is not None:
-                hidden = sum(each[k.position + 1 : k.done])
-                moved = k.runs * k.device_bytes / (chip.hbm_bytes_per_second * CORRECTION.hbm_efficiency)
-                each[k.position] = max(0.0, moved - hidden)
+            each.append(max(floor, k.runs * _corrected(k, chip, c)))
     floor_seconds = sum(k.runs * _floor(k, chip) for k in kernels if k.kind != "async copy")
-    total = sum(each)
-    seconds = total if checked else None
+    seconds = sum(each) + c.launch_seconds if checked else None
     uncosted = sum(1 for k in kernels if k.kind not in ("async copy", "collective") and k.cycles is None and k.flops)
     uncosted = uncosted if checked else 0
     source = _source(label, platform, checked, uncosted, exact)
@@ -260,7 +279,9 @@ def estimate(
         )
         for k, t in zip(kernels, each, strict=True)
     ]
-    schedule = tuple((t.op, t.seconds) for t in times)
+    if checked:  # the runtime's gap between two steps, as a training loop runs them
+        times.append(KernelTime(None, None, 1, c.launch_seconds, 0.0, 0.0, _LAUNCH, "launch"))
+    schedule = tuple((_LAUNCH if t.kind == "launch" else t.op, t.seconds) for t in times)
     ordered = tuple(sorted((t for t in times if t.seconds > 0), key=lambda t: -t.seconds))
     return StepTime(seconds, compiler if checked else None, floor_seconds, source, mfu, ordered, schedule, label)
 
