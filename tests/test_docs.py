@@ -38,6 +38,22 @@ def test_every_public_docstring_is_contract_sized_with_an_example(name):
     assert ">>> " in doc, name
 
 
+def test_the_readme_states_the_number_of_tests(request):
+    """The README's "about N tests" is within 10% of what a run of the whole suite collects
+    (`pytest` with no arguments, as CI runs it, deselected tests counted): a run of some
+    files cannot tell how many the suite has."""
+    stated = re.search(r"The whole test suite \(about ([\d,]+) tests,", (ROOT / "README.md").read_text())
+    assert stated, "README.md no longer says how many tests the suite has"
+    config = request.config
+    if config.args_source != pytest.Config.ArgsSource.TESTPATHS or config.option.ignore or config.option.ignore_glob:
+        pytest.skip("the suite's size is known in a run of the whole suite (pytest with no arguments)")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    deselected = len(reporter.stats.get("deselected", [])) if reporter else 0
+    collected = len(request.session.items) + deselected
+    n = int(stated.group(1).replace(",", ""))
+    assert abs(collected - n) <= n / 10, f"README.md says about {n:,} tests; the suite has {collected:,}"
+
+
 def test_every_nav_page_exists():
     nav = (ROOT / "mkdocs.yml").read_text().split("\nnav:\n", 1)[1]
     pages = re.findall(r"([\w/-]+\.(?:md|ipynb))", nav)
