@@ -3,9 +3,12 @@
 docstring of at most 50 lines with an example, and every page in mkdocs.yml's nav
 exists, and the examples of the caching guide and of the
 sharding guide's first section run and print what their comments say, and so do
-the framework models of the structures guide and the fit guide's sections (the train
-step, the search, the peak, loops). `mkdocs build --strict` checks the rest."""
+the framework models of the structures guide, the fit guide's sections (the train
+step, the planned state, the search, the peak, loops) and the commands the guides show;
+every python block of every guide runs, in order (fit.md with a smaller model); and the
+README says how many tests there are. `mkdocs build --strict` checks the rest."""
 
+import functools
 import pathlib
 import re
 import warnings
@@ -36,6 +39,22 @@ def test_every_public_docstring_is_contract_sized_with_an_example(name):
     doc = getattr(ts, name).__doc__ or ""
     assert len(doc.splitlines()) <= _DOCSTRING_LINES, (name, len(doc.splitlines()))
     assert ">>> " in doc, name
+
+
+def test_the_readme_states_the_number_of_tests(request):
+    """The README's "about N tests" is within 10% of what a run of the whole suite collects
+    (`pytest` with no arguments, as CI runs it, deselected tests counted): a run of some
+    files cannot tell how many the suite has."""
+    stated = re.search(r"The whole test suite \(about ([\d,]+) tests,", (ROOT / "README.md").read_text())
+    assert stated, "README.md no longer says how many tests the suite has"
+    config = request.config
+    if config.args_source != pytest.Config.ArgsSource.TESTPATHS or config.option.ignore or config.option.ignore_glob:
+        pytest.skip("the suite's size is known in a run of the whole suite (pytest with no arguments)")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    deselected = len(reporter.stats.get("deselected", [])) if reporter else 0
+    collected = len(request.session.items) + deselected
+    n = int(stated.group(1).replace(",", ""))
+    assert abs(collected - n) <= n / 10, f"README.md says about {n:,} tests; the suite has {collected:,}"
 
 
 def test_every_nav_page_exists():
@@ -168,7 +187,10 @@ def _section_pairs(page: str, heading: str, count: int) -> list[tuple[str, str]]
 
 
 def _prints_what_it_shows(pairs: list[tuple[str, str]], capsys) -> None:
-    namespace: dict = {}
+    _prints_what_it_shows_in(pairs, {}, capsys)
+
+
+def _prints_what_it_shows_in(pairs: list[tuple[str, str]], namespace: dict, capsys) -> None:
     with jax.enable_x64(False):  # the guide's outputs are those of JAX's default
         for code, shown in pairs:
             exec(compile(code, "<docs example>", "exec"), namespace)
@@ -229,25 +251,48 @@ def test_the_fit_guides_search_examples_print_what_they_show(capsys):
     ts.clear_cache()
 
 
-_CONSOLE = re.compile(r"^```console\n\$ treeshape ((?:cost|fit) [^\n]*)\n(.*?)^```", flags=re.DOTALL | re.MULTILINE)
+_CONSOLE = re.compile(
+    r"^```console\n\$ treeshape ((?:inspect|cost|fit) [^\n]*)\n(.*?)^```", flags=re.DOTALL | re.MULTILINE
+)
+# Commands shown that a test process cannot run as written, with why: kept small.
+_CONSOLE_NOT_RUNNABLE: Final = {
+    "inspect mypkg.model:init_state 'bf16[4]' step=0 --json": "the reader's own package",
+}
 
 
-def test_the_cost_and_fit_commands_in_the_guides_print_what_they_show(capsys):
+def _console_commands(page: str) -> list[tuple[str, str]]:
+    """(command, what it prints) of each console block of a guide page, but those of
+    `_CONSOLE_NOT_RUNNABLE` and those that show what an old release printed (after a
+    paragraph that starts with **Before**)."""
+    text = (ROOT / "docs" / "guide" / page).read_text()
+    before = lambda m: text[: m.start()].rstrip().split("\n\n")[-1].startswith("**Before**")  # noqa: E731
+    return [(m[1], m[2]) for m in _CONSOLE.finditer(text) if m[1] not in _CONSOLE_NOT_RUNNABLE and not before(m)]
+
+
+def test_the_commands_in_the_guides_print_what_they_show(capsys):
     import shlex
 
     from treeshape._cli import main
 
     exact = _same_xla_as_the_guides()
-    shown = [m for page in ("cli.md", "fit.md") for m in _CONSOLE.findall((ROOT / "docs" / "guide" / page).read_text())]
-    assert len(shown) >= 6
+    shown = [command for page in ("cli.md", "fit.md") for command in _console_commands(page)]
+    assert len(shown) >= 12
     with jax.enable_x64(False):
         for command, output in shown:
             ts.clear_cache()
             status = main(shlex.split(command))
             out, err = capsys.readouterr()
             _assert_shows(out or err, output, exact, command)
-            assert status == (2 if err else 0)
+            assert status == ((1 if "failed:" in err else 2) if err else 0), command
     ts.clear_cache()
+
+
+def test_the_console_blocks_left_out_are_there():
+    text = (ROOT / "docs" / "guide" / "cli.md").read_text()
+    for command in _CONSOLE_NOT_RUNNABLE:
+        assert f"$ treeshape {command}\n" in text, command
+    before = 1  # the error treeshape 0.1 gave, shown **Before** its fix
+    assert len(_CONSOLE.findall(text)) == len(_console_commands("cli.md")) + len(_CONSOLE_NOT_RUNNABLE) + before
 
 
 def test_the_retraces_guide_prints_what_it_shows(capsys):
@@ -293,9 +338,19 @@ def test_the_fit_guides_train_step_prints_what_it_shows(capsys):
     _prints_what_it_shows(_section_pairs("fit.md", "A train step as you run it", 3), capsys)
 
 
+def test_the_fit_guides_planned_state_prints_what_it_shows(capsys):
+    """The 124M model's state and batch on 8 devices (abstract evaluation only, no compile)."""
+    page = (ROOT / "docs" / "guide" / "fit.md").read_text()
+    model = page.split("\n## A 124M-parameter model with AdamW\n", 1)[1].split("\n## ", 1)[0]
+    (code,) = [block for _, block in _BLOCK.findall(model)]
+    namespace: dict = {}
+    exec(compile(code, "<docs example>", "exec"), namespace)
+    pairs = _section_pairs("fit.md", "Its state and a batch, planned on 8 devices", 1)
+    _prints_what_it_shows_in(pairs, namespace, capsys)
+
+
 # -- every python block of a guide runs as written, in order -------------------------------
-# Pages whose python blocks run whole, each page in one namespace. Not yet here: fit.md (about
-# ten minutes of compiling on two cores; its sections are run by the tests above).
+# Pages whose python blocks run whole, each page in one namespace (fit.md: its own test below).
 _WHOLE_PAGES: Final = (
     "index.md",
     "getting-started.md",
@@ -348,4 +403,41 @@ def test_every_python_block_of_the_guide_runs_as_written_in_order(page, tmp_path
         for i, code in enumerate(blocks):
             exec(compile(code, f"<{page} block {i}>", "exec"), namespace)
     capsys.readouterr()
+    ts.clear_cache()
+
+
+# fit.md as written compiles its 124M-parameter model's step for well over ten minutes on two
+# cores: for 8 devices, 64 and 512 simulated ones, 64 H100s and 64 and 256 v5e chips, at every
+# size its searches try. Here the model is this small one (sizes every plan of the page divides),
+# and a search stops at the size it compiles first (`max_size=1`, where the page gives none):
+# each block runs as written, every kind of compile included (libtpu and XLA:GPU for `target=`,
+# which the `test` extra installs).
+_FIT_SMALL_MODEL: Final = {"vocab": 512, "d_model": 256, "layers": 1, "heads": 4, "kv_heads": 2, "d_ff": 256}
+_CONFIG = re.compile(r"^CONFIG = \{\n.*?^\}\n", flags=re.DOTALL | re.MULTILINE)
+
+
+def test_every_python_block_of_the_fit_guide_runs_as_written_in_order(monkeypatch, capsys):
+    """All of fit.md but its opening sketch (`...` for the step the page builds), in one
+    namespace: about 50 s. The 124M model's figures printed are not compared (the model is
+    smaller); the sections that print figures of their own are compared by the tests above."""
+    blocks = _python_blocks("guide/fit.md")
+    sketch = [code for code in blocks if any(line.strip() == "..." for line in code.splitlines())]
+    assert len(sketch) == 1 and len(blocks) > 20
+    assert sum(len(_CONFIG.findall(code)) for code in blocks) == 1
+    small = f"CONFIG = {_FIT_SMALL_MODEL!r}\n"
+    nvidia = tuple(int(part) for part in jax.__version__.split(".")[:2]) >= (0, 10)  # NVIDIA targets
+    monkeypatch.setattr(ts, "largest_fit", functools.partial(ts.largest_fit, max_size=1))
+    namespace: dict = {"__name__": "__docs__"}
+    with jax.enable_x64(False):
+        for i, code in enumerate(blocks):
+            if code in sketch:
+                continue
+            compiled = compile(_CONFIG.sub(small, code), f"<guide/fit.md block {i}>", "exec")
+            if '"h100"' in code and not nvidia:
+                with pytest.raises(ts.JaxReleaseError, match="0.10.0"):  # names the release that brings them
+                    exec(compiled, namespace)
+            else:
+                exec(compiled, namespace)
+    printed = capsys.readouterr().out
+    assert not nvidia or "H100 x64 (deviceless)" in printed and "TPU v5e x64 (deviceless)" in printed
     ts.clear_cache()
