@@ -49,6 +49,7 @@ LATE_IMPORTS_ALLOWED = {
     "_cli._fit",
     "_cli._inspect",
     "_cli._parser",
+    "_cli._plan",
     "_cli._restore",
     "_cli._targets",
     "pytest_plugin",
