@@ -363,6 +363,7 @@ _WHOLE_PAGES: Final = (
     "guide/structures.md",
     "guide/symbolic.md",
     "guide/testing.md",
+    "guide/time.md",
     "guide/weak-types.md",
 )
 # Blocks that need what a test process lacks, by page and a line of theirs: kept small.
@@ -441,3 +442,23 @@ def test_every_python_block_of_the_fit_guide_runs_as_written_in_order(monkeypatc
     printed = capsys.readouterr().out
     assert not nvidia or "H100 x64 (deviceless)" in printed and "TPU v5e x64 (deviceless)" in printed
     ts.clear_cache()
+
+
+def test_every_python_block_of_the_plan_guide_runs_as_written_in_order(capsys):
+    """plan.md's blocks in order, in one namespace, its searches bounded (`MAX_SIZE = 16`
+    for the page's 1024): every plan it shows compiles for its targets (libtpu, and
+    XLA:GPU for 8 H100s), each combination at a few sizes."""
+    blocks = _python_blocks("guide/plan.md")
+    assert len(blocks) == 2 and "MAX_SIZE = 1024\n" in blocks[0]
+    namespace: dict = {"__name__": "__docs__"}
+    with jax.enable_x64(False):
+        for i, code in enumerate(blocks):
+            code = code.replace("MAX_SIZE = 1024\n", "MAX_SIZE = 16\n")
+            if i == 1 and not _NEW_ENOUGH_FOR_CUDA:  # jax 0.8.0: NVIDIA targets are a JaxReleaseError
+                code = code.replace('("v5e:2x4", "h100")', '("v5e:2x4",)')
+            exec(compile(code, f"<guide/plan.md block {i}>", "exec"), namespace)
+    assert "best" in capsys.readouterr().out
+    ts.clear_cache()
+
+
+_NEW_ENOUGH_FOR_CUDA: Final = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 10)

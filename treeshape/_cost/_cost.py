@@ -76,13 +76,9 @@ class Cost:
             by the constants and scalars libtpu keeps in HBM and leaves out of its figures.
         timeline: The bytes live at each step of the schedule, a [treeshape.Timeline][]
             (`None` exactly where `buffers` is).
-        compiler_peak_bytes: On a TPU target, libtpu's own peak
-            (`memory_analysis().peak_memory_in_bytes` of the target compile): what the
-            chip holds, every buffer placed, a donated output once; `largest_fit` judges a
-            TPU target by it. `None` elsewhere.
-        time: How long one run takes on the target, before it runs: a
-            [treeshape.StepTime][] ([How fast will it run?](../guide/time.md)); `None`
-            for a program compiled for this machine (no `target=`).
+        compiler_peak_bytes: On a TPU target, libtpu's own peak (what the chip holds:
+            `largest_fit` judges a TPU by it), else `None`.
+        time: On a target, the time of one run, a [treeshape.StepTime][]; else `None`.
 
     Examples:
         >>> import treeshape as ts

@@ -46,6 +46,13 @@ class PlanRow:
         fit: The [treeshape.Fit][] of the combination, `None` where none fits.
         note: Why none fits, or which time the throughput is of (`"floor"` where the
             target has no checked estimate); `""` otherwise.
+
+    Examples:
+        >>> import treeshape as ts
+        >>> row = ts.PlanRow({"remat": "full"}, size=16, largest=64, seconds=0.175, throughput=91.4,
+        ...                  peak_bytes=5 * 2**30, budget=16 * 2**30, mfu=0.4, fit=None)
+        >>> row.size / row.seconds
+        91.42857142857143
     """
 
     __module__ = "treeshape"
@@ -71,6 +78,20 @@ class Plan:
         rows: One [treeshape.PlanRow][] per combination, by throughput, fastest first (ties:
             the smaller peak); combinations that fit at no size last.
         compiles: The programs compiled for the plan (cached sizes compile nothing).
+
+    Examples:
+        >>> import treeshape as ts
+        >>> fast = ts.PlanRow({"remat": "full"}, 16, 64, 0.175, 91.4, 5 * 2**30, 16 * 2**30, 0.4, None)
+        >>> slow = ts.PlanRow({"remat": "none"}, 8, 11, 0.103, 77.6, 12 * 2**30, 16 * 2**30, 0.3, None)
+        >>> plan = ts.Plan("b", (fast, slow))
+        >>> plan.best.choice, [r.choice["remat"] for r in plan.pareto]
+        ({'remat': 'full'}, ['full'])
+        >>> print(plan)
+              remat  b   largest  seconds   b/s  peak      MFU  note
+        ----  -----  --  -------  --------  ---  --------  ---  ----
+        best  full   16  64       175.0 ms  91   5.0 GiB   40%
+              none   8   11       103.0 ms  78   12.0 GiB  30%
+        ----  -----  --  -------  --------  ---  --------  ---  ----
     """
 
     __module__ = "treeshape"
@@ -274,9 +295,9 @@ def plan(
         ...     w = jax.ShapeDtypeStruct((512, width), jnp.bfloat16)
         ...     x = jax.ShapeDtypeStruct((b, 512), jnp.bfloat16)
         ...     return (lambda w, x: jnp.tanh(x @ w).sum()), w, x
-        >>> p = ts.plan(make, {"width": [256, 1024]}, target="v5e", max_size=4096)  # doctest: +SKIP
-        >>> p.best.choice  # doctest: +SKIP
-        {'width': 256}
+        >>> p = ts.plan(make, {"width": [256, 2048]}, target="v5e", max_size=8)
+        >>> p.best.choice, p.best.size, [r.largest for r in p.rows]
+        ({'width': 256}, 8, [8, 8])
     """
     if not callable(make):
         raise TypeError(f"treeshape.plan: make must be callable, got {type(make).__name__} {make!r}.")
@@ -322,3 +343,7 @@ def plan(
             flush=True,
         )
     return out
+
+
+# The public classes report module `treeshape`, so doctest would not find their examples here.
+__test__ = {"Plan": Plan, "PlanRow": PlanRow}
