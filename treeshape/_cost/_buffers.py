@@ -13,7 +13,7 @@ import dataclasses
 import re
 import warnings
 from collections.abc import Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import jax
 import numpy as np
@@ -25,10 +25,7 @@ from .._table import Description, grid, html_grid
 from . import _liveness, _timeline
 from ._hlo import F, Frames, Index, Instruction, Module, fields, int_field, ints, message_field, str_field
 from ._liveness import Value
-
-
-# What a buffer at the peak holds (`Buffer.kind`).
-BufferKind = Literal["argument", "output", "temporary", "constant"]
+from ._timeline import BufferKind
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,18 +17,22 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import jax
 
 from .. import _compat
 
 
+# The compilers a target compiles with: JAX's CUDA plugin (XLA:GPU) or libtpu.
+Platform = Literal["cuda", "tpu"]
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     name: str  # as `ts.targets()` lists it
     label: str  # as `Cost.backend` names it: "H100", "TPU v5e"
-    platform: str  # "cuda" or "tpu"
+    platform: Platform
     device_bytes: int  # the memory one program may use on one device
     description: str
 
@@ -90,7 +94,7 @@ def targets() -> dict[str, str]:
         >>> sorted(ts.targets())[:3]
         ['a100-40gb', 'a100-80gb', 'b200']
     """
-    compilers = {"cuda": "XLA:GPU through JAX's CUDA plugin", "tpu": "libtpu"}
+    compilers: dict[Platform, str] = {"cuda": "XLA:GPU through JAX's CUDA plugin", "tpu": "libtpu"}
     return {
         t.name: f"{t.description} ({compilers[t.platform]}; {t.device_bytes / _GIB:.1f} GiB per device)"
         for t in _TARGETS.values()
