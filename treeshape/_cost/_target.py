@@ -19,8 +19,6 @@ import re
 from pathlib import Path
 from typing import Any, Final, Literal
 
-import jax
-
 from .. import _compat
 
 
@@ -202,7 +200,9 @@ def check_installed(target: Target, who: str) -> None:
                 f'pip install "treeshape[cuda]" (for jaxlib {jaxlib}: jax-cuda12-plugin=={jaxlib}; no CUDA '
                 "libraries or driver needed)."
             )
-        if _release() < (0, 10):
+        if not (
+            _compat.cuda_starts_without_gpu() and _compat.compiles_without_device(devices(target.name, "1x1x1")[0])
+        ):
             raise _compat.JaxReleaseError("compiling for an NVIDIA GPU without one (target=)", "0.10.0")
     elif not _found("libtpu"):
         raise ImportError(
@@ -225,11 +225,6 @@ def _version(package: str) -> str:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-
-
-def _release() -> tuple[int, int]:
-    major, minor = (int(p) for p in jax.__version__.split(".")[:2])
-    return major, minor
 
 
 class CountError(ValueError):
