@@ -226,25 +226,27 @@ def test_a_cheaper_path_above_some_size_is_not_monotone():
     assert "may fit too" in str(fit)
 
 
-def test_progress_is_one_line_per_compilation_and_a_summary(capsys, compiles):
+def test_progress_is_a_line_as_each_compilation_starts_one_as_it_ends_and_a_summary(capsys, compiles):
     fit = ts.largest_fit(double, jax.ShapeDtypeStruct((B, 100), F32), dim="b", budget=123_457, progress=True)
     out, err = capsys.readouterr()
     lines = err.splitlines()
-    assert out == "" and len(lines) == fit.compiles + 1 == len(compiles) + 1 == 5
-    assert lines[0].startswith("treeshape.largest_fit: b=1: peak 800 B, fits; the answer is in 1..1048576; ")
-    assert lines[1].startswith(
+    assert out == "" and len(lines) == 2 * fit.compiles + 1 and fit.compiles == len(compiles) == 4
+    starts, ends = lines[0:8:2], lines[1:8:2]
+    assert starts == [f"treeshape.largest_fit: b={n}: compiling" for n in (1, 64, 155, 154)]
+    assert ends[0].startswith("treeshape.largest_fit: b=1: peak 800 B, fits; the answer is in 1..1048576; ")
+    assert ends[1].startswith(
         "treeshape.largest_fit: b=64: peak 50.0 KiB (51,200 B), fits; the answer is in 64..1048576; "
     )
-    assert lines[2].startswith(
+    assert ends[2].startswith(
         "treeshape.largest_fit: b=155: peak 121.1 KiB (124,000 B), over the limit of 123,457 B; the answer is in "
         "64..154; "
     )
-    assert lines[3].startswith("treeshape.largest_fit: b=154: peak 120.3 KiB (123,200 B), fits; the answer is 154; ")
-    assert all(re.search(r"; \d+\.\d\d s$", line) for line in lines[:4])
+    assert ends[3].startswith("treeshape.largest_fit: b=154: peak 120.3 KiB (123,200 B), fits; the answer is 154; ")
+    assert all(re.search(r"; \d+\.\d\d s$", line) for line in ends)
     assert re.fullmatch(
         r"treeshape.largest_fit: b=154 fits \(peak 123,200 B, limit 123,457 B\) and b=155 does not; "
         r"4 programs compiled in \d+\.\d s",
-        lines[4],
+        lines[8],
     )
     again = ts.largest_fit(double, jax.ShapeDtypeStruct((B, 100), F32), dim="b", budget=123_457, progress=True)
     assert again.compiles == 0 and len(capsys.readouterr().err.splitlines()) == 1  # the summary alone
@@ -255,7 +257,8 @@ def test_progress_is_one_line_per_compilation_and_a_summary(capsys, compiles):
 def test_progress_when_nothing_fits(capsys):
     with pytest.raises(ValueError, match="even b=1 does not fit"):
         ts.largest_fit(double, jax.ShapeDtypeStruct((B, 100), F32), dim="b", budget=100, progress=True)
-    [line] = capsys.readouterr().err.splitlines()
+    start, line = capsys.readouterr().err.splitlines()
+    assert start == "treeshape.largest_fit: b=1: compiling"
     assert line.startswith("treeshape.largest_fit: b=1: peak 800 B, over the limit of 100 B; the answer is none; ")
 
 
@@ -275,3 +278,25 @@ def test_sizes_xla_cannot_count_are_refused_before_compiling(compiles):
         ts.largest_fit(lambda x: x * 2, big, dim="b", budget=10**9)
     assert str(info.value) == message
     assert compiles == []
+
+
+def test_a_guess_off_the_probes_line_never_reaches_past_four_times_the_largest_size():
+    """A curve that bends down (the line through the two largest sizes that fit is short
+    each time): the search's next size is the line's own guess, or at most 4x the largest
+    size compiled so far, so that no far guess costs a slow compile (or a slow refusal)."""
+
+    def peak(n):
+        return int(1e6 * (1 + n**0.5))
+
+    limit, max_size = peak(200_000), 2**20
+    size, asked = run(peak, limit, max_size)
+    assert size == 200_000
+    for i in range(2, len(asked)):
+        fitting = sorted(n for n in asked[:i] if peak(n) <= limit)
+        if len(fitting) < 2 or any(peak(n) > limit for n in asked[:i]):
+            continue  # bracketed: the window bounds it
+        a, b = fitting[-2:]
+        on_line = b + (limit - peak(b)) * (b - a) // (peak(b) - peak(a)) + 1
+        left = (max_size - 1).bit_length() + 3 - (i - 1)  # compilations left before this one
+        window = max_size + 1 - 2 ** (left - 1)
+        assert asked[i] <= 4 * b + 1 or asked[i] in (on_line, window), (asked[: i + 1], on_line, window)

@@ -626,3 +626,36 @@ def test_largest_fit_takes_a_size_the_targets_compiler_refuses_as_one_that_does_
     assert fit.cost.peak_bytes == ts.cost(jnp.tanh, x.update(shape=(fit.size, 2**16)), target="v5e").peak_bytes
     with pytest.raises(ValueError, match=r"does not fit on TPU v5e x1.*refuses it \(Ran out of memory"):
         ts.cost(jnp.tanh, x.update(shape=(fit.size + 1, 2**16)), target="v5e")
+    assert (
+        fit.refused_next
+        and "was refused by the target's compiler (out of memory): the compiler, not the budget" in str(fit)
+    )
+
+
+def test_a_tpu_target_fits_by_libtpus_own_peak():
+    """libtpu places every buffer as it compiles, and its own peak is what the chip holds
+    (checked on a real v5e: docs/guide/fit.md); `peak_bytes` is another figure there."""
+    (b,) = jax.export.symbolic_shape("b")
+    w = (jax.ShapeDtypeStruct((1024, 2048), jnp.float32), jax.ShapeDtypeStruct((2048, 1024), jnp.float32))
+    x = jax.ShapeDtypeStruct((b, 1024), jnp.float32)
+    budget = 80 * 2**20
+    fit = ts.largest_fit(step, w, x, dim="b", donate_argnums=0, target="v5e", budget=budget, max_size=4096)
+    after = ts.cost(step, w, x.update(shape=(fit.size + 1, 1024)), donate_argnums=0, target="v5e")
+    assert fit.cost.compiler_peak_bytes <= budget < after.compiler_peak_bytes
+    assert fit.cost.peak_bytes != fit.cost.compiler_peak_bytes and not fit.capped
+    assert fit.judged_by is not None and "each size judged by libtpu's own peak" in str(fit)
+    assert f"peak at b={fit.size}" in str(fit) and f"{fit.cost.compiler_peak_bytes:,}" in str(fit)
+
+
+def test_fit_compiles_counts_every_program_a_loop_body_compiled_alone_too(capsys, compiles):
+    (b,) = jax.export.symbolic_shape("b")
+
+    def scanned(w, x):
+        h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, w)
+        return h
+
+    w = jax.ShapeDtypeStruct((4, 256, 256), jnp.float32)
+    x = jax.ShapeDtypeStruct((b, 256), jnp.float32)
+    fit = ts.largest_fit(scanned, w, x, dim="b", target="v5e", budget=2**30, max_size=64, progress=True)
+    sizes = sum("compiling for 'v5e'" in line for line in capsys.readouterr().err.splitlines())
+    assert fit.compiles == len(compiles) > sizes >= 2

@@ -28,5 +28,5 @@ never a room of the wing:
   `parse_bytes`).
 """
 
-from ._fit import parse_bytes as parse_bytes
+from ._common import parse_bytes as parse_bytes
 from ._main import main as main

@@ -5,6 +5,7 @@ NAME` checked (`checked_target`), and a result printed as its table or as JSON
 (`print_result`, `json_data`)."""
 
 import argparse
+import decimal
 import importlib
 import json
 import os
@@ -189,3 +190,38 @@ def json_data(value: Any) -> Any:
     if isinstance(value, numbers.Real):
         return float(value) if math.isfinite(value) else str(value)
     return str(value)
+
+
+# -- amounts of bytes (--budget) ---------------------------------------------------------
+UNITS: Final = {
+    "b": 1,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_AMOUNT: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*")
+
+
+def parse_bytes(text: str) -> int:
+    """A number of bytes written as `17179869184`, `16GiB`, `1.5 GiB` or `16GB` (units
+    B, KiB, MiB, GiB, TiB, and KB, MB, GB, TB in powers of 1000; any case), rounded down.
+
+    Raises:
+        ValueError: `text` is none of these, or less than one byte.
+    """
+    match = _AMOUNT.fullmatch(text)
+    unit = match and UNITS.get(match[2].lower() or "b")
+    if not match or unit is None:
+        raise ValueError(
+            f"malformed amount of bytes {text!r}: expected a number of bytes, or a number and a unit (B, KiB, "
+            "MiB, GiB, TiB, KB, MB, GB, TB), e.g. 16GiB"
+        )
+    amount = int(decimal.Decimal(match[1]) * unit)
+    if amount < 1:
+        raise ValueError(f"{text!r} is less than one byte")
+    return amount

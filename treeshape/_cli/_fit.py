@@ -3,49 +3,13 @@ of `MODULE:ATTR` fits a memory budget, as `ts.Fit`'s table or JSON; `--budget`'s
 bytes read (`parse_bytes`), and a budget nothing fits answered with the one that would."""
 
 import argparse
-import decimal
 import math
-import re
 import sys
 from collections.abc import Callable
-from typing import Any, Final, TextIO
+from typing import Any, TextIO
 
-from ._common import arguments, call_target, checked_target, print_result, spec_leaves
+from ._common import UNITS, arguments, call_target, checked_target, parse_bytes, print_result, spec_leaves
 from ._fail import Fail
-
-
-_UNITS: Final = {
-    "b": 1,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-}
-_AMOUNT: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*")
-
-
-def parse_bytes(text: str) -> int:
-    """A number of bytes written as `17179869184`, `16GiB`, `1.5 GiB` or `16GB` (units
-    B, KiB, MiB, GiB, TiB, and KB, MB, GB, TB in powers of 1000; any case), rounded down.
-
-    Raises:
-        ValueError: `text` is none of these, or less than one byte.
-    """
-    match = _AMOUNT.fullmatch(text)
-    unit = match and _UNITS.get(match[2].lower() or "b")
-    if not match or unit is None:
-        raise ValueError(
-            f"malformed amount of bytes {text!r}: expected a number of bytes, or a number and a unit (B, KiB, "
-            "MiB, GiB, TiB, KB, MB, GB, TB), e.g. 16GiB"
-        )
-    amount = int(decimal.Decimal(match[1]) * unit)
-    if amount < 1:
-        raise ValueError(f"{text!r} is less than one byte")
-    return amount
 
 
 def _amount(n: int) -> str:
@@ -59,7 +23,7 @@ def _at_least(n: int) -> str:
     """A `--budget` of at least `n` bytes in the largest binary unit it reaches, rounded up
     to a tenth: `36.9KiB` for 37,712."""
     for unit in ("TiB", "GiB", "MiB", "KiB"):
-        size = _UNITS[unit.lower()]
+        size = UNITS[unit.lower()]
         if n >= size:
             return f"{math.ceil(n * 10 / size) / 10:g}{unit}"
     return str(n)

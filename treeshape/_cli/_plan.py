@@ -8,7 +8,7 @@ import re
 import sys
 from typing import Any, Final, TextIO
 
-from ._common import checked_target, json_data, resolve
+from ._common import checked_target, json_data, parse_bytes, resolve
 from ._fail import USER_ERRORS, Fail, one_line
 
 
@@ -45,7 +45,6 @@ def choices(given: list[str]) -> dict[str, list[Any]]:
 
 def run(args: argparse.Namespace, stdout: TextIO) -> int:
     from .. import plan
-    from ._fit import parse_bytes
 
     asked = choices(args.choice)
     try:

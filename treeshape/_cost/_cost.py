@@ -530,7 +530,13 @@ def prepare(
     return call, donated_leaves(fn, call, n_args, donate_argnums, donate_argnames, who)
 
 
-def cost_of(call: Call, donated: frozenset[int], target: str | None = None, who: str = "cost") -> tuple[Cost, int]:
+def cost_of(
+    call: Call,
+    donated: frozenset[int],
+    target: str | None = None,
+    who: str = "cost",
+    on_compile: Callable[[], None] | None = None,
+) -> tuple[Cost, int]:
     """The `Cost` of a prepared call (from the cache, or compiled and cached), and how many
     programs were compiled for it: 0 for a cache hit, else 1 (a first attempt that fails
     while tracing, to be retried with bound arrays as constants, compiles nothing). A
@@ -550,6 +556,8 @@ def cost_of(call: Call, donated: frozenset[int], target: str | None = None, who:
     checked: list[tuple[list[Any], list[bool]]] = []  # at the first evaluation: a hit checks nothing
 
     def evaluate(close_bound: bool) -> Cost:
+        if on_compile is not None:  # a miss: the program is about to be traced and compiled
+            on_compile()
         if not checked:
             flat = abstract_inputs(leaves, treedef, who)
             abstract = [is_abstract(x, concrete) for x, concrete in zip(flat, call.concrete(), strict=True)]

@@ -639,18 +639,23 @@ class _Probes:
             bound = self.bind(n)
             call, n_bound = self.call, len(self.call.bound_leaves)
             call_n = Call(call.core, bound[:n_bound], call.bound_treedef, bound[n_bound:], call.call_treedef)
-            if self.progress:
-                where = f" for {self.target!r}" if self.target is not None else ""
-                print(f"treeshape.largest_fit: {self.dim}={n}: compiling{where}", file=sys.stderr, flush=True)
             began = time.perf_counter()
             with _compat.counting_compiles() as programs:
                 try:
-                    self.costs[n], compiled = cost_of(call_n, self.donated, self.target, "largest_fit")
+                    self.costs[n], compiled = cost_of(
+                        call_n, self.donated, self.target, "largest_fit", lambda: self._starting(n)
+                    )
                 finally:
                     self.programs += programs[0]
             if compiled:
                 self.seconds[n] = time.perf_counter() - began
         return self.costs[n]
+
+    def _starting(self, n: int) -> None:
+        """The progress line of a compile as it starts (not for a size from the cache)."""
+        if self.progress:
+            where = f" for {self.target!r}" if self.target is not None else ""
+            print(f"treeshape.largest_fit: {self.dim}={n}: compiling{where}", file=sys.stderr, flush=True)
 
     def judged(self, cost: Cost) -> int | None:
         """The peak a size is judged by: libtpu's own on a TPU target, else `peak_bytes`."""

@@ -243,8 +243,12 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
             trips = _trips(module, computation, instruction, same if at_top else None)
             exact = exact and trips is not None
             body = re.search(r"\bbody=%([^\s,]+)", instruction.text)
-            if body is not None:
-                push(body.group(1), runs * (trips if trips is not None else 1), False)
+            condition = re.search(r"\bcondition=%([^\s,]+)", instruction.text)
+            times = trips if trips is not None else 1
+            if body is not None:  # (pushed last: read first, the condition after it)
+                if condition is not None:
+                    push(condition.group(1), runs * (times + 1), False)
+                push(body.group(1), runs * times, False)
             continue
         if opcode in ("call", "conditional"):  # every branch counted: an upper bound, said so
             called = _BRANCHES.findall(attributes)

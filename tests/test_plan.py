@@ -1,0 +1,168 @@
+"""`ts.plan`: the fastest combination of choices that fits, each combination searched as
+`largest_fit` searches it (the oracle: `largest_fit` and `cost` themselves, asked after the
+plan, compiling nothing), ranked by the throughput `Cost.time` gives."""
+
+import dataclasses
+import functools
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import matplotlib
+import pytest
+
+import treeshape as ts
+from treeshape._cli import main
+
+
+matplotlib.use("Agg")
+BUDGET = 6 * 2**20
+MAX = 64
+(B,) = jax.export.symbolic_shape("b")
+
+
+@functools.cache  # the same step for a combination: asked again, it is a cache hit
+def make(width, remat="none"):
+    """A donated SGD step of two tanh layers of `width`, with a batch of `b` rows."""
+
+    def layer(h, w):
+        return jnp.tanh(h @ w)
+
+    if remat == "full":
+        layer = jax.checkpoint(layer)
+
+    def step(ws, x):
+        def loss(ws):
+            return jnp.mean(layer(layer(x, ws[0]), ws[1]).astype(jnp.float32) ** 2)
+
+        g = jax.grad(loss)(ws)
+        return [w - 0.1 * d for w, d in zip(ws, g, strict=True)]
+
+    ws = [jax.ShapeDtypeStruct((width, width), jnp.bfloat16)] * 2
+    return step, ws, jax.ShapeDtypeStruct((B, width), jnp.bfloat16)
+
+
+CHOICES = {"width": [256, 512, 2048]}  # 2048: its weights alone are over the budget
+
+
+@pytest.fixture(scope="module")
+def planned():
+    return ts.plan(make, CHOICES, target="v5e", budget=BUDGET, donate_argnums=0, max_size=MAX)
+
+
+def test_each_row_is_largest_fit_and_cost_of_its_combination(compiles):
+    planned = ts.plan(make, {"width": [256, 512]}, target="v5e", budget=BUDGET, donate_argnums=0, max_size=MAX)
+    compiles.clear()
+    fitting = [r for r in planned.rows if r.size > 0]
+    assert {r.choice["width"] for r in fitting} == {256, 512}
+    for row in fitting:
+        step, ws, x = make(**row.choice)
+        fit = ts.largest_fit(step, ws, x, dim="b", target="v5e", budget=BUDGET, donate_argnums=0, max_size=MAX)
+        assert (row.largest, row.fit) == (fit.size, dataclasses.replace(fit, compiles=row.fit.compiles))
+        at_size = ts.cost(step, ws, x.update(shape=(row.size, x.shape[1])), donate_argnums=0, target="v5e")
+        assert row.seconds == at_size.time.seconds and row.mfu == at_size.time.mfu
+        assert row.throughput == pytest.approx(row.size / row.seconds)
+        assert row.peak_bytes == at_size.compiler_peak_bytes <= BUDGET and row.budget == BUDGET
+        assert 1 <= row.size <= row.largest and row.note == ""
+    assert compiles == []  # the plan compiled all of it: asked after it, nothing compiles
+
+
+def test_a_combination_that_fits_at_no_size_is_a_row_with_its_reason(planned):
+    last = planned.rows[-1]
+    assert last.choice == {"width": 2048} and (last.size, last.largest, last.fit, last.seconds) == (0, 0, None, None)
+    assert last.throughput == 0.0 and "even b=1 does not fit" in last.note
+
+
+def test_rows_fastest_first_the_best_and_the_pareto_rows(planned):
+    fitting = [r for r in planned.rows if r.size > 0]
+    assert [r.throughput for r in fitting] == sorted((r.throughput for r in fitting), reverse=True)
+    assert planned.best is planned.rows[0]
+    for r in planned.pareto:
+        assert not any(
+            o.throughput >= r.throughput and o.peak_bytes <= r.peak_bytes and o is not r
+            and (o.throughput > r.throughput or o.peak_bytes < r.peak_bytes)
+            for o in fitting
+        )  # fmt: skip
+    assert planned.best in planned.pareto
+
+
+def test_a_rows_size_is_the_fastest_of_those_compiled_and_the_powers_of_two_below(planned):
+    for row in (r for r in planned.rows if r.size > 0):
+        step, ws, x = make(**row.choice)
+        sizes = {row.largest} | {2**k for k in range(row.largest.bit_length()) if 2**k < row.largest}
+        rates = {
+            n: n / ts.cost(step, ws, x.update(shape=(n, x.shape[1])), donate_argnums=0, target="v5e").time.seconds
+            for n in sizes
+        }
+        assert rates[row.size] >= max(rates.values()) * (1 - 1e-12)
+
+
+def test_compiles_at_most_largest_fits_and_one_per_power_of_two():
+    jax.clear_caches()
+    ts.clear_cache()
+    p = ts.plan(make, {"width": [256]}, target="v5e", budget=BUDGET, donate_argnums=0, max_size=MAX)
+    (row,) = p.rows
+    powers = sum(1 for k in range(row.largest.bit_length()) if 2**k < row.largest)
+    assert row.fit.compiles <= p.compiles <= row.fit.compiles + 2 * powers  # (a body compiled alone counts too)
+
+
+def test_the_table_the_page_and_the_picture(planned):
+    text = str(planned).splitlines()
+    assert text[0].split()[:4] == ["width", "b", "largest", "seconds"] and text[2].startswith("best")
+    assert "2048" in text[-2] and "even b=1" in text[-2]
+    assert "<table" in planned._repr_html_()
+    ax = planned.plot()
+    assert ax.get_xlabel() == "peak memory per device (GiB)" and len(ax.collections) >= 2
+    with pytest.raises(TypeError, match="Plan.plot's ax must be a matplotlib Axes"):
+        planned.plot(ax="axes")
+
+
+def test_progress_names_each_combination_and_compile(capsys):
+    ts.plan(make, {"width": [256], "remat": ["full"]}, target="v5e", budget=BUDGET, max_size=8, progress=True)
+    err = capsys.readouterr().err
+    assert "treeshape.plan: [1/1] width=256, remat='full'" in err
+    assert "treeshape.largest_fit: b=1: compiling for 'v5e'" in err and "treeshape.plan: best width=256" in err
+
+
+def test_an_error_in_make_names_the_combination():
+    def broken(width):
+        if width == 512:
+            raise KeyError("no such layer")
+        return make(width)
+
+    with pytest.raises(KeyError, match="no such layer") as caught:
+        ts.plan(broken, {"width": [256, 512]}, target="v5e", budget=BUDGET, max_size=8)
+    assert "treeshape.plan: raised by make(width=512)" in caught.value.__notes__
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="pass target= one of"):
+        ts.plan(make, CHOICES)
+    with pytest.raises(TypeError, match="choices must be a non-empty dict"):
+        ts.plan(make, [("width", [256])], target="v5e")
+    with pytest.raises(ValueError, match=r"choices\['width'\] is empty"):
+        ts.plan(make, {"width": []}, target="v5e")
+    with pytest.raises(TypeError, match=r"choices\['width'\] must be a sequence"):
+        ts.plan(make, {"width": "256"}, target="v5e")
+    with pytest.raises(TypeError, match="make must be callable"):
+        ts.plan(None, CHOICES, target="v5e")
+
+
+def test_the_command_line_plans_and_prints_json(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "planned.py").write_text(
+        "import jax, jax.numpy as jnp\n"
+        "(b,) = jax.export.symbolic_shape('b')\n"
+        "def make(width):\n"
+        "    step = lambda w, x: jnp.tanh(x @ w)\n"
+        "    return step, jax.ShapeDtypeStruct((width, width), jnp.bfloat16), "
+        "jax.ShapeDtypeStruct((b, width), jnp.bfloat16)\n"
+    )
+    argv = ["plan", "planned:make", "--choice", "width=128,256", "--target", "v5e", "--budget", "4MiB"]
+    assert main([*argv, "--max-size", "16", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["dim"] == "b" and [sorted(r["choice"]) for r in data["rows"]] == [["width"], ["width"]]
+    assert all(math.isclose(r["throughput"], r["size"] / r["seconds"]) for r in data["rows"])
+    assert main(["plan", "planned:make", "--choice", "width", "--target", "v5e"]) == 2
+    assert "expected NAME=V1,V2" in capsys.readouterr().err

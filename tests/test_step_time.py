@@ -1,0 +1,156 @@
+"""`Cost.time`: the time of one run on a target, before it runs. The oracles are libtpu's
+own dump of the same compile (its `estimated_cycles`, each loop body counted by its trip
+count), XLA's cost analysis, and the chips' published figures; the estimate itself was
+checked on a real v5e (docs/guide/time.md)."""
+
+import json
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import topologies
+
+import treeshape as ts
+from treeshape._cli import main
+
+
+NEW_ENOUGH = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 10)
+needs_cuda_release = pytest.mark.skipif(not NEW_ENOUGH, reason="jax < 0.10: NVIDIA targets are a JaxReleaseError")
+V5E_BF16 = 197e12
+V5E_CLOCK = 1.5e9
+LENGTH = 5
+
+
+def scanned(w, x):
+    """A donated SGD step of LENGTH layers under `lax.scan`, a matmul outside."""
+
+    def loss(w):
+        h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, w["layers"])
+        return jnp.mean((h @ w["out"]).astype(jnp.float32) ** 2)
+
+    g = jax.grad(loss)(w)
+    return jax.tree.map(lambda p, d: p - 0.1 * d, w, g)
+
+
+def scanned_inputs(width=512, batch=256):
+    w = {
+        "layers": jax.ShapeDtypeStruct((LENGTH, width, width), jnp.bfloat16),
+        "out": jax.ShapeDtypeStruct((width, 128), jnp.bfloat16),
+    }
+    return w, jax.ShapeDtypeStruct((batch, width), jnp.bfloat16)
+
+
+def _cycles_with_loops(text):
+    """libtpu's estimated cycles of a dumped module: the entry's kernels once, each loop's
+    body LENGTH times and its condition LENGTH + 1 times (the test's loops all run LENGTH)."""
+    computations = dict(re.findall(r"^(?:ENTRY )?%(\S+) \(.*?\{\n(.*?)\n\}", text, flags=re.M | re.S))
+    entry = re.search(r"^ENTRY %(\S+) ", text, flags=re.M)[1]
+
+    def cycles(name, runs):
+        total = 0.0
+        for line in computations[name].splitlines():
+            found = re.search(r'"estimated_cycles":"(\d+)"', line)
+            total += runs * int(found[1]) if found else 0
+            loop = re.search(r"condition=%([^\s,]+), body=%([^\s,]+)", line)
+            if loop:
+                total += cycles(loop[2], runs * LENGTH) + cycles(loop[1], runs * (LENGTH + 1))
+        return total
+
+    return cycles(entry, 1)
+
+
+def test_compiler_seconds_are_libtpus_own_cycles_with_each_loop_counted(tmp_path):
+    w, x = scanned_inputs()
+    c = ts.cost(scanned, w, x, donate_argnums=0, target="v5e")
+    device = jax.sharding.SingleDeviceSharding(topologies.get_topology_desc("v5e:2x2", "tpu").devices[0])
+    placed = jax.tree.map(lambda s: s.update(sharding=device), (w, x))
+    options = {"xla_dump_to": str(tmp_path), "xla_dump_hlo_as_text": True}
+    jax.jit(scanned, donate_argnums=0).lower(*placed).compile(options)
+    (dumped,) = tmp_path.glob("*after_codegen.txt")
+    assert c.time.compiler_seconds == pytest.approx(_cycles_with_loops(dumped.read_text()) / V5E_CLOCK, rel=1e-12)
+    in_loop = [k for k in c.time.kernels if k.runs == LENGTH]  # the body's: forward and backward
+    assert sum(k.kind == "matmul" for k in in_loop) >= 2
+    assert all(k.runs in (1, LENGTH, LENGTH + 1) for k in c.time.kernels)
+
+
+def test_the_kernels_sum_to_seconds_above_the_floor_and_flops_at_peak():
+    w, x = scanned_inputs()
+    c = ts.cost(scanned, w, x, donate_argnums=0, target="v5e")
+    t = c.time
+    assert sum(k.seconds for k in t.kernels) == pytest.approx(t.seconds, rel=1e-9)
+    assert c.flops / V5E_BF16 <= t.floor_seconds <= t.seconds
+    # Each loop counted by its trip count, as `cost` counts it (which also takes off what an
+    # unrolled program drops from a loop's last run: the kernels run it as compiled).
+    assert c.flops <= sum(k.flops for k in t.kernels) <= 1.1 * c.flops
+    assert t.mfu == pytest.approx(c.flops / (t.seconds * V5E_BF16))
+    assert list(t.kernels) == sorted(t.kernels, key=lambda k: -k.seconds)
+    assert t.source.startswith("libtpu's cost model, checked on a v5e: 20 of 22 steps within 20%")
+    line = next(line for line in str(c).splitlines() if line.startswith("time "))
+    assert re.fullmatch(r"time \S+ (ms|us) per step on TPU v5e \(libtpu's cost model, .*\), MFU \d+%", line)
+    table = str(t).splitlines()
+    assert table[0] == line and table[2].split() == ["kernel", "source", "runs", "seconds", "share"]
+    assert any("test_step_time.py:" in row for row in table)
+
+
+def test_phases_are_named_as_the_timeline_names_them_and_add_up():
+    def f(x):
+        with jax.named_scope("first"):
+            x = jnp.sin(x) @ x
+        with jax.named_scope("second"):
+            return jnp.cos(x) @ x
+
+    x = jax.ShapeDtypeStruct((512, 512), jnp.float32)
+    c = ts.cost(f, x, target="v5e")
+    names = [name for name, _ in c.time.phases()]
+    assert names[:2] == ["first", "second"] and names[-1] == "between steps"
+    if c.timeline is not None:  # (none from the libtpu of jax 0.8.0)
+        assert {p.name for p in c.timeline.phases()} <= set(names) | {"(XLA's own)"}
+    assert sum(s for _, s in c.time.phases()) == pytest.approx(c.time.seconds)
+    with pytest.raises(ValueError, match="depth must be an int >= 1"):
+        c.time.phases(0)
+
+
+@needs_cuda_release
+def test_an_nvidia_target_gives_its_floor_and_no_estimate():
+    w, x = scanned_inputs()
+    c = ts.cost(scanned, w, x, donate_argnums=0, target="h100")
+    t = c.time
+    assert t.seconds is None and t.compiler_seconds is None and t.mfu is None
+    assert c.flops / 989.4e12 <= t.floor_seconds
+    assert sum(k.seconds for k in t.kernels) == pytest.approx(t.floor_seconds, rel=1e-9)
+    assert "roofline floor only" in t.source
+    assert "time at least" in str(c)
+
+
+def test_the_cpu_without_a_target_has_no_time():
+    w, x = scanned_inputs(width=64, batch=8)
+    assert ts.cost(scanned, w, x).time is None
+
+
+def test_a_chip_never_measured_says_its_correction_came_from_a_v5e():
+    x = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
+    t = ts.cost(lambda a: a @ a, x, target="v6e").time
+    assert "measured on a v5e (this chip is not measured)" in t.source
+    assert t.floor_seconds <= t.seconds
+
+
+def test_asking_again_compiles_nothing(compiles):
+    w, x = scanned_inputs(width=128, batch=64)
+    first = ts.cost(scanned, w, x, target="v5e")
+    before = len(compiles)
+    again = ts.cost(scanned, w, x, target="v5e")
+    assert len(compiles) == before and again.time == first.time
+
+
+def test_the_command_line_prints_the_kernels_and_the_json(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "timed.py").write_text("import jax.numpy as jnp\n\ndef f(a, b):\n    return jnp.tanh(a @ b)\n")
+    assert main(["cost", "timed:f", "bf16[512,512]", "bf16[512,512]", "--target", "v5e", "--time"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^time \S+ us per step on TPU v5e", out, flags=re.M)
+    assert re.search(r"^kernel +source +runs +seconds +share$", out, flags=re.M)
+    assert main(["cost", "timed:f", "bf16[512,512]", "bf16[512,512]", "--target", "v5e", "--json"]) == 0
+    time = json.loads(capsys.readouterr().out)["time"]
+    assert {"seconds", "compiler_seconds", "floor_seconds", "mfu", "kernels"} <= set(time)
+    assert sum(k["seconds"] for k in time["kernels"]) == pytest.approx(time["seconds"])
