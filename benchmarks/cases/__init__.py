@@ -29,6 +29,7 @@ MODULES = (
     "scale_cached_call",  # 18 scale_cached_call (group: scale)
     "target",  # 19 target
     "timeline",  # 20 timeline
+    "step_time",  # 21 step_time
 )
 
 for _name in MODULES:

@@ -320,12 +320,18 @@ def _own_ops(cost: Cost, around: bool, pmap: str | None = None) -> Cost:
 
 def _targeted(program: Compiled) -> Cost:
     """The `Cost` of a program compiled for a named accelerator: its own memory figures and
-    buffers, its device memory, each loop body counted as often as it runs (each body
+    buffers, its device memory, its time, each loop body counted as often as it runs (on a
+    TPU read from libtpu's optimized module; else, or where that cannot be read, each body
     compiled alone by the target's compiler for the target's devices, as `_loops` does for
     this process's)."""
     placed = program.target
-    loops = NO_LOOPS
-    if holds_loops(program.jaxpr.jaxpr):
+    loops, looped = NO_LOOPS, holds_loops(program.jaxpr.jaxpr)
+    if looped and placed.target.platform == "tpu":
+        # libtpu's optimized module tells each loop's body and trip count: read there, as a
+        # far mesh's are (nothing compiles again); compiled alone below where it cannot be.
+        loops = compiled_loops(program.compiled, scan_lengths(program.jaxpr.jaxpr))
+        looped = not loops.exact
+    if looped:
         analysis = _compat.cost_analysis(program.compiled)
         reported = (_figure(analysis.get("flops")), _figure(analysis.get("bytes accessed")))
         try:  # each body compiled alone by the target's compiler, on the target's devices

@@ -657,6 +657,10 @@ class _Probes:
             where = f" for {self.target!r}" if self.target is not None else ""
             print(f"treeshape.largest_fit: {self.dim}={n}: compiling{where}", file=sys.stderr, flush=True)
 
+    def unknown_peak(self, n: int) -> bool:
+        """Whether the target's compiler refused size `n` for want of memory (no peak known)."""
+        return n in self.refused and "out of memory" in self.refused[n][0]
+
     def judged(self, cost: Cost) -> int | None:
         """The peak a size is judged by: libtpu's own on a TPU target, else `peak_bytes`."""
         if self.tpu and cost.compiler_peak_bytes is not None:
@@ -914,7 +918,7 @@ def search(
     limit = _limit(budget, margin)
     report = (lambda n, peak, lo, hi: _report_size(probes, limit, n, peak, lo, hi)) if progress else None
     _check_size_one(probes, budget, margin, limit, report)
-    size, known = _search(lambda n: probes.peak_at(n, limit), limit, max_size, report, probes.refused.__contains__)
+    size, known = _search(lambda n: probes.peak_at(n, limit), limit, max_size, report, probes.unknown_peak)
     fit = _fit(probes, size, known, budget, margin, budget_source)
     if progress:
         _report_fit(fit, known[size], limit, len(probes.refused), time.perf_counter() - start)
