@@ -10,16 +10,17 @@ import pytest
 
 import treeshape as ts
 from treeshape import _compat
+from treeshape._cost import _target
 
 
-_PACKAGE = pathlib.Path(_compat.__file__).parent
+_PACKAGE = pathlib.Path(ts.__file__).parent
 
 
-def test_only_compat_imports_jax_internals():
+def test_only_the_compat_wing_imports_jax_internals():
     offenders = [
-        path.name
-        for path in sorted(_PACKAGE.glob("*.py"))
-        if path.name != "_compat.py" and re.search(r"^\s*(from|import)\s+jax\._src", path.read_text(), re.M)
+        str(path.relative_to(_PACKAGE))
+        for path in sorted(_PACKAGE.rglob("*.py"))
+        if path.parent != _PACKAGE / "_compat" and re.search(r"^\s*(from|import)\s+jax\._src", path.read_text(), re.M)
     ]
     assert offenders == []
 
@@ -458,3 +459,21 @@ def test_the_given_sharding_field_of_a_shape_dtype_struct_holds_what_sharding_re
     with jax.set_mesh(mesh):
         assert leaf.sharding == jax.sharding.NamedSharding(mesh, spec)
     assert getattr(leaf, _compat.GIVEN_SHARDING_FIELD) is spec  # (the slot, on every supported release)
+
+
+def test_the_cuda_plugin_starts_and_compiles_a_matrix_product_without_a_gpu_from_jax_0_10():
+    """JAX kept to the CPU (tests/conftest.py, which also lets jax 0.8.0's plugin start without
+    CUDA's libraries): XLA:GPU describes an H100's topology, and from jax 0.10.0 compiles a
+    matrix product for it without one; jax 0.8.0's wants autotuning results from the GPU."""
+    assert _compat.cuda_starts_without_gpu()
+    (h100,) = _target.devices("h100", "1x1x1")
+    new_enough = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 10)
+    assert _compat.compiles_without_device(h100) is new_enough
+    x = jax.ShapeDtypeStruct((16, 16), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(h100))
+    try:
+        jax.jit(jnp.dot).lower(x, x).compile()
+    except jax.errors.JaxRuntimeError:  # "Expect autotune result cache hit for deviceless compilation"
+        compiled = False
+    else:
+        compiled = True
+    assert compiled is new_enough

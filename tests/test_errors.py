@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import traceback
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -561,3 +562,10 @@ def test_long_lists_name_the_first_three_then_the_count():
     keys = {f"k{i}": jax.random.key(i) for i in range(4)}
     with pytest.raises(TypeError, match=r"tree\['k2'\] \(key<fry>\[\]\) and 1 more\. Leave key leaves out"):
         ts.structure_of(keys).astype(jnp.float32, where=lambda path, leaf: True)
+
+
+def test_the_mismatch_kinds_are_the_ones_its_docs_name():
+    kinds = typing.get_args(typing.get_type_hints(ts.Mismatch)["kind"])
+    documented = ts.Mismatch.__doc__.split("kind:")[1].split("expected:")[0]
+    assert re.findall(r'`"(\w+)"`', documented) == list(kinds)
+    assert "weak_type" in kinds and "cache" in kinds

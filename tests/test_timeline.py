@@ -13,6 +13,7 @@ bytes, and compared with what `ts.cost` read from the compiled program.
 import dataclasses
 import pathlib
 import re
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -381,6 +382,7 @@ def test_the_timeline_adds_up_whatever_the_step(depth, width, batch, donate, sca
     t = c.timeline
     n = len(t.live_bytes)
     assert len(t.ops) == n and all(len(v) == n for v in t.by_kind.values())
+    assert tuple(t.by_kind) == typing.get_args(typing.get_type_hints(ts.Buffer)["kind"])  # every kind, in order
     assert [sum(k) for k in zip(*t.by_kind.values(), strict=True)] == list(t.live_bytes)
     assert t.peak_step == t.live_bytes.index(max(t.live_bytes)) and max(t.live_bytes) == c.live_peak_bytes
     assert t.buffers_at(t.peak_step) == c.buffers

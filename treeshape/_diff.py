@@ -22,7 +22,7 @@ import jax
 import jax.tree_util as jtu
 
 from . import _nodes, _tree
-from ._errors import FieldReprOnly, FieldValue, Mismatch, StaticReprOnly, StaticValue
+from ._errors import FieldReprOnly, FieldValue, Mismatch, MismatchKind, StaticReprOnly, StaticValue
 from ._leaf import leaf_str, same_type, static_value, varying_axes
 from ._nodes import node_type_name
 from ._shapes import same_symbolic_shape
@@ -67,7 +67,7 @@ class _Found(list[Mismatch]):
         self.root = root
         self.leaf_index = leaf_index
 
-    def add(self, path: str, kind: str, expected: Any, actual: Any) -> None:
+    def add(self, path: str, kind: MismatchKind, expected: Any, actual: Any) -> None:
         self.append(Mismatch(path, kind, expected, actual, root=self.root))
 
 

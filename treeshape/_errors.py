@@ -6,7 +6,7 @@ import dataclasses
 import inspect
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import jax
 
@@ -18,6 +18,10 @@ from ._tree import clip
 def _spec(x: Any) -> Any:
     """A `PartitionSpec` as every release prints it alike (`P('d', None)`); anything else as itself."""
     return spec_text(x) if isinstance(x, jax.sharding.PartitionSpec) else x
+
+
+# What a `Mismatch` is a difference of (`Mismatch.kind`).
+MismatchKind = Literal["structure", "shape", "dtype", "weak_type", "vma", "sharding", "setting", "function", "cache"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +78,7 @@ class Mismatch:
     __module__ = "treeshape"  # as users import it (JAX's and pytest's messages show it)
 
     path: str
-    kind: str
+    kind: MismatchKind
     expected: Any
     actual: Any
     root: str = dataclasses.field(default="tree", kw_only=True)

@@ -20,6 +20,7 @@ from ._errors import (
     CarryMismatchError,
     Line,
     Mismatch,
+    MismatchKind,
     PrecisionWarning,
     carry_shape_fix,
     carry_sharding_fix,
@@ -230,7 +231,7 @@ def _join(
         if c == o:  # the common case: nothing to join
             joined.append(c)
             continue
-        failures: list[tuple[str, Any, Any, str]] = []  # kind, expected, actual, fix
+        failures: list[tuple[MismatchKind, Any, Any, str]] = []  # kind, expected, actual, fix
         new = c
         if not isinstance(o, jax.ShapeDtypeStruct):
             fix = carry_structure_fix(roles.fn, roles.init, roles.root)

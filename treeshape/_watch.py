@@ -26,7 +26,7 @@ from . import _compat, _nodes
 from ._call import wrapper_named
 from ._compat import spec_text
 from ._diff import diff_structures
-from ._errors import FieldValue, Mismatch, format_report, mismatch_line
+from ._errors import FieldValue, Mismatch, MismatchKind, format_report, mismatch_line
 from ._structure import Structure
 
 
@@ -438,6 +438,7 @@ def _retrace(name: str, history: _History, now: Trace, generation: int) -> Retra
     i, _, mismatches = best
     closest = history.traces[i]
     if not mismatches:
+        kind: MismatchKind
         if history.generations[i] != generation:
             fix = (
                 "JAX's caches were cleared since that trace (`jax.clear_caches()`, or a library that calls it), "

@@ -13,7 +13,8 @@ The rest of the package imports this front, never a room of the wing:
 - `_program`: the program itself, as the user's jit wrapper compiles it;
 - `_loops` and `_hlo_loops`: what XLA's analysis misses of loop bodies run many times
   (from the traced program, or read from the compiled one);
-- `_hlo` and `_buffers`: the compiled module and buffer assignment, read;
+- `_hlo`, `_liveness` and `_buffers`: the compiled module, its values' live ranges and the
+  buffer assignment, read;
 - `_per_device`, `_simulate`, `_target`, `_deviceless`: where it compiles (one device's
   program inside `shard_map`, a far mesh in a child process, a named accelerator);
 - `_timeline`: `Timeline` and `Phase`, the bytes live over the schedule;

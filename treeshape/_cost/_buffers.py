@@ -4,26 +4,16 @@ schedule, and what became of donated inputs (`Cost.buffers`, `Cost.donation`).
 Read from what XLA returns with the compiled program, nothing runs: the buffer assignment
 (every logical buffer, its size, defining instruction and place in an allocation) and the
 optimized, scheduled module (instructions, operands, schedule, metadata, input/output
-aliases). Both are protobuf messages, decoded by `_hlo`.
-
-Live ranges follow XLA's own `HloLiveRange` on the flattened schedule (a `while`'s
-condition and body, a `call`'s or `conditional`'s computations, placed before the
-instruction): a value lives from its defining instruction (a computation's parameters
-from the start of that computation) to its last use or position (a computation's root:
-to the end of that computation; a while's operand: until its loop starts; a loop
-condition's parameter: until its body starts; a get-tuple-element uses a tuple's table
-only, a tuple none of its operands); an entry parameter that no output reuses lives to
-the end. `tests/test_buffers.py` and `tests/test_timeline.py` check these live ranges
-against those XLA writes with `--xla_dump_to`, at every step. The bytes live at each step
-(`_timeline`), per allocation the union of the (offset, size) of the live values, give
-the peak: the first step where they are the most.
+aliases). Both are protobuf messages, decoded by `_hlo`. Each value's live range is
+`_liveness`'s; the bytes live at each step (`_timeline`), per allocation the union of the
+(offset, size) of the live values, give the peak: the first step where they are the most.
 """
 
 import dataclasses
 import re
 import warnings
 from collections.abc import Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import jax
 import numpy as np
@@ -32,12 +22,10 @@ from .. import _compat
 from .._dtypes import short_dtype
 from .._shapes import human_bytes, short_shape
 from .._table import Description, grid, html_grid
-from . import _timeline
+from . import _liveness, _timeline
 from ._hlo import F, Frames, Index, Instruction, Module, fields, int_field, ints, message_field, str_field
-
-
-# What a buffer at the peak holds (`Buffer.kind`).
-BufferKind = Literal["argument", "output", "temporary", "constant"]
+from ._liveness import Value
+from ._timeline import BufferKind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,210 +104,6 @@ class Reading:
     timeline: _timeline.Timeline
 
 
-# -- live ranges ------------------------------------------------------------------------
-_FLATTENED: Final = frozenset({"call", "conditional"})
-# As XLA's dataflow analysis: these read only the top-level (table) buffer of a tuple operand,
-# and these use no operand value (they pass them through).
-_TOP_LEVEL: Final = frozenset({"get-tuple-element", "copy"})
-_PASS_THROUGH: Final = frozenset({"tuple", "domain"})
-
-
-def _flatten(module: Module) -> tuple[list[int], dict[int, tuple[int, int]]]:
-    """The flattened schedule (instruction ids) and each computation's span in it, as
-    XLA's `HloLiveRange` flattens it."""
-    order: list[int] = []
-    spans: dict[int, tuple[int, int]] = {}
-
-    def visit(computation: int) -> None:
-        if computation in spans or computation not in module.sequences:
-            return
-        start = len(order)
-        spans[computation] = (start, start)  # guards against cycles
-        for iid in module.sequences[computation]:
-            ins = module.instructions.get(iid)
-            if ins is None:
-                continue
-            if ins.opcode in _FLATTENED:
-                for c in ins.called:
-                    visit(c)
-            elif ins.opcode == "while":
-                body, condition = _while_parts(module, ins)
-                visit(condition)
-                visit(body)
-            order.append(iid)
-        spans[computation] = (start, len(order))
-
-    visit(module.entry)
-    return order, spans
-
-
-def _while_parts(module: Module, ins: Instruction) -> tuple[int, int]:
-    """A while's (body, condition): the condition's root is a `pred[]`."""
-    a, b = ins.called[0], ins.called[1]
-    root_a = module.instructions.get(module.roots.get(a, -1))
-    if root_a is not None and root_a.shape.dtype == "bool" and not root_a.shape.dims and not root_a.shape.tuple_shapes:
-        return b, a
-    return a, b
-
-
-@dataclasses.dataclass
-class _Value:
-    id: int
-    size: int
-    instruction: int
-    index: Index
-    allocation: int = -1
-    offset: int = 0
-    start: int = -1
-    end: int = -1
-
-
-def _callers(module: Module, order: list[int]) -> dict[int, Instruction]:
-    """The instruction that calls each flattened computation (a while's body and condition,
-    a call's or a conditional's computations)."""
-    callers: dict[int, Instruction] = {}
-    for iid in order:
-        ins = module.instructions[iid]
-        if ins.opcode in _FLATTENED or ins.opcode == "while":
-            for c in ins.called:
-                callers.setdefault(c, ins)
-    return callers
-
-
-def _value_sets(
-    module: Module, order: list[int], defined: dict[tuple[int, Index], int]
-) -> dict[int, dict[Index, set[int]]]:
-    """Which values each scheduled instruction holds at each shape index: its own where it
-    defines one, else what flows into it (tuples, get-tuple-element, bitcasts, loops, calls)."""
-    sets: dict[int, dict[Index, set[int]]] = {}
-    callers = _callers(module, order)
-    empty: set[int] = set()
-
-    def at(iid: int, index: Index) -> set[int]:
-        return sets.get(iid, {}).get(index, empty)
-
-    def inflow(ins: Instruction, index: Index) -> set[int]:
-        op = ins.opcode
-        if op == "parameter":
-            caller = callers.get(ins.computation)
-            if caller is None:
-                return empty
-            if caller.opcode == "while":
-                return at(caller.operands[0], index) if caller.operands else empty
-            if caller.opcode == "conditional":
-                branch = caller.called.index(ins.computation)
-                return at(caller.operands[branch + 1], index) if branch + 1 < len(caller.operands) else empty
-            return at(caller.operands[ins.parameter], index) if ins.parameter < len(caller.operands) else empty
-        if op == "get-tuple-element":
-            return at(ins.operands[0], (ins.tuple_index, *index))
-        if op == "tuple":
-            return at(ins.operands[index[0]], index[1:]) if index else empty
-        if op == "while":  # what the body returns (its parameter holds what comes in)
-            body, _ = _while_parts(module, ins)
-            return at(module.roots.get(body, -1), index)
-        if op in _FLATTENED:
-            return set().union(*(at(module.roots.get(c, -1), index) for c in ins.called))
-        return at(ins.operands[0], index) if ins.operands else empty
-
-    for iid in order:
-        ins = module.instructions[iid]
-        held: dict[Index, set[int]] = {}
-        for index in ins.shape.indices():
-            value = defined.get((iid, index))
-            held[index] = {value} if value is not None else set(inflow(ins, index))
-        sets[iid] = held
-    return sets
-
-
-def _live_ranges(module: Module, values: dict[int, _Value]) -> tuple[list[int], dict[int, dict[Index, set[int]]]]:
-    """Set each value's live range (start, end) on the flattened schedule, as XLA's
-    `HloLiveRange` does; return that schedule (its end time is its length) and the values
-    each instruction holds."""
-    order, spans = _flatten(module)
-    time = {iid: t for t, iid in enumerate(order)}
-    defined = {(v.instruction, v.index): v.id for v in values.values()}
-    sets = _value_sets(module, order, defined)
-    end_time = len(order)
-    aliased = {p for _, p in module.aliases}
-    body_of = {}  # a while's condition -> its body
-    for ins in map(module.instructions.__getitem__, order):
-        if ins.opcode == "while":
-            body, condition = _while_parts(module, ins)
-            if body in spans:
-                body_of[condition] = body
-    root_of = {root: c for c, root in module.roots.items()}
-    for v in values.values():
-        t = time.get(v.instruction)
-        if t is None:
-            continue
-        ins = module.instructions[v.instruction]
-        v.start = spans[ins.computation][0] if ins.opcode == "parameter" else t
-        v.end = t
-        if ins.opcode == "parameter" and ins.computation == module.entry and ins.parameter not in aliased:
-            v.end = end_time
-        elif ins.opcode == "parameter" and ins.computation in body_of:  # XLA keeps a loop condition's
-            v.end = max(v.end, spans[body_of[ins.computation]][0])  # parameter until its body starts
-    for iid in order:
-        t = time[iid]
-        ins = module.instructions[iid]
-        computation = root_of.get(iid)
-        position_time = spans[computation][1] if computation in spans else t
-        for held in sets[iid].values():
-            for vid in held:
-                v = values[vid]
-                if v.start >= 0 and position_time > v.end:
-                    v.end = position_time
-        if ins.opcode == "call" and all(c in spans for c in ins.called):
-            continue  # its uses are those of the called computation's instructions
-        if ins.opcode in _PASS_THROUGH:
-            continue  # a tuple holds its operands' values (a position), it uses none
-        use_time = t
-        if ins.opcode == "while":  # a while's operand is used until its loop starts
-            use_time = min((spans[c][0] for c in ins.called if c in spans), default=t)
-        for operand in ins.operands:
-            for index, held in sets.get(operand, {}).items():
-                if index and ins.opcode in _TOP_LEVEL:
-                    continue  # it reads the tuple's table only: the elements it holds are positions
-                for vid in held:
-                    v = values[vid]
-                    if v.start >= 0 and use_time > v.end:
-                        v.end = use_time
-    return order, sets
-
-
-_SEQUENCE_STEP: Final = re.compile(r"^    (\d+):(\S+)$")
-_VALUE_RANGE: Final = re.compile(r"^    (\S+)\{([\d,]*)\}:(\d+)-(\d+)$")
-
-
-def _dumped_live_ranges(
-    module: Module, values: dict[int, _Value], text: str
-) -> tuple[list[int], dict[int, dict[Index, set[int]]]]:
-    """Set each value's live range from the compiler's own dump (its `HloLiveRange`: the
-    instruction sequence, then each value's `name{index}:start-end`); return that sequence
-    as instruction ids (-1 for a name the module does not hold) and the values each
-    instruction holds, as `_live_ranges` does. A value the dump does not list is not live."""
-    ids = {ins.name: ins.id for ins in module.instructions.values()}
-    by_position = {(v.instruction, v.index): v for v in values.values()}
-    sets = _value_sets(module, _flatten(module)[0], {position: v.id for position, v in by_position.items()})
-    for v in values.values():
-        v.start = v.end = -1
-    order: list[int] = []
-    section = ""
-    for line in text.splitlines():
-        if line.startswith("  ") and not line.startswith("    "):
-            section = line.strip()
-        elif section == "InstructionSequence:" and (step := _SEQUENCE_STEP.match(line)):
-            order.append(ids.get(step.group(2), -1))
-        elif section == "BufferLiveRange:" and (found := _VALUE_RANGE.match(line)):
-            index = tuple(int(i) for i in found.group(2).split(",") if i)
-            held = by_position.get((ids.get(found.group(1), -1), index))
-            if held is not None:
-                held.start, held.end = int(found.group(3)), int(found.group(4))
-    if not order:
-        raise ValueError("the dumped live ranges hold no instruction sequence")
-    return order, sets
-
-
 # -- the buffer assignment -----------------------------------------------------------------
 @dataclasses.dataclass
 class _Allocation:
@@ -336,14 +120,14 @@ class _Allocation:
         return not self.thread_local and self.color == 0
 
 
-def _assignment(data: bytes) -> tuple[dict[int, _Value], dict[int, _Allocation]]:
+def _assignment(data: bytes) -> tuple[dict[int, Value], dict[int, _Allocation]]:
     m = fields(data)
-    values: dict[int, _Value] = {}
+    values: dict[int, Value] = {}
     for raw in m.get(F.LOGICAL_BUFFERS, ()):
         b = fields(raw)
         at = message_field(b, F.BUFFER_DEFINED_AT)
         vid = int_field(b, F.BUFFER_ID)
-        values[vid] = _Value(
+        values[vid] = Value(
             vid,
             int_field(b, F.BUFFER_SIZE),
             int_field(at, F.LOCATION_INSTRUCTION_ID),
@@ -412,16 +196,16 @@ def _read(
     module = Module.read(module_bytes)
     values, allocations = _assignment(assignment)
     if live_ranges is None:
-        order, sets = _live_ranges(module, values)
+        order, sets = _liveness.live_ranges(module, values)
     else:
-        order, sets = _dumped_live_ranges(module, values, live_ranges)
+        order, sets = _liveness.dumped_live_ranges(module, values, live_ranges)
     entry_root = module.instructions.get(module.roots.get(module.entry, -1))
     outputs = _outputs(module, entry_root, values, sets)
     reused = {kept[p]: index for index, p in module.aliases if p < len(kept)}
     frames = Frames(module)
     sources: dict[int, str | None] = {}
 
-    def buffer(v: _Value) -> Buffer:
+    def buffer(v: Value) -> Buffer:
         """`v` as a Buffer of all its bytes."""
         ins = module.instructions[v.instruction]
         shape = ins.shape.at(v.index)
@@ -478,7 +262,7 @@ _dtype: Final = _compat.dtype_named
 
 
 def _outputs(
-    module: Module, root: Instruction | None, values: dict[int, _Value], sets: dict[int, dict[Index, set[int]]]
+    module: Module, root: Instruction | None, values: dict[int, Value], sets: dict[int, dict[Index, set[int]]]
 ) -> dict[int, Index]:
     """The values the program returns (other than its arguments), each by its index in the result."""
     if root is None:
@@ -506,7 +290,7 @@ def _donations(
     output_paths: Sequence[str],
     donated: frozenset[int],
     sets: dict[int, dict[Index, set[int]]],
-    values: dict[int, _Value],
+    values: dict[int, Value],
 ) -> dict[str, Donation]:
     """Each donated argument by path: the output that reuses it, or why none does."""
     entry = module.instructions.get(module.roots.get(module.entry, -1))

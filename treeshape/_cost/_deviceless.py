@@ -400,7 +400,10 @@ def _axes(mesh: Any) -> str:
 
 
 # The dump of the optimized module with its buffer assignment, as an `xla.HloProto`, by platform.
-_DUMP_SUFFIX: Final = {"cuda": "gpu_after_optimizations.hlo.pb", "tpu": ".after_optimizations.hlo.pb"}
+_DUMP_SUFFIX: Final[dict[_target.Platform, str]] = {
+    "cuda": "gpu_after_optimizations.hlo.pb",
+    "tpu": ".after_optimizations.hlo.pb",
+}
 _HLO_PROTO_MODULE: Final = 1
 _HLO_PROTO_BUFFER_ASSIGNMENT: Final = 3
 _HBM_OOM: Final = re.compile(r"RESOURCE_EXHAUSTED: .*(out of memory|exceeds available HBM)", re.IGNORECASE | re.DOTALL)
@@ -444,10 +447,10 @@ def compile_for(lowered: Any, placed: Placed) -> "Targeted":
 
 # The module whose kernels run, as its compiler dumps it: libtpu's after code generation
 # (each kernel with its `estimated_cycles`), XLA:GPU's optimized one.
-_KERNELS_SUFFIX: Final = {"tpu": ".after_codegen", "cuda": "gpu_after_optimizations"}
+_KERNELS_SUFFIX: Final[dict[_target.Platform, str]] = {"tpu": ".after_codegen", "cuda": "gpu_after_optimizations"}
 
 
-def _dumped_kernels(dump: Path, platform: str) -> tuple[str, bytes] | None:
+def _dumped_kernels(dump: Path, platform: _target.Platform) -> tuple[str, bytes] | None:
     """The text and the `HloModuleProto` of the module whose kernels run, from a dump."""
     texts = sorted(dump.glob(f"*{_KERNELS_SUFFIX[platform]}.txt"))
     protos = sorted(dump.glob(f"*{_KERNELS_SUFFIX[platform]}.hlo.pb"))

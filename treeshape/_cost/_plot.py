@@ -57,7 +57,7 @@ class Drawable(Protocol):
     def phases(self, depth: int = 1) -> tuple[_Phase, ...]: ...
 
 
-KINDS: Final = ("argument", "output", "temporary", "constant")
+# Each kind of buffer (`by_kind`) as the picture stacks them, bottom up, and its colour.
 _COLORS: Final = {"argument": "#4c72b0", "output": "#55a868", "temporary": "#dd8452", "constant": "#8172b3"}
 _NAMED_PHASES: Final = 30  # at most this many phase names along the steps (the widest runs)
 _NAME_LENGTH: Final = 40
@@ -101,7 +101,7 @@ def peak_text(timeline: Drawable) -> str:
 def plot(timeline: Drawable, ax: "Axes | None" = None, depth: int = 1, budget: float | None = None) -> "Axes":
     """Draw `timeline` on `ax` (a new `Figure`'s, not pyplot's, where None) and return the Axes.
 
-    One stacked area per kind (in `KINDS` order, each step at x = its number), a marker and
+    One stacked area per kind (in `_COLORS` order, each step at x = its number), a marker and
     label at the peak, the phases at `depth` as separators and names, and `budget` as a
     horizontal line.
     """
@@ -124,9 +124,9 @@ def plot(timeline: Drawable, ax: "Axes | None" = None, depth: int = 1, budget: f
     live = timeline.live_bytes
     n = len(live)
     steps = range(n)
-    layers = [timeline.by_kind.get(kind, (0,) * n) for kind in KINDS]
-    labels = [kind if any(layer) else f"_{kind}" for kind, layer in zip(KINDS, layers, strict=True)]
-    ax.stackplot(steps, *layers, labels=labels, colors=[_COLORS[k] for k in KINDS], alpha=0.85, linewidth=0)
+    layers = [timeline.by_kind.get(kind, (0,) * n) for kind in _COLORS]
+    labels = [kind if any(layer) else f"_{kind}" for kind, layer in zip(_COLORS, layers, strict=True)]
+    ax.stackplot(steps, *layers, labels=labels, colors=list(_COLORS.values()), alpha=0.85, linewidth=0)
 
     peak_step = timeline.peak_step
     peak = live[peak_step]

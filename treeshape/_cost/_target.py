@@ -17,18 +17,20 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Final
-
-import jax
+from typing import Any, Final, Literal
 
 from .. import _compat
+
+
+# The compilers a target compiles with: JAX's CUDA plugin (XLA:GPU) or libtpu.
+Platform = Literal["cuda", "tpu"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
     name: str  # as `ts.targets()` lists it
     label: str  # as `Cost.backend` names it: "H100", "TPU v5e"
-    platform: str  # "cuda" or "tpu"
+    platform: Platform
     device_bytes: int  # the memory one program may use on one device
     description: str
 
@@ -90,7 +92,7 @@ def targets() -> dict[str, str]:
         >>> sorted(ts.targets())[:3]
         ['a100-40gb', 'a100-80gb', 'b200']
     """
-    compilers = {"cuda": "XLA:GPU through JAX's CUDA plugin", "tpu": "libtpu"}
+    compilers: dict[Platform, str] = {"cuda": "XLA:GPU through JAX's CUDA plugin", "tpu": "libtpu"}
     return {
         t.name: f"{t.description} ({compilers[t.platform]}; {t.device_bytes / _GIB:.1f} GiB per device)"
         for t in _TARGETS.values()
@@ -198,7 +200,9 @@ def check_installed(target: Target, who: str) -> None:
                 f'pip install "treeshape[cuda]" (for jaxlib {jaxlib}: jax-cuda12-plugin=={jaxlib}; no CUDA '
                 "libraries or driver needed)."
             )
-        if _release() < (0, 10):
+        if not (
+            _compat.cuda_starts_without_gpu() and _compat.compiles_without_device(devices(target.name, "1x1x1")[0])
+        ):
             raise _compat.JaxReleaseError("compiling for an NVIDIA GPU without one (target=)", "0.10.0")
     elif not _found("libtpu"):
         raise ImportError(
@@ -221,11 +225,6 @@ def _version(package: str) -> str:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-
-
-def _release() -> tuple[int, int]:
-    major, minor = (int(p) for p in jax.__version__.split(".")[:2])
-    return major, minor
 
 
 class CountError(ValueError):

@@ -14,14 +14,16 @@ import dataclasses
 import html
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, Literal, NamedTuple, get_args
 
 from .. import _compat
 from .._shapes import human_bytes
 from . import _plot  # it imports matplotlib only when a picture is drawn
 
 
-KINDS: Final = ("argument", "output", "temporary", "constant")
+# What a buffer holds (`Buffer.kind`), the kinds a timeline counts its bytes by.
+BufferKind = Literal["argument", "output", "temporary", "constant"]
+KINDS: Final[tuple[BufferKind, ...]] = get_args(BufferKind)
 
 
 class Phase(NamedTuple):
@@ -98,7 +100,7 @@ def listed_buffers(listed: list[tuple[Live, int]]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def sweep(values: Sequence[Live], steps: int) -> tuple[list[int], dict[str, list[int]]]:
+def sweep(values: Sequence[Live], steps: int) -> tuple[list[int], dict[BufferKind, list[int]]]:
     """The distinct bytes live at each of `steps` steps, and those bytes by the kind of the
     value that owns them, by one pass over the values' starts and ends."""
     starting: list[list[int]] = [[] for _ in range(steps + 1)]
