@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import treeshape as ts
-from treeshape._cost._fit import _search
+from treeshape._cost._search import find_size
 
 
 F32 = jnp.float32
@@ -26,7 +26,7 @@ def bound(max_size):
 
 
 def run(peak, limit, max_size):
-    """`_search` on `peak`, checked: size 1 first, no size twice, the answer fits next to
+    """`find_size` on `peak`, checked: size 1 first, no size twice, the answer fits next to
     a size that does not (or is max_size). Returns the size and the sizes compiled."""
     asked = []
 
@@ -35,7 +35,7 @@ def run(peak, limit, max_size):
         asked.append(n)
         return peak(n)
 
-    size, known = _search(peak_at, limit, max_size)
+    size, known = find_size(peak_at, limit, max_size)
     assert asked[0] == 1 and len(asked) == len(set(asked)) == len(known)
     assert known == {n: peak(n) for n in asked}
     assert peak(size) <= limit
