@@ -26,11 +26,8 @@ Where a trip count is not known when compiling, or a body cannot be compiled alo
 body stays counted once and the correction says it is not exact.
 """
 
-import contextlib
 import dataclasses
-import math
 import operator
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
@@ -38,11 +35,11 @@ import jax
 import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from .. import _compat
 from . import _hlo_loops
+from ._bodies import Body, Loop, Manual, cost_of_runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,45 +55,6 @@ class LoopCorrection:
 NO_LOOPS: Final = LoopCorrection()
 
 
-# -- where a body runs -----------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class _Manual:
-    """The `shard_map` a body sits in: its mesh, the manual axes, and whether it checks vma."""
-
-    mesh: Any
-    axes: frozenset[str]
-    check_vma: bool
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Loop:
-    """One loop of the program, as its runs differ when unrolled: the carries that hold a
-    constant when it starts (which XLA folds into the first run), and the outputs that
-    nothing reads after it (a carry's last value, which XLA drops from the last run; a
-    stacked output, from every run)."""
-
-    jaxpr: jex.ClosedJaxpr
-    scan: tuple[int, int, int] | None  # a scan's (consts, carries, length)
-    reverse: bool = False
-    starts: tuple[tuple[int, Any], ...] = ()  # (body input, the scalar it is filled with)
-    unread: frozenset[int] = frozenset()  # body outputs
-
-
-@dataclasses.dataclass(frozen=True)
-class _Body:
-    """One loop body (or a scan and the scan that reads its stacked outputs step by step, a
-    forward pass and its transpose, as an unrolled program runs them), run `steps` times
-    back to back, and the weight of its cost in what XLA misses (`extra_runs`)."""
-
-    loops: tuple[_Loop, ...]
-    extra_runs: int
-    manual: _Manual | None
-    mesh: Any = None  # the mesh of a body whose values all have Explicit shardings on it
-    steps: int = 1  # runs chained back to back
-    edges: bool = False  # the runs are the loop's first and last
-    wires: tuple[tuple[int, bool, int], ...] = ()  # (input of loops[1], from an output?, of loops[0])
-
-
 @dataclasses.dataclass(frozen=True)
 class _Branches:
     """The loops of each branch of a `cond`, of which XLA counts the most costly."""
@@ -104,7 +62,7 @@ class _Branches:
     branches: tuple[list["_Term"], ...]
 
 
-_Term = _Body | _Branches
+_Term = Body | _Branches
 
 
 @dataclasses.dataclass
@@ -119,7 +77,7 @@ class _Walk:
     partitioned: list[tuple[Any, int, int]] = dataclasses.field(default_factory=list)
     nested: bool = False  # whether such a scan holds loops (unrolling it twice misses them)
 
-    def terms(self, jaxpr: jex.Jaxpr, known: dict[Any, int], runs: int, manual: _Manual | None) -> list[_Term]:
+    def terms(self, jaxpr: jex.Jaxpr, known: dict[Any, int], runs: int, manual: Manual | None) -> list[_Term]:
         """The loop terms of `jaxpr`, run `runs` times, with the scalar values `known`."""
         found: list[_Term] = []
         reads: dict[int, int] = {}  # how often each value is read, by id
@@ -127,7 +85,7 @@ class _Walk:
             reads[id(atom)] = reads.get(id(atom), 0) + 1
         made: dict[int, Any] = {id(v): eqn for eqn in jaxpr.eqns for v in eqn.outvars}
         # The bodies of each scan counted here, by the id of each of its stacked outputs.
-        stacked: dict[int, tuple[Any, _Loop, list[_Body], tuple[Any, ...]]] = {}
+        stacked: dict[int, tuple[Any, Loop, list[Body], tuple[Any, ...]]] = {}
         for eqn in jaxpr.eqns:
             name = eqn.primitive.name
             if name in ("scan", "while"):
@@ -158,8 +116,8 @@ class _Walk:
         return found
 
     def _loop(
-        self, loop: _Loop, trips: int | None, counted: int, runs: int, manual: _Manual | None, eqn: Any
-    ) -> tuple[list[_Body], list[_Term]]:
+        self, loop: Loop, trips: int | None, counted: int, runs: int, manual: Manual | None, eqn: Any
+    ) -> tuple[list[Body], list[_Term]]:
         """The terms of one loop: its own body's runs, and the terms of the loops inside it."""
         body, scan = loop.jaxpr, loop.scan
         mesh = None
@@ -207,7 +165,7 @@ def _scan_counts(eqn: Any) -> tuple[int, int]:
     return length, per_step + length % per_step if length else 0
 
 
-def _loop_of(eqn: Any, reads: dict[int, int], made: dict[int, Any]) -> _Loop:
+def _loop_of(eqn: Any, reads: dict[int, int], made: dict[int, Any]) -> Loop:
     """The loop of a `scan` or `while` equation: its body, the carries that start as a
     constant, and the outputs that nothing reads after it."""
     if eqn.primitive.name == "scan":
@@ -228,7 +186,7 @@ def _loop_of(eqn: Any, reads: dict[int, int], made: dict[int, Any]) -> _Loop:
         # The runs left over from an unrolled scan are straight-line code, which XLA
         # simplifies where it stands: its first and last runs are counted as any other.
         starts, unread = [], frozenset(k for k in unread if k >= n_carry)
-    return _Loop(body, scan, reverse, tuple(starts), unread)
+    return Loop(body, scan, reverse, tuple(starts), unread)
 
 
 def _filled(atom: Any, made: dict[int, Any]) -> Any:
@@ -246,14 +204,14 @@ def _filled(atom: Any, made: dict[int, Any]) -> Any:
 
 
 def _uncounted(
-    loops: tuple[_Loop, ...],
+    loops: tuple[Loop, ...],
     trips: int,
     counted: int,
     runs: int,
-    manual: _Manual | None,
+    manual: Manual | None,
     mesh: Any,
     wires: tuple[tuple[int, bool, int], ...] = (),
-) -> list[_Body]:
+) -> list[Body]:
     """The runs of `loops` that XLA does not count, which XLA counts `counted` times (one run
     alone each, as the loop runs it). Where an unrolled program simplifies its first or
     last run (a carry that starts as a constant is folded into the first; a last value that
@@ -265,10 +223,10 @@ def _uncounted(
         weights = {(1, False): runs * (trips - counted)}
     else:
         weights = {(2, True): runs, (1, False): runs * (trips - 2 - counted)}
-    return [_Body(loops, w, manual, mesh, n, e, wires) for (n, e), w in weights.items() if w]
+    return [Body(loops, w, manual, mesh, n, e, wires) for (n, e), w in weights.items() if w]
 
 
-def _simplified(loop: _Loop, manual: _Manual | None, mesh: Any) -> bool:
+def _simplified(loop: Loop, manual: Manual | None, mesh: Any) -> bool:
     """Whether an unrolled program simplifies the first or last run of `loop`."""
     if loop.starts and manual is None and mesh is None:
         return True
@@ -277,8 +235,8 @@ def _simplified(loop: _Loop, manual: _Manual | None, mesh: Any) -> bool:
 
 
 def _reads_stacked(
-    eqn: Any, stacked: dict[int, tuple[Any, _Loop, list[_Body], tuple[Any, ...]]], key: tuple[Any, ...]
-) -> tuple[Any, _Loop, list[_Body], tuple[Any, ...]] | None:
+    eqn: Any, stacked: dict[int, tuple[Any, Loop, list[Body], tuple[Any, ...]]], key: tuple[Any, ...]
+) -> tuple[Any, Loop, list[Body], tuple[Any, ...]] | None:
     """The earlier scan whose stacked outputs this scan reads step by step (a scan and its
     transpose under `grad`), where both run as often in the same place."""
     if eqn.primitive.name != "scan":
@@ -292,8 +250,8 @@ def _reads_stacked(
 
 
 def _paired(
-    before: Any, loop_before: _Loop, eqn: Any, loop: _Loop, reads: dict[int, int], key: tuple[Any, ...]
-) -> list[_Body]:
+    before: Any, loop_before: Loop, eqn: Any, loop: Loop, reads: dict[int, int], key: tuple[Any, ...]
+) -> list[Body]:
     """The runs of two scans side by side, the second reading each stacked output of the
     first at the same step (never written to memory where nothing else reads it)."""
     head = eqn.params["num_consts"] + eqn.params["num_carry"]
@@ -427,14 +385,14 @@ def _passed(eqn: Any, sub: jex.ClosedJaxpr, known: dict[Any, int]) -> dict[Any, 
     return inner
 
 
-def _shard_map_context(eqn: Any, outer: _Manual | None) -> _Manual:
+def _shard_map_context(eqn: Any, outer: Manual | None) -> Manual:
     params = eqn.params
     axes = params.get("newly_manual_axes", params.get("manual_axes", params.get("axis_names", frozenset())))
     mesh = params["mesh"]
     check = bool(params.get("check_vma", params.get("check_rep", True)))
     if outer is not None:
         axes = frozenset(axes) | outer.axes
-    return _Manual(mesh, frozenset(axes), check)
+    return Manual(mesh, frozenset(axes), check)
 
 
 # -- trip counts of `while` loops -------------------------------------------------------
@@ -507,197 +465,10 @@ def _defining(jaxpr: jex.Jaxpr, var: Any) -> Any:
     return None
 
 
-# -- what one run of a body costs -----------------------------------------------------
-def _step(body: _Body) -> tuple[Callable[..., Any], list[Any], list[tuple[int, ...]], list[Any], list[bool], int]:
-    """`body.steps` runs of a body's loops back to back as the program runs them: the
-    function, the types of its arguments (a scanned input's per step, and the step index
-    last), their shapes (a scanned input's whole), the types of its outputs and which
-    arguments are carries updated in place (whose outputs come first, as many as the last
-    figure). Each run
-    takes the carries of the one before; a scan reads its slice of each scanned input at
-    the step index; its stacked outputs are left as the step's own: XLA's analysis counts a
-    slice written in place as the whole buffer, which the loop does not touch. Of the first
-    and last runs (`edges`), a carry that starts as a constant is that constant, and a last
-    value that nothing reads is no output. Of a pair, the second reads the first's stacked
-    outputs, and the scanned inputs they share, at the same step. Only the outputs a body
-    computes count, each once: an input passed through, or a value returned twice, is one
-    buffer in the loop, where a program of its own would copy it."""
-    plans = []  # per loop: its inputs ("arg", slot, scanned?) / ("fill", value) / ("wire", ...)
-    outputs: list[tuple[int, int, int]] = []  # (loop, run, body output)
-    avals: list[Any] = []
-    shapes: list[tuple[int, ...]] = []
-    slots: list[tuple[int, int]] = []  # per argument: its loop and body input
-    wired = {k: (out, j) for k, out, j in body.wires}
-    n = body.steps
-    for m, loop in enumerate(body.loops):
-        n_consts = loop.scan[0] if loop.scan is not None else len(loop.jaxpr.in_avals) - len(loop.jaxpr.out_avals)
-        n_carry = loop.scan[1] if loop.scan is not None else len(loop.jaxpr.out_avals)
-        head = n_consts + n_carry
-        fills = dict(loop.starts) if body.edges and body.manual is None and body.mesh is None else {}
-        inputs: list[tuple[Any, ...]] = []
-        for k, aval in enumerate(loop.jaxpr.in_avals):
-            if k in fills:
-                inputs.append(("fill", fills[k]))
-            elif m == 1 and k in wired:
-                inputs.append(("wire", *wired[k]))
-            else:
-                inputs.append(("arg", len(avals), k >= head))
-                slots.append((m, k))
-                avals.append(aval)
-                shapes.append((loop.scan[2], *aval.shape) if k >= head and loop.scan is not None else aval.shape)
-        inner = loop.jaxpr.jaxpr
-        for r in range(n):
-            last = r == n - 1
-            seen = set(map(id, inner.invars))
-            for k, var in enumerate(inner.outvars):
-                dropped = k in loop.unread and (k >= n_carry or (last and body.edges))
-                if (k < n_carry and not last) or dropped or isinstance(var, jex.Literal) or id(var) in seen:
-                    continue
-                outputs.append((m, r, k))
-                seen.add(id(var))
-        plans.append((inputs, n_consts, n_carry))
-    # A carry updated in place: its argument is donated, matched to its output (outputs of
-    # those come first, in the arguments' order, so that donation pairs them one to one).
-    last_carries = {(m, k + plans[m][1]) for m, r, k in outputs if r == n - 1 and k < plans[m][2]}
-    carried = [slot in last_carries for slot in slots]
-    front = [(m, n - 1, k - plans[m][1]) for m, k in slots if (m, k) in last_carries]
-    outputs = front + [o for o in outputs if o not in front]
-    out_avals = [body.loops[m].jaxpr.out_avals[k] for m, _, k in outputs]
-    scans = any(loop.scan is not None for loop in body.loops)
-    if scans:
-        avals.append(jax.ShapeDtypeStruct((), np.dtype(np.int32)))
-        shapes.append(())
-        carried.append(False)
-
-    def run(*args: Any) -> list[Any]:
-        index = args[-1] if scans else 0
-        results: dict[tuple[int, int], list[Any]] = {}
-        firsts: dict[int, tuple[list[Any], list[Any]]] = {}  # the first loop's (outputs, inputs) by step
-        for m, (loop, (inputs, n_consts, n_carry)) in enumerate(zip(body.loops, plans, strict=True)):
-            carries: list[Any] | None = None
-            for r in range(n):
-                at = n - 1 - r if loop.reverse else r  # the step this run reads and writes
-                values = []
-                for k, plan in enumerate(inputs):
-                    aval = loop.jaxpr.in_avals[k]
-                    if carries is not None and n_consts <= k < n_consts + n_carry:
-                        values.append(carries[k - n_consts])
-                    elif plan[0] == "fill":
-                        values.append(jnp.full(aval.shape, plan[1], aval.dtype))
-                    elif plan[0] == "wire":
-                        values.append(firsts[at][0 if plan[1] else 1][plan[2]])
-                    elif plan[2]:
-                        values.append(lax.dynamic_index_in_dim(args[plan[1]], index + at, keepdims=False))
-                    else:
-                        values.append(args[plan[1]])
-                outs = list(jex.jaxpr_as_fun(loop.jaxpr)(*values))
-                carries = outs[:n_carry]
-                if m == 0:
-                    firsts[at] = (outs, values)
-                results[m, r] = outs
-        return [results[m, r][k] for m, r, k in outputs]
-
-    return run, avals, shapes, out_avals, carried, len(front)
-
-
-def _on_mesh(aval: Any, shape: tuple[int, ...], mesh: Any) -> jax.ShapeDtypeStruct:
-    """An argument of `shape` placed on `mesh` as `aval`'s Explicit sharding says (a scanned
-    input's leading axis, which the aval of its step does not have, not split)."""
-    spec = tuple(getattr(getattr(aval, "sharding", None), "spec", None) or ())
-    sharding = NamedSharding(mesh, P(*([None] * (len(shape) - len(spec))), *spec))
-    return jax.ShapeDtypeStruct(shape, aval.dtype, weak_type=aval.weak_type, sharding=sharding)
-
-
-def _body_program(body: _Body) -> tuple[Callable[..., Any], list[Any], list[bool], int]:
-    """The body as a program of its own, its arguments' types, which of them are carries
-    updated in place, and how many outputs (the first) are those carries: inside a `shard_map` over
-    the same mesh where it sits in one, each value that varies over manual axes given a
-    leading axis of their size, split over them (so each device sees the body's own type)."""
-    run, avals, shapes, out_avals, carried, front = _step(body)
-    if body.mesh is not None:
-        return run, [_on_mesh(a, shape, body.mesh) for a, shape in zip(avals, shapes, strict=True)], carried, front
-    if body.manual is None:
-        return (
-            run,
-            [
-                jax.ShapeDtypeStruct(shape, a.dtype, weak_type=a.weak_type)
-                for a, shape in zip(avals, shapes, strict=True)
-            ],
-            carried,
-            front,
-        )
-    mesh, manual = body.manual.mesh, body.manual
-
-    def axes_of(aval: Any) -> tuple[str, ...]:
-        return tuple(sorted(_compat.varying_axes(aval) & manual.axes)) if manual.check_vma else ()
-
-    in_axes = [axes_of(a) for a in avals]
-    out_axes = [axes_of(a) for a in out_avals]
-
-    def local(*xs: Any) -> list[Any]:
-        xs = tuple(x.reshape(x.shape[1:]) if ax else x for x, ax in zip(xs, in_axes, strict=True))
-        outs = run(*xs)
-        return [y.reshape((1, *y.shape)) if ax else y for y, ax in zip(outs, out_axes, strict=True)]
-
-    def spec(axes: tuple[str, ...], ndim: int) -> P:
-        return P(axes, *([None] * ndim)) if axes else P()
-
-    program = jax.shard_map(
-        local,
-        mesh=mesh,
-        in_specs=tuple(spec(ax, len(shape)) for ax, shape in zip(in_axes, shapes, strict=True)),
-        out_specs=[spec(ax, len(a.shape)) for ax, a in zip(out_axes, out_avals, strict=True)],
-        axis_names=set(manual.axes),
-        check_vma=manual.check_vma,
-    )
-    concrete = isinstance(mesh, jax.sharding.Mesh)
-    arguments = []
-    for ax, a, shape in zip(in_axes, avals, shapes, strict=True):
-        sharding = NamedSharding(mesh, spec(ax, len(shape))) if concrete else None
-        whole_shape = (math.prod(mesh.shape[n] for n in ax), *shape) if ax else shape
-        arguments.append(jax.ShapeDtypeStruct(whole_shape, a.dtype, weak_type=a.weak_type, sharding=sharding))
-    return program, arguments, carried, front
-
-
-def _cost_of_runs(bodies: Sequence[_Body]) -> tuple[float, float] | None:
-    """XLA's (flops, bytes accessed) of one run of each of `bodies`, summed: one program that
-    runs them side by side (on separate inputs, so XLA shares nothing between them). None
-    where one cannot be compiled alone or the backend does not say."""
-    programs = [_body_program(body) for body in bodies]
-
-    def side_by_side(*args: Any) -> list[Any]:
-        outs, start = [], 0
-        for program, arguments, _, _ in programs:
-            outs.append(program(*args[start : start + len(arguments)]))
-            start += len(arguments)
-        # The carries of all bodies first, in their arguments' order, to be donated to.
-        fronts = [front for _, _, _, front in programs]
-        return [y for out, front in zip(outs, fronts, strict=True) for y in out[:front]] + [
-            y for out, front in zip(outs, fronts, strict=True) for y in out[front:]
-        ]
-
-    mesh = bodies[0].mesh
-    try:
-        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext(), warnings.catch_warnings():
-            # The loop updates its carries in place: each body's carries are donated to it
-            # (a carry that no output matches, as a dropped last value, is not reused).
-            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
-            donated = [i for i, c in enumerate(c for _, _, carried, _ in programs for c in carried) if c]
-            flat = [a for _, arguments, _, _ in programs for a in arguments]
-            lowered = jax.jit(side_by_side, donate_argnums=donated).lower(*flat)
-            analysis = _compat.program_cost_analysis(lowered.compile())
-    except Exception:  # our own program of the user's bodies: any failure means "not known"
-        return None
-    flops, accessed = analysis.get("flops", 0.0), analysis.get("bytes accessed")
-    if not isinstance(accessed, (int, float)) or not isinstance(flops, (int, float)):
-        return None
-    return float(flops), float(accessed)
-
-
 def _missed(terms: list[_Term]) -> tuple[float, float, bool]:
     """The (flops, bytes, exact) that XLA's analysis misses for `terms`: each distinct body
     once with all its extra runs, the bodies with as many extra runs compiled together."""
-    runs: dict[tuple[Any, ...], tuple[_Body, int]] = {}
+    runs: dict[tuple[Any, ...], tuple[Body, int]] = {}
     flops = accessed = 0.0
     exact = True
     for term in terms:
@@ -708,15 +479,15 @@ def _missed(terms: list[_Term]) -> tuple[float, float, bool]:
         loops = tuple((id(loop.jaxpr.jaxpr), loop.reverse, loop.starts, loop.unread) for loop in term.loops)
         key = (loops, term.steps, term.edges, term.wires, term.manual, term.mesh)
         runs[key] = (term, runs[key][1] + term.extra_runs if key in runs else term.extra_runs)
-    groups: dict[tuple[int, _Manual | None, Any], list[_Body]] = {}
+    groups: dict[tuple[int, Manual | None, Any], list[Body]] = {}
     for body, extra in runs.values():
         groups.setdefault((extra, body.manual, body.mesh), []).append(body)
     for (extra, _, _), bodies in groups.items():
         if not extra:
             continue
-        parts = [_cost_of_runs(bodies)]
+        parts = [cost_of_runs(bodies)]
         if parts[0] is None and len(bodies) > 1:  # which one fails: the others still count
-            parts = [_cost_of_runs([body]) for body in bodies]
+            parts = [cost_of_runs([body]) for body in bodies]
         for part in parts:
             if part is None:
                 exact = False
