@@ -146,7 +146,7 @@ def test_the_floors_hold_the_modules_the_page_describes_below_others():
     # framework knowledge below the tree model, and the tree model below every walker
     assert code["_nodes"] < code["_tree"] < code["_leaf"] < code["_structure"] < code["_infer"] < code["_carry"]
     assert all(code["_tree"] < code[m] for m in ["_json", "_diff", "_table", "_sharding", "_dims", "_cache"])
-    assert imports["_diff"] <= {"_compat", "_errors", "_leaf", "_nodes", "_shapes", "_tree"}
+    assert imports["_diff"] <= {"_compat", "_errors", "_leaf", "_nodes", "_shapes", "_tree", "_views"}
     assert "_infer" not in imports["_structure"] and "_cache" not in imports["_structure"]
     assert "_infer" not in imports["_weak"]
 
@@ -292,3 +292,36 @@ def test_a_source_tree_that_is_not_installed_imports_and_its_version_says_so(tmp
     version, where, imported_jax = done.stdout.splitlines()
     assert version == "unknown (not installed)"
     assert (where, imported_jax) == (str(tmp_path / "treeshape" / "__init__.py"), "False")
+
+
+def _members(module: str, cls: str) -> set[str]:
+    """The underscore members (not dunders) a class of `module` defines: its methods and
+    properties, and the attributes its methods set on `self`."""
+    tree = ast.parse(FILES[module].read_text())
+    (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+    names = {n.name for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    names |= {n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self":
+            names.add(sub.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_a_structures_or_costs_underscore_members_are_read_elsewhere_through_their_views_only():
+    """`Structure` and `Cost` are read by modules below them (diffs, tables, values, the
+    command line): their underscore members that another room reads are declared once, in
+    `_views` (`StructureView`, `CostView`), and no room reads any other."""
+    from treeshape._views import READ_ELSEWHERE
+
+    owners = {"Structure": "_structure", "Cost": "_cost._cost"}
+    private = {cls: _members(module, cls) for cls, module in owners.items()}
+    assert READ_ELSEWHERE["Structure"] <= private["Structure"] and READ_ELSEWHERE["Cost"] <= private["Cost"]
+    undeclared = set().union(*(private[c] - READ_ELSEWHERE[c] for c in private))
+    shared = {"_cache"}  # (a name other classes give their own members too; Structure's is never read)
+    found = []
+    for m in sorted(MODULES - set(owners.values())):
+        for node in ast.walk(ast.parse(FILES[m].read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in undeclared - shared:
+                if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                    found.append(f"{FILES[m].relative_to(PACKAGE)}:{node.lineno} reads .{node.attr}")
+    assert found == []

@@ -525,9 +525,10 @@ def test_fit_progress_goes_to_stderr():
     assert shown.returncode == 0
     lines = shown.stderr.splitlines()
     compiles = json.loads(shown.stdout)["compiles"]
-    assert len(lines) == compiles + 1
+    assert len(lines) == 2 * compiles + 1  # a line as each compile starts, one as it ends, the summary
     assert all(line.startswith("treeshape.largest_fit: b=") for line in lines)
-    assert lines[0].startswith("treeshape.largest_fit: b=1: peak ")
+    assert lines[0] == "treeshape.largest_fit: b=1: compiling"
+    assert lines[1].startswith("treeshape.largest_fit: b=1: peak ")
     assert " fits (peak " in lines[-1] and f"; {compiles} programs compiled in " in lines[-1]
     assert json.loads(shown.stdout)["size"] == json.loads(run(*FIT, "--json").stdout)["size"]
 

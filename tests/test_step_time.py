@@ -152,5 +152,5 @@ def test_the_command_line_prints_the_kernels_and_the_json(capsys, tmp_path, monk
     assert re.search(r"^kernel +source +runs +seconds +share$", out, flags=re.M)
     assert main(["cost", "timed:f", "bf16[512,512]", "bf16[512,512]", "--target", "v5e", "--json"]) == 0
     time = json.loads(capsys.readouterr().out)["time"]
-    assert {"seconds", "compiler_seconds", "floor_seconds", "mfu", "kernels"} <= set(time)
+    assert {"seconds", "compiler_seconds", "floor_seconds", "mfu", "source", "kernels"} == set(time)
     assert sum(k["seconds"] for k in time["kernels"]) == pytest.approx(time["seconds"])

@@ -11,30 +11,24 @@ import pickle
 import sys
 import types
 from collections.abc import Collection, Sequence
-from typing import Any, Final, Literal, Protocol, get_args
+from typing import Any, Final, Literal, get_args
 
 import jax
 import jax.tree_util as jtu
 
-from . import _diff, _dims
+from . import _dims
 from ._diff import diff_structures, static_equal
 from ._errors import Mismatch, is_static
 from ._leaf import manual_axis_sets, same_type, static_value
 from ._nodes import by_text
 from ._shapes import shape_key
 from ._tree import StaticRepr, as_text
+from ._views import StructureView
 
 
 # The mismatch kinds `diff`, `check` and `matches` may leave out (`ignore=`).
 Ignorable = Literal["weak_type", "vma", "sharding", "dtype", "shape", "static"]
 IGNORABLE: Final[tuple[Ignorable, ...]] = get_args(Ignorable)
-
-
-class Compared(_diff.Compared, Protocol):
-    """What comparing reads of a Structure."""
-
-    @property
-    def dims(self) -> tuple[str, ...]: ...
 
 
 def ignored(ignore: Ignorable | Collection[Ignorable], fn_name: str) -> frozenset[str]:
@@ -50,7 +44,7 @@ def ignored(ignore: Ignorable | Collection[Ignorable], fn_name: str) -> frozense
     return kinds
 
 
-def diff(expected: Compared, actual: Compared, kinds: frozenset[str]) -> list[Mismatch]:
+def diff(expected: StructureView, actual: StructureView, kinds: frozenset[str]) -> list[Mismatch]:
     """Every difference of `actual` from `expected` but those of the `kinds` left out."""
     if expected.dims:
         found = _dims.match(expected, actual, "tree")[1]
@@ -61,7 +55,7 @@ def diff(expected: Compared, actual: Compared, kinds: frozenset[str]) -> list[Mi
     return [m for m in found if m.kind not in kinds] if kinds else found
 
 
-def equal(a: Compared, b: Compared) -> bool:
+def equal(a: StructureView, b: StructureView) -> bool:
     """`a == b` for two Structures with as many leaves: the treedefs, then leaf by leaf."""
     try:
         same_treedef = bool(a.treedef == b.treedef)

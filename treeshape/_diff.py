@@ -16,7 +16,7 @@ import collections
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import jax
 import jax.tree_util as jtu
@@ -27,23 +27,11 @@ from ._leaf import leaf_str, same_type, static_value, varying_axes
 from ._nodes import node_type_name
 from ._shapes import same_symbolic_shape
 from ._tree import StaticRepr, child_texts, clip, key_text, mapping_keys
-
-
-class Compared(Protocol):
-    """What a diff reads of a Structure (which builds on this module)."""
-
-    @property
-    def treedef(self) -> jtu.PyTreeDef: ...
-
-    @property
-    def leaves(self) -> tuple[Any, ...]: ...
-
-    @property
-    def paths(self) -> tuple[str, ...]: ...
+from ._views import TreeView
 
 
 def diff_structures(
-    expected: Compared, actual: Compared, root: str, leaf_index: dict[str, int] | None = None
+    expected: TreeView, actual: TreeView, root: str, leaf_index: dict[str, int] | None = None
 ) -> list[Mismatch]:
     """Every difference between two structures, in leaf order: `keystr` paths,
     printed under `root`. `leaf_index`, if given, gets the index (in `expected`'s

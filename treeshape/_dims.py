@@ -19,11 +19,12 @@ import jax
 import jax.tree_util as jtu
 
 from . import _compat
-from ._diff import Compared, diff_structures
+from ._diff import diff_structures
 from ._errors import Mismatch
 from ._leaf import leaf_str
 from ._shapes import has_symbolic, is_symbolic, shape_names, sizes as sizes_only, symbolic_scopes
 from ._tree import EDGE, edge_paths
+from ._views import TreeView
 
 
 # -- names -----------------------------------------------------------------------
@@ -235,7 +236,7 @@ def solve(e_leaves: Sequence[Any], a_leaves: Sequence[Any], pairs: Iterable[tupl
 class _Bound:
     """The expected structure with the binding applied (paths are the original's)."""
 
-    original: Compared
+    original: TreeView
     leaves: tuple[Any, ...]
 
     @property
@@ -247,14 +248,14 @@ class _Bound:
         return self.original.paths
 
 
-def _same_treedef(expected: Compared, actual: Compared) -> bool:
+def _same_treedef(expected: TreeView, actual: TreeView) -> bool:
     try:
         return bool(expected.treedef == actual.treedef)
     except Exception:  # node data whose `==` raises
         return False
 
 
-def _pairs(expected: Compared, actual: Compared) -> Iterable[tuple[int, int]]:
+def _pairs(expected: TreeView, actual: TreeView) -> Iterable[tuple[int, int]]:
     """The leaves of both at one place: by index when the treedefs are equal, else by path."""
     if _same_treedef(expected, actual):
         return ((i, i) for i in range(len(expected.leaves)))
@@ -262,7 +263,7 @@ def _pairs(expected: Compared, actual: Compared) -> Iterable[tuple[int, int]]:
     return ((i, where[path]) for i, path in enumerate(expected.paths) if path in where)
 
 
-def _bound_for_diff(expected: Compared, actual: Compared, sizes: dict[str, int]) -> list[Any]:
+def _bound_for_diff(expected: TreeView, actual: TreeView, sizes: dict[str, int]) -> list[Any]:
     """The expected leaves bound, for comparing with `actual`. With the treedefs equal, a
     leaf whose bound type is the actual leaf's is that leaf itself (sharding takes no part
     in a diff): a big tree then makes no new leaf where it matches."""
@@ -291,7 +292,7 @@ def _bound_for_diff(expected: Compared, actual: Compared, sizes: dict[str, int])
     return out
 
 
-def _path_at(expected: Compared, i: int) -> str:
+def _path_at(expected: TreeView, i: int) -> str:
     """The path of leaf `i`, without the paths of all leaves when it is among the first ones
     (the leaf that binds a name usually is)."""
     if i < EDGE:
@@ -299,7 +300,7 @@ def _path_at(expected: Compared, i: int) -> str:
     return expected.paths[i]
 
 
-def match(expected: Compared, actual: Compared, root: str) -> tuple[Binding, list[Mismatch]]:
+def match(expected: TreeView, actual: TreeView, root: str) -> tuple[Binding, list[Mismatch]]:
     """The binding `actual` gives `expected`'s free names, and every difference between
     them once bound: a leaf whose sizes disagree with the binding names where each of
     its names was bound; a broken constraint is reported at the leaf that bound it; a

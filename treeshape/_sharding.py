@@ -9,7 +9,7 @@ module only decides which sharding each leaf gets and asks JAX to honour it.
 import functools as ft
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import jax
 import jax.tree_util as jtu
@@ -21,19 +21,7 @@ from ._errors import SHOWN, check_path_leaf_callback, first_few
 from ._leaf import leaf_str
 from ._shapes import is_symbolic, leaf_nbytes
 from ._tree import clip
-
-
-class Leaves(Protocol):
-    """What this module reads of a Structure (which builds on it)."""
-
-    @property
-    def leaves(self) -> tuple[Any, ...]: ...
-
-    @property
-    def paths(self) -> tuple[str, ...]: ...
-
-    @property
-    def tree(self) -> Any: ...
+from ._views import StructureView
 
 
 PyTree = Any
@@ -151,7 +139,7 @@ def abstract_mesh_of(sharding: Any) -> Any:
     return mesh if isinstance(mesh, jax.sharding.AbstractMesh) else None
 
 
-def has_abstract_mesh(structure: Leaves) -> bool:
+def has_abstract_mesh(structure: StructureView) -> bool:
     """Whether some array leaf's sharding names an abstract mesh (which needs a concrete one)."""
     return any(
         isinstance(leaf, jax.ShapeDtypeStruct) and abstract_mesh_of(leaf.sharding) is not None
@@ -238,12 +226,14 @@ def _constructor(
     return jax.jit(build, out_shardings=list(shardings))
 
 
-def place(structure: Leaves, meshes: Sequence[Any], value: Any, fn_name: str, filled: Callable[..., Any]) -> list[Any]:
+def place(
+    structure: StructureView, meshes: Sequence[Any], value: Any, fn_name: str, filled: Callable[..., Any]
+) -> list[Any]:
     """The leaves of `structure.zeros()` (etc.) at top level, each on its sharding.
 
     Shardings over an abstract mesh are resolved to the `jax.set_mesh` mesh, else to a
     mesh in `meshes` (those of the `out_structure` call that made it); if neither fits, `ValueError`.
-    Leaves whose sharding spans devices of other processes are built by one jitted
+    StructureView whose sharding spans devices of other processes are built by one jitted
     function with those `out_shardings`; the others directly, as `lax.full` does.
     """
     leaves = structure.leaves
@@ -283,7 +273,7 @@ def place(structure: Leaves, meshes: Sequence[Any], value: Any, fn_name: str, fi
 
 
 def _unresolved_mesh_message(fn_name: str, paths: Sequence[str], example: str, abstract: Any) -> str:
-    """Leaves sharded over an abstract mesh that no concrete mesh in sight matches."""
+    """StructureView sharded over an abstract mesh that no concrete mesh in sight matches."""
     mesh = _mesh_str(abstract)
     if len(paths) == 1:
         what = f"{paths[0]} ({example}) is sharded over an abstract mesh ({mesh})"
@@ -416,7 +406,7 @@ def split_message(who: str, where: str, leaf: jax.ShapeDtypeStruct, problem: str
     )
 
 
-def with_shardings(structure: Leaves, shardings: Any) -> list[Any]:
+def with_shardings(structure: StructureView, shardings: Any) -> list[Any]:
     """The leaves of `structure.with_shardings(shardings)` (see there)."""
     leaves = structure.leaves
     paths = structure.paths

@@ -8,7 +8,7 @@ import dataclasses
 import html
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import jax
 import jax.tree_util as jtu
@@ -19,26 +19,7 @@ from ._nodes import static_text
 from ._shapes import count_text, dim_sum, human_bytes, leaf_nbytes, leaf_size, leaf_total, short_shape
 from ._sharding import is_partitioned, is_replicated, per_device_nbytes, spec_str
 from ._tree import EDGE, StaticRepr, clip, edge_paths, key_text
-
-
-class Described(Protocol):
-    """What the table shows of a Structure."""
-
-    @property
-    def treedef(self) -> jtu.PyTreeDef: ...
-
-    @property
-    def paths(self) -> tuple[str, ...]: ...
-
-    @property
-    def leaves(self) -> tuple[Any, ...]: ...
-
-    @property
-    def nbytes_per_device(self) -> int: ...
-
-    def __len__(self) -> int: ...
-
-    def _known_paths(self, head: int, tail: int) -> list[str] | None: ...
+from ._views import StructureView
 
 
 class Description(str):
@@ -150,7 +131,7 @@ def _totals(leaves: Sequence[Any]) -> tuple[int, int, bool]:
     return size, nbytes, split
 
 
-def _shown_paths(structure: Described, head: int, tail: int) -> list[str]:
+def _shown_paths(structure: StructureView, head: int, tail: int) -> list[str]:
     """The paths of the first `head` and the last `tail` leaves, without the paths of the others:
     known to a Structure read from a tree, else found in the tree rebuilt once."""
     known = structure._known_paths(head, tail)
@@ -161,7 +142,7 @@ def _shown_paths(structure: Described, head: int, tail: int) -> list[str]:
     return first[:head] + last[:tail][::-1]
 
 
-def _build(structure: Described, max_rows: int | None) -> _Table:
+def _build(structure: StructureView, max_rows: int | None) -> _Table:
     if max_rows is not None and max_rows < 0:
         raise ValueError(f"max_rows must be None or >= 0, got {max_rows}")
     n = len(structure)
@@ -202,7 +183,7 @@ def printable(text: str) -> str:
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def table(structure: Described, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
+def table(structure: StructureView, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
     """Render `structure` as an aligned text table (what `str(structure)` shows).
 
     Columns: path, shape, dtype (`~` marks weak), extra (sharding spec,
@@ -251,7 +232,7 @@ _LEFT: Final = ' style="text-align: left"'
 _RIGHT: Final = ' style="text-align: right"'
 
 
-def html_table(structure: Described, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
+def html_table(structure: StructureView, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
     """Render `structure` as an HTML table: the cells of [table][], escaped."""
     t = _build(structure, max_rows)
     cols = t.columns
@@ -330,7 +311,7 @@ class _Group:
     per_device: Any = 0
 
 
-def _groups(structure: Described, depth: int) -> tuple[list[_Group], bool]:
+def _groups(structure: StructureView, depth: int) -> tuple[list[_Group], bool]:
     """One group per path prefix of `depth` keys (a leaf shallower than that is its own), in tree
     order; and whether some leaf is split over devices."""
     if type(depth) is not int or depth < 0:
@@ -359,7 +340,7 @@ def _add(a: Any, b: Any) -> Any:
 
 
 def _group_cells(
-    structure: Described, depth: int, max_rows: int | None
+    structure: StructureView, depth: int, max_rows: int | None
 ) -> tuple[list[str], list[list[str]], int | None, str]:
     """The headers and rows (the total last) of the table by path prefix, where the rows are cut
     (`max_rows`), and the line that says how many rows the cut hides."""
@@ -386,7 +367,7 @@ def _group_cells(
     return headers, [*map(cells, shown), cells(total)], cut_at, more
 
 
-def depth_table(structure: Described, depth: int, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
+def depth_table(structure: StructureView, depth: int, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
     """The leaves, elements and bytes of `structure` by path prefix of `depth` keys, as text."""
     headers, rows, cut_at, more = _group_cells(structure, depth, max_rows)
     lines = grid(headers, rows, right=len(headers) - 1).split("\n")
@@ -396,7 +377,7 @@ def depth_table(structure: Described, depth: int, max_rows: int | None = DEFAULT
     return "\n".join(lines)
 
 
-def html_depth_table(structure: Described, depth: int, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
+def html_depth_table(structure: StructureView, depth: int, max_rows: int | None = DEFAULT_MAX_ROWS) -> str:
     """[depth_table][] as HTML."""
     headers, rows, cut_at, more = _group_cells(structure, depth, max_rows)
     page = html_grid(headers, rows, right=len(headers) - 1, css_class="treeshape-structure")

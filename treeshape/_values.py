@@ -2,12 +2,12 @@
 leaf's dtype, weak type, PRNG keys, manual axes and placement on its sharding), the
 leaves of `Structure.astype`, and the x64 check these share with `upcast`.
 
-It works on what a Structure shows (`Source`) and does not import `_structure`,
+It works on what a Structure shows (`StructureView`) and does not import `_structure`,
 whose methods call it.
 """
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -21,32 +21,14 @@ from ._errors import SHOWN, check_path_leaf_callback, first_few, user_value
 from ._leaf import SCALAR_TYPES, leaf_str, varying_axes
 from ._nodes import node_type_name
 from ._shapes import has_symbolic
+from ._views import StructureView
 
 
 PyTree = Any
 
 
-class Source(_sharding.Leaves, Protocol):
-    """What building values reads of a Structure (`leaves`, `paths` and `tree` for placing)."""
-
-    @property
-    def treedef(self) -> jtu.PyTreeDef: ...
-
-    @property
-    def dims(self) -> tuple[str, ...]: ...
-
-    @property
-    def _meshes(self) -> tuple[Any, ...] | None: ...
-
-    def __len__(self) -> int: ...
-
-    def _check_extents(self, who: str, fix: str = "") -> None: ...
-
-    def _sharded(self) -> bool: ...
-
-
 # -- zeros, ones, full -----------------------------------------------------------
-def full(structure: Source, value: Any) -> PyTree:
+def full(structure: StructureView, value: Any) -> PyTree:
     """`structure.full(value)`: `value` checked, then `build`."""
     if not _is_fill_value(value):
         raise TypeError(
@@ -70,7 +52,7 @@ def full(structure: Source, value: Any) -> PyTree:
     return build(structure, value, "full")
 
 
-def build(structure: Source, value: Any, fn_name: str) -> PyTree:
+def build(structure: StructureView, value: Any, fn_name: str) -> PyTree:
     """A pytree of arrays of exactly `structure`, filled with `value` (for `Structure.{fn_name}`)."""
     who = f"Structure.{fn_name}"
     check_x64(lambda: structure.paths, structure.leaves, who)
@@ -126,7 +108,7 @@ def _is_fill_value(value: Any) -> bool:
     return isinstance(value, (jax.Array, np.ndarray)) and value.ndim == 0
 
 
-def _first_symbolic(structure: Source) -> str:
+def _first_symbolic(structure: StructureView) -> str:
     """The first leaf with a symbolic dimension, as messages show it (`tree['x']: f32[b,3]`)."""
     for path, leaf in zip(structure.paths, structure.leaves, strict=True):
         if isinstance(leaf, jax.ShapeDtypeStruct) and has_symbolic(leaf.shape):
@@ -184,7 +166,9 @@ def check_x64(paths: Callable[[], Sequence[str]], leaves: Sequence[Any], who: st
 
 
 # -- astype ----------------------------------------------------------------------
-def astype(structure: Source, dtype: Any, where: Callable[[str, jax.ShapeDtypeStruct], bool] | None) -> tuple[Any, ...]:
+def astype(
+    structure: StructureView, dtype: Any, where: Callable[[str, jax.ShapeDtypeStruct], bool] | None
+) -> tuple[Any, ...]:
     """The leaves of `structure.astype(dtype, where=where)`."""
     try:  # a Python type is JAX's default dtype of its kind, as in `jnp.zeros(3, float)`
         python_type = any(dtype is t for t in SCALAR_TYPES)  # by identity: `np.dtype("float64") == float`

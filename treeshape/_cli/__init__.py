@@ -1,5 +1,6 @@
 """The command-line wing: the `treeshape` command, `treeshape demo`, `treeshape inspect`,
-`treeshape cost`, `treeshape fit`, `treeshape targets` and `treeshape restore-plan`.
+`treeshape cost`, `treeshape fit`, `treeshape plan`, `treeshape targets` and
+`treeshape restore-plan`.
 
 Every failure is one line on stderr (`treeshape: error: ...`, control
 characters escaped) and a non-zero exit status: 2 for bad input on the command
@@ -17,15 +18,15 @@ The console script (`treeshape._cli:main`) and `python -m treeshape` import this
 never a room of the wing:
 
 - `_main`: `main`, the subcommand's room called and every failure printed as one line;
-- `_parser`: the parser, its subcommands, options and help texts;
+- `_parser`: the parser, its top-level options, each subcommand's room asked for its own;
+- `_arguments`: what the subcommands' parsers share (the specs' language, `--target`);
 - `_start`: JAX's start-up, accelerator plugins' chatter left out, the CPU for `--target`;
 - `_fail`: `Fail`, the one-line failure and its exit status, and a message made printable;
 - `_common`: what the subcommands that call `MODULE:ATTR` share: the attribute resolved,
   the specs parsed and the function called on them, `--target` checked, a result printed
   as its table or as JSON;
-- `_inspect`, `_cost`, `_fit`, `_targets`, `_demo`, `_restore`: one subcommand each
-  (`run`; `_cost` draws `--timeline` and `--plot`, `_fit` reads `--budget` with
-  `parse_bytes`).
+- `_inspect`, `_cost`, `_fit`, `_plan`, `_targets`, `_demo`, `_restore`: one subcommand
+  each (`declare`, its parser; `run`; `_cost` draws `--timeline` and `--plot`).
 """
 
 from ._common import parse_bytes as parse_bytes

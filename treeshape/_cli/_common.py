@@ -176,8 +176,9 @@ def json_data(value: Any) -> Any:
     import numbers
 
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        # A field neither compared nor shown (a Cost's timeline: `--timeline` adds it) is left out.
-        shown = [f for f in dataclasses.fields(value) if f.repr or f.compare]
+        # A field neither compared nor shown (a Cost's timeline: `--timeline` adds it) is left
+        # out, unless it asks to be written (`metadata={"json": True}`: a Cost's time).
+        shown = [f for f in dataclasses.fields(value) if f.repr or f.compare or f.metadata.get("json")]
         return {field.name: json_data(getattr(value, field.name)) for field in shown}
     if isinstance(value, (list, tuple)):
         return [json_data(item) for item in value]

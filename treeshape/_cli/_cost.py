@@ -7,8 +7,50 @@ import json
 import os
 from typing import Any, Final, TextIO
 
+from ._arguments import add_json_and_target, call_parser, depth
 from ._common import arguments, call_target, checked_target, json_data, spec_leaves
 from ._fail import Fail, one_line
+
+
+def declare(sub: Any) -> argparse.ArgumentParser:
+    """This subcommand's parser, its options and help."""
+    cost = call_parser(
+        sub,
+        "cost",
+        "print what the compiled program of MODULE:ATTR needs on abstract arguments",
+        "Import MODULE, take ATTR (dotted attributes allowed), compile it\n"
+        "for the given abstract arguments (nothing runs, no input memory is\n"
+        "allocated) and print XLA's figures: FLOPs, bytes accessed, and per\n"
+        "device the bytes of arguments, outputs, temporaries and the peak.",
+        "mypkg.model:train_step",
+    )
+    cost.add_argument(
+        "--buffers",
+        type=depth,
+        default=5,
+        metavar="N",
+        help="list the N largest buffers live at the peak under the figures (default 5; 0: none)",
+    )
+    cost.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print the bytes live over the program's schedule, phase by phase, after the table "
+        '(with --json: add "timeline")',
+    )
+    cost.add_argument(
+        "--time",
+        action="store_true",
+        help="print the ten largest kernels of the step's time after the table (with --target; "
+        '--json always adds "time" there)',
+    )
+    cost.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="draw the bytes live over the schedule into FILE (.svg, .png or .pdf); needs matplotlib: "
+        'pip install "treeshape[plot]"',
+    )
+    add_json_and_target(cost, "ts.Cost")
+    return cost
 
 
 def run(args: argparse.Namespace, stdout: TextIO) -> int:
@@ -42,8 +84,6 @@ def run(args: argparse.Namespace, stdout: TextIO) -> int:
         data.pop("timeline", None)  # the chart's numbers only when asked for, in their own form
         if args.timeline:
             data["timeline"] = _timeline_data(result.timeline)
-        if result.time is not None:
-            data["time"] = time_data(result.time)
         print(json.dumps(data), file=stdout)
     else:
         text = result._text(args.buffers)
@@ -68,13 +108,6 @@ _NO_TIMELINE: Final = (
 
 
 _NO_TIME: Final = "no time: a step's time is known for a named accelerator only (--target NAME)"
-
-
-def time_data(time: Any) -> dict[str, Any]:
-    """`Cost.time` as JSON: its figures and every kernel."""
-    kernels = [json_data(k) for k in time.kernels]
-    figures = ("seconds", "compiler_seconds", "floor_seconds", "mfu", "source")
-    return {**{name: json_data(getattr(time, name)) for name in figures}, "kernels": kernels}
 
 
 def _check_plot(path: str) -> None:

@@ -2,7 +2,21 @@
 optimizer-state structures, its scan carry (the mismatch and the fix it names), a few scan
 steps of training and the cache's figures."""
 
+import argparse
 from typing import Any, TextIO
+
+
+def declare(sub: Any) -> argparse.ArgumentParser:
+    """This subcommand's parser, its options and help."""
+    demo = sub.add_parser(
+        "demo",
+        help="run the built-in example: a small model's structures, carry and training",
+        description="Infer a small MLP's parameter and optimizer-state structures,\n"
+        "build the scan carry, train it for a few scan steps and print the\n"
+        "cache figures. Offline, a few seconds, no arguments.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return demo  # type: ignore[no-any-return]
 
 
 def run(stdout: TextIO) -> int:

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from ._arguments import add_json_and_target, call_parser
 from ._common import UNITS, arguments, call_target, checked_target, parse_bytes, print_result, spec_leaves
 from ._fail import Fail
 
@@ -27,6 +28,39 @@ def _at_least(n: int) -> str:
         if n >= size:
             return f"{math.ceil(n * 10 / size) / 10:g}{unit}"
     return str(n)
+
+
+def declare(sub: Any) -> argparse.ArgumentParser:
+    """This subcommand's parser, its options and help."""
+    fit = call_parser(
+        sub,
+        "fit",
+        "print the largest size of a dimension for which MODULE:ATTR's program fits a budget",
+        "Import MODULE, take ATTR (dotted attributes allowed), and find the\n"
+        "largest size of the symbolic dimension --dim (a name in the specs,\n"
+        "f32[b,784]) for which its compiled program's peak bytes per device\n"
+        "fit the budget: checked by compiling at that size and the next.",
+        "mypkg.model:train_step",
+    )
+    fit.add_argument("--dim", required=True, metavar="NAME", help="the symbolic dimension to size, e.g. b")
+    fit.add_argument(
+        "--budget",
+        metavar="BYTES",
+        help="the memory of one device: bytes, or a number with a unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, "
+        "TB), e.g. 16GiB; default: the limit the device reports (none on CPU)",
+    )
+    fit.add_argument(
+        "--margin", type=float, default=0.0, metavar="FRACTION", help="the fraction of the budget to keep free"
+    )
+    fit.add_argument("--max-size", type=int, default=2**20, metavar="N", help="the largest size to try")
+    fit.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="print a line per size compiled to stderr (default: when stderr is a terminal)",
+    )
+    add_json_and_target(fit, "ts.Fit")
+    return fit
 
 
 def run(args: argparse.Namespace, stdout: TextIO) -> int:

@@ -5,6 +5,7 @@ import argparse
 import json
 from typing import Any, TextIO
 
+from ._arguments import call_parser, depth
 from ._common import call_target
 from ._fail import USER_ERRORS, Fail, one_line
 
@@ -14,6 +15,31 @@ def _as_json(structure: Any) -> list[dict[str, Any]]:
     from .._json import leaf_records
 
     return leaf_records(structure.paths, structure.leaves)
+
+
+def declare(sub: Any) -> argparse.ArgumentParser:
+    """This subcommand's parser, its options and help."""
+    inspect = call_parser(
+        sub,
+        "inspect",
+        "print the output structure of MODULE:ATTR called on abstract arguments",
+        "Import MODULE, take ATTR (dotted attributes allowed) and print\n"
+        "the structure of its output for the given abstract arguments: no\n"
+        "FLOPs, no device memory, no compilation.",
+        "mypkg.model:predict",
+    )
+    inspect.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON list of {path, shape, dtype, weak_type} instead of a table",
+    )
+    inspect.add_argument(
+        "--depth",
+        type=depth,
+        metavar="N",
+        help="one row per path prefix of N keys (memory by module): leaves, parameters, bytes",
+    )
+    return inspect
 
 
 def run(args: argparse.Namespace, stdout: TextIO) -> int:

@@ -43,6 +43,49 @@ def choices(given: list[str]) -> dict[str, list[Any]]:
     return out
 
 
+def declare(sub: Any) -> argparse.ArgumentParser:
+    """This subcommand's parser, its options and help."""
+    plan = sub.add_parser(
+        "plan",
+        help="print the fastest combination of choices and size for which MODULE:MAKE's step fits a target",
+        description="Import MODULE, take MAKE (dotted attributes allowed): called with one\n"
+        "keyword per --choice, it returns (step, *args) with the symbolic\n"
+        "dimension --dim in the args. Every combination is compiled by the\n"
+        "target's own compiler at the sizes the largest fit takes, and ranked\n"
+        "by throughput (size per second of a step).",
+        epilog="A choice's values are read as Python values: 8 is an int, 8x1 a tuple\n(8, 1), 0.5 a float, "
+        "anything else a string (none, dots, full).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    plan.add_argument("target", metavar="MODULE:MAKE", help="e.g. mypkg.train:make_step")
+    plan.add_argument(
+        "--choice",
+        action="append",
+        required=True,
+        metavar="NAME=V1,V2,...",
+        help="a choice and the values to try, e.g. remat=none,dots,full (repeat for more choices)",
+    )
+    plan.add_argument("--dim", default="b", metavar="NAME", help="the symbolic dimension to size (default b)")
+    plan.add_argument(
+        "--target",
+        dest="target_name",
+        required=True,
+        metavar="NAME",
+        help="the accelerator (v5e, v5e:2x4, h100, ...: see treeshape targets)",
+    )
+    plan.add_argument("--budget", metavar="BYTES", help="the memory of one device (default: what JAX lets XLA use)")
+    plan.add_argument("--max-size", type=int, default=None, metavar="N", help="the largest size to try")
+    plan.add_argument("--donate", type=int, action="append", default=[], metavar="I", help="donate argument I")
+    plan.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="print a line per combination and per compile to stderr (default: when stderr is a terminal)",
+    )
+    plan.add_argument("--json", action="store_true", help="print one JSON object of the ts.Plan instead of a table")
+    return plan  # type: ignore[no-any-return]
+
+
 def run(args: argparse.Namespace, stdout: TextIO) -> int:
     from .. import plan
 

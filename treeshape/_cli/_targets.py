@@ -1,6 +1,19 @@
 """`treeshape targets`: the accelerators that `cost` and `fit` compile for with `--target NAME`."""
 
-from typing import TextIO
+import argparse
+from typing import Any, TextIO
+
+
+def declare(sub: Any) -> argparse.ArgumentParser:
+    """This subcommand's parser, its options and help."""
+    targets = sub.add_parser(
+        "targets",
+        help="list the accelerators that cost and fit compile for with --target NAME",
+        description="List the accelerators that `treeshape cost ... --target NAME` and\n"
+        "`treeshape fit ... --target NAME` compile for, without one.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return targets  # type: ignore[no-any-return]
 
 
 def run(stdout: TextIO) -> int:

@@ -120,7 +120,7 @@ class Cost:
     backend: str | None = None
     compiler_peak_bytes: int | None = None
     # Read from the same compile as `buffers`: compared as they are.
-    time: StepTime | None = dataclasses.field(default=None, compare=False, repr=False)
+    time: StepTime | None = dataclasses.field(default=None, compare=False, repr=False, metadata={"json": True})
 
     def breakdown(self, depth: int | None = None) -> str:
         """The buffers at the peak grouped by input path, output path or module, with
