@@ -39,7 +39,6 @@ from ._programs import (
     compile_module as compile_module,
     compiles_without_device as compiles_without_device,
     cost_analysis as cost_analysis,
-    counting_compiles as counting_compiles,
     cuda_starts_without_gpu as cuda_starts_without_gpu,
     dtype_named as dtype_named,
     hlo_text_cost_analysis as hlo_text_cost_analysis,

@@ -4,10 +4,7 @@ the arguments it keeps, compiling a lowered program for simulated devices, XLA's
 analysis of a module, and whether JAX's CUDA plugin compiles for an NVIDIA GPU without one.
 """
 
-import contextlib
 import functools as ft
-import threading
-from collections.abc import Iterator
 from typing import Any, Final
 
 import jax
@@ -67,38 +64,6 @@ def memory_analysis(compiled: Any) -> dict[str, Any]:
     live_ranges = getattr(stats, "live_ranges", None)  # a deviceless TPU compile's, from its dump
     figures["live_ranges"] = live_ranges if isinstance(live_ranges, str) and live_ranges else None
     return figures
-
-
-# -- how many programs XLA compiles ------------------------------------------------------------
-# JAX reports each backend compile as this duration event, on every supported release.
-_COMPILE_EVENT: Final = "/jax/core/compile/backend_compile_duration"
-_counting = threading.local()
-_listening: list[bool] = []
-
-
-def _on_duration(event: str, duration_secs: float, **_: str | int) -> None:
-    if event == _COMPILE_EVENT and getattr(_counting, "counts", None):
-        for count in _counting.counts:
-            count[0] += 1
-
-
-@contextlib.contextmanager
-def counting_compiles() -> Iterator[list[int]]:
-    """Count the programs XLA compiles in this thread inside the block (JAX's own compile
-    event: the user's program, loop bodies compiled alone, a target's compile): the
-    yielded list's one element."""
-    if not _listening:
-        jax.monitoring.register_event_duration_secs_listener(_on_duration)
-        _listening.append(True)
-    count = [0]
-    counts = getattr(_counting, "counts", None)
-    if counts is None:
-        counts = _counting.counts = []
-    counts.append(count)
-    try:
-        yield count
-    finally:
-        counts.remove(count)
 
 
 # -- what is at a compiled program's peak (`Cost.buffers`) ---------------------------------

@@ -21,6 +21,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import _compat
+from ._compiles import compiled
 
 
 # -- where a body runs -----------------------------------------------------------------
@@ -241,6 +242,7 @@ def cost_of_runs(bodies: Sequence[Body]) -> tuple[float, float] | None:
             flat = [a for _, arguments, _, _ in programs for a in arguments]
             lowered = jax.jit(side_by_side, donate_argnums=donated).lower(*flat)
             analysis = _compat.program_cost_analysis(lowered.compile())
+            compiled()
     except Exception:  # our own program of the user's bodies: any failure means "not known"
         return None
     flops, accessed = analysis.get("flops", 0.0), analysis.get("bytes accessed")

@@ -25,14 +25,13 @@ from typing import Any, Final
 
 import jax
 
-from .. import _compat
 from .._call import Call, abstract_inputs, check_callable, input_path
 from .._dims import DimOverflow, bind_leaves, check_sizes, free_names
 from .._leaf import leaf_str
 from .._shapes import extent_problem, human_bytes
 from .._sharding import split_problem
 from .._table import grid, html_grid
-from . import _buffers, _deviceless, _target
+from . import _buffers, _compiles, _deviceless, _target
 from ._cost import Cost, check_target, cost_of, exact, prepare
 from ._search import SECOND_PROBE, far_over, find_size
 
@@ -447,7 +446,7 @@ class _Probes:
             call, n_bound = self.call, len(self.call.bound_leaves)
             call_n = Call(call.core, bound[:n_bound], call.bound_treedef, bound[n_bound:], call.call_treedef)
             began = time.perf_counter()
-            with _compat.counting_compiles() as programs:
+            with _compiles.counting() as programs:
                 try:
                     self.costs[n], compiled = cost_of(
                         call_n, self.donated, self.target, "largest_fit", lambda: self._starting(n)

@@ -133,7 +133,8 @@ class Plan:
             rate = "-" if r.size == 0 else f"{r.throughput:,.0f}"
             peak = "-" if r.peak_bytes is None else human_bytes(r.peak_bytes)
             mfu = "" if r.mfu is None else f"{r.mfu:.0%}"
-            rows.append([mark, *values, f"{r.size:,}", f"{r.largest:,}", seconds, rate, peak, mfu, r.note])
+            note = r.note.split(": ")[0] if r.size == 0 else r.note.split(":")[0]  # the whole of it on the row
+            rows.append([mark, *values, f"{r.size:,}", f"{r.largest:,}", seconds, rate, peak, mfu, note])
         return head, rows
 
     def __str__(self) -> str:

@@ -47,7 +47,7 @@ from .._call import (
 )
 from .._leaf import ARRAY, NUMPY, SDS, kind_of, leaf_str
 from .._shapes import extent_problem
-from . import _deviceless, _simulate, _target
+from . import _compiles, _deviceless, _simulate, _target
 from ._per_device import (
     in_shard_map,
     inner_jaxprs,
@@ -450,6 +450,7 @@ def compile_program(
         compiled = _deviceless.compile_for(lowered, placed)
     else:
         compiled = lowered.compile() if far is None else _simulate.compile_for(lowered, far.size)
+    _compiles.compiled()
     infos = jtu.tree_flatten_with_path(lowered.args_info)[0]
     donate = frozenset(i for i, (_, info) in enumerate(infos) if getattr(info, "donated", False))
     paths: list[str | None]
@@ -517,6 +518,7 @@ def _retargeted(
     infos = jtu.tree_flatten_with_path(lowered.args_info)[0]
     donate = frozenset(i for i, (_, info) in enumerate(infos) if getattr(info, "donated", False))
     compiled = _deviceless.compile_for(lowered, placed)
+    _compiles.compiled()
     paths = [*program.paths, *[None] * (len(infos) - len(program.paths))]
     arguments = [_lowering_argument(x) for x in placed.values]
     return Compiled(
