@@ -277,6 +277,19 @@ GROUPS: dict[str, list[str]] = {}  # a name for `--only` that stands for several
 LEGENDS: dict[str, Callable[[Config], str]] = {}  # a line printed under the table when the case ran
 
 
+def target_ready(name: str, target: str) -> bool:
+    """Whether `ts.cost(..., target=target)` works here (its compiler installed and starting);
+    if not, case `name` says why on stderr and gives no rows."""
+    import jax.numpy as jnp
+
+    try:
+        ts.cost(jnp.sin, jax.ShapeDtypeStruct((8,), jnp.float32), target=target)
+    except (ImportError, RuntimeError, ts.JaxReleaseError) as e:
+        print(f"case {name}: no rows ({type(e).__name__}: {e})", file=sys.stderr)
+        return False
+    return True
+
+
 def case(name: str, group: str | None = None, legend: Callable[[Config], str] | None = None) -> Callable[[Case], Case]:
     """Register a case under `name` (and in `group`, if given); cases run in registration order."""
 

@@ -572,3 +572,18 @@ def _diff_children(
             out.add(sub_path, "structure", None, _describe_node(*actual[key]))
         else:
             _diff_nodes(*expected[key], *actual[key], sub_path, out)
+
+
+def memory_figures(memory):
+    """A compiled program's own memory figures (`memory_analysis()`), in `cost_figures`' order."""
+    return (
+        memory.argument_size_in_bytes,
+        memory.output_size_in_bytes,
+        memory.temp_size_in_bytes,
+        memory.alias_size_in_bytes,
+    )
+
+
+def cost_figures(c):
+    """A `ts.Cost`'s argument, output, temporary and alias bytes."""
+    return (c.argument_bytes, c.output_bytes, c.temp_bytes, c.alias_bytes)

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import cost_figures, memory_figures
 from jax.experimental import topologies
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec as P
 
@@ -29,19 +30,6 @@ def _target_devices(target, n):
 
 def _mesh(devices, axis_type):
     return Mesh(np.array(devices, dtype=object), ("data",), axis_types=(axis_type,))
-
-
-def _figures(memory):
-    return (
-        memory.argument_size_in_bytes,
-        memory.output_size_in_bytes,
-        memory.temp_size_in_bytes,
-        memory.alias_size_in_bytes,
-    )
-
-
-def _ours(c):
-    return (c.argument_bytes, c.output_bytes, c.temp_bytes, c.alias_bytes)
 
 
 def _step(kind, mesh):
@@ -103,7 +91,7 @@ def test_a_step_that_names_its_own_mesh_compiles_over_the_targets_mesh_of_its_ax
         oracle = jax.jit(_step(kind, theirs), donate_argnums=0).lower(*placed).compile()
     c = ts.cost(_step(kind, ours), w, x, donate_argnums=0, target=target)
     assert c.backend == f"{'H100' if target == 'h100' else 'TPU v5e'} x{n} (deviceless)"
-    assert _ours(c) == _figures(oracle.memory_analysis())
+    assert cost_figures(c) == memory_figures(oracle.memory_analysis())
     assert c.alias_bytes == 256 * 256 * 4  # the donated weights, reused
     # The same step spelled over its inputs' mesh, the inputs sharded as XLA placed them above.
     mesh = AbstractMesh((n,), ("data",), axis_types=(axis_type,))
@@ -115,7 +103,7 @@ def test_a_step_that_names_its_own_mesh_compiles_over_the_targets_mesh_of_its_ax
         donate_argnums=0,
         target=target,
     )
-    assert _ours(spelled) == _ours(c)
+    assert cost_figures(spelled) == cost_figures(c)
 
 
 def test_under_set_mesh_the_targets_devices_stand_in_for_the_context_mesh():
@@ -135,7 +123,7 @@ def test_under_set_mesh_the_targets_devices_stand_in_for_the_context_mesh():
     with jax.set_mesh(theirs):
         oracle = jax.jit(step, donate_argnums=0).lower(W, _x(4)).compile()
     assert c.backend == "TPU v5e x4 (deviceless)"
-    assert _ours(c) == _figures(oracle.memory_analysis())
+    assert cost_figures(c) == memory_figures(oracle.memory_analysis())
     mesh = AbstractMesh((4,), ("data",), axis_types=(EXPLICIT,))
     spelled = ts.cost(
         step,
@@ -144,7 +132,7 @@ def test_under_set_mesh_the_targets_devices_stand_in_for_the_context_mesh():
         donate_argnums=0,
         target="v5e",
     )
-    assert _ours(spelled) == _ours(c)
+    assert cost_figures(spelled) == cost_figures(c)
     # largest_fit under the same mesh: each size compiled over the 4 chips, as ts.cost compiles it.
     assert fit.size > 1 and fit.cost.backend == "TPU v5e x4 (deviceless)"
     with jax.set_mesh(jax.make_mesh((4,), ("data",), axis_types=(EXPLICIT,))):
@@ -175,7 +163,7 @@ def test_a_pmap_step_compiles_as_jax_pmap_does_over_the_targets_devices(case):
     c = ts.cost(jax.pmap(step, axis_name="i"), x, target=target)
     oracle = jax.pmap(step, axis_name="i", devices=_target_devices(target, n)).lower(x).compile()
     assert c.backend.endswith(f" x{n} (deviceless)")
-    assert _ours(c) == _figures(oracle.memory_analysis()) and c.output_bytes == 64 * 256 * 4
+    assert cost_figures(c) == memory_figures(oracle.memory_analysis()) and c.output_bytes == 64 * 256 * 4
 
 
 # -- host callbacks --------------------------------------------------------------------------
@@ -189,7 +177,7 @@ def test_a_host_callback_compiles_for_a_tpu_target_as_it_is():
     c = ts.cost(_printing, x, target="v5e")
     device = jax.sharding.SingleDeviceSharding(_target_devices("v5e:2x2", 4)[0])
     oracle = jax.jit(_printing).lower(x.update(sharding=device)).compile()
-    assert c.backend == "TPU v5e x1 (deviceless)" and _ours(c) == _figures(oracle.memory_analysis())
+    assert c.backend == "TPU v5e x1 (deviceless)" and cost_figures(c) == memory_figures(oracle.memory_analysis())
     # ... also inside a step that names its own mesh
     mesh = jax.make_mesh((4,), ("data",), axis_types=(AUTO,))
     sharded = ts.cost(

@@ -15,6 +15,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from helpers import cost_figures, memory_figures
 from jax.experimental import topologies
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec as P
 
@@ -32,19 +33,6 @@ def _h100_devices(n):
     text = (SPECS / "h100.txtpb").read_text()
     shape = f"1x1x{n}" if n <= 8 else f"1x{n // 8}x8"
     return topologies.get_topology_desc(platform="cuda", target_config=text, topology=shape).devices
-
-
-def _figures(memory):
-    return (
-        memory.argument_size_in_bytes,
-        memory.output_size_in_bytes,
-        memory.temp_size_in_bytes,
-        memory.alias_size_in_bytes,
-    )
-
-
-def _ours(c):
-    return (c.argument_bytes, c.output_bytes, c.temp_bytes, c.alias_bytes)
 
 
 def step(w, x):
@@ -90,7 +78,7 @@ def test_h100_figures_are_xla_gpus_own_for_an_abstract_mesh(layout):
     real = Mesh(np.array(_h100_devices(n)).reshape(shape), names, axis_types=(AUTO,) * len(shape))
     with jax.set_mesh(real):
         compiled = jax.jit(step, donate_argnums=0).lower(*_on(real, (w, x))).compile()
-    assert _ours(c) == _figures(compiled.memory_analysis())
+    assert cost_figures(c) == memory_figures(compiled.memory_analysis())
     assert c.peak_bytes == c.argument_bytes + c.output_bytes + c.temp_bytes - c.alias_bytes
     assert c.alias_bytes > 0 and c.device_bytes == H100_BYTES
     assert c.backend == f"H100 x{n} (deviceless)"
@@ -107,7 +95,7 @@ def test_512_h100s_and_the_buffers_at_the_peak():
     real = Mesh(np.array(_h100_devices(512)), ("data",), axis_types=(AUTO,))
     with jax.set_mesh(real):
         compiled = jax.jit(step, donate_argnums=0).lower(*_on(real, (w, x))).compile()
-    assert _ours(c) == _figures(compiled.memory_analysis())
+    assert cost_figures(c) == memory_figures(compiled.memory_analysis())
     assert c.backend == "H100 x512 (deviceless)"
     assert c.buffers and sum(b.nbytes for b in c.buffers) == c.live_peak_bytes <= c.peak_bytes
     assert set(c.donation) == {"args[0][0]", "args[0][1]"} and all(d.reused for d in c.donation.values())
@@ -122,7 +110,7 @@ def test_a_jitted_step_unsharded_and_its_flops():
     device = jax.sharding.SingleDeviceSharding(_h100_devices(1)[0])
     placed = jax.tree.map(lambda s: s.update(sharding=device), (w, x))
     compiled = jitted.lower(*placed).compile()
-    assert _ours(c) == _figures(compiled.memory_analysis())
+    assert cost_figures(c) == memory_figures(compiled.memory_analysis())
     assert c.backend == "H100 x1 (deviceless)"
     # XLA's HLO cost analysis of the GPU module: 2mnk for each of the 4 matmuls left (the
     # second layer's forward is dead: only the gradient is returned).
@@ -156,7 +144,7 @@ def test_an_nnx_step_that_updates_in_place():
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), state)
     m, o = nnx.merge(graph, abstract)
     compiled = nnx.jit(train).lower(m, o, x.update(sharding=device)).compile()
-    assert _ours(c) == _figures(compiled.memory_analysis())
+    assert cost_figures(c) == memory_figures(compiled.memory_analysis())
     assert c.output_bytes > 4  # the updated state is an output, as nnx.jit makes it
 
 
@@ -168,7 +156,7 @@ def test_tpu_v5e_2x2_is_libtpus_own_compile():
     real = Mesh(np.array(devices).reshape(2, 2), ("data", "model"), axis_types=(AUTO,) * 2)
     with jax.set_mesh(real):
         compiled = jax.jit(step, donate_argnums=0).lower(*_on(real, (w, x))).compile()
-    assert _ours(c) == _figures(compiled.memory_analysis())
+    assert cost_figures(c) == memory_figures(compiled.memory_analysis())
     assert c.backend == "TPU v5e x4 (deviceless)" and c.device_bytes == 16_911_433_728
     assert c.flops == compiled.cost_analysis()["flops"]
     # A program larger than libtpu lets one program use does not fit: a ValueError, never a raw one.
@@ -225,7 +213,7 @@ def test_a_v5e_step_s_buffers_and_timeline_are_libtpus_own(tmp_path):
     placed = jax.tree.map(lambda s: s.update(sharding=device), (w, x))
     options = {"xla_dump_to": str(tmp_path), "xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": True}
     compiled = jax.jit(step, donate_argnums=0).lower(*placed).compile(options)
-    assert _ours(c) == _figures(compiled.memory_analysis())
+    assert cost_figures(c) == memory_figures(compiled.memory_analysis())
     if not list(tmp_path.glob("*.after_optimizations-live-range.txt")):  # libtpu 0.0.24 (jax 0.8.0)
         assert c.buffers is None and c.donation is None and c.timeline is None  # never made up
         return
@@ -614,7 +602,7 @@ def test_a_spec_field_the_plugin_does_not_know_is_left_out(monkeypatch):
     real = Mesh(np.array(_h100_devices(2)), ("data",), axis_types=(AUTO,))
     with jax.set_mesh(real):
         compiled = jax.jit(step, donate_argnums=0).lower(*_on(real, (w, x))).compile()
-    assert _ours(c) == _figures(compiled.memory_analysis())
+    assert cost_figures(c) == memory_figures(compiled.memory_analysis())
 
 
 def test_largest_fit_takes_a_size_the_targets_compiler_refuses_as_one_that_does_not_fit():

@@ -17,7 +17,6 @@ module (each costed alone by XLA's HLO cost analysis) into `Cost.time`. Goal: at
 Needs libtpu (`treeshape[tpu]`); without it the case has no rows.
 """
 
-import sys
 import tempfile
 from typing import Any
 
@@ -27,7 +26,7 @@ from jax import lax
 
 import treeshape as ts
 
-from harness import Config, Row, at_most, case, compare, faster, per_call, repeat, timed_row
+from harness import Config, Row, at_most, case, compare, faster, per_call, repeat, target_ready, timed_row
 
 
 def _fresh_step() -> Any:
@@ -44,10 +43,7 @@ def _fresh_step() -> Any:
 @case("step_time")
 def step_time(cfg: Config) -> list[Row]:
     """21. ts.cost(..., target="v5e") with its time vs the bare deviceless libtpu compile with its dump."""
-    try:
-        ts.cost(jnp.sin, jax.ShapeDtypeStruct((8,), jnp.float32), target="v5e")
-    except (ImportError, RuntimeError, ts.JaxReleaseError) as e:
-        print(f"case step_time: no rows ({type(e).__name__}: {e})", file=sys.stderr)
+    if not target_ready("step_time", "v5e"):
         return []
     from jax.experimental import topologies
 
