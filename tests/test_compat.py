@@ -112,6 +112,17 @@ def test_trace_settings_name_the_settings_jax_keys_its_tracing_cache_on():
     assert "jax_trace_context" in base or len(base) == len(_compat.tracing_context()[0])
 
 
+def test_cache_clears_counts_each_jax_clear_caches_and_nothing_else():
+    before = _compat.cache_clears()
+    for _ in range(3):  # tracing, compiling and evicting never count
+        jax.jit(lambda x: x + 1)(jnp.ones(2))
+        jax.eval_shape(jnp.sin, jnp.ones(3))
+    assert _compat.cache_clears() == before
+    jax.clear_caches()
+    jax.clear_caches()
+    assert _compat.cache_clears() == before + 2
+
+
 def test_abstractify_gives_one_aval_for_every_kind_of_array_input():
     class Duck:
         shape, dtype = (3,), np.dtype("float32")

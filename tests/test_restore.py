@@ -397,6 +397,7 @@ def test_bad_renames(tmp_path):
 
 # -- keys as orbax writes them -------------------------------------------------------------
 F2 = jax.ShapeDtypeStruct((2,), jnp.float32)
+PY_INT = "i64[]" if jax.config.jax_enable_x64 else "i32[]"  # a Python int saved by orbax
 
 
 def test_a_key_is_an_index_only_as_its_decimal_text(tmp_path):
@@ -425,7 +426,7 @@ def test_a_key_is_an_index_only_as_its_decimal_text(tmp_path):
 
 
 def test_diff_matches_a_key_to_an_index_only_as_its_decimal_text():
-    x = jnp.zeros(2)
+    x = jnp.zeros(2, jnp.float32)
     saved = ts.structure_of({"03": F2, "1": F2, "²": F2})
     found = [(m.path, m.expected, m.actual) for m in saved.diff({3: x, 1: x, 2: x})]
     assert found == [
@@ -592,7 +593,7 @@ def test_prng_keys_restore_from_the_key_data_orbax_writes(tmp_path):
 
 
 def test_a_prng_key_without_key_data_in_the_checkpoint_is_refused_with_its_reason():
-    target = {"key": jax.random.key(0), "w": jnp.zeros(2)}
+    target = {"key": jax.random.key(0), "w": jnp.zeros(2, jnp.float32)}
     reshaped = ts.restore_plan({"key": jax.ShapeDtypeStruct((3,), jnp.float32), "w": F2}, target).problems
     assert [(e.path, e.fate, e.reason) for e in reshaped] == [
         (
@@ -633,8 +634,8 @@ def test_python_numbers_restore_as_python_numbers_and_a_changed_value_is_named(t
     assert str(plan).splitlines()[3].split() == [
         ".steps",
         "same",
-        "i32[]",
-        "i32[]",
+        PY_INT,
+        PY_INT,
         *"the checkpoint holds 3 where the target holds 4: restored as 3".split(),
     ]
     restored = plan.restore()
@@ -645,11 +646,11 @@ def test_python_numbers_restore_as_python_numbers_and_a_changed_value_is_named(t
 
 # -- orbax, and array data that cannot be read ----------------------------------------------
 def test_without_orbax_an_import_error_names_the_package(tmp_path, monkeypatch):
-    path = _save(tmp_path / "c", {"w": jnp.ones(2)})
-    plan = ts.restore_plan(path, {"w": jnp.zeros(2)})
+    path = _save(tmp_path / "c", {"w": jnp.ones(2, jnp.float32)})
+    plan = ts.restore_plan(path, {"w": jnp.zeros(2, jnp.float32)})
     monkeypatch.setitem(sys.modules, "orbax.checkpoint", None)
     for who, call in (
-        ("restore_plan", lambda: ts.restore_plan(path, {"w": jnp.zeros(2)})),
+        ("restore_plan", lambda: ts.restore_plan(path, {"w": jnp.zeros(2, jnp.float32)})),
         ("RestorePlan.restore", plan.restore),
     ):
         with pytest.raises(ImportError) as info:
@@ -658,7 +659,7 @@ def test_without_orbax_an_import_error_names_the_package(tmp_path, monkeypatch):
             f"treeshape.{who} reads orbax checkpoints with orbax-checkpoint, which cannot be imported ("
         )
         assert str(info.value).endswith("): pip install orbax-checkpoint")
-    assert ts.restore_plan({"w": F2}, {"w": jnp.zeros(2)}).ok  # a metadata tree is planned without orbax
+    assert ts.restore_plan({"w": F2}, {"w": jnp.zeros(2, jnp.float32)}).ok  # a metadata tree is planned without orbax
 
 
 def _unreadable(path, target):

@@ -147,7 +147,7 @@ class _History:
         self.lock = threading.Lock()
         self.traces: list[Trace] = []
         self.retraces: list[Retrace] = []
-        self.generations: list[int] = []  # JAX's cache generation at each trace
+        self.generations: list[int] = []  # how many times JAX's caches were cleared, at each trace
 
 
 _HISTORIES: dict[tuple[int, ...], tuple[tuple["weakref.ref[Any]", ...], _History]] = {}
@@ -189,35 +189,6 @@ def _history(fn: Callable[..., Any]) -> _History:
         history = _History()
         _HISTORIES[key] = (refs, history)
         return history
-
-
-# -- whether JAX's caches were cleared ----------------------------------------------
-# A jitted identity that JAX traces once per tracing context, until its caches are
-# cleared (as `jax.clear_caches()` does): a second trace in a context seen before
-# means they were. Tracing it (`jax.eval_shape`) compiles nothing.
-_CACHE_LOCK: Final = threading.Lock()
-_cache_state: dict[str, Any] = {"generation": 0, "seen": set()}
-
-
-def _probe_body(x: Any) -> Any:
-    context = _compat.tracing_context()
-    seen = _cache_state["seen"]
-    if context in seen:
-        _cache_state["generation"] += 1
-        seen.clear()
-    seen.add(context)
-    return x
-
-
-_probe: Final = jax.jit(_probe_body)
-
-
-def _cache_generation() -> int:
-    """How many times JAX's caches were seen cleared so far."""
-    with _CACHE_LOCK:
-        jax.eval_shape(_probe, 0)
-        generation: int = _cache_state["generation"]
-        return generation
 
 
 # -- what a trace saw ---------------------------------------------------------------
@@ -463,7 +434,7 @@ class _Seen(NamedTuple):
     inputs: Structure
     settings: dict[str, Any]
     where: str
-    generation: int  # JAX's cache generation (`_cache_generation`)
+    generation: int  # how many times JAX's caches were cleared so far (`_compat.cache_clears`)
 
 
 class _Watched:
@@ -487,7 +458,7 @@ class _Watched:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _compat.at_top_level():  # not a trace (JAX calls this only when it traces)
             return self._fn(*args, **kwargs)
-        seen = _Seen(_inputs(args, kwargs), _compat.named_trace_settings(), _call_site(), _cache_generation())
+        seen = _Seen(_inputs(args, kwargs), _compat.named_trace_settings(), _call_site(), _compat.cache_clears())
         if self._max_traces is not None:
             self._check_max_traces(seen, self._max_traces)
         out = self._fn(*args, **kwargs)

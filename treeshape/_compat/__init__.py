@@ -16,7 +16,8 @@ The rest of the package imports this front, never a room of the wing:
 - `_types`: a value's type: abstract values, `ShapeDtypeStruct`s with their weak flag, given
   sharding and manual axes, typed PRNG keys, `TypePromotionError`;
 - `_tracing`: the trace state, the tracing context and its settings, one level of a pytree
-  with its keys, a `jax.jit` wrapper's static arguments, the traced-shape `TypeError`;
+  with its keys, a `jax.jit` wrapper's static arguments, the traced-shape `TypeError`, how many
+  times `jax.clear_caches()` ran;
 - `_meshes`: the `jax.set_mesh` mesh, an equation's context mesh, `PartitionSpec` entries
   and text, `pcast`/`pvary`;
 - `_symbolic`: symbolic dimensions (`jax.export` shape polymorphism);
@@ -71,6 +72,7 @@ from ._symbolic import (
 )
 from ._tracing import (
     at_top_level as at_top_level,
+    cache_clears as cache_clears,
     flatten_one_level_with_keys as flatten_one_level_with_keys,
     is_namedtuple as is_namedtuple,
     is_traced_shape_error as is_traced_shape_error,

@@ -4,12 +4,13 @@ with each child's key, a `jax.jit` wrapper's static arguments), and JAX's `TypeE
 traced shape.
 """
 
+import threading
 from collections.abc import Callable, Hashable
 from typing import Any, Final
 
 import jax
 import jax.tree_util as jtu
-from jax._src import config as _config, core as _core
+from jax._src import config as _config, core as _core, util as _util
 
 
 def at_top_level() -> bool:
@@ -40,6 +41,35 @@ def tracing_context() -> tuple[Any, ...]:
         _config.default_prng_impl.value,
         _config.legacy_prng_key.value,
     )
+
+
+class _ClearCounter:
+    """Counts `jax.clear_caches()` calls: JAX clears every cache registered with it there (its
+    `util.register_cache`, private: there is no public hook, and a probe that traces again to
+    find out is fooled where JAX's caches evict an entry on their own)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def cache_clear(self) -> None:
+        with self._lock:
+            self.count += 1
+
+    def cache_info(self) -> str:
+        return f"treeshape: jax.clear_caches() called {self.count} times"
+
+    def cache_keys(self) -> list[Any]:
+        return []
+
+
+_CLEARS: Final = _ClearCounter()  # held here: JAX registers caches weakly
+_util.register_cache(_CLEARS, "treeshape.watch: how many times jax.clear_caches() ran")
+
+
+def cache_clears() -> int:
+    """How many times `jax.clear_caches()` ran since treeshape was imported."""
+    return _CLEARS.count
 
 
 # Settings that change what tracing gives, for a release whose trace-context key has no names.
