@@ -26,13 +26,14 @@ from ._leaf import (
     SCALAR,
     SDS,
     as_abstract,
-    cycle_problem,
     extent_message,
     flatten,
     int_too_big_message,
     is_duck_array,
     kind_of,
     refuse_cycles,
+    walk_call,
+    walked_leaf_types,
 )
 from ._shapes import BadShape, TooLarge, bad_shape_message, check_extents, checked_sds, sizes
 from ._structure import Structure
@@ -516,7 +517,7 @@ class Call(NamedTuple):
         core = self.core
         if core is _call_filter_jit:
             return True
-        if type(core) is not _JITTED and not _is_nnx_jit(core):
+        if type(core) is types.FunctionType or (type(core) is not _JITTED and not _is_nnx_jit(core)):
             return False
         static = static_arguments(core)
         if static is None:
@@ -548,8 +549,9 @@ class Call(NamedTuple):
 def split_call(
     fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], who: str = "out_structure"
 ) -> Call:
-    core, bound, bound_kw = split_callable(fn)
-    if cycle_problem((args, kwargs, bound, bound_kw), "") is not None:  # one walk; then name the part
+    core, bound, bound_kw = (fn, (), {}) if type(fn) is types.FunctionType else split_callable(fn)
+    reached: set[type] = set()
+    if not walk_call([args, kwargs, bound, bound_kw], reached):  # one walk; then name the part
         for tree, root in (
             (args, "args"),
             (kwargs, "kwargs"),
@@ -562,8 +564,10 @@ def split_call(
     else:
         bound_leaves, bound_treedef = [], EMPTY_BOUND
     call_leaves, call_treedef = flatten((args, kwargs), who, "the arguments", checked=True)
-    call = Call(core, bound_leaves, bound_treedef, call_leaves, call_treedef)
-    return call._replace(types=call.leaf_types())
+    found = walked_leaf_types(reached)  # (a model's parameters and batch: no pass over the leaves)
+    if found is None:
+        found = frozenset(map(type, call_leaves)).union(map(type, bound_leaves))
+    return Call(core, bound_leaves, bound_treedef, call_leaves, call_treedef, found)
 
 
 def _is_structure(x: Any) -> bool:

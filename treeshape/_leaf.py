@@ -47,6 +47,7 @@ DIM = 5  # a `jax.export` dimension expression: abstract, a weak integer scalar,
 
 SCALAR_TYPES = (bool, int, float, complex)
 KINDS: dict[type, int] = {}
+ARRAY_TYPES: set[type] = set()  # the types `kind_of` found ARRAY
 
 
 def kind_of(cls: type) -> int:
@@ -64,6 +65,8 @@ def kind_of(cls: type) -> int:
             kind = DIM
         else:
             kind = OTHER
+        if kind == ARRAY:
+            ARRAY_TYPES.add(cls)
         if kind != OTHER or cls.__module__ == "builtins":  # a user's class is not kept alive
             KINDS[cls] = kind
     return kind
@@ -271,24 +274,12 @@ def cycle_problem(tree: Any, root: str) -> str | None:
 
     A cycle through another node type makes JAX's flatten fail cleanly (a RecursionError).
     """
-    containers = _VALUES
-    if type(tree) not in containers:
+    if type(tree) not in _CONTAINERS:
         return None
-    # Level by level, each level's containers found in one call into the interpreter's C
-    # code: a tree's levels end. One deeper than JAX flattens, or whose levels keep
-    # growing past any model's (a cycle through two children doubles them), is walked
-    # depth first, which tells a cycle from a shared subtree.
-    level, depth, reached = [tree], 0, 0
+    depth = _walk([tree], 0, None)
+    if not depth:
+        return None
     limit = sys.getrecursionlimit()
-    is_container = containers.__contains__
-    while level:
-        children = gc.get_referents(*level)
-        level = list(itertools.compress(children, map(is_container, map(type, children))))
-        depth, reached = depth + 1, reached + len(level)
-        if depth >= limit or reached > _MANY_CONTAINERS:
-            break
-    else:
-        return None
     found = _find_cycle(tree)
     if found is not None:
         path, ancestor = found
@@ -307,6 +298,58 @@ def cycle_problem(tree: Any, root: str) -> str | None:
 _MANY_CONTAINERS: Final = 10**7
 
 
+def _walk(level: list[Any], depth: int, reached: set[type] | None) -> int:
+    """Walk the containers of `level` (at `depth` below a root) and all below them, level by
+    level; 0 when the levels end (the types of what they hold then added to `reached`), else
+    the depth where the walk stopped: a tree that deep, or that large, may contain itself.
+
+    Each level's containers are found in one call into the interpreter's C code: a tree's
+    levels end. One deeper than JAX flattens, or whose levels keep growing past any model's
+    (a cycle through two children doubles them), is then walked depth first by
+    `_find_cycle`, which tells a cycle from a shared subtree."""
+    containers = _CONTAINERS
+    limit = sys.getrecursionlimit()
+    count = len(level) if depth else 0  # containers reached below the root
+    types: set[type] = set()
+    while level:
+        children = gc.get_referents(*level)
+        here = set(map(type, children))  # a level's few types: most levels are all containers or none
+        types |= here
+        if here <= containers:
+            level = children
+        elif here.isdisjoint(containers):
+            level = []
+        else:
+            level = list(itertools.compress(children, map(containers.__contains__, map(type, children))))
+        depth, count = depth + 1, count + len(level)
+        if depth >= limit or count > _MANY_CONTAINERS:
+            return depth
+    if reached is not None:
+        reached |= types
+    return 0
+
+
+def walk_call(parts: list[Any], reached: set[type]) -> bool:
+    """Whether `cycle_problem` of the tuple of `parts` (a call's arguments, keyword arguments and
+    bound ones: each a tuple or dict) finds nothing, walked from the parts (the tuple holding
+    them is new: no cycle passes through it); the types reached are added to `reached`."""
+    return not _walk(parts, 1, reached)
+
+
+_CONTAINERS: Final = frozenset(_VALUES)
+_PLAIN_CONTAINERS: Final = frozenset((dict, list, tuple))
+
+
+def walked_leaf_types(reached: set[type]) -> frozenset[type] | None:
+    """The types of a tree's leaves, from the types its walk reached (`walk_call`), where
+    those tell them: the tree is dicts, lists and tuples of arrays (which are unhashable, so
+    no key: each is a leaf); None for any other tree."""
+    types = reached - _PLAIN_CONTAINERS
+    if types <= ARRAY_TYPES or all(kind_of(t) == ARRAY for t in types):
+        return frozenset(types)
+    return None
+
+
 def refuse_cycles(tree: Any, who: str, root: str) -> None:
     """Raise a `ValueError` (naming `treeshape.{who}` and the path under `root`) for a tree
     that JAX's flatten cannot take and would leave the interpreter broken by
@@ -323,7 +366,8 @@ def flatten(tree: Any, who: str, root: str, checked: bool = False) -> tuple[list
     if not checked:
         refuse_cycles(tree, who, root)
     try:
-        return jtu.tree_flatten(tree)
+        flat: tuple[list[Any], Any] = jtu.default_registry.flatten(tree)  # `jtu.tree_flatten`, one call less
+        return flat
     except (RecursionError, SystemError):  # through a node type of the user's: JAX's C++ code gave up
         raise ValueError(
             f"treeshape.{who}: {root} cannot be flattened: one of its custom pytree nodes contains itself, or the "
