@@ -412,6 +412,20 @@ def test_lru_bound_holds(small_cache):
     assert ts.cache_info().size == 3
 
 
+def test_a_call_repeated_or_alternating_hits_and_an_evicted_one_traces_again(small_cache):
+    f, traces = _counted()
+    a, b = jnp.ones(2), jnp.ones(3)
+    for x in (a, a, b, a, b, b):  # the latest entry again, and calls alternating between two entries
+        assert ts.out_structure(f, x, x).tree["y"] == jax.ShapeDtypeStruct(x.shape, jnp.float32)
+    assert traces() == 2
+    assert ts.cache_info()[:3] == (4, 2, 2)
+    _cache.set_cache_maxsize(0)  # every entry evicted, the latest one found too
+    _cache.set_cache_maxsize(3)
+    assert ts.out_structure(f, b, b).tree["y"] == jax.ShapeDtypeStruct((3,), jnp.float32)
+    assert traces() == 3
+    assert ts.cache_info()[:3] == (4, 3, 1)
+
+
 def test_set_cache_maxsize_rejects_bad_sizes():
     with pytest.raises(ValueError, match="maxsize"):
         _cache.set_cache_maxsize(-1)

@@ -36,7 +36,20 @@ import numpy as np
 from . import _compat, _tree
 from ._call import Call
 from ._dtypes import jax_dtype
-from ._leaf import ARRAY, DIM, KINDS, NUMPY, OTHER, SCALAR, SDS, as_abstract, is_duck_array, kind_of, static_value
+from ._leaf import (
+    ARRAY,
+    ARRAY_TYPES,
+    DIM,
+    KINDS,
+    NUMPY,
+    OTHER,
+    SCALAR,
+    SDS,
+    as_abstract,
+    is_duck_array,
+    kind_of,
+    static_value,
+)
 from ._structure import Structure
 from ._tree import Strong, calls_python, importable, is_plain, treedef_is_plain
 
@@ -125,6 +138,9 @@ def static_key(x: Any, refs: list[Any]) -> Hashable:
         Uncacheable: `x` is a mutable object whose state is not plain data, or
             neither plain nor weakly referenceable.
     """
+    if type(x) is types.FunctionType:  # its one plain weak reference: equal to the stored one by identity
+        refs.append(x)
+        return weakref.ref(x)
     if type(x) is types.MethodType:  # made afresh on each attribute access: key its parts
         return (types.MethodType, static_key(x.__func__, refs), static_key(x.__self__, refs))
     callable_ = callable(x) and not calls_python(x)  # an object with a `__call__` method is keyed by its state
@@ -217,26 +233,29 @@ def _value_part(x: Any) -> Any:
 
 # -- keys -----------------------------------------------------------------------------
 class Key:
-    """A cache key that hashes its (long) tuple once, with what its entry must not keep alive
-    (`refs`, guarded weakly) and the treedefs that must be plain for its entry to be held."""
+    """A cache key that hashes its (long) tuple once, when first asked (a call that finds the
+    cache's latest entry needs no hash), with what its entry must not keep alive (`refs`,
+    guarded weakly) and the treedefs that must be plain for its entry to be held."""
 
     __slots__ = ("items", "hash", "refs", "treedefs")
 
     def __init__(self, items: tuple[Any, ...], refs: list[Any], treedefs: tuple[jtu.PyTreeDef, ...]) -> None:
         self.items, self.refs, self.treedefs = items, refs, treedefs
-        self.hash = hash(items)
+        self.hash: int | None = None
 
     def held(self) -> "Key":
         """This key as an entry holds it: without `refs`."""
         key = Key.__new__(Key)
-        key.items, key.hash, key.refs, key.treedefs = self.items, self.hash, [], ()
+        key.items, key.hash, key.refs, key.treedefs = self.items, hash(self), [], ()
         return key
 
     def __hash__(self) -> int:
+        if self.hash is None:
+            self.hash = hash(self.items)  # may raise: a user object's __hash__ in node data
         return self.hash
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Key) and self.hash == other.hash and self.items == other.items
+        return isinstance(other, Key) and hash(self) == hash(other) and self.items == other.items
 
 
 # The key of a call that is not cached: never found, never stored.
@@ -250,21 +269,20 @@ def call_key(call: Call, *extra: Hashable, concrete_scalars: bool | Sequence[boo
     leaf) are passed concrete (to a jitted core, as `Call.concrete_scalars` says), so they
     are keyed by value (bound ones always are)."""
     refs: list[Any] = []
-    kinds = KINDS
-    arrays = all(kinds.get(t) == ARRAY for t in call.leaf_types())  # a model's parameters and batch
+    arrays = call.leaf_types() <= ARRAY_TYPES  # a model's parameters and batch
     try:
-        items = (
+        items = (  # the treedefs last: two calls that differ mostly differ in cheaper parts
             static_key(call.core, refs),
-            call.bound_treedef,
-            call.call_treedef,
             *_leaf_keys(call.bound_leaves, True, refs, arrays),
             *_leaf_keys(call.call_leaves, concrete_scalars, refs, arrays),
             _compat.tracing_context(),
             jax.sharding.get_abstract_mesh(),
             *extra,
+            call.bound_treedef,
+            call.call_treedef,
         )
         return Key(items, refs, (call.bound_treedef, call.call_treedef))
-    except Exception:  # Uncacheable, or a user object's __hash__ (in node data) failing
+    except Exception:  # Uncacheable, or a user object's `__hash__` failing (node data's: when the key is hashed)
         return NOT_CACHED
 
 
@@ -303,6 +321,7 @@ class Cache(Generic[_Value]):
         self._entries: collections.OrderedDict[Key, tuple[_Value, list[Any], Key]] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._dead: list[Any] = []  # filled by weakref callbacks, purged under the lock
+        self._latest: Key | None = None  # the stored key last found or stored (a loop's next call)
         self.hits = 0
         self.misses = 0
 
@@ -314,23 +333,33 @@ class Cache(Generic[_Value]):
         """The entry of `key`, or None (a miss, counted; `NOT_CACHED` is always one)."""
         with self._lock:
             self._purge()
-            try:
-                entry = None if key is NOT_CACHED else self._entries.get(key)
-            except Exception:  # a user object's __eq__ (in node data), on a hash collision
-                entry = None
+            entry = None if key is NOT_CACHED else self._find(key)
             if entry is None:
                 self.misses += 1
                 return None
+            self._latest = entry[2]
             self._entries.move_to_end(entry[2])  # found by identity: no second key comparison
             if entry[0] is not NEEDS_CONCRETE:  # a lookup on, whose hit or miss is counted next
                 self.hits += 1
             return entry[0]
 
+    def _find(self, key: Key) -> tuple[_Value, list[Any], Key] | None:
+        latest = self._latest
+        try:
+            if latest is not None and latest.items == key.items:  # the same call again: no hash of `key`
+                return self._entries.get(latest)  # (by identity; an equal key stored since, by equality)
+            return self._entries.get(key)
+        except Exception:  # a user object's __eq__ or __hash__ (in node data)
+            return None
+
     def put(self, key: Key, value: _Value) -> None:
         """Store `value` under `key`, unless the key is `NOT_CACHED` or the entry may not be held."""
         if key is NOT_CACHED or not all(map(treedef_is_plain, key.treedefs)) or not self._holdable(value):
             return
-        held = key.held()
+        try:
+            held = key.held()
+        except Exception:  # a user object's __hash__ (in node data) failing: not held
+            return
         dead = self._dead
 
         def forget(_: Any) -> None:
@@ -344,6 +373,7 @@ class Cache(Generic[_Value]):
             except Exception:  # a user object's __eq__ (in node data), on a hash collision
                 return
             self._entries.move_to_end(held)
+            self._latest = held
             while len(self._entries) > self.maxsize:
                 self._entries.popitem(last=False)
 
@@ -363,6 +393,7 @@ class Cache(Generic[_Value]):
         with self._lock:
             self._entries.clear()
             self._dead.clear()
+            self._latest = None
             self.hits = self.misses = 0
 
 
