@@ -1,6 +1,7 @@
 """`out_structure` (one abstract evaluation, cached) and `structure_of` (read without tracing)."""
 
 import builtins
+import functools as ft
 import gc
 import types
 from collections.abc import Callable
@@ -164,15 +165,13 @@ def _out_structure(
     """The structure of `fn(*args, **kwargs)`, and the flattened `(args, kwargs)`."""
     check_callable(fn, "out_structure")
     call = split_call(fn, args, kwargs)
-    call = with_trees(call)  # (these checks read the leaves' types, found once by `split_call`)
+    if Structure in call.leaf_types():
+        call = with_trees(call)
     if jax.ShapeDtypeStruct in call.leaf_types():
         check_splits([*call.bound_leaves, *call.call_leaves], call.treedef, "out_structure")
     key = _cache.call_key(call, concrete_scalars=call.concrete_scalars())
-
-    def evaluate(close_bound: bool) -> Structure:  # (the call's treedef is built only here: a hit needs none)
-        return _evaluate(call, close_bound)
-
-    structure, _ = _cache.answer(CACHE, key, call.bound_leaves, evaluate)
+    # (the call's treedef is built only on a miss, by `_evaluate`: a hit needs none)
+    structure, _ = _cache.answer(CACHE, key, call.bound_leaves, ft.partial(_evaluate, call))
     return structure, call.call_leaves
 
 
@@ -228,6 +227,8 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
         1
     """
     structure, call_leaves = _out_structure(fn, args, kwargs)
+    if not structure._sharded():  # (most answers: nothing to place)
+        return structure
     return _with_call_meshes(structure, fn, call_leaves)
 
 
@@ -236,7 +237,7 @@ def _with_call_meshes(structure: Structure, fn: Any, call_leaves: list[Any]) -> 
     arguments (and of the `jax.set_mesh` mesh), when some output sharding names an
     abstract mesh: `zeros()` places those leaves there. The cached entry is never changed:
     one entry answers calls on different concrete meshes with the same abstract mesh."""
-    if not structure._sharded() or not _compat.at_top_level():
+    if not _compat.at_top_level():
         return structure
     if not structure._memo("abstract_mesh", lambda: _sharding.has_abstract_mesh(structure)):
         return structure

@@ -384,7 +384,10 @@ class Structure:
 
     def _sharded(self) -> bool:
         """Whether some array leaf has a sharding (so top-level values need placing)."""
-        return self._memo("sharded", lambda: any(leaf.sharding is not None for leaf in self._array_leaves()))
+        sharded = self._cache.get("sharded")  # (read on every `out_structure` call)
+        if sharded is None:
+            sharded = self._cache["sharded"] = any(leaf.sharding is not None for leaf in self._array_leaves())
+        return sharded
 
     def _with_leaves(self, leaves: Sequence[Any]) -> "Structure":
         """The same treedef (and meshes of its call) with new leaf descriptions."""
