@@ -182,16 +182,11 @@ def _scalar_key(x: Any) -> Any:
 _AVAL: Final = operator.attrgetter("aval")
 
 
-def _leaf_keys(
-    leaves: list[Any], concrete_scalars: bool | Sequence[bool], refs: list[Any], arrays: bool = False
-) -> Iterable[Any]:
+def _leaf_keys(leaves: list[Any], concrete_scalars: bool | Sequence[bool], refs: list[Any]) -> Iterable[Any]:
     """Per-leaf key parts: the abstract value JAX traces for an array-like leaf
     (so an array, a NumPy array, a ShapeDtypeStruct and a duck array of one
     type share them), Python scalars by type (or value, when passed
-    concrete: all, or per leaf), static values as `static_key` says. `arrays`:
-    every leaf is a JAX array (their avals are read in one C-level pass)."""
-    if arrays:
-        return map(_AVAL, leaves)
+    concrete: all, or per leaf), static values as `static_key` says."""
     kinds = KINDS  # each type's kind, as `kind_of` notes it (read here without a call per leaf)
     out = []
     for i, x in enumerate(leaves):
@@ -269,12 +264,18 @@ def call_key(call: Call, *extra: Hashable, concrete_scalars: bool | Sequence[boo
     leaf) are passed concrete (to a jitted core, as `Call.concrete_scalars` says), so they
     are keyed by value (bound ones always are)."""
     refs: list[Any] = []
-    arrays = call.leaf_types() <= ARRAY_TYPES  # a model's parameters and batch
+    bound: Iterable[Any]
+    given: Iterable[Any]
     try:
+        if call.leaf_types() <= ARRAY_TYPES:  # a model's parameters and batch: one C-level pass each
+            bound, given = map(_AVAL, call.bound_leaves), map(_AVAL, call.call_leaves)
+        else:
+            bound = _leaf_keys(call.bound_leaves, True, refs)
+            given = _leaf_keys(call.call_leaves, concrete_scalars, refs)
         items = (  # the treedefs last: two calls that differ mostly differ in cheaper parts
             static_key(call.core, refs),
-            *_leaf_keys(call.bound_leaves, True, refs, arrays),
-            *_leaf_keys(call.call_leaves, concrete_scalars, refs, arrays),
+            *bound,
+            *given,
             _compat.tracing_context(),
             jax.sharding.get_abstract_mesh(),
             *extra,
@@ -332,8 +333,18 @@ class Cache(Generic[_Value]):
     def get(self, key: Key) -> _Value | None:
         """The entry of `key`, or None (a miss, counted; `NOT_CACHED` is always one)."""
         with self._lock:
-            self._purge()
-            entry = None if key is NOT_CACHED else self._find(key)
+            if self._dead:
+                self._purge()
+            latest = self._latest
+            try:
+                if key is NOT_CACHED:
+                    entry = None
+                elif latest is not None and latest.items == key.items:  # the same call again: `key` not hashed
+                    entry = self._entries.get(latest)  # (by identity; or an equal key stored since)
+                else:
+                    entry = self._entries.get(key)
+            except Exception:  # a user object's __eq__ or __hash__ (in node data)
+                entry = None
             if entry is None:
                 self.misses += 1
                 return None
@@ -342,15 +353,6 @@ class Cache(Generic[_Value]):
             if entry[0] is not NEEDS_CONCRETE:  # a lookup on, whose hit or miss is counted next
                 self.hits += 1
             return entry[0]
-
-    def _find(self, key: Key) -> tuple[_Value, list[Any], Key] | None:
-        latest = self._latest
-        try:
-            if latest is not None and latest.items == key.items:  # the same call again: no hash of `key`
-                return self._entries.get(latest)  # (by identity; an equal key stored since, by equality)
-            return self._entries.get(key)
-        except Exception:  # a user object's __eq__ or __hash__ (in node data)
-            return None
 
     def put(self, key: Key, value: _Value) -> None:
         """Store `value` under `key`, unless the key is `NOT_CACHED` or the entry may not be held."""

@@ -159,22 +159,6 @@ def _raise_escapes(where: list[str], fn_name: str = "out_structure") -> None:
     )
 
 
-def _out_structure(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Structure, list[Any]]:
-    """The structure of `fn(*args, **kwargs)`, and the flattened `(args, kwargs)`."""
-    check_callable(fn, "out_structure")
-    call = split_call(fn, args, kwargs)
-    if Structure in call.leaf_types():
-        call = with_trees(call)
-    if jax.ShapeDtypeStruct in call.leaf_types():
-        check_splits([*call.bound_leaves, *call.call_leaves], call.treedef, "out_structure")
-    key = _cache.call_key(call, concrete_scalars=call.concrete_scalars())
-    # (the call's treedef is built only on a miss, by `_evaluate`: a hit needs none)
-    structure, _ = _cache.answer(CACHE, key, call.bound_leaves, ft.partial(_evaluate, call))
-    return structure, call.call_leaves
-
-
 def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Structure:
     """Infer the structure of `fn(*args, **kwargs)` without running it.
 
@@ -226,10 +210,20 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
         >>> ts.cache_info().hits  # the same abstract input: answered from the cache
         1
     """
-    structure, call_leaves = _out_structure(fn, args, kwargs)
+    check_callable(fn, "out_structure")
+    call = split_call(fn, args, kwargs)
+    types = call.leaf_types()  # (found once by `split_call`)
+    if Structure in types:
+        call = with_trees(call)
+        types = call.leaf_types()
+    if jax.ShapeDtypeStruct in types:
+        check_splits([*call.bound_leaves, *call.call_leaves], call.treedef, "out_structure")
+    key = _cache.call_key(call, concrete_scalars=call.concrete_scalars())
+    # (the call's treedef is built only on a miss, by `_evaluate`: a hit needs none)
+    structure, _ = _cache.answer(CACHE, key, call.bound_leaves, ft.partial(_evaluate, call))
     if not structure._sharded():  # (most answers: nothing to place)
         return structure
-    return _with_call_meshes(structure, fn, call_leaves)
+    return _with_call_meshes(structure, fn, call.call_leaves)
 
 
 def _with_call_meshes(structure: Structure, fn: Any, call_leaves: list[Any]) -> Structure:
