@@ -101,6 +101,22 @@ def test_sharded_leaves_show_their_partition_spec():
     )
 
 
+def test_a_split_leaf_among_static_leaves_shows_the_per_device_column():
+    mesh = jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Explicit,))
+    split = jax.ShapeDtypeStruct((16,), jnp.float32, sharding=jax.NamedSharding(mesh, P("i")))
+    assert ts.describe({"act": "relu", "w": split}) == (
+        "path     shape  dtype  extra              bytes  per device\n"
+        "-------  -----  -----  -----------------  -----  ----------\n"
+        "['act']                static str 'relu'\n"
+        "['w']    [16]   f32    P('i',)             64 B         8 B\n"
+        "-------  -----  -----  -----------------  -----  ----------\n"
+        "total: 2 leaves, 16 elements               64 B         8 B"
+    )
+    assert ts.describe({"act": "relu", "w": jax.ShapeDtypeStruct((16,), jnp.float32)}).splitlines()[0] == (
+        "path     shape  dtype  extra              bytes"
+    )
+
+
 def test_varying_leaves_under_shard_map():
     mesh = jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Explicit,))
     tables = []

@@ -7,12 +7,14 @@ value type can use it without the renderer depending on it.
 import dataclasses
 import html
 import math
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import jax
 import jax.tree_util as jtu
 
+from . import _compat
 from ._dtypes import short_dtype
 from ._leaf import axes_str, varying_axes
 from ._nodes import static_text
@@ -105,9 +107,8 @@ def _plural(n: Any, word: str) -> str:
 
 def _totals(leaves: Sequence[Any]) -> tuple[int, int, bool]:
     """The elements and bytes of the array leaves (as `Structure.size` and `nbytes` count them),
-    and whether some leaf is split over devices: one pass over the leaves."""
+    and whether some leaf is split over devices: one pass over the leaves (and `_some_split`'s)."""
     size = nbytes = 0
-    split = False
     itemsize: dict[Any, int] = {}  # dtype -> the bytes of one element
     prod, sds = math.prod, jax.ShapeDtypeStruct  # (names read once: this loop runs per leaf)
     symbolic = False
@@ -123,12 +124,25 @@ def _totals(leaves: Sequence[Any]) -> tuple[int, int, bool]:
             if element is None:
                 element = itemsize[dtype] = leaf_nbytes(jax.ShapeDtypeStruct((), dtype))
             nbytes += n * element
-            if not split and leaf.sharding is not None:
-                split = is_partitioned(leaf)
+    split = _some_split(leaves)
     if symbolic:  # expressions add slowly: once per distinct leaf type
-        split = split or any(is_partitioned(leaf) for leaf in leaves if getattr(leaf, "sharding", None) is not None)
         return leaf_total(leaves, leaf_size), leaf_total(leaves, leaf_nbytes), split
     return size, nbytes, split
+
+
+_GIVEN_SHARDING: Final = operator.attrgetter(_compat.GIVEN_SHARDING_FIELD)
+
+
+def _some_split(leaves: Sequence[Any]) -> bool:
+    """Whether some leaf is split over devices. A leaf's `sharding` (a property of JAX's that
+    costs a call) is read only where one was given, found in one C-level pass over the leaves."""
+    try:
+        if operator.countOf(map(_GIVEN_SHARDING, leaves), None) == len(leaves):
+            return False
+    except Exception:  # a static leaf (it has no such field)
+        pass
+    sds = jax.ShapeDtypeStruct
+    return any(is_partitioned(leaf) for leaf in leaves if isinstance(leaf, sds) and leaf.sharding is not None)
 
 
 def _shown_paths(structure: StructureView, head: int, tail: int) -> list[str]:
