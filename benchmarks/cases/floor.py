@@ -9,8 +9,10 @@ built in every call on both sides (and checks 1 cache hit, 0 misses).
 Why the baseline is fair: no cache keyed on the inputs' types can avoid
 flattening them and reading every leaf's type; the floor does exactly that
 and nothing else. A third row holds the call to a tighter floor for
-`jax.Array` leaves, flatten + one `.aval` read per leaf: goal <=1.5x
-(issue 39: what depends only on the call's shape is done once per shape).
+`jax.Array` leaves, flatten + one `.aval` read per leaf: goal <=2x (issue
+51; issue 39 asked 1.5x, below what this design can reach, about 1.7x: a
+hit also walks the inputs for cycles before JAX flattens them, which must
+stay, and compares the call's treedef with the entry's).
 """
 
 import jax.tree_util as jtu
@@ -47,5 +49,5 @@ def cached_vs_floor(cfg: Config) -> list[Row]:
         reps=31,
     )
     note = "tighter floor than the issue's: flatten + one `.aval` read per leaf"
-    rows.append(timed_row("3 cached call vs aval floor", t, at_most(1.5), note))
+    rows.append(timed_row("3 cached call vs aval floor", t, at_most(2), note))
     return rows
