@@ -29,7 +29,7 @@ from ._call import (
     traceable,
     with_trees,
 )
-from ._leaf import kind_of
+from ._leaf import ARRAY_TYPES, kind_of
 from ._structure import PyTree, Structure, read_structure
 
 
@@ -212,13 +212,16 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
     """
     check_callable(fn, "out_structure")
     call = split_call(fn, args, kwargs)
+    concrete: bool | tuple[bool, ...] = False
     types = call.leaf_types()  # (found once by `split_call`)
-    if Structure in types:
-        call = with_trees(call)
-        types = call.leaf_types()
-    if jax.ShapeDtypeStruct in types:
-        check_splits([*call.bound_leaves, *call.call_leaves], call.treedef, "out_structure")
-    key = _cache.call_key(call, concrete_scalars=call.concrete_scalars())
+    if not types <= ARRAY_TYPES:  # (else a model's parameters and batch: no Structure, no scalar)
+        if Structure in types:
+            call = with_trees(call)
+            types = call.leaf_types()
+        if jax.ShapeDtypeStruct in types:
+            check_splits([*call.bound_leaves, *call.call_leaves], call.treedef, "out_structure")
+        concrete = call.concrete_scalars()
+    key = _cache.call_key(call, concrete_scalars=concrete)
     # (the call's treedef is built only on a miss, by `_evaluate`: a hit needs none)
     structure, _ = _cache.answer(CACHE, key, call.bound_leaves, ft.partial(_evaluate, call))
     if not structure._sharded():  # (most answers: nothing to place)
