@@ -307,26 +307,32 @@ def _walk(level: list[Any], depth: int, reached: set[type] | None) -> int:
     levels end. One deeper than JAX flattens, or whose levels keep growing past any model's
     (a cycle through two children doubles them), is then walked depth first by
     `_find_cycle`, which tells a cycle from a shared subtree."""
-    containers = _CONTAINERS
     limit = sys.getrecursionlimit()
     count = len(level) if depth else 0  # containers reached below the root
-    types: set[type] = set()
+    types: set[type] | None = None if reached is None else set()
     while level:
-        children = gc.get_referents(*level)
-        here = set(map(type, children))  # a level's few types: most levels are all containers or none
-        types |= here
-        if here <= containers:
-            level = children
-        elif here.isdisjoint(containers):
-            level = []
-        else:
-            level = list(itertools.compress(children, map(containers.__contains__, map(type, children))))
+        level = _containers(gc.get_referents(*level), types)
         depth, count = depth + 1, count + len(level)
         if depth >= limit or count > _MANY_CONTAINERS:
             return depth
-    if reached is not None:
+    if reached is not None and types is not None:
         reached |= types
     return 0
+
+
+def _containers(children: list[Any], types: set[type] | None) -> list[Any]:
+    """The containers among `children`; with `types`, the types of all of them added to it."""
+    containers = _CONTAINERS
+    if types is None:
+        return list(itertools.compress(children, map(containers.__contains__, map(type, children))))
+    kinds = list(map(type, children))
+    here = {kinds[0]} if kinds and kinds.count(kinds[0]) == len(kinds) else set(kinds)  # (most levels: one)
+    types |= here
+    if here <= containers:
+        return children
+    if here.isdisjoint(containers):
+        return []
+    return list(itertools.compress(children, map(containers.__contains__, kinds)))
 
 
 def walk_call(parts: list[Any], reached: set[type]) -> bool:
