@@ -67,8 +67,7 @@ def run(args: argparse.Namespace, stdout: TextIO) -> int:
     import jax
 
     from .. import largest_fit
-    from .._cost import BudgetError, SizeError, bind_at, check_arguments, check_names, largest_allowed
-    from .._dims import free_names
+    from .._cost import BudgetError, SizeError, check_request
 
     try:
         budget = None if args.budget is None else parse_bytes(args.budget)
@@ -88,20 +87,16 @@ def run(args: argparse.Namespace, stdout: TextIO) -> int:
         for _ in spec_leaves(value)
     ]  # the spec of each abstract leaf
     leaves = [leaf for value in [*positional, *keywords.values()] for leaf in spec_leaves(value)]
-    names = free_names(leaves)
     dim = args.dim
     try:
-        check_arguments(dim, budget, args.margin, args.max_size)
-        check_names(dim, names, command_line=True)
-        for n in (1, args.max_size):
-            bind_at(dim, n, names, leaves)
+        check_request(dim, budget, args.margin, args.max_size, leaves, command_line=True)
     except SizeError as err:
         spec = "the specs" if err.index is None else f"spec {texts[err.index]!r}"
         if err.n == 1:
             fix = f"the search starts at {dim}=1: write {'them' if err.index is None else 'it'} so that {dim} counts "
             fix += f"from 1 (an offset such as {dim}+7, not a difference such as {dim}-8)"
         else:
-            fix = f"pass --max-size {largest_allowed(dim, args.max_size, names, leaves)} or less"
+            fix = f"pass --max-size {err.largest} or less"
         raise Fail(f"at {dim}={err.n}, {spec} {err}: {fix}", 2) from err
     except (TypeError, ValueError) as err:
         raise Fail(str(err).removeprefix("treeshape.largest_fit: "), 2) from err

@@ -30,10 +30,7 @@ from ._fit import (
     BudgetError as BudgetError,
     Fit as Fit,
     SizeError as SizeError,
-    bind_at as bind_at,
-    check_arguments as check_arguments,
-    check_names as check_names,
-    largest_allowed as largest_allowed,
+    check_request as check_request,
     largest_fit as largest_fit,
 )
 from ._plan import Plan as Plan, PlanRow as PlanRow, plan as plan

@@ -317,6 +317,7 @@ class SizeError(ValueError):
     def __init__(self, message: str, n: int, index: int | None, fix: str = "") -> None:
         super().__init__(message)
         self.n, self.index, self.fix = n, index, fix
+        self.largest: int | None = None  # the largest size the shapes allow, where `check_request` found it
 
 
 def bind_at(dim: str, n: int, names: Sequence[str], leaves: Sequence[Any]) -> list[Any]:
@@ -368,6 +369,31 @@ def largest_allowed(dim: str, max_size: int, names: Sequence[str], leaves: Seque
         else:
             lo = mid
     return lo
+
+
+def check_request(
+    dim: Any, budget: Any, margin: Any, max_size: Any, leaves: Sequence[Any], command_line: bool = False
+) -> None:
+    """A `largest_fit` request checked before anything is traced or compiled: its arguments,
+    `dim` the only free dimension of `leaves` (the abstract inputs), and sizes 1 and
+    `max_size` allowed by their shapes (the command line checks its specs so, before it
+    imports the user's module; fixes are told in specs for `command_line`).
+
+    Raises:
+        TypeError, ValueError: an argument of the wrong type or range, or a wrong `dim`.
+        SizeError: the shapes refuse size 1 or `max_size`; for `max_size`, its `largest`
+            is the largest size they allow.
+    """
+    check_arguments(dim, budget, margin, max_size)
+    names = free_names(leaves)
+    check_names(dim, names, command_line)
+    for n in (1, max_size):
+        try:
+            bind_at(dim, n, names, leaves)
+        except SizeError as e:
+            if n != 1:
+                e.largest = largest_allowed(dim, max_size, names, leaves)
+            raise
 
 
 class BudgetError(ValueError):
