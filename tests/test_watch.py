@@ -8,11 +8,13 @@ import functools
 import gc
 import re
 import threading
+import types
 import weakref
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jax.tree_util as jtu
 import numpy as np
 import pytest
 from flax import nnx
@@ -413,16 +415,22 @@ def test_nothing_keeps_the_function_alive_and_no_tracer_or_array_is_held():
     assert ref() is None
 
 
+# Code, not data a trace holds: a treedef refers to JAX's pytree registry, whose flatten
+# functions reach every module's globals (this test module's arrays among them).
+_CODE = (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type(jtu.default_registry))
+
+
 def _reachable(root, limit=20_000):
     seen, stack, out = set(), [root], []
     while stack and len(seen) < limit:
         obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, (type, str, int, float)):
+        if id(obj) in seen or isinstance(obj, (str, int, float, *_CODE)):
             continue
         seen.add(id(obj))
         out.append(obj)
         if not isinstance(obj, jax.sharding.AbstractMesh):
             stack.extend(gc.get_referents(obj))
+    assert not stack, f"more than {limit} objects reachable: the walk left the data for code"
     return out
 
 
