@@ -416,12 +416,12 @@ def test_a_call_repeated_or_alternating_hits_and_an_evicted_one_traces_again(sma
     f, traces = _counted()
     a, b = jnp.ones(2), jnp.ones(3)
     for x in (a, a, b, a, b, b):  # the latest entry again, and calls alternating between two entries
-        assert ts.out_structure(f, x, x).tree["y"] == jax.ShapeDtypeStruct(x.shape, jnp.float32)
+        assert ts.out_structure(f, x, x).tree["y"] == jax.ShapeDtypeStruct(x.shape, x.dtype)
     assert traces() == 2
     assert ts.cache_info()[:3] == (4, 2, 2)
     _cache.set_cache_maxsize(0)  # every entry evicted, the latest one found too
     _cache.set_cache_maxsize(3)
-    assert ts.out_structure(f, b, b).tree["y"] == jax.ShapeDtypeStruct((3,), jnp.float32)
+    assert ts.out_structure(f, b, b).tree["y"] == jax.ShapeDtypeStruct((3,), b.dtype)
     assert traces() == 3
     assert ts.cache_info()[:3] == (4, 3, 1)
 
