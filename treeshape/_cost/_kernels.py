@@ -49,6 +49,8 @@ class Kernel:
     dtype: str  # of its matrix product where it has one, else of its result
     done: int | None = None  # an asynchronous copy's or collective's `-done` position
     devices: int = 1  # a collective's group size
+    in_loop: bool = False  # in a loop's body
+    fill: float = 1.0  # a matrix product's fill of the matrix unit's tiles (`tile_fill`)
 
 
 # Instructions that run no kernel of their own.
@@ -98,39 +100,103 @@ def _shape(instruction: Instruction) -> str:
     return instruction.text[: shape_end(instruction.text)]
 
 
-def _kind(module: Module, opcode: str, attributes: str) -> tuple[Kind, str | None]:
-    """A kernel's kind, and the XLA type of its matrix product's operands (where it has one)."""
+def _kind(module: Module, computation: Computation, instruction: Instruction) -> tuple[Kind, str | None, float]:
+    """A kernel's kind, the XLA type of its matrix product's operands (where it has one) and
+    that product's `tile_fill`."""
+    opcode, _, attributes = op_of(instruction)
     if opcode in _ASYNC_COPIES:
-        return "async copy", None
+        return "async copy", None, 1.0
     if opcode in _COLLECTIVES:
-        return "collective", None
+        return "collective", None, 1.0
     if opcode == "custom-call":
-        return "custom call", None
+        return "custom call", None, 1.0
     if opcode in ("convolution", "dot"):
-        return _product(attributes), None
+        return _product(attributes), None, tile_fill(computation, instruction)
     if opcode in ("reduce", "reduce-window", "select-and-scatter"):
-        return "reduction", None
+        return "reduction", None, 1.0
     if opcode in ("copy", "transpose"):
-        return "copy", None
+        return "copy", None, 1.0
     called = _CALLS.search(attributes)
     if opcode != "fusion" or called is None or called.group(1) not in module.computations:
-        return ("data movement" if opcode in _DATA else "elementwise"), None
+        return ("data movement" if opcode in _DATA else "elementwise"), None, 1.0
     kinds: set[Kind] = set()
     dtype = None
-    for instruction in module.computations[called.group(1)].instructions:
-        inner, operands, rest = op_of(instruction)
+    fill = 1.0
+    fused = module.computations[called.group(1)]
+    for inner_instruction in fused.instructions:
+        inner, operands, rest = op_of(inner_instruction)
         if inner in ("convolution", "dot"):
             kinds.add(_product(rest))
             if dtype is None:
-                dtype = next(iter(_arrays(_shape(instruction))), ("f32",))[0]
+                dtype = next(iter(_arrays(_shape(inner_instruction))), ("f32",))[0]
+                fill = tile_fill(fused, inner_instruction)
         elif inner in ("reduce", "reduce-window", "select-and-scatter"):
             kinds.add("reduction")
         elif inner not in _DATA and inner not in ("parameter", "constant", "get-tuple-element", "tuple", "bitcast"):
             kinds.add("elementwise")
     for kind in ("convolution", "batched matmul", "matmul", "reduction", "elementwise"):
         if kind in kinds:
-            return typing.cast(Kind, kind), dtype
-    return "data movement", None
+            return typing.cast(Kind, kind), dtype, fill if kind in ("convolution", "batched matmul", "matmul") else 1.0
+    return "data movement", None, 1.0
+
+
+_TILE: Final = 128  # a TPU matrix unit multiplies 128x128 tiles
+_LABELS: Final = re.compile(r"\bdim_labels=(\w+)_(\w+)->(\w+)")
+_DOT_DIMS: Final = re.compile(r"\b(lhs_contracting|rhs_contracting|lhs_batch|rhs_batch)_dims=\{([\d,]*)\}")
+
+
+def _dims(instruction: Instruction | None) -> list[int] | None:
+    if instruction is None:
+        return None
+    found = _ARRAY.search(re.sub(r"/\*.*?\*/", "", _shape(instruction)))
+    return [int(d) for d in found.group(2).split(",") if d] if found else None
+
+
+def _filled(size: int) -> float:
+    return size / (-(-size // _TILE) * _TILE)
+
+
+def tile_fill(computation: Computation, product: Instruction) -> float:
+    """How well a matrix product fills a TPU matrix unit's 128x128 tiles, as a v5e measured
+    it: a contraction `K` under a multiple of 128 at its share of its last tile; output
+    features `N` likewise, except that up to half a tile costs nothing (two such products
+    share one); a product with batch dimensions at its rows' (`M`, each product's) share of
+    theirs. 1.0 where the dimensions cannot be read."""
+    opcode, operands, attributes = op_of(product)
+    named = {i.name: i for i in computation.instructions}
+    if len(operands) < 2:
+        return 1.0
+    lhs, rhs, out = _dims(named.get(operands[0])), _dims(named.get(operands[1])), _dims(product)
+    if lhs is None or rhs is None or out is None:
+        return 1.0
+    if opcode == "convolution":
+        labels = _LABELS.search(attributes)
+        if labels is None:
+            return 1.0
+        lhs_labels, rhs_labels, out_labels = labels.groups()
+        if len(lhs_labels) != len(lhs) or len(rhs_labels) != len(rhs) or len(out_labels) != len(out):
+            return 1.0
+        k, n = lhs[lhs_labels.index("f")], rhs[rhs_labels.index("o")]
+        rows = out[out_labels.index("b")] if _product(attributes) == "batched matmul" else None
+    else:
+        dims = {name: [int(d) for d in text.split(",") if d] for name, text in _DOT_DIMS.findall(attributes)}
+        contracting = dims.get("lhs_contracting", [])
+        k = _product_of(lhs[d] for d in contracting)
+        rhs_free = set(range(len(rhs))) - set(dims.get("rhs_contracting", [])) - set(dims.get("rhs_batch", []))
+        n = _product_of(rhs[d] for d in rhs_free)
+        lhs_free = set(range(len(lhs))) - set(contracting) - set(dims.get("lhs_batch", []))
+        rows = _product_of(lhs[d] for d in lhs_free) if dims.get("lhs_batch") else None
+    if min(k, n) <= 0:
+        return 1.0
+    fill = _filled(k) * min(1.0, 2 * _filled(n))
+    return fill * _filled(rows) if rows else fill
+
+
+def _product_of(sizes: Iterator[int]) -> int:
+    total = 1
+    for size in sizes:
+        total *= size
+    return total
 
 
 def _product(attributes: str) -> Kind:
@@ -263,7 +329,7 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
         if opcode in _FREE:
             continue
         cycles = _CYCLES.search(attributes)
-        kind, dtype = _kind(module, opcode, attributes)
+        kind, dtype, fill = _kind(module, computation, instruction)
         flops, accessed, device = _costed(module, computation, instruction)
         result = next(iter(_arrays(_shape(instruction))), ("f32", 0, True))[0]
         kernel = Kernel(
@@ -278,6 +344,8 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
             device_bytes=device,
             dtype=_NAMES.get(dtype or result, dtype or result),
             devices=_group(attributes) if kind == "collective" else 1,
+            in_loop=not at_top,
+            fill=fill,
         )
         if opcode.endswith("-start"):
             pending[instruction.name] = len(kernels)

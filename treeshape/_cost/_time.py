@@ -51,6 +51,7 @@ class Correction:
     vmem_bytes_per_cycle: Mapping[str, float]
     hbm_efficiency: float
     cycles_per_run: float
+    cycles_per_loop_run: float
     exposed_copy: float
     launch_seconds: float
     measured_on: str
@@ -59,7 +60,7 @@ class Correction:
 _V5E_CLOCK: Final = 1.5e9
 CORRECTION: Final = Correction(
     estimate={"convolution": 1.0, "batched matmul": 0.8, "matmul": 1.0},
-    efficiency={"convolution": 0.5, "batched matmul": 0.3, "matmul": 0.7},
+    efficiency={"convolution": 0.75, "batched matmul": 0.3, "matmul": 0.8},
     vmem_bytes_per_cycle={
         "elementwise": 4e12 / _V5E_CLOCK,
         "reduction": 2e12 / _V5E_CLOCK,
@@ -68,6 +69,7 @@ CORRECTION: Final = Correction(
     },
     hbm_efficiency=670e9 / 819e9,
     cycles_per_run=750,
+    cycles_per_loop_run=100,
     exposed_copy=0.15,
     launch_seconds=0.28e-3,
     measured_on="v5e",
@@ -222,9 +224,9 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
     a vector kernel at its bytes, HBM's and VMEM's at the rates measured for its kind."""
     assert chip.clock_hz is not None and k.cycles is not None
     hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
-    run = c.cycles_per_run / chip.clock_hz
+    run = (c.cycles_per_loop_run if k.in_loop else c.cycles_per_run) / chip.clock_hz
     if k.kind in c.estimate:
-        roofline = max(k.flops / (chip.peak(k.dtype) * c.efficiency[k.kind]), k.device_bytes / hbm) + run
+        roofline = max(k.flops / (chip.peak(k.dtype) * c.efficiency[k.kind] * k.fill), k.device_bytes / hbm) + run
         return min(c.estimate[k.kind] * k.cycles / chip.clock_hz, roofline)
     vmem = c.vmem_bytes_per_cycle.get(k.kind, c.vmem_bytes_per_cycle["data movement"]) * chip.clock_hz
     return k.device_bytes / hbm + max(k.bytes_accessed - k.device_bytes, 0.0) / vmem + run
