@@ -12,16 +12,19 @@ Three figures:
   no kernel runs faster.
 - `seconds`: the estimate, where one was checked on the chip (TPU targets): a matrix
   product (matmul, batched matmul, convolution) at the compiler's estimate as measured
-  for its kind, unless its roofline at the efficiency measured for its kind is lower; a
-  vector kernel (elementwise, reduction, data movement, copy) at its bytes, at the HBM and
-  VMEM rates measured for its kind (libtpu's estimates of those are 1.2x to 17x the chip's
-  time); never below its floor; an asynchronous copy at the part of its HBM time the
-  kernels around it did not hide on the chip; a collective at its bytes over the
-  interconnect's links plus their latency; and the runtime's gap between two steps.
+  for its kind, unless its roofline is lower (its FLOPs at the efficiency measured for
+  its kind times its fill of the matrix unit's tiles, `Kernel.fill`); a vector kernel
+  (elementwise, reduction, data movement, copy) at its bytes, at the HBM and VMEM rates
+  measured for its kind (libtpu's estimates of those are up to 20x the chip's time);
+  each run's own cost, smaller in a loop's body; never below its floor; an asynchronous
+  copy at the part of its HBM time the kernels around it did not hide on the chip; a
+  collective at its bytes over the interconnect's links plus their latency; and the
+  runtime's gap between two steps.
 
 The correction (`CORRECTION`) was measured on a v5e against each kernel's time in a
-profile of eighteen train steps (the guide's "How fast will it run?",
-`benchmarks/steptime/`); v5p and v6e use it as measured there, and `source` says so.
+profile of 22 train steps, and checked on 12 more it was never fitted on (the guide's
+"How fast will it run?", `benchmarks/steptime/`); v5p and v6e use it as measured there,
+and `source` says so.
 """
 
 import dataclasses
@@ -38,13 +41,14 @@ from ._kernels import Kernel
 @dataclasses.dataclass(frozen=True)
 class Correction:
     """What a real v5e measured of libtpu's kernels, against each kernel's time in a profile
-    of eighteen train steps (`benchmarks/steptime/`): per kind of matrix product, the
-    fraction of the compiler's estimate it took (`estimate`) and of the chip's peak it
-    reached (`efficiency`); the bytes per cycle each kind of vector kernel moves in VMEM
-    (libtpu's estimates of those are 1.2x to 17x the chip's time, so their bytes decide);
-    HBM's fraction of its bandwidth; the cycles a kernel run costs besides; the fraction of
-    an asynchronous copy's HBM time that the kernels around it do not hide; and the
-    runtime's gap between two steps run back to back, in seconds."""
+    of 22 train steps (`benchmarks/steptime/`): per kind of matrix product, the fraction
+    of the compiler's estimate it took (`estimate`) and of the chip's peak it reached with
+    the matrix unit's tiles full (`efficiency`, times the product's fill of them); the
+    bytes per cycle each kind of vector kernel moves in VMEM (libtpu's estimates of those
+    are up to 20x the chip's time, so their bytes decide); HBM's fraction of its
+    bandwidth; the cycles a kernel's run costs besides, at the top of the program and in a
+    loop's body; the fraction of an asynchronous copy's HBM time that the kernels around
+    it do not hide; and the runtime's gap between two steps run back to back, in seconds."""
 
     estimate: Mapping[str, float]
     efficiency: Mapping[str, float]
@@ -202,7 +206,7 @@ class StepTime:
 
 _LAUNCH: Final = "between steps"
 # What the guide's table measured on a real v5e (docs/guide/time.md): said with every estimate.
-CHECKED: Final = "libtpu's cost model, checked on a v5e: 20 of 22 steps within 20%"
+CHECKED: Final = "libtpu's cost model, checked on a v5e: 34 of 34 steps within 20%"
 
 
 def _duration(seconds: float) -> str:
@@ -220,8 +224,9 @@ def _floor(k: Kernel, chip: Chip) -> float:
 def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
     """One run of `k` as the chip runs it: a matrix product at its compiler estimate,
     scaled as measured for its kind, unless its roofline at the efficiency measured for
-    its kind is lower (libtpu charges bytes it keeps in VMEM as if they came from HBM);
-    a vector kernel at its bytes, HBM's and VMEM's at the rates measured for its kind."""
+    its kind and its tile fill is lower (libtpu charges bytes it keeps in VMEM as if they
+    came from HBM); a vector kernel at its bytes, HBM's and VMEM's at the rates measured
+    for its kind; each with the cost of a run, smaller in a loop's body."""
     assert chip.clock_hz is not None and k.cycles is not None
     hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
     run = (c.cycles_per_loop_run if k.in_loop else c.cycles_per_run) / chip.clock_hz

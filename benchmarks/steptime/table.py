@@ -1,0 +1,182 @@
+"""The guide's step-time tables ("How fast will it run?"), from what `chip.py` measured.
+
+Each directory holds `chip.py`'s output for some rows: `rows.json` (each step's median and
+its profile, each kernel's device time) and the optimized module libtpu dumped
+(`modules.tar.gz`), the one a deviceless `ts.cost(target="v5e")` reads. For each row this
+prints the measured step, `seconds`, `compiler_seconds`, `floor_seconds` (from the module,
+with treeshape's time model as it stands) and how many of the profile's ten longest kernels
+are among the ten longest by `seconds`; then the same per kind of kernel, summed over the
+rows of the groups the correction was fitted on.
+
+    python benchmarks/steptime/table.py DIR [DIR ...]
+"""
+
+import collections
+import json
+import re
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import models  # noqa: E402
+
+# What the guide's figures come from: treeshape's reading of a dumped module and its time
+# model (no public API reads a module that was compiled elsewhere).
+from treeshape._cost import _buffers, _chips, _kernels, _time  # noqa: E402
+from treeshape._cost._deviceless import _HLO_PROTO_MODULE  # noqa: E402
+from treeshape._cost._hlo import Frames, Module, fields  # noqa: E402
+from treeshape._cost._hlo_text import op_of  # noqa: E402
+
+
+CHIP = _chips.CHIPS["v5e"]
+GROUPS = {"A": models.TUNING, "B": models.HELD_OUT, "C": models.FRESH, "D": models.UNSEEN}
+FITTED_ON = ("A", "B", "C")
+TIE = 0.02  # a profile's kernels within 2% of its tenth: the run-to-run spread of one kernel
+
+
+def group_of(name: str, size: int) -> str:
+    return next((g for g, rows in GROUPS.items() if size in rows.get(name, ((), ()))[1]), "?")
+
+
+def profile_kernels(module: Any, events: dict[str, Any], runs: int) -> dict[str, float]:
+    """Each kernel's device seconds in one step, by its name in the module: a loop's or a
+    call's own event (which spans its body) dropped, an asynchronous copy's wait counted
+    under the name of its start."""
+    ops = {i.name: op_of(i) for c in module.computations.values() for i in c.instructions}
+    out: dict[str, float] = collections.defaultdict(float)
+    for text, event in events.items():
+        name = re.match(r"%(\S+) = ", text).group(1)
+        opcode, operands, _ = ops.get(name, ("?", [], ""))
+        if opcode in ("while", "call", "conditional"):
+            continue
+        if opcode.endswith("-done") and operands:
+            name = operands[0]
+        out[name] += event["ns"] / runs / 1e9
+    return out
+
+
+def load(directory: Path) -> list[dict[str, Any]]:
+    modules = directory / "modules"
+    if not modules.is_dir():
+        modules = Path(tempfile.mkdtemp()) / "modules"
+        with tarfile.open(directory / "modules.tar.gz") as tar:
+            tar.extractall(modules.parent, filter="data")
+    rows = []
+    for r in json.loads((directory / "rows.json").read_text())["rows"]:
+        if "error" in r:
+            continue
+        key = f"{r['name']}-{r['size']}".replace("/", "_")
+        text = (modules / f"{key}.after_codegen.txt").read_text()
+        kernels, exact = _kernels.read(text)
+        module = _kernels.parse(text)
+        events = r["profile"]["/device:TPU:0"]["XLA Ops"] if "profile" in r else {}  # (`--no-profile`)
+        measured = profile_kernels(module, events, r.get("profile_runs", 3))
+        dumped = fields((modules / f"{key}.after_codegen.hlo.pb").read_bytes())[_HLO_PROTO_MODULE][-1]
+        proto = Module.read(bytes(dumped))
+        frames = Frames(proto)
+        names = {i.name: (_buffers.op_of(i), frames.source(i.metadata)) for i in proto.instructions.values()}
+        t = _time.estimate(kernels, names, CHIP, "TPU v5e", "tpu", r["cost_analysis"]["flops"], exact)
+        group = group_of(r["name"], r["size"])
+        rows.append({**r, "group": group, "kernels": kernels, "profile": measured, "time": t, "names": names})
+    return rows
+
+
+def top_ten(row: dict[str, Any]) -> tuple[int, int]:
+    """How many of the profile's ten longest kernels are among the ten longest by `seconds`;
+    and the same where a kernel measured within `TIE` of the profile's tenth counts as in it
+    (none where the row was measured without a profile)."""
+    if not row["profile"]:
+        return 0, 0
+    predicted = [k.name for k in row["time"].kernels if k.kind != "launch"][:10]
+    measured = row["profile"]
+    longest = sorted(measured, key=lambda n: -measured[n])[:10]
+    tenth = measured[longest[-1]]
+    return len(set(predicted) & set(longest)), sum(measured.get(n, 0.0) >= (1 - TIE) * tenth for n in predicted)
+
+
+def top_ten_lines(row: dict[str, Any]) -> int:
+    """How many of the profile's ten longest (op, source line) pairs, each kernel's time
+    summed by the pair it comes from, are among the ten longest by `seconds`."""
+    predicted: dict[Any, float] = collections.defaultdict(float)
+    for k in row["time"].kernels:
+        if k.kind != "launch":
+            predicted[(k.op, k.source)] += k.seconds
+    measured: dict[Any, float] = collections.defaultdict(float)
+    for name, seconds in row["profile"].items():
+        measured[row["names"].get(name, (name, None))] += seconds
+    longest = sorted(measured, key=lambda n: -measured[n])[:10]
+    return len(set(sorted(predicted, key=lambda n: -predicted[n])[:10]) & set(longest))
+
+
+def step_table(rows: list[dict[str, Any]]) -> None:
+    print(
+        "| group | step | kind | size | measured (ms) | one step alone (ms) | `seconds` (ms) "
+        "| `compiler_seconds` (ms) | `floor_seconds` (ms) | `seconds` / measured | compiler / measured "
+        "| top 10 | top 10, ties | top 10 lines |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in sorted(rows, key=lambda r: r["group"]):
+        t, m = r["time"], r["median_back_to_back"]
+        strict, tied = top_ten(r)
+        print(
+            f"| {r['group']} | {r['name']} | {r['kind']} | {r['size']} | {m * 1e3:.2f} | {r['median'] * 1e3:.2f} "
+            f"| {t.seconds * 1e3:.2f} | {t.compiler_seconds * 1e3:.2f} | {t.floor_seconds * 1e3:.2f} "
+            f"| {t.seconds / m:.2f} | {t.compiler_seconds / m:.2f} | {strict} | {tied} | {top_ten_lines(r)} |"
+        )
+    for groups in (FITTED_ON, ("D",)):
+        chosen = [r for r in rows if r["group"] in groups]
+        if not chosen:
+            continue
+        ratios = [r["time"].seconds / r["median_back_to_back"] for r in chosen]
+        tops = [top_ten(r) for r in chosen]
+        lines = [top_ten_lines(r) for r in chosen]
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
+        print(
+            f"\ngroups {'+'.join(groups)}: {len(chosen)} steps, `seconds` / measured {spread}, "
+            f"{sum(0.8 <= x <= 1.2 for x in ratios)} within 20%; top 10 >= 8 on {sum(s >= 8 for s, _ in tops)} "
+            f"({sum(t >= 8 for _, t in tops)} counting ties within {TIE:.0%}; "
+            f"by op and source line on {sum(n >= 8 for n in lines)})"
+        )
+
+
+def kind_table(rows: list[dict[str, Any]]) -> None:
+    total: dict[tuple[str, str, str], list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    for r in rows:
+        if r["group"] not in FITTED_ON:
+            continue
+        seconds = {k.name: k.seconds for k in r["time"].kernels}
+        for k in r["kernels"]:
+            if k.cycles is None or k.kind in ("async copy", "collective", "custom call"):
+                continue
+            where = "VMEM" if k.device_bytes < 0.05 * max(k.bytes_accessed, 1.0) else "HBM"
+            t = total[(k.kind, where, "loop body" if k.in_loop else "top")]
+            t[0] += 1
+            t[1] += r["profile"].get(k.name, 0.0)
+            t[2] += k.runs * k.cycles / CHIP.clock_hz
+            t[3] += seconds.get(k.name, 0.0)
+    print(
+        "\n| kind | operands in | runs at | kernels | measured (ms) | libtpu's estimate (ms) | `seconds` (ms) "
+        "| estimate / measured | `seconds` / measured |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for (kind, where, at), (n, measured, estimate, seconds) in sorted(total.items(), key=lambda kv: -kv[1][1]):
+        if measured < 1e-4:
+            continue
+        print(
+            f"| {kind} | {where} | {at} | {n} | {measured * 1e3:.1f} | {estimate * 1e3:.1f} | {seconds * 1e3:.1f} "
+            f"| {estimate / measured:.2f} | {seconds / measured:.2f} |"
+        )
+
+
+def main() -> None:
+    rows = [row for directory in sys.argv[1:] for row in load(Path(directory))]
+    step_table(rows)
+    kind_table(rows)
+
+
+if __name__ == "__main__":
+    main()
