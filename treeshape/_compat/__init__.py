@@ -1,5 +1,6 @@
 """The compatibility wing: the only place treeshape knows how JAX releases differ, and the
-only use of `jax._src`.
+only use of `jax._src` (its room `_private` imports JAX's private modules; the other rooms
+take them from there).
 
 treeshape supports every JAX release from its floor (0.8.0) to the newest. Each name below
 either has no public equivalent in JAX, or is spelled differently across that range;
@@ -21,6 +22,7 @@ The rest of the package imports this front, never a room of the wing:
 - `_meshes`: the `jax.set_mesh` mesh, an equation's context mesh, `PartitionSpec` entries
   and text, `pcast`/`pvary`;
 - `_symbolic`: symbolic dimensions (`jax.export` shape polymorphism);
+- `_private`: the one module that imports `jax._src`, for the rooms (never the package);
 - `_programs`: compiled programs: their analyses, compiles counted, op names, the optimized
   module, simulated devices' compiles, XLA's HLO cost analysis, whether XLA:GPU compiles
   without a GPU.

@@ -8,7 +8,8 @@ from typing import Any, Final
 
 import jax
 from jax import lax
-from jax._src import mesh as _mesh
+
+from ._private import mesh as _mesh
 
 
 # `lax.pcast(x, axes, to="varying")` from jax 0.8.2; `lax.pvary(x, axes)` before

@@ -9,7 +9,9 @@ from typing import Any, Final
 
 import jax
 import numpy as np
-from jax._src import config as _config, xla_bridge as _xla_bridge
+
+from . import _private
+from ._private import config as _config, xla_bridge as _xla_bridge
 
 
 # -- what a compiled program needs (`ts.cost`) ----------------------------------------
@@ -127,8 +129,7 @@ _CPU_DEVICES_PER_PROCESS: Final = 2048
 def lowered_module(lowered: Any) -> bytes:
     """A lowered program (`jax.stages.Lowered`) as StableHLO bytecode, with its locations (so
     the compiled program's metadata keeps the user's op names and source lines)."""
-    from jax._src.interpreters import mlir
-
+    mlir = _private.mlir()
     module = lowered.compiler_ir("stablehlo")
     return bytes(mlir.module_to_bytecode(module))
 
@@ -144,16 +145,16 @@ def compile_module(module: bytes, devices: int) -> Any:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=1, process_id=0)
-    from jax._src import compiler
-    from jax._src.interpreters import mlir
     from jax.extend import backend as jax_backend
+
+    compiler, mlir = _private.compiler(), _private.mlir()
 
     cpus = jax.devices("cpu")
     if len(cpus) < devices:
         raise RuntimeError(f"this process has {len(cpus)} CPU devices, not {devices}")
     context = mlir.make_ir_context()
     with context:
-        parsed = mlir.ir.Module.parse(module)  # type: ignore[attr-defined]
+        parsed = mlir.ir.Module.parse(module)
         attributes = parsed.operation.attributes
         partitions = _int_attribute(attributes, "mhlo.num_partitions", 1)
         replicas = _int_attribute(attributes, "mhlo.num_replicas", 1)
@@ -163,15 +164,14 @@ def compile_module(module: bytes, devices: int) -> Any:
             num_replicas=replicas, num_partitions=partitions, device_assignment=assignment
         )
         backend = jax_backend.get_backend("cpu")
-        return compiler.backend_compile_and_load(backend, parsed, compiler.xc.DeviceList(tuple(chosen)), options, [])  # type: ignore[attr-defined]
+        return compiler.backend_compile_and_load(backend, parsed, compiler.xc.DeviceList(tuple(chosen)), options, [])
 
 
 def _int_attribute(attributes: Any, name: str, default: int) -> int:
-    from jax._src.interpreters import mlir
-
+    mlir = _private.mlir()
     if name not in attributes:
         return default
-    return int(mlir.ir.IntegerAttr(attributes[name]).value)  # type: ignore[attr-defined]
+    return int(mlir.ir.IntegerAttr(attributes[name]).value)
 
 
 def optimized_hlo(compiled: Any) -> str:
@@ -202,10 +202,9 @@ def lowered_kept_arguments(lowered: Any) -> Any:
 def _hlo_cost_analysis() -> Any:
     """jaxlib's private `hlo_module_cost_analysis(client, module)`: XLA's HLO cost analysis of
     a module, run by a client of this process (no public API runs it on a module)."""
-    from jax._src import lib
-
+    lib = _private.lib()
     analyse = getattr(getattr(lib, "_jax", None), "hlo_module_cost_analysis", None)
-    return analyse if analyse is not None else lib.xla_client._xla.hlo_module_cost_analysis  # type: ignore[attr-defined]
+    return analyse if analyse is not None else lib.xla_client._xla.hlo_module_cost_analysis
 
 
 def module_cost_analysis(compiled: Any) -> dict[str, Any]:
@@ -236,12 +235,13 @@ def hlo_text_cost_analysis(text: str) -> dict[str, Any]:
     a loop body of an optimized program, made a module of its own (`_cost._hlo_loops`).
     jaxlib's private `hlo_module_from_text` is the only parser of that text."""
     try:
-        from jax._src import lib
         from jax.extend import backend as jax_backend
 
-        parse = getattr(getattr(lib.xla_client, "hlo", None), "hlo_module_from_text", None)  # type: ignore[attr-defined]
+        lib = _private.lib()
+
+        parse = getattr(getattr(lib.xla_client, "hlo", None), "hlo_module_from_text", None)
         if parse is None:  # jaxlib before 0.10 keeps it in `_xla`
-            parse = lib.xla_client._xla.hlo_module_from_text  # type: ignore[attr-defined]
+            parse = lib.xla_client._xla.hlo_module_from_text
         module = parse(text)
         analysis = _hlo_cost_analysis()(jax_backend.get_backend("cpu"), module)
     except Exception:
@@ -282,13 +282,12 @@ def compiles_without_device(device: Any) -> bool:
     results and refuses it). A program of one 16x16 product, compiled once per device as
     `jax.jit` compiles (`backend_compile_and_load`) but apart from it: no compile is counted
     and nothing is cached."""
-    from jax._src import compiler
-
+    compiler = _private.compiler()
     x = jax.ShapeDtypeStruct((16, 16), np.float32)
     module = jax.jit(jax.numpy.dot).lower(x, x).compiler_ir("stablehlo")
     options = compiler.get_compile_options(num_replicas=1, num_partitions=1, device_assignment=np.array([[device]]))
     try:
-        compiler.backend_compile_and_load(device.client, module, compiler.xc.DeviceList((device,)), options, [])  # type: ignore[attr-defined]
+        compiler.backend_compile_and_load(device.client, module, compiler.xc.DeviceList((device,)), options, [])
     except jax.errors.JaxRuntimeError:
         return False
     return True

@@ -8,8 +8,8 @@ from typing import Any, Final
 
 import jax
 import numpy as np
-from jax._src import config as _config
-from jax._src.export import shape_poly as _shape_poly
+
+from ._private import config as _config, shape_poly as _shape_poly
 
 
 # -- symbolic dimensions (`jax.export` shape polymorphism) ----------------------------

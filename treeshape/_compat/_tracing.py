@@ -10,7 +10,8 @@ from typing import Any, Final
 
 import jax
 import jax.tree_util as jtu
-from jax._src import config as _config, core as _core, util as _util
+
+from ._private import config as _config, core as _core, util as _util
 
 
 def at_top_level() -> bool:

@@ -9,9 +9,8 @@ from typing import Any, Final
 
 import jax
 import numpy as np
-from jax._src import core as _core, dtypes as _dtypes
-from jax._src.lax import lax as _lax
 
+from ._private import core as _core, dtypes as _dtypes, lax as _lax
 from ._releases import JaxReleaseError
 
 
