@@ -97,8 +97,12 @@ def profile_summary(directory: Path) -> dict[str, Any]:
                     if line.name != "XLA Ops":
                         stats = {k: v for k, v in stats.items() if k in ("hlo_category", "program_id")}
                     rec = events[event.name] = {"count": 0, "ns": 0.0, "stats": stats}
+                    if line.name == "XLA Ops":
+                        rec["each"] = []  # every run's duration, in order: the profile's own spread
                 rec["count"] += 1
                 rec["ns"] += event.duration_ns
+                if "each" in rec:
+                    rec["each"].append(event.duration_ns)
             lines[line.name] = events
         planes[plane.name] = lines
     return planes

@@ -35,7 +35,6 @@ from treeshape._cost._hlo_text import op_of  # noqa: E402
 CHIP = _chips.CHIPS["v5e"]
 GROUPS = {"A": models.TUNING, "B": models.HELD_OUT, "C": models.FRESH, "D": models.UNSEEN}
 FITTED_ON = ("A", "B", "C")
-TIE = 0.02  # a profile's kernels within 2% of its tenth: the run-to-run spread of one kernel
 
 
 def group_of(name: str, size: int) -> str:
@@ -85,17 +84,12 @@ def load(directory: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def top_ten(row: dict[str, Any]) -> tuple[int, int]:
-    """How many of the profile's ten longest kernels are among the ten longest by `seconds`;
-    and the same where a kernel measured within `TIE` of the profile's tenth counts as in it
+def top_ten(row: dict[str, Any]) -> int:
+    """How many of the profile's ten longest kernels are among the ten longest by `seconds`
     (none where the row was measured without a profile)."""
-    if not row["profile"]:
-        return 0, 0
     predicted = [k.name for k in row["time"].kernels if k.kind != "launch"][:10]
     measured = row["profile"]
-    longest = sorted(measured, key=lambda n: -measured[n])[:10]
-    tenth = measured[longest[-1]]
-    return len(set(predicted) & set(longest)), sum(measured.get(n, 0.0) >= (1 - TIE) * tenth for n in predicted)
+    return len(set(predicted) & set(sorted(measured, key=lambda n: -measured[n])[:10]))
 
 
 def top_ten_lines(row: dict[str, Any]) -> int:
@@ -116,16 +110,15 @@ def step_table(rows: list[dict[str, Any]]) -> None:
     print(
         "| group | step | kind | size | measured (ms) | one step alone (ms) | `seconds` (ms) "
         "| `compiler_seconds` (ms) | `floor_seconds` (ms) | `seconds` / measured | compiler / measured "
-        "| top 10 | top 10, ties | top 10 lines |"
+        "| top 10 | top 10 lines |"
     )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in sorted(rows, key=lambda r: r["group"]):
         t, m = r["time"], r["median_back_to_back"]
-        strict, tied = top_ten(r)
         print(
             f"| {r['group']} | {r['name']} | {r['kind']} | {r['size']} | {m * 1e3:.2f} | {r['median'] * 1e3:.2f} "
             f"| {t.seconds * 1e3:.2f} | {t.compiler_seconds * 1e3:.2f} | {t.floor_seconds * 1e3:.2f} "
-            f"| {t.seconds / m:.2f} | {t.compiler_seconds / m:.2f} | {strict} | {tied} | {top_ten_lines(r)} |"
+            f"| {t.seconds / m:.2f} | {t.compiler_seconds / m:.2f} | {top_ten(r)} | {top_ten_lines(r)} |"
         )
     for groups in (FITTED_ON, ("D",)):
         chosen = [r for r in rows if r["group"] in groups]
@@ -137,9 +130,8 @@ def step_table(rows: list[dict[str, Any]]) -> None:
         spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
         print(
             f"\ngroups {'+'.join(groups)}: {len(chosen)} steps, `seconds` / measured {spread}, "
-            f"{sum(0.8 <= x <= 1.2 for x in ratios)} within 20%; top 10 >= 8 on {sum(s >= 8 for s, _ in tops)} "
-            f"({sum(t >= 8 for _, t in tops)} counting ties within {TIE:.0%}; "
-            f"by op and source line on {sum(n >= 8 for n in lines)})"
+            f"{sum(0.8 <= x <= 1.2 for x in ratios)} within 20%; top 10 >= 8 on {sum(s >= 8 for s in tops)} "
+            f"(by op and source line on {sum(n >= 8 for n in lines)})"
         )
 
 
