@@ -10,6 +10,7 @@ Nothing compiles: each kernel is costed as a module of its own, in about a milli
 """
 
 import dataclasses
+import math
 import re
 import typing
 from collections.abc import Iterator, Sequence
@@ -158,10 +159,10 @@ def _filled(size: int) -> float:
 
 def tile_fill(computation: Computation, product: Instruction) -> float:
     """How well a matrix product fills a TPU matrix unit's 128x128 tiles, as a v5e measured
-    it: a contraction `K` under a multiple of 128 at its share of its last tile; output
-    features `N` likewise, except that up to half a tile costs nothing (two such products
-    share one); a product with batch dimensions at its rows' (`M`, each product's) share of
-    theirs. 1.0 where the dimensions cannot be read."""
+    it: its contraction (`K`) at its share of the tiles it spans; its output features
+    (`N`) at twice theirs, up to a whole (the chip ran 64 output features as fast as 128);
+    a product with batch dimensions, each product's rows at their share of theirs. 1.0
+    where the dimensions cannot be read."""
     opcode, operands, attributes = op_of(product)
     named = {i.name: i for i in computation.instructions}
     if len(operands) < 2:
@@ -181,22 +182,15 @@ def tile_fill(computation: Computation, product: Instruction) -> float:
     else:
         dims = {name: [int(d) for d in text.split(",") if d] for name, text in _DOT_DIMS.findall(attributes)}
         contracting = dims.get("lhs_contracting", [])
-        k = _product_of(lhs[d] for d in contracting)
+        k = math.prod(lhs[d] for d in contracting)
         rhs_free = set(range(len(rhs))) - set(dims.get("rhs_contracting", [])) - set(dims.get("rhs_batch", []))
-        n = _product_of(rhs[d] for d in rhs_free)
+        n = math.prod(rhs[d] for d in rhs_free)
         lhs_free = set(range(len(lhs))) - set(contracting) - set(dims.get("lhs_batch", []))
-        rows = _product_of(lhs[d] for d in lhs_free) if dims.get("lhs_batch") else None
+        rows = math.prod(lhs[d] for d in lhs_free) if dims.get("lhs_batch") else None
     if min(k, n) <= 0:
         return 1.0
     fill = _filled(k) * min(1.0, 2 * _filled(n))
     return fill * _filled(rows) if rows else fill
-
-
-def _product_of(sizes: Iterator[int]) -> int:
-    total = 1
-    for size in sizes:
-        total *= size
-    return total
 
 
 def _product(attributes: str) -> Kind:
