@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 from helpers import Box, ChexNode, Node, Pair
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 from jax import lax
 
 import treeshape as ts
@@ -180,6 +180,12 @@ small_leaves = st.builds(
 )
 
 
+# The two properties below make real arrays and compile: a quarter of the profile's examples
+# (at least 50), as test_scale's and test_cost_loops' slow properties run.
+SLOW = settings(max_examples=max(50, settings().max_examples // 4))
+
+
+@SLOW
 @given(trees(small_leaves), st.sampled_from(["weak", "promote", "cast"]))
 def test_upcast_is_idempotent(tree, policy):
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), tree)
@@ -195,6 +201,7 @@ def test_upcast_is_idempotent(tree, policy):
     assert [x.dtype for x in jax.tree.leaves(once)] == [jnp.float32] * len(jax.tree.leaves(tree))
 
 
+@SLOW
 @given(trees(small_leaves), st.sampled_from(["weak", "promote", "cast"]), st.booleans())
 def test_scan_carry_runs_with_the_types_it_announced(tree, policy, under_jit):
     # The body adds a float32 step to every leaf: what may change depends on the policy.

@@ -18,8 +18,14 @@ from treeshape.pytest_plugin import snapshot_stem
 pytest_plugins = ["pytester"]
 
 
+# The inner runs leave out the test extra's plugins that they do not use (hypothesis's and
+# nbmake's): loading them costs about a second of every inner pytest's start. treeshape's own
+# plugin still loads through its entry point, with pytest's and any other installed ones.
+_UNUSED_PLUGINS = ("-p", "no:hypothesispytest", "-p", "no:nbmake")
+
+
 def _run(pytester, *args):
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *_UNUSED_PLUGINS, *args)
 
 
 def test_conftest_configures_jax_before_anything_imports_it(pytester):
