@@ -137,7 +137,7 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
             kinds.add("elementwise")
     for kind in ("convolution", "batched matmul", "matmul", "reduction", "elementwise"):
         if kind in kinds:
-            return typing.cast(Kind, kind), dtype, fill if kind in ("convolution", "batched matmul", "matmul") else 1.0
+            return typing.cast(Kind, kind), dtype, fill  # (a product's kind first: its fill)
     return "data movement", None, 1.0
 
 
@@ -164,9 +164,9 @@ def tile_fill(computation: Computation, product: Instruction) -> float:
     a product with batch dimensions, each product's rows at their share of theirs. 1.0
     where the dimensions cannot be read."""
     opcode, operands, attributes = op_of(product)
-    named = {i.name: i for i in computation.instructions}
     if len(operands) < 2:
         return 1.0
+    named = {i.name: i for i in computation.instructions}
     lhs, rhs, out = _dims(named.get(operands[0])), _dims(named.get(operands[1])), _dims(product)
     if lhs is None or rhs is None or out is None:
         return 1.0
