@@ -71,7 +71,7 @@ def test_compiler_seconds_are_libtpus_own_cycles_with_each_loop_counted(tmp_path
     assert c.time.compiler_seconds == pytest.approx(_cycles_with_loops(dumped.read_text()) / V5E_CLOCK, rel=1e-12)
     in_loop = [k for k in c.time.kernels if k.runs == LENGTH]  # the body's: forward and backward
     assert sum(k.kind == "matmul" for k in in_loop) >= 2
-    assert all(k.runs in (1, LENGTH, LENGTH + 1) for k in c.time.kernels)
+    assert all(k.runs in (1, LENGTH, LENGTH + 1) for k in c.time.kernels if k.kind != "launch")
 
 
 def test_the_kernels_sum_to_seconds_above_the_floor_and_flops_at_peak():
@@ -106,30 +106,101 @@ def _flops_per_second(channels, batch):
 
 
 def test_a_narrow_convolution_runs_at_its_share_of_the_matrix_units_tiles():
-    # A v5e multiplies 128x128 tiles: 32 channels fill a quarter of a tile's contraction and,
-    # as the chip measured it, half of its columns (up to 64 output features cost the same),
-    # so the same FLOPs take several times longer than at 128 channels (the chip: 0.12-0.29
-    # of the peak at 32 channels, 0.8-0.87 at 128 and more).
+    # A v5e multiplies 128x128 tiles: a 3x3 convolution of 32 channels contracts over 288
+    # (its taps times its channels: three quarters of three tiles) into half of a tile's
+    # columns (as the chip measured it, up to 64 output features cost the same), so the same
+    # FLOPs take several times longer than at 128 channels (the chip: 0.28-0.29 of the peak
+    # at 32 channels forward, 0.64-0.89 at 128 and more).
     narrow, wide = _flops_per_second(32, batch=64), _flops_per_second(128, batch=4)
     assert wide >= 0.7 * V5E_BF16
     assert narrow <= wide / 3
 
 
-def test_a_kernel_in_a_loops_body_costs_less_a_run_than_one_at_the_top():
-    # Measured on the chip: a kernel that runs again and again in a loop's body pays a
-    # fraction of what a kernel at the top of the program pays each run besides its bytes.
+def _dumped_cycles(fn, *args, tmp_path):
+    """libtpu's `estimated_cycles` of each instruction of `fn`'s optimized module, compiled
+    for a v5e as `ts.cost` compiles it."""
+    device = jax.sharding.SingleDeviceSharding(topologies.get_topology_desc("v5e:2x2", "tpu").devices[0])
+    placed = jax.tree.map(lambda s: s.update(sharding=device), args)
+    options = {"xla_dump_to": str(tmp_path), "xla_dump_hlo_as_text": True}
+    jax.jit(fn).lower(*placed).compile(options)
+    (dumped,) = tmp_path.glob("*after_codegen.txt")
+    found = re.findall(r'^\s*(?:ROOT )?%(\S+) = .*"estimated_cycles":"(\d+)"', dumped.read_text(), flags=re.M)
+    return {name: int(cycles) for name, cycles in found}
+
+
+def test_a_convolutions_weight_gradient_is_at_libtpus_estimate_as_the_chip_measured_it(tmp_path):
+    # Measured on the chip: libtpu's estimate of a weight gradient (its window, the images,
+    # spans more than its output, the kernel) is 0.95x the chip's time, where the roofline
+    # the forward convolution takes can be 1.6x too fast.
+    x = jax.ShapeDtypeStruct((64, 32, 32, 128), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((3, 3, 128, 128), jnp.bfloat16)
+
+    def weight_gradient(x, w):
+        return jax.grad(lambda w: _conv(x, w).astype(jnp.float32).sum())(w)
+
+    cycles = _dumped_cycles(weight_gradient, x, w, tmp_path=tmp_path)
+    (conv,) = [k for k in ts.cost(weight_gradient, x, w, target="v5e").time.kernels if k.kind == "convolution"]
+    assert conv.seconds == pytest.approx(1.05 * cycles[conv.name] / V5E_CLOCK, rel=1e-9)
+
+
+def test_gathers_and_scatters_are_costed_per_slice_as_the_chip_ran_them():
+    # libtpu writes no estimate of a gather or a scatter. The chip picked a label's logit in
+    # 10-14 ns (a loss's take_along_axis), an embedding row in 3.2-3.7 ns, and scattered
+    # a gradient's rows into a table at its HBM time plus 75 GB/s of the rows.
+    labels = jax.ShapeDtypeStruct((16384,), jnp.int32)
+    logits = jax.ShapeDtypeStruct((16384, 1000), jnp.float32)
+
+    def picked(logits, labels):
+        return jnp.take_along_axis(logits, labels[:, None], axis=1).sum()
+
+    (pick,) = [k for k in ts.cost(picked, logits, labels, target="v5e").time.kernels if k.kind == "gather"]
+    assert 16384 * 10e-9 <= pick.seconds <= 16384 * 20e-9
+
+    table = jax.ShapeDtypeStruct((32000, 1024), jnp.bfloat16)
+    tokens = jax.ShapeDtypeStruct((8, 1024), jnp.int32)
+
+    def embedded(table, tokens):
+        return jax.grad(lambda t: t[tokens].astype(jnp.float32).sum())(table)
+
+    kernels = ts.cost(embedded, table, tokens, target="v5e").time.kernels
+    (scatter,) = [k for k in kernels if k.kind == "scatter"]
+    table_bytes, rows_bytes = 32000 * 1024 * 2, 8 * 1024 * 1024 * 2
+    assert scatter.seconds >= table_bytes / 819e9 + rows_bytes / 100e9
+    assert scatter.seconds <= 2 * (table_bytes / 670e9 + rows_bytes / 75e9)
+
+
+def _scanned_sine(length):
     def f(h, xs):
         h = h * 2.0
         h, _ = jax.lax.scan(lambda h, x: (jnp.sin(h) * x, None), h, xs)
         return jnp.cos(h)
 
-    h, xs = jax.ShapeDtypeStruct((8, 128), jnp.float32), jax.ShapeDtypeStruct((1000, 8, 128), jnp.float32)
-    kernels = [k for k in ts.cost(f, h, xs, target="v5e").time.kernels if k.kind == "elementwise" and k.flops]
-    body = [k for k in kernels if k.runs == 1000]
-    top = [k for k in kernels if k.runs == 1]
-    assert body and top
-    assert max(k.seconds / k.runs for k in body) < min(k.seconds for k in top) / 3
-    assert min(k.seconds for k in top) >= 400 / V5E_CLOCK
+    h, xs = jax.ShapeDtypeStruct((8, 128), jnp.float32), jax.ShapeDtypeStruct((length, 8, 128), jnp.float32)
+    return ts.cost(f, h, xs, target="v5e").time
+
+
+def test_the_chip_idles_between_kernels_at_the_top_of_a_program_and_not_in_a_loops_body():
+    # Measured on the chip: a step's time less its kernels' time in a profile is 0.23 ms and
+    # 0.4 us for each kernel at the top of the program, nothing for a loop body's kernels.
+    short, long = _scanned_sine(10), _scanned_sine(1000)
+    for t in (short, long):
+        (gaps,) = [k for k in t.kernels if k.name == "between kernels"]
+        top = [k for k in t.kernels if k.kind != "launch" and k.runs == 1]
+        assert gaps.kind == "launch" and gaps.runs == len(top) >= 2
+        assert gaps.seconds == pytest.approx(len(top) * 600 / V5E_CLOCK)
+    assert [k.seconds for k in short.kernels if k.name == "between kernels"] == [
+        k.seconds for k in long.kernels if k.name == "between kernels"
+    ]
+
+
+def test_a_run_that_reads_device_memory_pays_its_latency_and_one_in_vmem_does_not():
+    # Measured on the chip: a small kernel that reads or writes HBM took 0.4-0.6 us a run
+    # besides its bytes; one whose operands stay in VMEM 0.01-0.05 us.
+    t = _scanned_sine(1000)
+    body = {k.op.rsplit("/", 1)[-1]: k for k in t.kernels if k.runs == 1000 and k.op}
+    reads_xs, counter = body["mul"], body["add"]  # a slice of `xs` from HBM; the loop's counter
+    assert reads_xs.seconds / reads_xs.runs >= 0.15e-6
+    assert counter.seconds / counter.runs <= 0.05e-6
 
 
 def test_phases_are_named_as_the_timeline_names_them_and_add_up():

@@ -33,8 +33,8 @@ from treeshape._cost._hlo_text import op_of  # noqa: E402
 
 
 CHIP = _chips.CHIPS["v5e"]
-GROUPS = {"A": models.TUNING, "B": models.HELD_OUT, "C": models.FRESH, "D": models.UNSEEN}
-FITTED_ON = ("A", "B", "C")
+GROUPS = {"A": models.TUNING, "B": models.HELD_OUT, "C": models.FRESH, "D": models.UNSEEN, "E": models.LAST}
+FITTED_ON = ("A", "B", "C", "D")
 
 
 def group_of(name: str, size: int) -> str:
@@ -120,7 +120,7 @@ def step_table(rows: list[dict[str, Any]]) -> None:
             f"| {t.seconds * 1e3:.2f} | {t.compiler_seconds * 1e3:.2f} | {t.floor_seconds * 1e3:.2f} "
             f"| {t.seconds / m:.2f} | {t.compiler_seconds / m:.2f} | {top_ten(r)} | {top_ten_lines(r)} |"
         )
-    for groups in (FITTED_ON, ("D",)):
+    for groups in (FITTED_ON, ("E",)):
         chosen = [r for r in rows if r["group"] in groups]
         if not chosen:
             continue

@@ -28,6 +28,8 @@ Kind = Literal[
     "reduction",
     "elementwise",
     "data movement",
+    "gather",
+    "scatter",
     "copy",
     "async copy",
     "collective",
@@ -52,6 +54,10 @@ class Kernel:
     devices: int = 1  # a collective's group size
     in_loop: bool = False  # in a loop's body
     fill: float = 1.0  # a matrix product's fill of the matrix unit's tiles (`tile_fill`)
+    weight_gradient: bool = False  # a convolution whose window spans its output (`weight_gradient`)
+    indices: int = 0  # a gather's or scatter's slices in one run
+    slice_bytes: float = 0.0  # each of those slices' bytes
+    table_bytes: float = 0.0  # the array a scatter writes
 
 
 # Instructions that run no kernel of their own.
@@ -101,44 +107,104 @@ def _shape(instruction: Instruction) -> str:
     return instruction.text[: shape_end(instruction.text)]
 
 
-def _kind(module: Module, computation: Computation, instruction: Instruction) -> tuple[Kind, str | None, float]:
-    """A kernel's kind, the XLA type of its matrix product's operands (where it has one) and
-    that product's `tile_fill`."""
+@dataclasses.dataclass(frozen=True)
+class _Traits:
+    kind: Kind
+    dtype: str | None = None  # the XLA type of its matrix product's operands, where it has one
+    fill: float = 1.0  # that product's `tile_fill`
+    weight_gradient: bool = False  # that product is a convolution's `weight_gradient`
+    indices: int = 0  # a gather's or scatter's slices, one run
+    slice_bytes: float = 0.0  # each slice's
+    table_bytes: float = 0.0  # a scatter's result
+
+
+def _find(module: Module, computation: Computation, opcode: str) -> tuple[Computation, Instruction] | None:
+    """The first `opcode` instruction of a fused computation, a fusion inside it searched too."""
+    for instruction in computation.instructions:
+        inner, _, attributes = op_of(instruction)
+        if inner == opcode:
+            return computation, instruction
+        called = _CALLS.search(attributes)
+        if inner == "fusion" and called is not None and called.group(1) in module.computations:
+            found = _find(module, module.computations[called.group(1)], opcode)
+            if found is not None:
+                return found
+    return None
+
+
+def _bytes(instruction: Instruction | None) -> int:
+    return 0 if instruction is None else sum(b for _, b, _ in _arrays(_shape(instruction)))
+
+
+def _indexed(computation: Computation, instruction: Instruction) -> _Traits:
+    """A gather's or scatter's traits: how many slices it moves and their bytes (each
+    gathered slice, or each scattered update row, and the table a scatter writes)."""
+    opcode, operands, attributes = op_of(instruction)
+    named = {i.name: i for i in computation.instructions}
+    if opcode == "gather":
+        sizes = re.search(r"\bslice_sizes=\{([\d,]*)\}", attributes)
+        each = math.prod(int(d) for d in sizes.group(1).split(",") if d) if sizes else 1
+        out = _dims(instruction) or []
+        count = math.prod(out) // max(each, 1)
+        return _Traits("gather", indices=count, slice_bytes=_bytes(instruction) / max(count, 1))
+    indices = _dims(named.get(operands[1])) if len(operands) >= 3 else None
+    vector = re.search(r"\bindex_vector_dim=(\d+)", attributes)
+    if indices is None or vector is None:
+        return _Traits("scatter", table_bytes=_bytes(instruction))
+    at = int(vector.group(1))
+    count = math.prod(indices) // (indices[at] if at < len(indices) else 1)
+    updates = _bytes(named.get(operands[2]))
+    return _Traits("scatter", indices=count, slice_bytes=updates / max(count, 1), table_bytes=_bytes(instruction))
+
+
+def _kind(module: Module, computation: Computation, instruction: Instruction) -> _Traits:
+    """A kernel's kind and what its cost depends on besides its bytes: a matrix product's
+    operand type, tile fill and direction; a gather's or scatter's slices."""
     opcode, _, attributes = op_of(instruction)
     if opcode in _ASYNC_COPIES:
-        return "async copy", None, 1.0
+        return _Traits("async copy")
     if opcode in _COLLECTIVES:
-        return "collective", None, 1.0
+        return _Traits("collective")
     if opcode == "custom-call":
-        return "custom call", None, 1.0
+        return _Traits("custom call")
     if opcode in ("convolution", "dot"):
-        return _product(attributes), None, tile_fill(computation, instruction)
+        fill, gradient = tile_fill(computation, instruction), weight_gradient(computation, instruction)
+        return _Traits(_product(attributes), fill=fill, weight_gradient=gradient)
+    if opcode in ("gather", "scatter"):
+        return _indexed(computation, instruction)
     if opcode in ("reduce", "reduce-window", "select-and-scatter"):
-        return "reduction", None, 1.0
+        return _Traits("reduction")
     if opcode in ("copy", "transpose"):
-        return "copy", None, 1.0
+        return _Traits("copy")
     called = _CALLS.search(attributes)
     if opcode != "fusion" or called is None or called.group(1) not in module.computations:
-        return ("data movement" if opcode in _DATA else "elementwise"), None, 1.0
+        return _Traits("data movement" if opcode in _DATA else "elementwise")
     kinds: set[Kind] = set()
-    dtype = None
-    fill = 1.0
+    product = None
     fused = module.computations[called.group(1)]
     for inner_instruction in fused.instructions:
         inner, operands, rest = op_of(inner_instruction)
         if inner in ("convolution", "dot"):
             kinds.add(_product(rest))
-            if dtype is None:
+            if product is None:
                 dtype = next(iter(_arrays(_shape(inner_instruction))), ("f32",))[0]
-                fill = tile_fill(fused, inner_instruction)
+                fill, gradient = tile_fill(fused, inner_instruction), weight_gradient(fused, inner_instruction)
+                product = _Traits(_product(rest), dtype, fill, gradient)
         elif inner in ("reduce", "reduce-window", "select-and-scatter"):
             kinds.add("reduction")
         elif inner not in _DATA and inner not in ("parameter", "constant", "get-tuple-element", "tuple", "bitcast"):
             kinds.add("elementwise")
-    for kind in ("convolution", "batched matmul", "matmul", "reduction", "elementwise"):
-        if kind in kinds:
-            return typing.cast(Kind, kind), dtype, fill  # (a product's kind first: its fill)
-    return "data movement", None, 1.0
+    for kind in ("convolution", "batched matmul", "matmul"):
+        if kind in kinds and product is not None:
+            return dataclasses.replace(product, kind=typing.cast(Kind, kind))
+    for opcode in ("scatter", "gather"):  # (no product: the indexed op is its work)
+        found = _find(module, fused, opcode)
+        if found is not None:
+            return _indexed(*found)
+    for vector in ("reduction", "elementwise"):
+        if vector in kinds:
+            return _Traits(typing.cast(Kind, vector))
+    return _Traits("data movement")
 
 
 _TILE: Final = 128  # a TPU matrix unit multiplies 128x128 tiles
@@ -157,40 +223,71 @@ def _filled(size: int) -> float:
     return size / (-(-size // _TILE) * _TILE)
 
 
-def tile_fill(computation: Computation, product: Instruction) -> float:
-    """How well a matrix product fills a TPU matrix unit's 128x128 tiles, as a v5e measured
-    it: its contraction (`K`) at its share of the tiles it spans; its output features
-    (`N`) at twice theirs, up to a whole (the chip ran 64 output features as fast as 128);
-    a product with batch dimensions, each product's rows at their share of theirs. 1.0
-    where the dimensions cannot be read."""
-    opcode, operands, attributes = op_of(product)
+def _operands(computation: Computation, product: Instruction) -> tuple[list[int], list[int], list[int]] | None:
+    """A matrix product's operands' and result's dimensions, where they can be read."""
+    operands = op_of(product)[1]
     if len(operands) < 2:
-        return 1.0
+        return None
     named = {i.name: i for i in computation.instructions}
     lhs, rhs, out = _dims(named.get(operands[0])), _dims(named.get(operands[1])), _dims(product)
-    if lhs is None or rhs is None or out is None:
+    return None if lhs is None or rhs is None or out is None else (lhs, rhs, out)
+
+
+def _labels(attributes: str, dims: tuple[list[int], list[int], list[int]]) -> tuple[str, str, str] | None:
+    """A convolution's `dim_labels` (input, kernel, output), where they match its dimensions."""
+    labels = _LABELS.search(attributes)
+    if labels is None or any(len(t) != len(d) for t, d in zip(labels.groups(), dims, strict=True)):
+        return None
+    return typing.cast(tuple[str, str, str], labels.groups())
+
+
+def _window(labels: str, dims: list[int]) -> int:
+    return math.prod(d for label, d in zip(labels, dims, strict=True) if label.isdigit())
+
+
+def tile_fill(computation: Computation, product: Instruction) -> float:
+    """How well a matrix product fills a TPU matrix unit's 128x128 tiles, as a v5e measured
+    it: its contraction (`K`; a convolution's input features times its window) at its
+    share of the tiles it spans; its output features (`N`) at twice theirs, up to a whole
+    (the chip ran 64 output features as fast as 128); a product with batch dimensions,
+    each product's rows at their share of theirs. 1.0 where the dimensions cannot be read."""
+    opcode, _, attributes = op_of(product)
+    dims = _operands(computation, product)
+    if dims is None:
         return 1.0
+    lhs, rhs, out = dims
     if opcode == "convolution":
-        labels = _LABELS.search(attributes)
+        labels = _labels(attributes, dims)
         if labels is None:
             return 1.0
-        lhs_labels, rhs_labels, out_labels = labels.groups()
-        if len(lhs_labels) != len(lhs) or len(rhs_labels) != len(rhs) or len(out_labels) != len(out):
-            return 1.0
-        k, n = lhs[lhs_labels.index("f")], rhs[rhs_labels.index("o")]
-        rows = out[out_labels.index("b")] if _product(attributes) == "batched matmul" else None
+        kind = _product(attributes)
+        k, n = lhs[labels[0].index("f")], rhs[labels[1].index("o")]
+        if kind == "convolution":  # the chip contracts over the window's taps too
+            k *= _window(labels[1], rhs)
+        rows = out[labels[2].index("b")] if kind == "batched matmul" else None
     else:
-        dims = {name: [int(d) for d in text.split(",") if d] for name, text in _DOT_DIMS.findall(attributes)}
-        contracting = dims.get("lhs_contracting", [])
+        dot = {name: [int(d) for d in text.split(",") if d] for name, text in _DOT_DIMS.findall(attributes)}
+        contracting = dot.get("lhs_contracting", [])
         k = math.prod(lhs[d] for d in contracting)
-        rhs_free = set(range(len(rhs))) - set(dims.get("rhs_contracting", [])) - set(dims.get("rhs_batch", []))
+        rhs_free = set(range(len(rhs))) - set(dot.get("rhs_contracting", [])) - set(dot.get("rhs_batch", []))
         n = math.prod(rhs[d] for d in rhs_free)
-        lhs_free = set(range(len(lhs))) - set(contracting) - set(dims.get("lhs_batch", []))
-        rows = math.prod(lhs[d] for d in lhs_free) if dims.get("lhs_batch") else None
+        lhs_free = set(range(len(lhs))) - set(contracting) - set(dot.get("lhs_batch", []))
+        rows = math.prod(lhs[d] for d in lhs_free) if dot.get("lhs_batch") else None
     if min(k, n) <= 0:
         return 1.0
     fill = _filled(k) * min(1.0, 2 * _filled(n))
     return fill * _filled(rows) if rows else fill
+
+
+def weight_gradient(computation: Computation, product: Instruction) -> bool:
+    """Whether a convolution is a weight gradient, as a TPU writes one: its window (the
+    activations' spatial size) spans more than its output (the kernel's)."""
+    opcode, _, attributes = op_of(product)
+    dims = _operands(computation, product)
+    if opcode != "convolution" or dims is None or _product(attributes) != "convolution":
+        return False
+    labels = _labels(attributes, dims)
+    return labels is not None and _window(labels[1], dims[1]) > _window(labels[2], dims[2])
 
 
 def _product(attributes: str) -> Kind:
@@ -323,23 +420,27 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
         if opcode in _FREE:
             continue
         cycles = _CYCLES.search(attributes)
-        kind, dtype, fill = _kind(module, computation, instruction)
+        traits = _kind(module, computation, instruction)
         flops, accessed, device = _costed(module, computation, instruction)
         result = next(iter(_arrays(_shape(instruction))), ("f32", 0, True))[0]
         kernel = Kernel(
             name=instruction.name,
             opcode=opcode,
-            kind=kind,
+            kind=traits.kind,
             position=len(kernels),
             runs=runs,
             cycles=float(cycles.group(1)) if cycles else None,
             flops=flops,
             bytes_accessed=accessed,
             device_bytes=device,
-            dtype=_NAMES.get(dtype or result, dtype or result),
-            devices=_group(attributes) if kind == "collective" else 1,
+            dtype=_NAMES.get(traits.dtype or result, traits.dtype or result),
+            devices=_group(attributes) if traits.kind == "collective" else 1,
             in_loop=not at_top,
-            fill=fill,
+            fill=traits.fill,
+            weight_gradient=traits.weight_gradient,
+            indices=traits.indices,
+            slice_bytes=traits.slice_bytes,
+            table_bytes=traits.table_bytes,
         )
         if opcode.endswith("-start"):
             pending[instruction.name] = len(kernels)

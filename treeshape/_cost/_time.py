@@ -13,16 +13,19 @@ Three figures:
 - `seconds`: the estimate, where one was checked on the chip (TPU targets): a matrix
   product (matmul, batched matmul, convolution) at the compiler's estimate as measured
   for its kind, unless its roofline is lower (its FLOPs at the efficiency measured for
-  its kind times its fill of the matrix unit's tiles, `Kernel.fill`); a vector kernel
+  its kind times its fill of the matrix unit's tiles, `Kernel.fill`); a convolution's
+  weight gradient at the compiler's estimate (its roofline is too fast); a vector kernel
   (elementwise, reduction, data movement, copy) at its bytes, at the HBM and VMEM rates
-  measured for its kind (libtpu's estimates of those are up to 20x the chip's time);
-  each run's own cost, smaller in a loop's body; never below its floor; an asynchronous
-  copy at the part of its HBM time the kernels around it did not hide on the chip; a
-  collective at its bytes over the interconnect's links plus their latency; and the
-  runtime's gap between two steps.
+  measured for its kind (libtpu's estimates of those are up to 20x the chip's time); a
+  gather or scatter (no estimate) per slice, at the rates the chip measured; each run's
+  latency where it reads or writes HBM (less in a loop's body), next to nothing in VMEM;
+  never below its floor; an asynchronous copy at the part of its HBM time the kernels
+  around it did not hide on the chip; a collective at its bytes over the interconnect's
+  links plus their latency; the chip's idle time between two kernels at the top of the
+  program; and the runtime's gap between two steps.
 
 The correction (`CORRECTION`) was measured on a v5e against each kernel's time in a
-profile of 22 train steps, and checked on 12 more it was never fitted on (the guide's
+profile of 34 train steps, and checked on steps it was never fitted on (the guide's
 "How fast will it run?", `benchmarks/steptime/`); v5p and v6e use it as measured there,
 and `source` says so.
 """
@@ -41,21 +44,30 @@ from ._kernels import Kernel
 @dataclasses.dataclass(frozen=True)
 class Correction:
     """What a real v5e measured of libtpu's kernels, against each kernel's time in a profile
-    of 22 train steps (`benchmarks/steptime/`): per kind of matrix product, the fraction
-    of the compiler's estimate it took (`estimate`) and of the chip's peak it reached with
-    the matrix unit's tiles full (`efficiency`, times the product's fill of them); the
-    bytes per cycle each kind of vector kernel moves in VMEM (libtpu's estimates of those
-    are up to 20x the chip's time, so their bytes decide); HBM's fraction of its
-    bandwidth; the cycles a kernel's run costs besides, at the top of the program and in a
-    loop's body; the fraction of an asynchronous copy's HBM time that the kernels around
+    of 34 train steps (`benchmarks/steptime/`): per kind of matrix product, the fraction
+    of the compiler's estimate it took (`estimate`; a convolution's weight gradient
+    `weight_gradient_estimate`) and of the chip's peak it reached with the matrix unit's
+    tiles full (`efficiency`, times the product's fill of them); the bytes per cycle each
+    kind of vector kernel moves in VMEM (libtpu's estimates of those are up to 20x the
+    chip's time, so their bytes decide); HBM's fraction of its bandwidth; what a gather
+    takes per slice (a single element, or a row) and the rate a scatter adds its rows at;
+    the cycles a run costs besides, reading or writing HBM (at the top of the program and
+    in a loop's body) or not; the cycles the chip idles between two kernels at the top of
+    the program; the fraction of an asynchronous copy's HBM time that the kernels around
     it do not hide; and the runtime's gap between two steps run back to back, in seconds."""
 
     estimate: Mapping[str, float]
+    weight_gradient_estimate: float
     efficiency: Mapping[str, float]
     vmem_bytes_per_cycle: Mapping[str, float]
     hbm_efficiency: float
-    cycles_per_run: float
-    cycles_per_loop_run: float
+    gather_seconds_per_element: float
+    gather_seconds_per_row: float
+    scatter_bytes_per_second: float
+    hbm_cycles_per_run: float
+    hbm_cycles_per_loop_run: float
+    vmem_cycles_per_run: float
+    gap_cycles: float
     exposed_copy: float
     launch_seconds: float
     measured_on: str
@@ -64,7 +76,8 @@ class Correction:
 _V5E_CLOCK: Final = 1.5e9
 CORRECTION: Final = Correction(
     estimate={"convolution": 1.0, "batched matmul": 0.8, "matmul": 1.0},
-    efficiency={"convolution": 0.75, "batched matmul": 0.3, "matmul": 0.8},
+    weight_gradient_estimate=1.05,
+    efficiency={"convolution": 0.65, "batched matmul": 0.3, "matmul": 0.8},
     vmem_bytes_per_cycle={
         "elementwise": 4e12 / _V5E_CLOCK,
         "reduction": 2e12 / _V5E_CLOCK,
@@ -72,10 +85,15 @@ CORRECTION: Final = Correction(
         "copy": 5e11 / _V5E_CLOCK,
     },
     hbm_efficiency=670e9 / 819e9,
-    cycles_per_run=750,
-    cycles_per_loop_run=100,
+    gather_seconds_per_element=12e-9,
+    gather_seconds_per_row=3.5e-9,
+    scatter_bytes_per_second=75e9,
+    hbm_cycles_per_run=700,
+    hbm_cycles_per_loop_run=300,
+    vmem_cycles_per_run=20,
+    gap_cycles=600,
     exposed_copy=0.15,
-    launch_seconds=0.28e-3,
+    launch_seconds=0.23e-3,
     measured_on="v5e",
 )
 
@@ -96,7 +114,8 @@ class KernelTime:
         name: Its instruction's name in the optimized module, as a profile names it.
         kind: `"matmul"`, `"batched matmul"`, `"convolution"`, `"reduction"`,
             `"elementwise"`, `"data movement"`, `"copy"`, `"async copy"`,
-            `"collective"`, `"custom call"` (or `"launch"`: the gap between steps).
+            `"gather"`, `"scatter"`, `"collective"`, `"custom call"` (or `"launch"`: the
+            runtime's gaps, `"between kernels"` and `"between steps"`, which are no kernel's).
 
     Examples:
         >>> import treeshape as ts
@@ -205,6 +224,7 @@ class StepTime:
 
 
 _LAUNCH: Final = "between steps"
+_GAPS: Final = "between kernels"
 # What the guide's table measured on a real v5e (docs/guide/time.md): said with every estimate.
 CHECKED: Final = "libtpu's cost model, checked on a v5e: 34 of 34 steps within 20%"
 
@@ -229,12 +249,32 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
     for its kind; each with the cost of a run, smaller in a loop's body."""
     assert chip.clock_hz is not None and k.cycles is not None
     hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
-    run = (c.cycles_per_loop_run if k.in_loop else c.cycles_per_run) / chip.clock_hz
+    if k.device_bytes > 0:
+        run = (c.hbm_cycles_per_loop_run if k.in_loop else c.hbm_cycles_per_run) / chip.clock_hz
+    else:
+        run = c.vmem_cycles_per_run / chip.clock_hz
+    if k.kind == "convolution" and k.weight_gradient:
+        return c.weight_gradient_estimate * k.cycles / chip.clock_hz
     if k.kind in c.estimate:
         roofline = max(k.flops / (chip.peak(k.dtype) * c.efficiency[k.kind] * k.fill), k.device_bytes / hbm) + run
         return min(c.estimate[k.kind] * k.cycles / chip.clock_hz, roofline)
     vmem = c.vmem_bytes_per_cycle.get(k.kind, c.vmem_bytes_per_cycle["data movement"]) * chip.clock_hz
     return k.device_bytes / hbm + max(k.bytes_accessed - k.device_bytes, 0.0) / vmem + run
+
+
+def _indexed(k: Kernel, chip: Chip, c: Correction) -> float:
+    """One run of a gather or scatter (libtpu writes no estimate of them), at the rates the
+    chip measured: a gather per slice it picks (a single element, as a loss picks its
+    labels' logits, slower than a row, as an embedding lookup picks a token's), plus its
+    HBM bytes; a scatter writes its whole table at HBM's rate and adds each update row at
+    `scatter_bytes_per_second`."""
+    assert chip.clock_hz is not None
+    hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
+    run = (c.hbm_cycles_per_loop_run if k.in_loop else c.hbm_cycles_per_run) / chip.clock_hz
+    if k.kind == "scatter":
+        return k.table_bytes / hbm + k.indices * k.slice_bytes / c.scatter_bytes_per_second + run
+    each = c.gather_seconds_per_element if k.slice_bytes <= 8 else c.gather_seconds_per_row
+    return k.indices * each + k.device_bytes / hbm + run
 
 
 def _collective(k: Kernel, chip: Chip) -> float:
@@ -270,15 +310,23 @@ def estimate(
         elif k.kind == "async copy":  # the part of its HBM time the kernels around it do not hide
             moved = k.runs * k.device_bytes / (chip.hbm_bytes_per_second * c.hbm_efficiency)
             each.append(c.exposed_copy * moved if checked else 0.0)
+        elif checked and k.kind in ("gather", "scatter"):
+            each.append(max(floor, k.runs * _indexed(k, chip, c)))
         elif not checked or k.cycles is None:
             each.append(floor)
         else:
+            each.append(max(floor, k.runs * _corrected(k, chip, c)))
+        if checked and k.cycles is not None:
             assert chip.clock_hz is not None
             compiler += k.runs * k.cycles / chip.clock_hz
-            each.append(max(floor, k.runs * _corrected(k, chip, c)))
     floor_seconds = sum(k.runs * _floor(k, chip) for k in kernels if k.kind != "async copy")
-    seconds = sum(each) + c.launch_seconds if checked else None
-    uncosted = sum(1 for k in kernels if k.kind not in ("async copy", "collective") and k.cycles is None and k.flops)
+    # the chip's idle time between two kernels at the top of the program (none measured in a
+    # loop's body), which a profile gives to no kernel
+    gap = c.gap_cycles / chip.clock_hz if checked and chip.clock_hz is not None else 0.0
+    gaps = [gap if not k.in_loop and k.kind != "async copy" else 0.0 for k in kernels]
+    seconds = sum(each) + sum(gaps) + c.launch_seconds if checked else None
+    measured = ("async copy", "collective", "gather", "scatter")  # (costed by what the chip measured)
+    uncosted = sum(1 for k in kernels if k.kind not in measured and k.cycles is None and k.flops)
     uncosted = uncosted if checked else 0
     source = _source(label, platform, checked, uncosted, exact)
     bf16 = chip.peak("bfloat16")
@@ -296,11 +344,15 @@ def estimate(
         )
         for k, t in zip(kernels, each, strict=True)
     ]
-    if checked:  # the runtime's gap between two steps, as a training loop runs them
+    # each kernel's phase holds the gap after it; the step's gaps are one entry of `kernels`
+    schedule = [(t.op, t.seconds + gap) for t, gap in zip(times, gaps, strict=True)]
+    if checked:
+        times.append(KernelTime(None, None, sum(g > 0 for g in gaps), sum(gaps), 0.0, 0.0, _GAPS, "launch"))
+        # the runtime's gap between two steps, as a training loop runs them
         times.append(KernelTime(None, None, 1, c.launch_seconds, 0.0, 0.0, _LAUNCH, "launch"))
-    schedule = tuple((_LAUNCH if t.kind == "launch" else t.op, t.seconds) for t in times)
+        schedule.append((_LAUNCH, c.launch_seconds))
     ordered = tuple(sorted((t for t in times if t.seconds > 0), key=lambda t: -t.seconds))
-    return StepTime(seconds, compiler if checked else None, floor_seconds, source, mfu, ordered, schedule, label)
+    return StepTime(seconds, compiler if checked else None, floor_seconds, source, mfu, ordered, tuple(schedule), label)
 
 
 def _source(label: str, platform: str, checked: bool, uncosted: int, exact: bool) -> str:
