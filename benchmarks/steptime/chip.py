@@ -8,7 +8,7 @@ few runs under `jax.profiler`, each kernel's device time summed by name. Compile
 parallel threads, runs one at a time. Needs JAX and optax (flax, equinox for their rows),
 not treeshape.
 
-    python benchmarks/steptime/chip.py --out DIR [--rows tuning,held-out,fresh,unseen,NAME:SIZE,...]
+    python benchmarks/steptime/chip.py --out DIR [--rows tuning,held-out,fresh,unseen,last,NAME:SIZE,...]
 
 A row `plan/REMAT/DTYPE:SIZE` is the plan's step (`models.plan_case`); a row whose
 compile the chip refuses is recorded with the compiler's error.
@@ -163,7 +163,13 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     modules = Path(tempfile.mkdtemp(prefix="modules-"))
-    groups = {"tuning": models.TUNING, "held-out": models.HELD_OUT, "fresh": models.FRESH, "unseen": models.UNSEEN}
+    groups = {
+        "tuning": models.TUNING,
+        "held-out": models.HELD_OUT,
+        "fresh": models.FRESH,
+        "unseen": models.UNSEEN,
+        "last": models.LAST,
+    }
     rows = []
     for r in args.rows.split(","):
         if r in groups:
