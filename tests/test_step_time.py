@@ -69,9 +69,11 @@ def test_compiler_seconds_are_libtpus_own_cycles_with_each_loop_counted(tmp_path
     jax.jit(scanned, donate_argnums=0).lower(*placed).compile(options)
     (dumped,) = tmp_path.glob("*after_codegen.txt")
     assert c.time.compiler_seconds == pytest.approx(_cycles_with_loops(dumped.read_text()) / V5E_CLOCK, rel=1e-12)
-    in_loop = [k for k in c.time.kernels if k.runs == LENGTH]  # the body's: forward and backward
-    assert sum(k.kind == "matmul" for k in in_loop) >= 2
-    assert all(k.runs in (1, LENGTH, LENGTH + 1) for k in c.time.kernels if k.kind != "launch")
+    # By op and source line: the body's matmul forward (LENGTH runs) and its two gradients
+    # (2 * LENGTH), each loop's condition LENGTH + 1 times.
+    body = {k.op: k for k in c.time.kernels if k.op and "/while/body/" in k.op and k.kind == "matmul"}
+    assert sorted(k.runs for k in body.values()) == [LENGTH, 2 * LENGTH]
+    assert {k.runs for k in c.time.kernels if k.op and "/while/cond/" in k.op} == {LENGTH + 1}
 
 
 def test_the_kernels_sum_to_seconds_above_the_floor_and_flops_at_peak():
@@ -85,7 +87,7 @@ def test_the_kernels_sum_to_seconds_above_the_floor_and_flops_at_peak():
     assert c.flops <= sum(k.flops for k in t.kernels) <= 1.1 * c.flops
     assert t.mfu == pytest.approx(c.flops / (t.seconds * V5E_BF16))
     assert list(t.kernels) == sorted(t.kernels, key=lambda k: -k.seconds)
-    assert t.source.startswith("libtpu's cost model, checked on a v5e: 34 of 34 steps within 20%")
+    assert t.source.startswith("libtpu's cost model, checked on a v5e: 48 of 48 steps within 20%")
     line = next(line for line in str(c).splitlines() if line.startswith("time "))
     assert re.fullmatch(r"time \S+ (ms|us) per step on TPU v5e \(libtpu's cost model, .*\), MFU \d+%", line)
     table = str(t).splitlines()
@@ -102,7 +104,7 @@ def _flops_per_second(channels, batch):
     x = jax.ShapeDtypeStruct((batch, 64, 64, channels), jnp.bfloat16)
     w = jax.ShapeDtypeStruct((3, 3, channels, channels), jnp.bfloat16)
     (conv,) = [k for k in ts.cost(_conv, x, w, target="v5e").time.kernels if k.kind == "convolution"]
-    return conv.flops / conv.seconds
+    return conv.flops / conv.seconds  # (the line's: its kernels' FLOPs over their time)
 
 
 def test_a_narrow_convolution_runs_at_its_share_of_the_matrix_units_tiles():
@@ -111,8 +113,8 @@ def test_a_narrow_convolution_runs_at_its_share_of_the_matrix_units_tiles():
     # columns (as the chip measured it, up to 64 output features cost the same), so the same
     # FLOPs take several times longer than at 128 channels (the chip: 0.28-0.29 of the peak
     # at 32 channels forward, 0.64-0.89 at 128 and more).
-    narrow, wide = _flops_per_second(32, batch=64), _flops_per_second(128, batch=4)
-    assert wide >= 0.7 * V5E_BF16
+    narrow, wide = _flops_per_second(32, batch=64), _flops_per_second(128, batch=16)
+    assert wide >= 0.5 * V5E_BF16
     assert narrow <= wide / 3
 
 
@@ -183,14 +185,13 @@ def test_the_chip_idles_between_kernels_at_the_top_of_a_program_and_not_in_a_loo
     # Measured on the chip: a step's time less its kernels' time in a profile is 0.23 ms and
     # 0.4 us for each kernel at the top of the program, nothing for a loop body's kernels.
     short, long = _scanned_sine(10), _scanned_sine(1000)
+    gaps = []
     for t in (short, long):
-        (gaps,) = [k for k in t.kernels if k.name == "between kernels"]
-        top = [k for k in t.kernels if k.kind != "launch" and k.runs == 1]
-        assert gaps.kind == "launch" and gaps.runs == len(top) >= 2
-        assert gaps.seconds == pytest.approx(len(top) * 600 / V5E_CLOCK)
-    assert [k.seconds for k in short.kernels if k.name == "between kernels"] == [
-        k.seconds for k in long.kernels if k.name == "between kernels"
-    ]
+        (between,) = [k for k in t.kernels if k.name == "between kernels"]
+        assert between.kind == "launch" and between.op is None and between.runs >= 2  # (the multiply, the cosine)
+        assert between.seconds == pytest.approx(between.runs * 600 / V5E_CLOCK)
+        gaps.append(between)
+    assert gaps[0] == gaps[1]  # none for a loop's runs, however many
 
 
 def test_a_run_that_reads_device_memory_pays_its_latency_and_one_in_vmem_does_not():

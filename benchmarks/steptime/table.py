@@ -4,9 +4,10 @@ Each directory holds `chip.py`'s output for some rows: `rows.json` (each step's 
 its profile, each kernel's device time) and the optimized module libtpu dumped
 (`modules.tar.gz`), the one a deviceless `ts.cost(target="v5e")` reads. For each row this
 prints the measured step, `seconds`, `compiler_seconds`, `floor_seconds` (from the module,
-with treeshape's time model as it stands) and how many of the profile's ten longest kernels
-are among the ten longest by `seconds`; then the same per kind of kernel, summed over the
-rows of the groups the correction was fitted on.
+with treeshape's time model as it stands) and how many of the profile's ten longest entries
+(kernels by op and source line, as `StepTime.kernels` has them) are among the ten longest
+by `seconds`, and the same for each compiled kernel on its own; then the time per kind of
+kernel, summed over the rows of the groups the correction was fitted on.
 
     python benchmarks/steptime/table.py DIR [DIR ...]
 """
@@ -79,38 +80,45 @@ def load(directory: Path) -> list[dict[str, Any]]:
         frames = Frames(proto)
         names = {i.name: (_buffers.op_of(i), frames.source(i.metadata)) for i in proto.instructions.values()}
         t = _time.estimate(kernels, names, CHIP, "TPU v5e", "tpu", r["cost_analysis"]["flops"], exact)
+        # each compiled kernel on its own (named apart, so that none go together by line)
+        alone = _time.estimate(kernels, {k.name: (k.name, None) for k in kernels}, CHIP, "", "tpu", None, exact)
         group = group_of(r["name"], r["size"])
-        rows.append({**r, "group": group, "kernels": kernels, "profile": measured, "time": t, "names": names})
+        rows.append(
+            {**r, "group": group, "kernels": kernels, "profile": measured, "time": t, "alone": alone, "names": names}
+        )
     return rows
 
 
+def _key(op: str | None, source: str | None, kind: str) -> tuple[str | None, str | None, str | None]:
+    """A kernel's entry in `StepTime.kernels`: its op and source line (XLA's own: by kind)."""
+    return (op, source, None) if op is not None else (None, source, kind)
+
+
 def top_ten(row: dict[str, Any]) -> int:
-    """How many of the profile's ten longest kernels are among the ten longest by `seconds`
-    (none where the row was measured without a profile)."""
-    predicted = [k.name for k in row["time"].kernels if k.kind != "launch"][:10]
-    measured = row["profile"]
+    """How many of the profile's ten longest entries are among the ten longest of
+    `StepTime.kernels`: each kernel's time in the profile summed by op and source line (XLA's
+    own kernels by kind) as `kernels` sums them."""
+    predicted = [_key(k.op, k.source, k.kind) for k in row["time"].kernels if k.kind != "launch"][:10]
+    kinds = {k.name: k.kind for k in row["kernels"]}
+    measured: dict[Any, float] = collections.defaultdict(float)
+    for name, seconds in row["profile"].items():
+        op, source = row["names"].get(name, (None, None))
+        measured[_key(op, source, kinds.get(name, "?"))] += seconds
     return len(set(predicted) & set(sorted(measured, key=lambda n: -measured[n])[:10]))
 
 
-def top_ten_lines(row: dict[str, Any]) -> int:
-    """How many of the profile's ten longest (op, source line) pairs, each kernel's time
-    summed by the pair it comes from, are among the ten longest by `seconds`."""
-    predicted: dict[Any, float] = collections.defaultdict(float)
-    for k in row["time"].kernels:
-        if k.kind != "launch":
-            predicted[(k.op, k.source)] += k.seconds
-    measured: dict[Any, float] = collections.defaultdict(float)
-    for name, seconds in row["profile"].items():
-        measured[row["names"].get(name, (name, None))] += seconds
-    longest = sorted(measured, key=lambda n: -measured[n])[:10]
-    return len(set(sorted(predicted, key=lambda n: -predicted[n])[:10]) & set(longest))
+def top_ten_compiled(row: dict[str, Any]) -> int:
+    """The same, each compiled kernel on its own (an unrolled model's layers apart)."""
+    predicted = [k.name for k in row["alone"].kernels if k.kind != "launch"][:10]
+    measured = row["profile"]
+    return len(set(predicted) & set(sorted(measured, key=lambda n: -measured[n])[:10]))
 
 
 def step_table(rows: list[dict[str, Any]]) -> None:
     print(
         "| group | step | kind | size | measured (ms) | one step alone (ms) | `seconds` (ms) "
         "| `compiler_seconds` (ms) | `floor_seconds` (ms) | `seconds` / measured | compiler / measured "
-        "| top 10 | top 10 lines |"
+        "| top 10 | top 10 compiled kernels |"
     )
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in sorted(rows, key=lambda r: r["group"]):
@@ -118,7 +126,7 @@ def step_table(rows: list[dict[str, Any]]) -> None:
         print(
             f"| {r['group']} | {r['name']} | {r['kind']} | {r['size']} | {m * 1e3:.2f} | {r['median'] * 1e3:.2f} "
             f"| {t.seconds * 1e3:.2f} | {t.compiler_seconds * 1e3:.2f} | {t.floor_seconds * 1e3:.2f} "
-            f"| {t.seconds / m:.2f} | {t.compiler_seconds / m:.2f} | {top_ten(r)} | {top_ten_lines(r)} |"
+            f"| {t.seconds / m:.2f} | {t.compiler_seconds / m:.2f} | {top_ten(r)} | {top_ten_compiled(r)} |"
         )
     for groups in (FITTED_ON, ("E",)):
         chosen = [r for r in rows if r["group"] in groups]
@@ -126,12 +134,12 @@ def step_table(rows: list[dict[str, Any]]) -> None:
             continue
         ratios = [r["time"].seconds / r["median_back_to_back"] for r in chosen]
         tops = [top_ten(r) for r in chosen]
-        lines = [top_ten_lines(r) for r in chosen]
+        compiled = [top_ten_compiled(r) for r in chosen]
         spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
         print(
             f"\ngroups {'+'.join(groups)}: {len(chosen)} steps, `seconds` / measured {spread}, "
             f"{sum(0.8 <= x <= 1.2 for x in ratios)} within 20%; top 10 >= 8 on {sum(s >= 8 for s in tops)} "
-            f"(by op and source line on {sum(n >= 8 for n in lines)})"
+            f"(each compiled kernel on its own: on {sum(n >= 8 for n in compiled)})"
         )
 
 
@@ -140,15 +148,15 @@ def kind_table(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         if r["group"] not in FITTED_ON:
             continue
-        seconds = {k.name: k.seconds for k in r["time"].kernels}
+        seconds = {k.name: k.seconds for k in r["alone"].kernels}
         for k in r["kernels"]:
-            if k.cycles is None or k.kind in ("async copy", "collective", "custom call"):
+            if k.kind in ("async copy", "collective", "custom call") or (k.cycles is None and not k.indices):
                 continue
             where = "VMEM" if k.device_bytes < 0.05 * max(k.bytes_accessed, 1.0) else "HBM"
             t = total[(k.kind, where, "loop body" if k.in_loop else "top")]
             t[0] += 1
             t[1] += r["profile"].get(k.name, 0.0)
-            t[2] += k.runs * k.cycles / CHIP.clock_hz
+            t[2] += k.runs * (k.cycles or 0.0) / CHIP.clock_hz  # (none for a gather or scatter)
             t[3] += seconds.get(k.name, 0.0)
     print(
         "\n| kind | operands in | runs at | kernels | measured (ms) | libtpu's estimate (ms) | `seconds` (ms) "
@@ -158,9 +166,10 @@ def kind_table(rows: list[dict[str, Any]]) -> None:
     for (kind, where, at), (n, measured, estimate, seconds) in sorted(total.items(), key=lambda kv: -kv[1][1]):
         if measured < 1e-4:
             continue
+        raw = (f"{estimate * 1e3:.1f}", f"{estimate / measured:.2f}") if estimate else ("none", "-")
         print(
-            f"| {kind} | {where} | {at} | {n} | {measured * 1e3:.1f} | {estimate * 1e3:.1f} | {seconds * 1e3:.1f} "
-            f"| {estimate / measured:.2f} | {seconds / measured:.2f} |"
+            f"| {kind} | {where} | {at} | {n} | {measured * 1e3:.1f} | {raw[0]} | {seconds * 1e3:.1f} "
+            f"| {raw[1]} | {seconds / measured:.2f} |"
         )
 
 

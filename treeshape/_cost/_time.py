@@ -32,7 +32,7 @@ and `source` says so.
 
 import dataclasses
 import html
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
 from .._table import grid, html_grid
@@ -100,19 +100,23 @@ CORRECTION: Final = Correction(
 
 @dataclasses.dataclass(frozen=True)
 class KernelTime:
-    """One kernel of a compiled program, and its share of the step's time.
+    """The kernels of a compiled program that compute one JAX operation at one source line
+    (each layer's of an unrolled model, a loop body's as often as the loop runs), and their
+    share of the step's time: where the time goes, by the line that spends it.
 
     Attributes:
-        op: The JAX operation it computes, named as a [treeshape.Buffer][]'s `op` (a
-            fusion's first), or `None` where XLA made it.
-        source: The user's source line that led to it (`file.py:line`), or `None`.
-        runs: How often it runs in one step (a loop body's kernel as often as the loop).
-        seconds: All its runs together: the estimate where the target has one, else the
+        op: The JAX operation they compute, named as a [treeshape.Buffer][]'s `op` (a
+            fusion's first), or `None` where XLA made them (then one entry per kind).
+        source: The user's source line that led to them (`file.py:line`), or `None`.
+        runs: How often they run in one step, together (a loop's body counted by its trip
+            count).
+        seconds: All their runs together: the estimate where the target has one, else the
             roofline floor.
-        flops: FLOPs of all its runs, by XLA's HLO cost analysis.
-        bytes_accessed: Bytes of all its runs, by the same.
-        name: Its instruction's name in the optimized module, as a profile names it.
-        kind: `"matmul"`, `"batched matmul"`, `"convolution"`, `"reduction"`,
+        flops: FLOPs of all their runs, by XLA's HLO cost analysis.
+        bytes_accessed: Bytes of all their runs, by the same.
+        name: The largest one's instruction name in the optimized module, as a profile
+            names it.
+        kind: The largest one's kind: `"matmul"`, `"batched matmul"`, `"convolution"`, `"reduction"`,
             `"elementwise"`, `"data movement"`, `"copy"`, `"async copy"`,
             `"gather"`, `"scatter"`, `"collective"`, `"custom call"` (or `"launch"`: the
             runtime's gaps, `"between kernels"` and `"between steps"`, which are no kernel's).
@@ -152,8 +156,9 @@ class StepTime:
         source: Which model gave `seconds`, and how it was checked.
         mfu: The model FLOPs utilization `seconds` implies: the program's FLOPs over
             `seconds` times the chip's bf16 peak; `None` where `seconds` is.
-        kernels: Every kernel as a [treeshape.KernelTime][], largest first; their
-            `seconds` sum to `seconds` (to `floor_seconds` where `seconds` is `None`).
+        kernels: The kernels by op and source line, each a [treeshape.KernelTime][],
+            largest first; their `seconds` sum to `seconds` (to `floor_seconds` where
+            `seconds` is `None`).
 
     Examples:
         >>> import treeshape as ts
@@ -226,7 +231,7 @@ class StepTime:
 _LAUNCH: Final = "between steps"
 _GAPS: Final = "between kernels"
 # What the guide's table measured on a real v5e (docs/guide/time.md): said with every estimate.
-CHECKED: Final = "libtpu's cost model, checked on a v5e: 34 of 34 steps within 20%"
+CHECKED: Final = "libtpu's cost model, checked on a v5e: 48 of 48 steps within 20%"
 
 
 def _duration(seconds: float) -> str:
@@ -351,8 +356,31 @@ def estimate(
         # the runtime's gap between two steps, as a training loop runs them
         times.append(KernelTime(None, None, 1, c.launch_seconds, 0.0, 0.0, _LAUNCH, "launch"))
         schedule.append((_LAUNCH, c.launch_seconds))
-    ordered = tuple(sorted((t for t in times if t.seconds > 0), key=lambda t: -t.seconds))
+    ordered = _by_line(t for t in times if t.seconds > 0)
     return StepTime(seconds, compiler if checked else None, floor_seconds, source, mfu, ordered, tuple(schedule), label)
+
+
+def _by_line(times: Iterable[KernelTime]) -> tuple[KernelTime, ...]:
+    """The kernels of each op at each source line together (an unrolled model's layers, a
+    loop's forward and rematerialized copies), largest first: named by their largest
+    kernel's name and kind. XLA's own kernels (no op) go together by kind."""
+    groups: dict[tuple[str | None, str | None, str | None], list[KernelTime]] = {}
+    for t in times:
+        key = (t.op, t.source, None) if t.op is not None else (None, t.source, t.name if t.kind == "launch" else t.kind)
+        groups.setdefault(key, []).append(t)
+    merged = []
+    for same in groups.values():
+        largest = max(same, key=lambda t: t.seconds)
+        merged.append(
+            dataclasses.replace(
+                largest,
+                runs=sum(t.runs for t in same),
+                seconds=sum(t.seconds for t in same),
+                flops=sum(t.flops for t in same),
+                bytes_accessed=sum(t.bytes_accessed for t in same),
+            )
+        )
+    return tuple(sorted(merged, key=lambda t: -t.seconds))
 
 
 def _source(label: str, platform: str, checked: bool, uncosted: int, exact: bool) -> str:
@@ -372,7 +400,7 @@ def _source(label: str, platform: str, checked: bool, uncosted: int, exact: bool
 
 def renamed(t: StepTime, op: Callable[[str | None], str | None]) -> StepTime:
     """`t` with each kernel's op renamed by `op` (the user's own jit's names)."""
-    kernels = tuple(dataclasses.replace(k, op=op(k.op)) for k in t.kernels)
+    kernels = _by_line(dataclasses.replace(k, op=op(k.op)) for k in t.kernels)
     schedule = tuple((op(o), s) for o, s in t.schedule)
     return dataclasses.replace(t, kernels=kernels, schedule=schedule)
 
