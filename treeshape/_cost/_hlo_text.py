@@ -6,6 +6,7 @@ its own (`Module.text`), and XLA's HLO cost analysis of such a module (`cost`). 
 """
 
 import dataclasses
+import functools
 import re
 from collections.abc import Iterator
 from typing import Final
@@ -41,6 +42,11 @@ class Computation:
     name: str
     signature: str  # the line that opens it, without `ENTRY `
     instructions: tuple[Instruction, ...]
+
+    @functools.cached_property
+    def named(self) -> dict[str, Instruction]:
+        """Its instructions by name (read once: each kernel of a large program asks)."""
+        return {i.name: i for i in self.instructions}
 
     def called(self, loops: bool) -> Iterator[str]:
         """The computations it calls: `loops=False` leaves out loop bodies and conditions."""
@@ -157,7 +163,7 @@ def op_of(instruction: Instruction) -> tuple[str, list[str], str]:
 
 def source_of(computation: Computation, name: str) -> Instruction | None:
     """The instruction that computes `name`'s value, through copies and bitcasts."""
-    named = {i.name: i for i in computation.instructions}
+    named = computation.named
     for _ in range(16):
         instruction = named.get(name)
         if instruction is None:

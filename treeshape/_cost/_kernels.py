@@ -140,7 +140,7 @@ def _indexed(computation: Computation, instruction: Instruction) -> _Traits:
     """A gather's or scatter's traits: how many slices it moves and their bytes (each
     gathered slice, or each scattered update row, and the table a scatter writes)."""
     opcode, operands, attributes = op_of(instruction)
-    named = {i.name: i for i in computation.instructions}
+    named = computation.named
     if opcode == "gather":
         sizes = re.search(r"\bslice_sizes=\{([\d,]*)\}", attributes)
         each = math.prod(int(d) for d in sizes.group(1).split(",") if d) if sizes else 1
@@ -168,7 +168,7 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
     if opcode == "custom-call":
         return _Traits("custom call")
     if opcode in ("convolution", "dot"):
-        fill, gradient = tile_fill(computation, instruction), weight_gradient(computation, instruction)
+        fill, gradient = product_traits(computation, instruction)
         return _Traits(_product(attributes), fill=fill, weight_gradient=gradient)
     if opcode in ("gather", "scatter"):
         return _indexed(computation, instruction)
@@ -188,7 +188,7 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
             kinds.add(_product(rest))
             if product is None:
                 dtype = next(iter(_arrays(_shape(inner_instruction))), ("f32",))[0]
-                fill, gradient = tile_fill(fused, inner_instruction), weight_gradient(fused, inner_instruction)
+                fill, gradient = product_traits(fused, inner_instruction)
                 product = _Traits(_product(rest), dtype, fill, gradient)
         elif inner in ("reduce", "reduce-window", "select-and-scatter"):
             kinds.add("reduction")
@@ -197,8 +197,8 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
     for kind in ("convolution", "batched matmul", "matmul"):
         if kind in kinds and product is not None:
             return dataclasses.replace(product, kind=typing.cast(Kind, kind))
-    for opcode in ("scatter", "gather"):  # (no product: the indexed op is its work)
-        found = _find(module, fused, opcode)
+    for indexed in ("scatter", "gather"):  # (no product: the indexed op is its work)
+        found = _find(module, fused, indexed)
         if found is not None:
             return _indexed(*found)
     for vector in ("reduction", "elementwise"):
@@ -228,7 +228,7 @@ def _operands(computation: Computation, product: Instruction) -> tuple[list[int]
     operands = op_of(product)[1]
     if len(operands) < 2:
         return None
-    named = {i.name: i for i in computation.instructions}
+    named = computation.named
     lhs, rhs, out = _dims(named.get(operands[0])), _dims(named.get(operands[1])), _dims(product)
     return None if lhs is None or rhs is None or out is None else (lhs, rhs, out)
 
@@ -245,16 +245,22 @@ def _window(labels: str, dims: list[int]) -> int:
     return math.prod(d for label, d in zip(labels, dims, strict=True) if label.isdigit())
 
 
-def tile_fill(computation: Computation, product: Instruction) -> float:
+def product_traits(computation: Computation, product: Instruction) -> tuple[float, bool]:
+    """A matrix product's `tile_fill` and whether it is a convolution's `weight_gradient`
+    (its operands read once: a product at the top of a large program is one of many)."""
+    dims = _operands(computation, product)
+    if dims is None:
+        return 1.0, False
+    return tile_fill(product, dims), weight_gradient(product, dims)
+
+
+def tile_fill(product: Instruction, dims: tuple[list[int], list[int], list[int]]) -> float:
     """How well a matrix product fills a TPU matrix unit's 128x128 tiles, as a v5e measured
     it: its contraction (`K`; a convolution's input features times its window) at its
     share of the tiles it spans; its output features (`N`) at twice theirs, up to a whole
     (the chip ran 64 output features as fast as 128); a product with batch dimensions,
     each product's rows at their share of theirs. 1.0 where the dimensions cannot be read."""
     opcode, _, attributes = op_of(product)
-    dims = _operands(computation, product)
-    if dims is None:
-        return 1.0
     lhs, rhs, out = dims
     if opcode == "convolution":
         labels = _labels(attributes, dims)
@@ -279,12 +285,11 @@ def tile_fill(computation: Computation, product: Instruction) -> float:
     return fill * _filled(rows) if rows else fill
 
 
-def weight_gradient(computation: Computation, product: Instruction) -> bool:
+def weight_gradient(product: Instruction, dims: tuple[list[int], list[int], list[int]]) -> bool:
     """Whether a convolution is a weight gradient, as a TPU writes one: its window (the
     activations' spatial size) spans more than its output (the kernel's)."""
     opcode, _, attributes = op_of(product)
-    dims = _operands(computation, product)
-    if opcode != "convolution" or dims is None or _product(attributes) != "convolution":
+    if opcode != "convolution" or _product(attributes) != "convolution":
         return False
     labels = _labels(attributes, dims)
     return labels is not None and _window(labels[1], dims[1]) > _window(labels[2], dims[2])
@@ -305,7 +310,7 @@ def _product(attributes: str) -> Kind:
 def _alone(module: Module, computation: Computation, instruction: Instruction) -> str | None:
     """A module whose entry runs `instruction` alone, on parameters shaped as its operands."""
     opcode, operands, attributes = op_of(instruction)
-    named = {i.name: i for i in computation.instructions}
+    named = computation.named
     shapes = []
     for operand in operands:
         source = named.get(operand)
@@ -328,7 +333,7 @@ def _costed(module: Module, computation: Computation, instruction: Instruction) 
     HLO cost analysis of the instruction alone (each operand's bytes as it reads them: a
     slice of a stacked array, not the whole); the shapes' bytes where that fails."""
     opcode, operands, _ = op_of(instruction)
-    named = {i.name: i for i in computation.instructions}
+    named = computation.named
     in_device = [all(d for _, _, d in _arrays(_shape(named[o]))) if o in named else True for o in operands]
     outputs = [d for _, _, d in _arrays(_shape(instruction))]
     out_device = all(outputs)

@@ -278,7 +278,7 @@ def _indexed(k: Kernel, chip: Chip, c: Correction) -> float:
     run = (c.hbm_cycles_per_loop_run if k.in_loop else c.hbm_cycles_per_run) / chip.clock_hz
     if k.kind == "scatter":
         return k.table_bytes / hbm + k.indices * k.slice_bytes / c.scatter_bytes_per_second + run
-    each = c.gather_seconds_per_element if k.slice_bytes <= 8 else c.gather_seconds_per_row
+    each = c.gather_seconds_per_element if k.slice_bytes <= 8 else c.gather_seconds_per_row  # (one element)
     return k.indices * each + k.device_bytes / hbm + run
 
 
