@@ -34,7 +34,14 @@ from treeshape._cost._hlo_text import op_of  # noqa: E402
 
 
 CHIP = _chips.CHIPS["v5e"]
-GROUPS = {"A": models.TUNING, "B": models.HELD_OUT, "C": models.FRESH, "D": models.UNSEEN, "E": models.LAST}
+GROUPS = {
+    "A": models.TUNING,
+    "B": models.HELD_OUT,
+    "C": models.FRESH,
+    "D": models.UNSEEN,
+    "E": models.LAST,
+    "F": models.AFTER_E,
+}
 FITTED_ON = ("A", "B", "C", "D")
 
 
@@ -128,7 +135,7 @@ def step_table(rows: list[dict[str, Any]]) -> None:
             f"| {t.seconds * 1e3:.2f} | {t.compiler_seconds * 1e3:.2f} | {t.floor_seconds * 1e3:.2f} "
             f"| {t.seconds / m:.2f} | {t.compiler_seconds / m:.2f} | {top_ten(r)} | {top_ten_compiled(r)} |"
         )
-    for groups in (FITTED_ON, ("E",)):
+    for groups in (FITTED_ON, ("E",), ("F",)):
         chosen = [r for r in rows if r["group"] in groups]
         if not chosen:
             continue
