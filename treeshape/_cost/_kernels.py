@@ -340,8 +340,8 @@ def _costed(module: Module, computation: Computation, instruction: Instruction) 
     text = _alone(module, computation, instruction) if opcode not in _ASYNC_COPIES | _COLLECTIVES else None
     analysis = _compat.hlo_text_cost_analysis(text) if text is not None else {}
     if "bytes accessed" not in analysis:
-        sizes = [sum(b for _, b, _ in _arrays(_shape(named[o]))) if o in named else 0 for o in operands]
-        out = sum(b for _, b, _ in _arrays(_shape(instruction)))
+        sizes = [_bytes(named.get(o)) for o in operands]
+        out = _bytes(instruction)
         if opcode in _ASYNC_COPIES | _COLLECTIVES:  # the output holds the operand again, and a context
             return 0.0, float(sum(sizes)), float(sum(sizes))
         held = sum(s for s, d in zip(sizes, in_device, strict=True) if d) + (out if out_device else 0)

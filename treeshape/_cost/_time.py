@@ -253,18 +253,21 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
     came from HBM); a vector kernel at its bytes, HBM's and VMEM's at the rates measured
     for its kind; each with the cost of a run, smaller in a loop's body."""
     assert chip.clock_hz is not None and k.cycles is not None
-    hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
-    if k.device_bytes > 0:
-        run = (c.hbm_cycles_per_loop_run if k.in_loop else c.hbm_cycles_per_run) / chip.clock_hz
-    else:
-        run = c.vmem_cycles_per_run / chip.clock_hz
     if k.kind == "convolution" and k.weight_gradient:
         return c.weight_gradient_estimate * k.cycles / chip.clock_hz
+    hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
+    run = _hbm_run(k, chip, c) if k.device_bytes > 0 else c.vmem_cycles_per_run / chip.clock_hz
     if k.kind in c.estimate:
         roofline = max(k.flops / (chip.peak(k.dtype) * c.efficiency[k.kind] * k.fill), k.device_bytes / hbm) + run
         return min(c.estimate[k.kind] * k.cycles / chip.clock_hz, roofline)
     vmem = c.vmem_bytes_per_cycle.get(k.kind, c.vmem_bytes_per_cycle["data movement"]) * chip.clock_hz
     return k.device_bytes / hbm + max(k.bytes_accessed - k.device_bytes, 0.0) / vmem + run
+
+
+def _hbm_run(k: Kernel, chip: Chip, c: Correction) -> float:
+    """What a run that reads or writes HBM costs besides its bytes, less in a loop's body."""
+    assert chip.clock_hz is not None
+    return (c.hbm_cycles_per_loop_run if k.in_loop else c.hbm_cycles_per_run) / chip.clock_hz
 
 
 def _indexed(k: Kernel, chip: Chip, c: Correction) -> float:
@@ -273,9 +276,8 @@ def _indexed(k: Kernel, chip: Chip, c: Correction) -> float:
     labels' logits, slower than a row, as an embedding lookup picks a token's), plus its
     HBM bytes; a scatter writes its whole table at HBM's rate and adds each update row at
     `scatter_bytes_per_second`."""
-    assert chip.clock_hz is not None
     hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
-    run = (c.hbm_cycles_per_loop_run if k.in_loop else c.hbm_cycles_per_run) / chip.clock_hz
+    run = _hbm_run(k, chip, c)
     if k.kind == "scatter":
         return k.table_bytes / hbm + k.indices * k.slice_bytes / c.scatter_bytes_per_second + run
     each = c.gather_seconds_per_element if k.slice_bytes <= 8 else c.gather_seconds_per_row  # (one element)
