@@ -97,18 +97,24 @@ def profile_summary(directory: Path) -> dict[str, Any]:
                     if line.name != "XLA Ops":
                         stats = {k: v for k, v in stats.items() if k in ("hlo_category", "program_id")}
                     rec = events[event.name] = {"count": 0, "ns": 0.0, "stats": stats}
-                    if line.name == "XLA Ops":
+                    if line.name in ("XLA Ops", "XLA Modules"):
                         rec["each"] = []  # every run's duration, in order: the profile's own spread
+                    if line.name == "XLA Modules":
+                        rec["starts"] = []  # each run's start (ns): the device's idle time between steps
                 rec["count"] += 1
                 rec["ns"] += event.duration_ns
                 if "each" in rec:
                     rec["each"].append(event.duration_ns)
+                if "starts" in rec:
+                    rec["starts"].append(event.start_ns)
             lines[line.name] = events
         planes[plane.name] = lines
     return planes
 
 
-def measure(case: models.Case, compiled: Any, steps: int, profile_dir: Path, profile: bool = True) -> dict[str, Any]:
+def measure(
+    case: models.Case, compiled: Any, steps: int, profile_dir: Path, profile: bool = True, profile_runs: int = 3
+) -> dict[str, Any]:
     state, batch = jax.jit(case.make)(jax.random.key(1))
     jax.block_until_ready((state, batch))
     for _ in range(3):
@@ -121,16 +127,20 @@ def measure(case: models.Case, compiled: Any, steps: int, profile_dir: Path, pro
         jax.block_until_ready((state, loss))
         times.append(time.perf_counter() - start)
     # As a training loop runs: `group` steps dispatched back to back, then one wait.
-    group, grouped = 5, []
+    # `issued`: the host's time to return from a call (flatten, dispatch, unflatten)
+    group, grouped, issued = 5, [], []
     for _ in range(max(3, steps // group)):
         start = time.perf_counter()
         for _ in range(group):
             state, loss = compiled(state, batch)
+        issued.append((time.perf_counter() - start) / group)
         jax.block_until_ready((state, loss))
         grouped.append((time.perf_counter() - start) / group)
     out: dict[str, Any] = {"times": times, "median": statistics.median(times), "loss": float(loss)}
     out["grouped"] = grouped
     out["median_back_to_back"] = statistics.median(grouped)
+    out["issued"] = issued
+    out["median_issued"] = statistics.median(issued)
     try:
         out["memory_stats"] = {k: int(v) for k, v in (jax.devices()[0].memory_stats() or {}).items()}
     except Exception:
@@ -140,12 +150,12 @@ def measure(case: models.Case, compiled: Any, steps: int, profile_dir: Path, pro
         return out
     try:
         jax.profiler.start_trace(str(profile_dir))
-        for _ in range(3):
+        for _ in range(profile_runs):
             state, loss = compiled(state, batch)
         jax.block_until_ready(state)
         jax.profiler.stop_trace()
         out["profile"] = profile_summary(profile_dir)
-        out["profile_runs"] = 3
+        out["profile_runs"] = profile_runs
     except Exception:
         out["profile_error"] = traceback.format_exc()[-2000:]
     del state, batch
@@ -159,6 +169,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--threads", type=int, default=6)
     parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--profile-runs", type=int, default=3)
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -170,6 +181,7 @@ def main() -> None:
         "unseen": models.UNSEEN,
         "last": models.LAST,
         "after-e": models.AFTER_E,
+        "host": models.HOST,
     }
     rows = []
     for r in args.rows.split(","):
@@ -230,7 +242,9 @@ def main() -> None:
                 with tarfile.open(out / "modules.tar.gz", "w:gz") as tar:
                     tar.add(modules, arcname="modules")
                 record["modules"] = len(dumps)
-                record.update(measure(case, compiled, args.steps, work / f"profile-{_file(key)}", args.profile))
+                record.update(
+                    measure(case, compiled, args.steps, work / f"profile-{_file(key)}", args.profile, args.profile_runs)
+                )
                 del compiled
                 log(key, "median", f"{record['median'] * 1e3:.2f} ms", "compile", f"{seconds:.0f} s")
             except Exception:

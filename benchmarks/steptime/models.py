@@ -395,6 +395,58 @@ def eqx_vit(size: int, *, d: int = 384, depth: int = 6, heads: int = 6, patch: i
     return Case(f"eqx-vit-{depth}x{d}", "equinox", size, step, make, size)
 
 
+# -- the host's cost of a call, apart: a state of `size` small arrays that the step barely touches
+def pytree_step(framework: str, size: int) -> Case:
+    """A step whose device time is next to nothing, over a state of `size` arrays of 64
+    floats held as `framework` holds them (`"dict"`: nested dicts; `"nnx"`: an nnx
+    module's `State`; `"eqx"`: an equinox module): how long the host takes to call it."""
+    layers = max(size // 2, 1)
+
+    def build(key: Any) -> Any:
+        keys = jax.random.split(key, layers)
+        if framework == "dict":
+            return {"layers": [{"w": jax.random.normal(k, (8, 8)), "b": jnp.zeros(8)} for k in keys]}
+        if framework == "nnx":
+            from flax import nnx
+
+            class Stack(nnx.Module):
+                def __init__(self, rngs: nnx.Rngs) -> None:
+                    self.layers = nnx.List([nnx.Linear(8, 8, rngs=rngs) for _ in range(layers)])
+
+            return nnx.split(Stack(nnx.Rngs(key)))[1]
+        import equinox as eqx
+
+        class EqxStack(eqx.Module):
+            layers: list[Any]
+
+            def __init__(self) -> None:
+                self.layers = [eqx.nn.Linear(8, 8, key=k) for k in keys]
+
+        return EqxStack()
+
+    def step(state: Any, batch: Any) -> Any:
+        new = jax.tree.map(lambda x: x * 0.999 + batch["x"], state)
+        return new, jnp.sum(jax.tree.leaves(new)[0])
+
+    def make(key: Any) -> Any:
+        return build(key), {"x": jnp.ones((), jnp.float32)}
+
+    return Case(f"pytree-{framework}", "host", size, step, make, size)
+
+
+# A step of each kind small enough that its device time is next to nothing, and the same
+# state held as each framework holds it: the host's cost of a call measured apart.
+HOST: dict[str, tuple[Callable[[int], Case], tuple[int, ...]]] = {
+    "pytree-dict": (lambda n: pytree_step("dict", n), (2, 64, 256, 1024)),
+    "pytree-nnx": (lambda n: pytree_step("nnx", n), (64, 256)),
+    "pytree-eqx": (lambda n: pytree_step("eqx", n), (64, 256)),
+    "nnx-cnn-tiny": (nnx_cnn, (16, 64)),
+    "gru-tiny": (lambda b: gru(b, hidden=256, features=64, length=16), (8,)),
+    "mlp-tiny": (lambda b: mlp(b, width=256, layers=4, features=64), (64,)),
+    "eqx-vit-tiny": (lambda b: eqx_vit(b, d=64, depth=2, heads=2), (4,)),
+}
+
+
 # -- the table's rows ------------------------------------------------------------------------
 TF_SCAN = dict(layers=12, d=1024, heads=16, seq=1024, vocab=32_000, scan=True, remat="full")
 TF_UNROLLED = dict(layers=6, d=768, heads=12, seq=512, vocab=32_000, scan=False)
@@ -498,7 +550,7 @@ def rows(group: dict[str, tuple[Callable[[int], Case], tuple[int, ...]]]) -> lis
 
 
 def build(name: str, size: int) -> Case:
-    builder, _ = {**TUNING, **HELD_OUT, **FRESH, **UNSEEN, **LAST, **AFTER_E}[name]
+    builder, _ = {**TUNING, **HELD_OUT, **FRESH, **UNSEEN, **LAST, **AFTER_E, **HOST}[name]
     return builder(size)
 
 
