@@ -55,6 +55,8 @@ class Kernel:
     in_loop: bool = False  # in a loop's body
     fill: float = 1.0  # a matrix product's fill of the matrix unit's tiles (`tile_fill`)
     weight_gradient: bool = False  # a convolution whose window spans its output (`weight_gradient`)
+    products: int = 1  # a batched matmul's matrix products in one run (`batch_count`)
+    lanes: float = 1.0  # a reduction's share of a vector register's lanes (`lane_fill`)
     indices: int = 0  # a gather's or scatter's slices in one run
     slice_bytes: float = 0.0  # each of those slices' bytes
     table_bytes: float = 0.0  # the array a scatter writes
@@ -85,6 +87,7 @@ _CYCLES: Final = re.compile(r'"estimated_cycles":"(\d+)"')
 _CALLS: Final = re.compile(r"\bcalls=%([^\s,]+)")
 _WINDOW_TEXT: Final = re.compile(r"\bwindow=\{[^}]*\}")
 _ARRAY: Final = re.compile(r"\b(pred|[a-z]+\d+[a-z0-9]*)\[([\d,]*)\](\{[^}]*\})?")
+_MINOR: Final = re.compile(r"\{(\d+)")  # a layout's first dimension: its minor one
 _BRANCHES: Final = re.compile(
     r"\b(?:to_apply|branch_computations|true_computation|false_computation)=(\{[^}]*\}|%[^\s,]+)"
 )
@@ -113,6 +116,8 @@ class _Traits:
     dtype: str | None = None  # the XLA type of its matrix product's operands, where it has one
     fill: float = 1.0  # that product's `tile_fill`
     weight_gradient: bool = False  # that product is a convolution's `weight_gradient`
+    products: int = 1  # that product's `batch_count`
+    lanes: float = 1.0  # a reduction's `lane_fill`
     indices: int = 0  # a gather's or scatter's slices, one run
     slice_bytes: float = 0.0  # each slice's
     table_bytes: float = 0.0  # a scatter's result
@@ -168,13 +173,13 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
     if opcode == "custom-call":
         return _Traits("custom call")
     if opcode in ("convolution", "dot"):
-        fill, gradient = product_traits(computation, instruction)
-        return _Traits(_product(attributes), fill=fill, weight_gradient=gradient)
+        fill, gradient, products = product_traits(computation, instruction)
+        return _Traits(_product(attributes), fill=fill, weight_gradient=gradient, products=products)
     if opcode in ("gather", "scatter"):
         return _indexed(computation, instruction)
     if opcode in ("reduce", "reduce-window", "select-and-scatter"):
-        return _Traits("reduction")
-    if opcode in ("copy", "transpose"):
+        return _Traits("reduction", lanes=lane_fill(computation, instruction))
+    if opcode in ("copy", "transpose", "reshape"):  # (a reshape left alone is a change of layout: a copy)
         return _Traits("copy")
     called = _CALLS.search(attributes)
     if opcode != "fusion" or called is None or called.group(1) not in module.computations:
@@ -188,8 +193,8 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
             kinds.add(_product(rest))
             if product is None:
                 dtype = next(iter(_arrays(_shape(inner_instruction))), ("f32",))[0]
-                fill, gradient = product_traits(fused, inner_instruction)
-                product = _Traits(_product(rest), dtype, fill, gradient)
+                fill, gradient, products = product_traits(fused, inner_instruction)
+                product = _Traits(_product(rest), dtype, fill, gradient, products)
         elif inner in ("reduce", "reduce-window", "select-and-scatter"):
             kinds.add("reduction")
         elif inner not in _DATA and inner not in ("parameter", "constant", "get-tuple-element", "tuple", "bitcast"):
@@ -201,10 +206,27 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
         found = _find(module, fused, indexed)
         if found is not None:
             return _indexed(*found)
-    for vector in ("reduction", "elementwise"):
-        if vector in kinds:
-            return _Traits(typing.cast(Kind, vector))
+    if "reduction" in kinds:
+        return _Traits("reduction", lanes=lane_fill(computation, instruction))
+    if "elementwise" in kinds:
+        return _Traits("elementwise")
     return _Traits("data movement")
+
+
+def lane_fill(computation: Computation, kernel: Instruction) -> float:
+    """The share of a vector register's 128 lanes that the minor dimension of a kernel's
+    largest array (its operands' and result's) fills: a reduction over 64-wide attention
+    heads holds 64 of them, and a v5e ran it at half the rate of a full one."""
+    named = computation.named
+    arrays = [kernel, *(named[o] for o in op_of(kernel)[1] if o in named)]
+    largest, minor = 0, _TILE
+    for instruction in arrays:
+        for found in _ARRAY.finditer(re.sub(r"/\*.*?\*/", "", _shape(instruction))):
+            dims = [int(d) for d in found.group(2).split(",") if d]
+            layout = _MINOR.match(found.group(3) or "")
+            if dims and layout and math.prod(dims) > largest:
+                largest, minor = math.prod(dims), dims[int(layout.group(1))]
+    return _filled(minor) if minor > 0 else 1.0
 
 
 _TILE: Final = 128  # a TPU matrix unit multiplies 128x128 tiles
@@ -245,13 +267,27 @@ def _window(labels: str, dims: list[int]) -> int:
     return math.prod(d for label, d in zip(labels, dims, strict=True) if label.isdigit())
 
 
-def product_traits(computation: Computation, product: Instruction) -> tuple[float, bool]:
-    """A matrix product's `tile_fill` and whether it is a convolution's `weight_gradient`
-    (its operands read once: a product at the top of a large program is one of many)."""
+def product_traits(computation: Computation, product: Instruction) -> tuple[float, bool, int]:
+    """A matrix product's `tile_fill`, whether it is a convolution's `weight_gradient`, and
+    its `batch_count` (its operands read once: a product at the top of a large program is
+    one of many)."""
     dims = _operands(computation, product)
     if dims is None:
-        return 1.0, False
-    return tile_fill(product, dims), weight_gradient(product, dims)
+        return 1.0, False, 1
+    return tile_fill(product, dims), weight_gradient(product, dims), batch_count(product, dims)
+
+
+def batch_count(product: Instruction, dims: tuple[list[int], list[int], list[int]]) -> int:
+    """How many matrix products a batched matmul computes: its batch dimensions' sizes
+    multiplied (a TPU writes them as the window of a convolution); 1 for any other product."""
+    opcode, _, attributes = op_of(product)
+    if opcode == "convolution":
+        labels = _labels(attributes, dims)
+        if labels is None or _product(attributes) != "batched matmul":
+            return 1
+        return _window(labels[2], dims[2])
+    dot = {name: [int(d) for d in text.split(",") if d] for name, text in _DOT_DIMS.findall(attributes)}
+    return math.prod(dims[0][d] for d in dot.get("lhs_batch", []))
 
 
 def tile_fill(product: Instruction, dims: tuple[list[int], list[int], list[int]]) -> float:
@@ -443,6 +479,8 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
             in_loop=not at_top,
             fill=traits.fill,
             weight_gradient=traits.weight_gradient,
+            products=traits.products,
+            lanes=traits.lanes,
             indices=traits.indices,
             slice_bytes=traits.slice_bytes,
             table_bytes=traits.table_bytes,

@@ -47,7 +47,10 @@ class Correction:
     of 34 train steps (`benchmarks/steptime/`): per kind of matrix product, the fraction
     of the compiler's estimate it took (`estimate`; a convolution's weight gradient
     `weight_gradient_estimate`) and of the chip's peak it reached with the matrix unit's
-    tiles full (`efficiency`, times the product's fill of them); the bytes per cycle each
+    tiles full (`efficiency`, times the product's fill of them); what each product of a
+    batched matmul whose operands stay in VMEM costs besides its FLOPs at the peak
+    (`vmem_product_seconds`: small products, as attention's over 64 tokens, run 3x faster
+    there than the fill of their tiles says); the bytes per cycle each
     kind of vector kernel moves in VMEM (libtpu's estimates of those are up to 20x the
     chip's time, so their bytes decide); HBM's fraction of its bandwidth; what a gather
     takes per slice (a single element, or a row) and the rate a scatter adds its rows at;
@@ -59,6 +62,7 @@ class Correction:
     estimate: Mapping[str, float]
     weight_gradient_estimate: float
     efficiency: Mapping[str, float]
+    vmem_product_seconds: float
     vmem_bytes_per_cycle: Mapping[str, float]
     hbm_efficiency: float
     gather_seconds_per_element: float
@@ -78,6 +82,7 @@ CORRECTION: Final = Correction(
     estimate={"convolution": 1.0, "batched matmul": 0.8, "matmul": 1.0},
     weight_gradient_estimate=1.05,
     efficiency={"convolution": 0.65, "batched matmul": 0.3, "matmul": 0.8},
+    vmem_product_seconds=10e-9,
     vmem_bytes_per_cycle={
         "elementwise": 4e12 / _V5E_CLOCK,
         "reduction": 2e12 / _V5E_CLOCK,
@@ -228,6 +233,9 @@ class StepTime:
         return f"<p>{html.escape(self.line())}</p>" + html_grid(head, self._rows(10), right=3)
 
 
+# A kernel without the compiler's estimate that touches less than a vector register (a loop's
+# counter, an optimizer's step count) runs on the scalar unit: a profile shows no kernel for it.
+_SCALAR_BYTES: Final = 4096
 _LAUNCH: Final = "between steps"
 _GAPS: Final = "between kernels"
 # What the guide's table measured on a real v5e (docs/guide/time.md): said with every estimate.
@@ -252,15 +260,18 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
     its kind and its tile fill is lower (libtpu charges bytes it keeps in VMEM as if they
     came from HBM); a vector kernel at its bytes, HBM's and VMEM's at the rates measured
     for its kind; each with the cost of a run, smaller in a loop's body."""
-    assert chip.clock_hz is not None and k.cycles is not None
+    assert chip.clock_hz is not None
     if k.kind == "convolution" and k.weight_gradient:
         return c.weight_gradient_estimate * k.cycles / chip.clock_hz
     hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
     run = _hbm_run(k, chip, c) if k.device_bytes > 0 else c.vmem_cycles_per_run / chip.clock_hz
+    if k.kind == "batched matmul" and k.device_bytes == 0:  # each product's operands at hand
+        return k.flops / chip.peak(k.dtype) + k.products * c.vmem_product_seconds + run
     if k.kind in c.estimate:
+        assert k.cycles is not None
         roofline = max(k.flops / (chip.peak(k.dtype) * c.efficiency[k.kind] * k.fill), k.device_bytes / hbm) + run
         return min(c.estimate[k.kind] * k.cycles / chip.clock_hz, roofline)
-    vmem = c.vmem_bytes_per_cycle.get(k.kind, c.vmem_bytes_per_cycle["data movement"]) * chip.clock_hz
+    vmem = c.vmem_bytes_per_cycle.get(k.kind, c.vmem_bytes_per_cycle["data movement"]) * chip.clock_hz * k.lanes
     return k.device_bytes / hbm + max(k.bytes_accessed - k.device_bytes, 0.0) / vmem + run
 
 
@@ -319,7 +330,7 @@ def estimate(
             each.append(c.exposed_copy * moved if checked else 0.0)
         elif checked and k.kind in ("gather", "scatter"):
             each.append(max(floor, k.runs * _indexed(k, chip, c)))
-        elif not checked or k.cycles is None:
+        elif not checked or (k.cycles is None and (k.kind in c.estimate or k.bytes_accessed < _SCALAR_BYTES)):
             each.append(floor)
         else:
             each.append(max(floor, k.runs * _corrected(k, chip, c)))
@@ -332,8 +343,7 @@ def estimate(
     gap = c.gap_cycles / chip.clock_hz if checked and chip.clock_hz is not None else 0.0
     gaps = [gap if not k.in_loop and k.kind != "async copy" else 0.0 for k in kernels]
     seconds = sum(each) + sum(gaps) + c.launch_seconds if checked else None
-    measured = ("async copy", "collective", "gather", "scatter")  # (costed by what the chip measured)
-    uncosted = sum(1 for k in kernels if k.kind not in measured and k.cycles is None and k.flops)
+    uncosted = sum(1 for k in kernels if k.kind in c.estimate and k.cycles is None and k.flops)
     uncosted = uncosted if checked else 0
     source = _source(label, platform, checked, uncosted, exact)
     bf16 = chip.peak("bfloat16")
