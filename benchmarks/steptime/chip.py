@@ -8,7 +8,7 @@ few runs under `jax.profiler`, each kernel's device time summed by name. Compile
 parallel threads, runs one at a time. Needs JAX and optax (flax, equinox for their rows),
 not treeshape.
 
-    python benchmarks/steptime/chip.py --out DIR [--rows tuning,held-out,fresh,unseen,last,after-e,NAME:SIZE,...]
+    python benchmarks/steptime/chip.py --out DIR [--rows tuning,held-out,fresh,unseen,last,after-e,after-f,host,NAME:SIZE,...]
 
 A row `plan/REMAT/DTYPE:SIZE` is the plan's step (`models.plan_case`); a row whose
 compile the chip refuses is recorded with the compiler's error.
@@ -181,6 +181,7 @@ def main() -> None:
         "unseen": models.UNSEEN,
         "last": models.LAST,
         "after-e": models.AFTER_E,
+        "after-f": models.AFTER_F,
         "host": models.HOST,
     }
     rows = []

@@ -41,8 +41,9 @@ GROUPS = {
     "D": models.UNSEEN,
     "E": models.LAST,
     "F": models.AFTER_E,
+    "G": models.AFTER_F,
 }
-FITTED_ON = ("A", "B", "C", "D")
+FITTED_ON = ("A", "B", "C", "D", "E", "F")  # (A-D fitted first; E and F checked, then refitted on)
 
 
 def group_of(name: str, size: int) -> str:
@@ -135,7 +136,7 @@ def step_table(rows: list[dict[str, Any]]) -> None:
             f"| {t.seconds * 1e3:.2f} | {t.compiler_seconds * 1e3:.2f} | {t.floor_seconds * 1e3:.2f} "
             f"| {t.seconds / m:.2f} | {t.compiler_seconds / m:.2f} | {top_ten(r)} | {top_ten_compiled(r)} |"
         )
-    for groups in (FITTED_ON, ("E",), ("F",)):
+    for groups in (FITTED_ON, ("G",)):
         chosen = [r for r in rows if r["group"] in groups]
         if not chosen:
             continue
