@@ -54,7 +54,7 @@ def _file(key: tuple[str, int]) -> str:
     return f"{key[0]}-{key[1]}".replace("/", "_")
 
 
-def _case(name: str, size: int) -> models.Case:
+def case_of(name: str, size: int) -> models.Case:
     """A table row (`resnet`), or the plan's step (`plan/REMAT/DTYPE`)."""
     if name.startswith("plan/"):
         _, remat, dtype = name.split("/")
@@ -204,7 +204,7 @@ def main() -> None:
         env["libtpu"] = "not importable"
     log("env", env)
     work = Path(tempfile.mkdtemp(prefix="steptime-"))
-    cases = {(n, s): _case(n, s) for n, s in rows}
+    cases = {(n, s): case_of(n, s) for n, s in rows}
     futures = {}
     with concurrent.futures.ThreadPoolExecutor(args.threads) as pool:
         for key, case in cases.items():

@@ -23,11 +23,13 @@ from typing import Any
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import jax  # noqa: E402
 import models  # noqa: E402
+from chip import case_of  # noqa: E402
 
 # What the guide's figures come from: treeshape's reading of a dumped module and its time
 # model (no public API reads a module that was compiled elsewhere).
-from treeshape._cost import _buffers, _chips, _kernels, _time  # noqa: E402
+from treeshape._cost import _buffers, _chips, _host, _kernels, _time  # noqa: E402
 from treeshape._cost._deviceless import _HLO_PROTO_MODULE  # noqa: E402
 from treeshape._cost._hlo import Frames, Module, fields  # noqa: E402
 from treeshape._cost._hlo_text import op_of  # noqa: E402
@@ -87,7 +89,8 @@ def load(directory: Path) -> list[dict[str, Any]]:
         proto = Module.read(bytes(dumped))
         frames = Frames(proto)
         names = {i.name: (_buffers.op_of(i), frames.source(i.metadata)) for i in proto.instructions.values()}
-        t = _time.estimate(kernels, names, CHIP, "TPU v5e", "tpu", r["cost_analysis"]["flops"], exact)
+        call = call_counts(r["name"], r["size"])
+        t = _time.estimate(kernels, names, CHIP, "TPU v5e", "tpu", r["cost_analysis"]["flops"], exact, call)
         # each compiled kernel on its own (named apart, so that none go together by line)
         alone = _time.estimate(kernels, {k.name: (k.name, None) for k in kernels}, CHIP, "", "tpu", None, exact)
         group = group_of(r["name"], r["size"])
@@ -95,6 +98,15 @@ def load(directory: Path) -> list[dict[str, Any]]:
             {**r, "group": group, "kernels": kernels, "profile": measured, "time": t, "alone": alone, "names": names}
         )
     return rows
+
+
+def call_counts(name: str, size: int) -> tuple[int, int]:
+    """The arrays and registered pytree nodes a call of the row's step passes in and gets
+    back, as `ts.cost` counts them (`_host.tree_counts`)."""
+    case = case_of(name, size)
+    state, batch = case.abstract()
+    out = jax.eval_shape(case.step, state, batch)
+    return _host.tree_counts([jax.tree_util.tree_structure(((state, batch), {})), jax.tree_util.tree_structure(out)])
 
 
 def _key(op: str | None, source: str | None, kind: str) -> tuple[str | None, str | None, str | None]:

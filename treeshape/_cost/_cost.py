@@ -35,7 +35,7 @@ from .._call import (
 from .._leaf import ARRAY, DIM, OTHER, SDS, is_duck_array, kind_of
 from .._shapes import human_bytes
 from .._table import grid, html_grid
-from . import _buffers, _kernels, _simulate, _target, _time
+from . import _buffers, _host, _kernels, _simulate, _target, _time
 from ._buffers import Buffer, Donation
 from ._chips import CHIPS
 from ._hlo import Frames, Module
@@ -362,7 +362,9 @@ def _step_time(program: Compiled, flops: float | None) -> StepTime | None:
     frames = Frames(module)
     names = {i.name: (_buffers.op_of(i), frames.source(i.metadata)) for i in module.instructions.values()}
     chip = CHIPS[placed.target.name]
-    return _time.estimate(kernels, names, chip, placed.target.label, placed.target.platform, flops, exact)
+    # (a call from Python: the arrays and pytree nodes its host flattens and unflattens)
+    call = _host.tree_counts(program.call) if program.call and placed.target.platform == "tpu" else None
+    return _time.estimate(kernels, names, chip, placed.target.label, placed.target.platform, flops, exact, call)
 
 
 def _read(

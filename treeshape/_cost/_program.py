@@ -178,6 +178,7 @@ class _Program(NamedTuple):
     owners: list[_Arg]  # the argument each of its flat inputs belongs to, in JAX's order
     paths: list[str]  # each flat input's path, as the user names it (`args[0].encoder.weight`)
     output_paths: list[str]  # each output's path (`out[1]['w']`), once traced
+    output_tree: list[jtu.PyTreeDef]  # the structure `core` returns, once traced
 
 
 def _program(core: Callable[..., Any], values: list[Any], abstract: list[bool], treedef: jtu.PyTreeDef) -> _Program:
@@ -190,11 +191,13 @@ def _program(core: Callable[..., Any], values: list[Any], abstract: list[bool], 
     passed in are never changed: the program updates the copies it rebuilds from the
     leaves."""
     output_paths: list[str] = []  # filled when traced
+    output_tree: list[jtu.PyTreeDef] = []
 
     def outputs(inputs: Any, out: Any) -> list[Any]:
         state = [(keys, x) for keys, x in jtu.tree_flatten_with_path(inputs, is_leaf=_is_nnx)[0] if _is_nnx(x)]
         found, paths = _outputs(state, out, core)
         output_paths[:] = paths
+        output_tree[:] = [jtu.tree_structure(out)]
         return found
 
     program = traceable(core, values, abstract, treedef, outputs)
@@ -203,7 +206,7 @@ def _program(core: Callable[..., Any], values: list[Any], abstract: list[bool], 
         for path, _ in jtu.tree_flatten_with_path((program.args, program.named))[0]
     ]
     paths = _input_paths(values, abstract, treedef, owners, program.bound_names)
-    return _Program(program.fn, program.args, program.named, owners, paths, output_paths)
+    return _Program(program.fn, program.args, program.named, owners, paths, output_paths, output_tree)
 
 
 def _input_paths(
@@ -380,6 +383,7 @@ class Compiled(NamedTuple):
     target: Any = None  # the `_deviceless.Placed` it was compiled for with `target=`, else None
     around: bool = False  # jitted around the user's own jit wrapper: the ops' outermost `jit(...)` is ours
     pmap: str | None = None  # the name of the user's `jax.pmap` wrapper, where it is one
+    call: tuple[jtu.PyTreeDef, ...] = ()  # the structures a call passes in and gets back
 
 
 def compile_program(
@@ -414,6 +418,7 @@ def compile_program(
     args: tuple[Any, ...]
     named: dict[str, Any]
     output_paths: list[str] | None = None
+    output_tree: list[jtu.PyTreeDef] = []
     closed = any(has_value(x) and not a for x, a in zip(leaves, abstract, strict=True))
     if is_jax_jit(core) and not wanted and not closed and _compat.at_top_level():
         # The user's own `jax.jit` wrapper: its donation, static arguments and shardings.
@@ -422,12 +427,12 @@ def compile_program(
     elif _compat.at_top_level():
         program = _program(core, values, abstract, treedef)
         jitted, args, named = _jit(program, wanted), program.args, program.named
-        output_paths = program.output_paths
+        output_paths, output_tree = program.output_paths, program.output_tree
     else:
         program = _program(core, values, abstract, treedef)
         jitted, flat = _hoist_tracers(program, wanted)
         args, named = tuple(flat), {}
-        output_paths = program.output_paths
+        output_paths, output_tree = program.output_paths, program.output_tree
     try:
         with manual_axes_dropped(per_device), contextlib.ExitStack() as context:
             if mesh is not None:
@@ -460,10 +465,12 @@ def compile_program(
         paths = [*program.paths, *[None] * (len(infos) - len(program.paths))]
     if output_paths is None:  # the user's jitted function: its outputs as it returns them
         output_paths = ["out" + jtu.keystr(tuple(keys)) for keys, _ in jtu.tree_flatten_with_path(lowered.out_info)[0]]
+        output_tree = [jtu.tree_structure(lowered.out_info)]
     arguments = [_lowering_argument(x) for x in jtu.tree_leaves((args, named))]
     around = jitted is not core and is_jit_wrapper(core)
     pmap = pmap_name(core) if around else None
-    return Compiled(compiled, paths, output_paths, donate, traced.jaxpr, arguments, far, placed, around, pmap)
+    call = (treedef, *output_tree)
+    return Compiled(compiled, paths, output_paths, donate, traced.jaxpr, arguments, far, placed, around, pmap, call)
 
 
 def _retargeted(
@@ -521,8 +528,10 @@ def _retargeted(
     _compiles.compiled()
     paths = [*program.paths, *[None] * (len(infos) - len(program.paths))]
     arguments = [_lowering_argument(x) for x in placed.values]
+    call = (treedef, *program.output_tree)
     return Compiled(
-        compiled, paths, program.output_paths, donate, traced.jaxpr, arguments, None, placed, is_jit_wrapper(core)
+        compiled, paths, program.output_paths, donate, traced.jaxpr, arguments, None, placed, is_jit_wrapper(core),
+        call=call,
     )
 
 

@@ -57,7 +57,10 @@ class Correction:
     the cycles a run costs besides, reading or writing HBM (at the top of the program and
     in a loop's body) or not; the cycles the chip idles between two kernels at the top of
     the program; the fraction of an asynchronous copy's HBM time that the kernels around
-    it do not hide; and the runtime's gap between two steps run back to back, in seconds."""
+    it do not hide; the runtime's gap between two steps run back to back, in seconds; and
+    what the chip's host takes to call a step, which bounds a step whose kernels take less:
+    a call, each array passed in or returned, and each node of a pytree type registered
+    outside JAX's own containers (an nnx `State`'s, an equinox `Module`'s), in or out."""
 
     estimate: Mapping[str, float]
     weight_gradient_estimate: float
@@ -74,6 +77,9 @@ class Correction:
     gap_cycles: float
     exposed_copy: float
     launch_seconds: float
+    host_call_seconds: float
+    host_leaf_seconds: float
+    host_node_seconds: float
     measured_on: str
 
 
@@ -99,6 +105,9 @@ CORRECTION: Final = Correction(
     gap_cycles=600,
     exposed_copy=0.15,
     launch_seconds=0.23e-3,
+    host_call_seconds=0.32e-3,
+    host_leaf_seconds=2.4e-6,
+    host_node_seconds=1.8e-6,
     measured_on="v5e",
 )
 
@@ -238,6 +247,7 @@ class StepTime:
 _SCALAR_BYTES: Final = 4096
 _LAUNCH: Final = "between steps"
 _GAPS: Final = "between kernels"
+_HOST: Final = "waiting on the host"
 # What the guide's table measured on a real v5e (docs/guide/time.md): said with every estimate.
 CHECKED: Final = "libtpu's cost model, checked on a v5e: 55 of 56 steps within 20%"
 
@@ -313,10 +323,12 @@ def estimate(
     platform: str,
     flops: float | None,
     exact: bool,
+    call: tuple[int, int] | None = None,
 ) -> StepTime:
     """The `StepTime` of a program's kernels on `chip`: `names` gives each kernel's op and
     source by name; `flops` is the program's (for the MFU); `exact` whether every loop's
-    trip count was known."""
+    trip count was known; `call` the arrays and the registered pytree nodes a call passes
+    in and gets back (`_host.tree_counts`), where the step is called from Python."""
     checked = platform == "tpu" and chip.clock_hz is not None
     c = CORRECTION
     each: list[float] = []
@@ -343,6 +355,10 @@ def estimate(
     gap = c.gap_cycles / chip.clock_hz if checked and chip.clock_hz is not None else 0.0
     gaps = [gap if not k.in_loop and k.kind != "async copy" else 0.0 for k in kernels]
     seconds = sum(each) + sum(gaps) + c.launch_seconds if checked else None
+    # a step whose kernels take less time than its host takes to call it waits for the host
+    host = c.host_call_seconds + call[0] * c.host_leaf_seconds + call[1] * c.host_node_seconds if call else 0.0
+    waiting = max(host - seconds, 0.0) if seconds is not None else 0.0
+    seconds = seconds + waiting if seconds is not None else None
     uncosted = sum(1 for k in kernels if k.kind in c.estimate and k.cycles is None and k.flops)
     uncosted = uncosted if checked else 0
     source = _source(label, platform, checked, uncosted, exact)
@@ -368,6 +384,9 @@ def estimate(
         # the runtime's gap between two steps, as a training loop runs them
         times.append(KernelTime(None, None, 1, c.launch_seconds, 0.0, 0.0, _LAUNCH, "launch"))
         schedule.append((_LAUNCH, c.launch_seconds))
+        if waiting > 0:
+            times.append(KernelTime(None, None, 1, waiting, 0.0, 0.0, _HOST, "launch"))
+            schedule.append((_HOST, waiting))
     ordered = _by_line(t for t in times if t.seconds > 0)
     return StepTime(seconds, compiler if checked else None, floor_seconds, source, mfu, ordered, tuple(schedule), label)
 
