@@ -13,19 +13,25 @@ Three figures:
 - `seconds`: the estimate, where one was checked on the chip (TPU targets): a matrix
   product (matmul, batched matmul, convolution) at the compiler's estimate as measured
   for its kind, unless its roofline is lower (its FLOPs at the efficiency measured for
-  its kind times its fill of the matrix unit's tiles, `Kernel.fill`); a convolution's
-  weight gradient at the compiler's estimate (its roofline is too fast); a vector kernel
-  (elementwise, reduction, data movement, copy) at its bytes, at the HBM and VMEM rates
-  measured for its kind (libtpu's estimates of those are up to 20x the chip's time); a
+  its kind times its fill of the matrix unit's tiles, `Kernel.fill`); a batched matmul
+  whose operands stay in VMEM at its FLOPs at the peak and a cost per product; a
+  convolution's weight gradient at the compiler's estimate (its roofline is too fast); a
+  vector kernel (elementwise, reduction, data movement, copy) at its bytes, at the HBM and
+  VMEM rates measured for its kind (a reduction's at its share of a vector register's
+  lanes; libtpu's estimates of those are up to 20x the chip's time), a kernel on less than
+  a vector register (the scalar unit's) at its floor; a
   gather or scatter (no estimate) per slice, at the rates the chip measured; each run's
   latency where it reads or writes HBM (less in a loop's body), next to nothing in VMEM;
   never below its floor; an asynchronous copy at the part of its HBM time the kernels
   around it did not hide on the chip; a collective at its bytes over the interconnect's
   links plus their latency; the chip's idle time between two kernels at the top of the
-  program; and the runtime's gap between two steps.
+  program; and the runtime's gap between two steps; a step whose kernels take less than
+  its host takes to call it (its arrays and registered pytree nodes, in and out) at the
+  host's pace.
 
 The correction (`CORRECTION`) was measured on a v5e against each kernel's time in a
-profile of 34 train steps, and checked on steps it was never fitted on (the guide's
+profile of 56 train steps (and the host's calls of 15 tiny ones), and checked on steps it
+was never fitted on (the guide's
 "How fast will it run?", `benchmarks/steptime/`); v5p and v6e use it as measured there,
 and `source` says so.
 """
@@ -44,7 +50,7 @@ from ._kernels import Kernel
 @dataclasses.dataclass(frozen=True)
 class Correction:
     """What a real v5e measured of libtpu's kernels, against each kernel's time in a profile
-    of 34 train steps (`benchmarks/steptime/`): per kind of matrix product, the fraction
+    of 56 train steps (`benchmarks/steptime/`): per kind of matrix product, the fraction
     of the compiler's estimate it took (`estimate`; a convolution's weight gradient
     `weight_gradient_estimate`) and of the chip's peak it reached with the matrix unit's
     tiles full (`efficiency`, times the product's fill of them); what each product of a
@@ -133,7 +139,8 @@ class KernelTime:
         kind: The largest one's kind: `"matmul"`, `"batched matmul"`, `"convolution"`, `"reduction"`,
             `"elementwise"`, `"data movement"`, `"copy"`, `"async copy"`,
             `"gather"`, `"scatter"`, `"collective"`, `"custom call"` (or `"launch"`: the
-            runtime's gaps, `"between kernels"` and `"between steps"`, which are no kernel's).
+            runtime's gaps, `"between kernels"` and `"between steps"`, and a step shorter
+            than its host's call `"waiting on the host"`, which are no kernel's).
 
     Examples:
         >>> import treeshape as ts
@@ -249,7 +256,7 @@ _LAUNCH: Final = "between steps"
 _GAPS: Final = "between kernels"
 _HOST: Final = "waiting on the host"
 # What the guide's table measured on a real v5e (docs/guide/time.md): said with every estimate.
-CHECKED: Final = "libtpu's cost model, checked on a v5e: 55 of 56 steps within 20%"
+CHECKED: Final = "libtpu's cost model, checked on a v5e: 66 of 66 steps within 20%"
 
 
 def _duration(seconds: float) -> str:
@@ -268,8 +275,10 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
     """One run of `k` as the chip runs it: a matrix product at its compiler estimate,
     scaled as measured for its kind, unless its roofline at the efficiency measured for
     its kind and its tile fill is lower (libtpu charges bytes it keeps in VMEM as if they
-    came from HBM); a vector kernel at its bytes, HBM's and VMEM's at the rates measured
-    for its kind; each with the cost of a run, smaller in a loop's body."""
+    came from HBM), a batched one whose operands stay in VMEM at its FLOPs at the peak and
+    a cost per product; a vector kernel at its bytes, HBM's and VMEM's at the rates measured
+    for its kind (a reduction's at its lanes' fill); each with the cost of a run, smaller
+    in a loop's body."""
     assert chip.clock_hz is not None
     if k.kind == "convolution" and k.weight_gradient:
         return c.weight_gradient_estimate * k.cycles / chip.clock_hz
