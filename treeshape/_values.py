@@ -19,7 +19,7 @@ from . import _compat, _sharding
 from ._dtypes import is_key_dtype, short_dtype
 from ._errors import SHOWN, check_path_leaf_callback, first_few, user_value
 from ._leaf import SCALAR_TYPES, leaf_str, varying_axes
-from ._nodes import node_type_name
+from ._nodes import node_type_name, node_types
 from ._shapes import has_symbolic
 from ._views import StructureView
 
@@ -118,16 +118,7 @@ def _first_symbolic(structure: StructureView) -> str:
 
 def _node_types(treedef: jtu.PyTreeDef) -> list[type]:
     """The custom node types of `treedef`, first seen first (containers and None left out)."""
-    found: dict[type, None] = {}
-    stack = [treedef]
-    while stack:
-        td = stack.pop()
-        data = td.node_data()
-        if data is None:
-            continue
-        if data[0] not in (tuple, list, dict, type(None)):
-            found.setdefault(data[0])
-        stack.extend(reversed(td.children()))
+    found = dict.fromkeys(t for t in node_types(treedef) if t not in (tuple, list, dict, type(None)))
     return list(found)
 
 

@@ -281,6 +281,36 @@ def gru(size: int, *, hidden: int = 1024, features: int = 256, length: int = 64)
     return Case(f"gru-{hidden}x{length}", "recurrent cell", size, _functional(loss_fn, tx), make, size * length)
 
 
+def _nnx_train(module: Any, batch: Callable[[Any], Any]) -> tuple[Callable[..., Any], Callable[[Any], Any]]:
+    """An nnx model's train step as flax's examples write it (`nnx.value_and_grad`, an
+    `nnx.Optimizer` of AdamW updated in place), over its `nnx.split` state, and the state
+    and a batch (`batch(key)`: `{"x", "labels"}`) it starts from."""
+    from flax import nnx
+
+    def build(key: Any) -> Any:
+        model = module(nnx.Rngs(key))
+        return nnx.split((model, nnx.Optimizer(model, _adamw(), wrt=nnx.Param)))
+
+    graphdef, _ = jax.eval_shape(build, jax.random.key(0))
+
+    def step(state: Any, data: Any) -> Any:
+        model, optimizer = nnx.merge(graphdef, state)
+
+        def loss_fn(model: Any) -> Any:
+            logits = model(data["x"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, data["labels"]).mean()
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), loss
+
+    def make(key: Any) -> Any:
+        k1, k2 = jax.random.split(key)
+        return build(k1)[1], batch(k2)
+
+    return step, make
+
+
 # -- a flax nnx CNN (flax's MNIST tutorial model, wider, on 28x28 images) ---------------------
 def nnx_cnn(size: int) -> Case:
     from flax import nnx
@@ -298,32 +328,11 @@ def nnx_cnn(size: int) -> Case:
             x = x.reshape(x.shape[0], -1)
             return self.linear2(nnx.relu(self.linear1(x)))
 
-    def build(key: Any) -> Any:
-        model = CNN(nnx.Rngs(key))
-        optimizer = nnx.Optimizer(model, _adamw(), wrt=nnx.Param)
-        return nnx.split((model, optimizer))
+    def batch(key: Any) -> Any:
+        k1, k2 = jax.random.split(key)
+        return {"x": jax.random.normal(k1, (size, 28, 28, 1)), "labels": jax.random.randint(k2, (size,), 0, 10)}
 
-    graphdef, _ = jax.eval_shape(build, jax.random.key(0))
-
-    def step(state: Any, batch: Any) -> Any:
-        model, optimizer = nnx.merge(graphdef, state)
-
-        def loss_fn(model: Any) -> Any:
-            logits = model(batch["images"])
-            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
-
-        loss, grads = nnx.value_and_grad(loss_fn)(model)
-        optimizer.update(model, grads)
-        return nnx.state((model, optimizer)), loss
-
-    def make(key: Any) -> Any:
-        k1, k2, k3 = jax.random.split(key, 3)
-        batch = {
-            "images": jax.random.normal(k2, (size, 28, 28, 1)),
-            "labels": jax.random.randint(k3, (size,), 0, 10),
-        }
-        return build(k1)[1], batch
-
+    step, make = _nnx_train(CNN, batch)
     return Case("nnx-cnn", "flax nnx", size, step, make, size)
 
 
@@ -342,28 +351,11 @@ def nnx_mlp(size: int, *, width: int = 1024, layers: int = 4, features: int = 25
                 x = nnx.gelu(layer(x))
             return self.head(x)
 
-    def build(key: Any) -> Any:
-        model = MLP(nnx.Rngs(key))
-        return nnx.split((model, nnx.Optimizer(model, _adamw(), wrt=nnx.Param)))
+    def batch(key: Any) -> Any:
+        k1, k2 = jax.random.split(key)
+        return {"x": jax.random.normal(k1, (size, features)), "labels": jax.random.randint(k2, (size,), 0, 10)}
 
-    graphdef, _ = jax.eval_shape(build, jax.random.key(0))
-
-    def step(state: Any, batch: Any) -> Any:
-        model, optimizer = nnx.merge(graphdef, state)
-
-        def loss_fn(model: Any) -> Any:
-            logits = model(batch["x"])
-            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
-
-        loss, grads = nnx.value_and_grad(loss_fn)(model)
-        optimizer.update(model, grads)
-        return nnx.state((model, optimizer)), loss
-
-    def make(key: Any) -> Any:
-        k1, k2, k3 = jax.random.split(key, 3)
-        batch = {"x": jax.random.normal(k2, (size, features)), "labels": jax.random.randint(k3, (size,), 0, 10)}
-        return build(k1)[1], batch
-
+    step, make = _nnx_train(MLP, batch)
     return Case(f"nnx-mlp-{layers}x{width}", "flax nnx", size, step, make, size)
 
 

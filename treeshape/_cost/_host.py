@@ -9,6 +9,8 @@ from typing import Any, Final
 
 import jax.tree_util as jtu
 
+from .._nodes import node_types
+
 
 # The containers JAX flattens in C++ (a namedtuple too).
 _BUILTIN: Final = frozenset({tuple, list, dict, type(None), collections.OrderedDict, collections.defaultdict})
@@ -20,15 +22,7 @@ def tree_counts(trees: Iterable[jtu.PyTreeDef]) -> tuple[int, int]:
     leaves = nodes = 0
     for tree in trees:
         leaves += tree.num_leaves
-        stack = [tree]
-        while stack:
-            node = stack.pop()
-            data = node.node_data()
-            if data is None:
-                continue
-            if not _builtin(data[0]):
-                nodes += 1
-            stack.extend(node.children())
+        nodes += sum(not _builtin(kind) for kind in node_types(tree))
     return leaves, nodes
 
 
