@@ -185,7 +185,9 @@ def test_small_batched_products_whose_operands_stay_in_vmem_run_at_the_chips_rat
     # operands in VMEM, took 12-16 ns each (bf16 and f32 alike), 3x faster than the fill of
     # their tiles says; 256 tokens, 48-49 ns each.
     x = jax.ShapeDtypeStruct((96, 3, 64, 64), jnp.float32)
-    products = [k for k in ts.cost(_attention_gradient, x, x, x, target="v5e").time.kernels if k.kind == "batched matmul"]
+    products = [
+        k for k in ts.cost(_attention_gradient, x, x, x, target="v5e").time.kernels if k.kind == "batched matmul"
+    ]
     assert len(products) >= 2
     for k in products:
         assert 96 * 3 * 10e-9 <= k.seconds <= 96 * 3 * 16e-9, k

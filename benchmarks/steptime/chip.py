@@ -8,7 +8,9 @@ few runs under `jax.profiler`, each kernel's device time summed by name. Compile
 parallel threads, runs one at a time. Needs JAX and optax (flax, equinox for their rows),
 not treeshape.
 
-    python benchmarks/steptime/chip.py --out DIR [--rows tuning,held-out,fresh,unseen,last,after-e,after-f,host,NAME:SIZE,...]
+    python benchmarks/steptime/chip.py --out DIR [--rows GROUP,NAME:SIZE,...] [--profile-runs N]
+
+GROUP is tuning, held-out, fresh, unseen, last, after-e, after-f or host (`models.py`).
 
 A row `plan/REMAT/DTYPE:SIZE` is the plan's step (`models.plan_case`); a row whose
 compile the chip refuses is recorded with the compiler's error.

@@ -13,6 +13,7 @@ transformer. Imports JAX and optax; flax and equinox only for their own cases.
 
 import dataclasses
 import functools as ft
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -343,7 +344,7 @@ def nnx_mlp(size: int, *, width: int = 1024, layers: int = 4, features: int = 25
     class MLP(nnx.Module):
         def __init__(self, rngs: nnx.Rngs) -> None:
             sizes = [features, *[width] * layers]
-            self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in zip(sizes, sizes[1:])])
+            self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in itertools.pairwise(sizes)])
             self.head = nnx.Linear(width, 10, rngs=rngs)
 
         def __call__(self, x: Any) -> Any:

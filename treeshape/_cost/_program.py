@@ -530,7 +530,15 @@ def _retargeted(
     arguments = [_lowering_argument(x) for x in placed.values]
     call = (treedef, *program.output_tree)
     return Compiled(
-        compiled, paths, program.output_paths, donate, traced.jaxpr, arguments, None, placed, is_jit_wrapper(core),
+        compiled,
+        paths,
+        program.output_paths,
+        donate,
+        traced.jaxpr,
+        arguments,
+        None,
+        placed,
+        is_jit_wrapper(core),
         call=call,
     )
 

@@ -281,6 +281,7 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
     in a loop's body."""
     assert chip.clock_hz is not None
     if k.kind == "convolution" and k.weight_gradient:
+        assert k.cycles is not None  # (a product without libtpu's estimate stays at its floor)
         return c.weight_gradient_estimate * k.cycles / chip.clock_hz
     hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
     run = _hbm_run(k, chip, c) if k.device_bytes > 0 else c.vmem_cycles_per_run / chip.clock_hz
