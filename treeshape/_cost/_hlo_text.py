@@ -31,6 +31,26 @@ class Instruction:
     text: str  # everything after `name = `
     root: bool
 
+    @functools.cached_property
+    def parts(self) -> tuple[str, tuple[str, ...], str]:
+        """Its opcode, operand names and the attributes after them (`op_of`), read once:
+        every reader of a kernel asks."""
+        rest = self.text[shape_end(self.text) :].lstrip()
+        opcode, _, rest = rest.partition("(")
+        depth, end = 1, len(rest)
+        for i, c in enumerate(rest):
+            depth += c in "([{"
+            depth -= c in ")]}"
+            if depth == 0:
+                end = i
+                break
+        return opcode, tuple(_NAME.findall(re.sub(r"/\*.*?\*/", "", rest[:end]))), rest[end + 1 :]
+
+    @functools.cached_property
+    def shape(self) -> str:
+        """Its shape's text (`f32[8]{0}`, a tuple `(s32[], f32[8]{0})`)."""
+        return self.text[: shape_end(self.text)]
+
     def operands(self) -> Iterator[str]:
         """The names this instruction mentions outside its called computations (its operands
         and control predecessors, and names in metadata, which match no instruction)."""
@@ -147,18 +167,9 @@ def elements(shape: str) -> list[str]:
     return [inner[start + 1 : end].strip() for start, end in zip(cuts, cuts[1:], strict=False)]
 
 
-def op_of(instruction: Instruction) -> tuple[str, list[str], str]:
+def op_of(instruction: Instruction) -> tuple[str, tuple[str, ...], str]:
     """An instruction's opcode, operand names and the attributes after them."""
-    rest = instruction.text[shape_end(instruction.text) :].lstrip()
-    opcode, _, rest = rest.partition("(")
-    depth, end = 1, len(rest)
-    for i, c in enumerate(rest):
-        depth += c in "([{"
-        depth -= c in ")]}"
-        if depth == 0:
-            end = i
-            break
-    return opcode, _NAME.findall(re.sub(r"/\*.*?\*/", "", rest[:end])), rest[end + 1 :]
+    return instruction.parts
 
 
 def source_of(computation: Computation, name: str) -> Instruction | None:

@@ -18,7 +18,7 @@ from typing import Final, Literal
 
 from .. import _compat
 from . import _hlo_loops
-from ._hlo_text import Computation, Instruction, Module, op_of, parse, shape_end
+from ._hlo_text import Computation, Instruction, Module, op_of, parse
 
 
 Kind = Literal[
@@ -107,7 +107,7 @@ def _arrays(shape: str) -> Iterator[tuple[str, int, bool]]:
 
 
 def _shape(instruction: Instruction) -> str:
-    return instruction.text[: shape_end(instruction.text)]
+    return instruction.shape
 
 
 @dataclasses.dataclass(frozen=True)
