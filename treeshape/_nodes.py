@@ -77,19 +77,6 @@ class Split:
     ordered: bool = True
 
 
-def node_types(treedef: Any) -> Iterator[type]:
-    """The type of each node of a `PyTreeDef` (containers and `None` among them, leaves
-    not), first seen first."""
-    stack = [treedef]
-    while stack:
-        node = stack.pop()
-        data = node.node_data()
-        if data is None:
-            continue
-        yield data[0]
-        stack.extend(reversed(node.children()))
-
-
 def key_name(key: Key) -> Any:
     """The name or index inside a key (`GetAttrKey('w')` -> `'w'`, `SequenceKey(3)` -> `3`)."""
     for field in ("name", "key", "idx"):

@@ -387,5 +387,18 @@ def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def node_types(treedef: Any) -> Iterator[type]:
+    """The type of each node of a `PyTreeDef` (containers and `None` among them, leaves
+    not), first seen first."""
+    stack = [treedef]
+    while stack:
+        node = stack.pop()
+        data = node.node_data()
+        if data is None:
+            continue
+        yield data[0]
+        stack.extend(reversed(node.children()))
+
+
 # StaticRepr reports module `treeshape`, so doctest would not look for its example here.
 __test__ = {"StaticRepr": StaticRepr}

@@ -19,8 +19,9 @@ from . import _compat, _sharding
 from ._dtypes import is_key_dtype, short_dtype
 from ._errors import SHOWN, check_path_leaf_callback, first_few, user_value
 from ._leaf import SCALAR_TYPES, leaf_str, varying_axes
-from ._nodes import node_type_name, node_types
+from ._nodes import node_type_name
 from ._shapes import has_symbolic
+from ._tree import node_types
 from ._views import StructureView
 
 

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 import jax.tree_util as jtu
 
-from .._nodes import node_types
+from .._tree import node_types
 
 
 # The containers JAX flattens in C++ (a namedtuple too).
