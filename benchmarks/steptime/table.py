@@ -44,8 +44,9 @@ GROUPS = {
     "E": models.LAST,
     "F": models.AFTER_E,
     "G": models.AFTER_F,
+    "H": models.AFTER_G,
 }
-FITTED_ON = ("A", "B", "C", "D", "E", "F")  # (A-D fitted first; E and F checked, then refitted on)
+FITTED_ON = ("A", "B", "C", "D", "E", "F", "G")  # (A-D fitted first; E, F and G checked, then refitted on)
 
 
 def group_of(name: str, size: int) -> str:
@@ -148,7 +149,7 @@ def step_table(rows: list[dict[str, Any]]) -> None:
             f"| {t.seconds * 1e3:.2f} | {t.compiler_seconds * 1e3:.2f} | {t.floor_seconds * 1e3:.2f} "
             f"| {t.seconds / m:.2f} | {t.compiler_seconds / m:.2f} | {top_ten(r)} | {top_ten_compiled(r)} |"
         )
-    for groups in (FITTED_ON, ("G",)):
+    for groups in (FITTED_ON, ("H",)):
         chosen = [r for r in rows if r["group"] in groups]
         if not chosen:
             continue

@@ -60,6 +60,7 @@ class Kernel:
     indices: int = 0  # a gather's or scatter's slices in one run
     slice_bytes: float = 0.0  # each of those slices' bytes
     table_bytes: float = 0.0  # the array a scatter writes
+    results: int = 1  # the arrays one run writes (a multi-output fusion's several)
 
 
 # Instructions that run no kernel of their own.
@@ -484,6 +485,7 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
             indices=traits.indices,
             slice_bytes=traits.slice_bytes,
             table_bytes=traits.table_bytes,
+            results=sum(1 for _ in _arrays(_shape(instruction))),
         )
         if opcode.endswith("-start"):
             pending[instruction.name] = len(kernels)

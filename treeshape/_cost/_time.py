@@ -13,15 +13,19 @@ Three figures:
 - `seconds`: the estimate, where one was checked on the chip (TPU targets): a matrix
   product (matmul, batched matmul, convolution) at the compiler's estimate as measured
   for its kind, unless its roofline is lower (its FLOPs at the efficiency measured for
-  its kind times its fill of the matrix unit's tiles, `Kernel.fill`); a batched matmul
+  its kind times its fill of the matrix unit's tiles, `Kernel.fill`), and then between
+  the two, mostly the roofline; a product fused with other results (a multi-output
+  fusion) at the compiler's estimate as measured for those; a batched matmul
   whose operands stay in VMEM at its FLOPs at the peak and a cost per product; a
   convolution's weight gradient at the compiler's estimate (its roofline is too fast); a
   vector kernel (elementwise, reduction, data movement, copy) at its bytes, at the HBM and
   VMEM rates measured for its kind (a reduction's at its share of a vector register's
-  lanes; libtpu's estimates of those are up to 20x the chip's time), a kernel on less than
+  lanes; a loop body's copies and reductions in VMEM at their faster rates there;
+  libtpu's estimates of those are up to 20x the chip's time), a kernel on less than
   a vector register (the scalar unit's) at its floor; a
   gather or scatter (no estimate) per slice, at the rates the chip measured; each run's
-  latency where it reads or writes HBM (less in a loop's body), next to nothing in VMEM;
+  latency where it reads or writes HBM (less in a loop's body, none where a loop's body
+  reads only its counter there), next to nothing in VMEM;
   never below its floor; an asynchronous copy at the part of its HBM time the kernels
   around it did not hide on the chip; a collective at its bytes over the interconnect's
   links plus their latency; the chip's idle time between two kernels at the top of the
@@ -30,7 +34,7 @@ Three figures:
   host's pace.
 
 The correction (`CORRECTION`) was measured on a v5e against each kernel's time in a
-profile of 56 train steps (and the host's calls of 15 tiny ones), and checked on steps it
+profile of 66 train steps (and the host's calls of 15 tiny ones), and checked on steps it
 was never fitted on (the guide's
 "How fast will it run?", `benchmarks/steptime/`); v5p and v6e use it as measured there,
 and `source` says so.
@@ -50,15 +54,19 @@ from ._kernels import Kernel
 @dataclasses.dataclass(frozen=True)
 class Correction:
     """What a real v5e measured of libtpu's kernels, against each kernel's time in a profile
-    of 56 train steps (`benchmarks/steptime/`): per kind of matrix product, the fraction
+    of 66 train steps (`benchmarks/steptime/`): per kind of matrix product, the fraction
     of the compiler's estimate it took (`estimate`; a convolution's weight gradient
-    `weight_gradient_estimate`) and of the chip's peak it reached with the matrix unit's
-    tiles full (`efficiency`, times the product's fill of them); what each product of a
+    `weight_gradient_estimate`; a product fused with other results
+    `multi_output_estimate`) and of the chip's peak it reached with the matrix unit's
+    tiles full (`efficiency`, times the product's fill of them), and where that roofline
+    is below the estimate, the estimate's weight in their geometric mean
+    (`estimate_weight`: the chip took between the two there); what each product of a
     batched matmul whose operands stay in VMEM costs besides its FLOPs at the peak
     (`vmem_product_seconds`: small products, as attention's over 64 tokens, run 3x faster
     there than the fill of their tiles says); the bytes per cycle each
     kind of vector kernel moves in VMEM (libtpu's estimates of those are up to 20x the
-    chip's time, so their bytes decide); HBM's fraction of its bandwidth; what a gather
+    chip's time, so their bytes decide), and in a loop's body where faster (copies 3.8x,
+    reductions 2.5x: `loop_vmem_bytes_per_cycle`); HBM's fraction of its bandwidth; what a gather
     takes per slice (a single element, or a row) and the rate a scatter adds its rows at;
     the cycles a run costs besides, reading or writing HBM (at the top of the program and
     in a loop's body) or not; the cycles the chip idles between two kernels at the top of
@@ -70,9 +78,12 @@ class Correction:
 
     estimate: Mapping[str, float]
     weight_gradient_estimate: float
+    multi_output_estimate: float
+    estimate_weight: float
     efficiency: Mapping[str, float]
     vmem_product_seconds: float
     vmem_bytes_per_cycle: Mapping[str, float]
+    loop_vmem_bytes_per_cycle: Mapping[str, float]
     hbm_efficiency: float
     gather_seconds_per_element: float
     gather_seconds_per_row: float
@@ -93,6 +104,8 @@ _V5E_CLOCK: Final = 1.5e9
 CORRECTION: Final = Correction(
     estimate={"convolution": 1.0, "batched matmul": 0.8, "matmul": 1.0},
     weight_gradient_estimate=1.05,
+    multi_output_estimate=0.83,
+    estimate_weight=0.2,
     efficiency={"convolution": 0.65, "batched matmul": 0.3, "matmul": 0.8},
     vmem_product_seconds=10e-9,
     vmem_bytes_per_cycle={
@@ -101,6 +114,7 @@ CORRECTION: Final = Correction(
         "data movement": 2e12 / _V5E_CLOCK,
         "copy": 5e11 / _V5E_CLOCK,
     },
+    loop_vmem_bytes_per_cycle={"reduction": 5e12 / _V5E_CLOCK, "copy": 1.9e12 / _V5E_CLOCK},
     hbm_efficiency=670e9 / 819e9,
     gather_seconds_per_element=12e-9,
     gather_seconds_per_row=3.5e-9,
@@ -252,6 +266,7 @@ class StepTime:
 # A kernel without the compiler's estimate that touches less than a vector register (a loop's
 # counter, an optimizer's step count) runs on the scalar unit: a profile shows no kernel for it.
 _SCALAR_BYTES: Final = 4096
+_LOOP_SCALAR_BYTES: Final = 8
 _LAUNCH: Final = "between steps"
 _GAPS: Final = "between kernels"
 _HOST: Final = "waiting on the host"
@@ -275,24 +290,38 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
     """One run of `k` as the chip runs it: a matrix product at its compiler estimate,
     scaled as measured for its kind, unless its roofline at the efficiency measured for
     its kind and its tile fill is lower (libtpu charges bytes it keeps in VMEM as if they
-    came from HBM), a batched one whose operands stay in VMEM at its FLOPs at the peak and
-    a cost per product; a vector kernel at its bytes, HBM's and VMEM's at the rates measured
-    for its kind (a reduction's at its lanes' fill); each with the cost of a run, smaller
-    in a loop's body."""
+    came from HBM; the vector work fused around the product keeps it above its roofline:
+    the two's geometric mean, weighted to the roofline), a product fused with other
+    results at its estimate as measured for those, a batched one whose operands stay in
+    VMEM at its FLOPs at the peak and a cost per product; a vector kernel at its bytes,
+    HBM's and VMEM's at the rates measured for its kind (a reduction's at its lanes'
+    fill; in a loop's body, where the chip ran copies and reductions faster); each with
+    the cost of a run, smaller in a loop's body."""
     assert chip.clock_hz is not None
     if k.kind == "convolution" and k.weight_gradient:
         assert k.cycles is not None  # (a product without libtpu's estimate stays at its floor)
         return c.weight_gradient_estimate * k.cycles / chip.clock_hz
     hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
-    run = _hbm_run(k, chip, c) if k.device_bytes > 0 else c.vmem_cycles_per_run / chip.clock_hz
+    run = _hbm_run(k, chip, c) if _reads_hbm(k) else c.vmem_cycles_per_run / chip.clock_hz
     if k.kind == "batched matmul" and k.device_bytes == 0:  # each product's operands at hand
         return k.flops / chip.peak(k.dtype) + k.products * c.vmem_product_seconds + run
     if k.kind in c.estimate:
         assert k.cycles is not None
         roofline = max(k.flops / (chip.peak(k.dtype) * c.efficiency[k.kind] * k.fill), k.device_bytes / hbm) + run
-        return min(c.estimate[k.kind] * k.cycles / chip.clock_hz, roofline)
-    vmem = c.vmem_bytes_per_cycle.get(k.kind, c.vmem_bytes_per_cycle["data movement"]) * chip.clock_hz * k.lanes
+        if k.results > 1:  # fused with other results (a bias's gradient, a norm's statistics)
+            return c.multi_output_estimate * k.cycles / chip.clock_hz
+        estimate = c.estimate[k.kind] * k.cycles / chip.clock_hz
+        return min(estimate, roofline ** (1 - c.estimate_weight) * estimate ** c.estimate_weight)
+    rates = c.loop_vmem_bytes_per_cycle if k.in_loop and not _reads_hbm(k) else {}
+    per_cycle = rates.get(k.kind) or c.vmem_bytes_per_cycle.get(k.kind, c.vmem_bytes_per_cycle["data movement"])
+    vmem = per_cycle * chip.clock_hz * k.lanes
     return k.device_bytes / hbm + max(k.bytes_accessed - k.device_bytes, 0.0) / vmem + run
+
+
+def _reads_hbm(k: Kernel) -> bool:
+    """Whether a run of `k` waits on HBM: in a loop's body, a kernel whose only bytes in HBM
+    are scalars (the loop's counter) does not."""
+    return k.device_bytes > (_LOOP_SCALAR_BYTES if k.in_loop else 0)
 
 
 def _hbm_run(k: Kernel, chip: Chip, c: Correction) -> float:
