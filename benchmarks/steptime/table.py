@@ -46,7 +46,7 @@ GROUPS = {
     "G": models.AFTER_F,
     "H": models.AFTER_G,
 }
-FITTED_ON = ("A", "B", "C", "D", "E", "F", "G")  # (A-D fitted first; E, F and G checked, then refitted on)
+FITTED_ON = ("A", "B", "C", "D", "E", "F", "G", "H")  # (A-D fitted first; E-H checked, then refitted on)
 
 
 def group_of(name: str, size: int) -> str:

@@ -20,7 +20,8 @@ Three figures:
   convolution's weight gradient at the compiler's estimate (its roofline is too fast); a
   vector kernel (elementwise, reduction, data movement, copy) at its bytes, at the HBM and
   VMEM rates measured for its kind (a reduction's at its share of a vector register's
-  lanes; a loop body's copies and reductions in VMEM at their faster rates there;
+  lanes; a loop body's copies, reductions and small elementwise kernels in VMEM at
+  their faster rates there;
   libtpu's estimates of those are up to 20x the chip's time), a kernel on less than
   a vector register (the scalar unit's) at its floor; a
   gather or scatter (no estimate) per slice, at the rates the chip measured; each run's
@@ -34,7 +35,7 @@ Three figures:
   host's pace.
 
 The correction (`CORRECTION`) was measured on a v5e against each kernel's time in a
-profile of 66 train steps (and the host's calls of 15 tiny ones), and checked on steps it
+profile of 80 train steps (and the host's calls of 15 tiny ones), and checked on steps it
 was never fitted on (the guide's
 "How fast will it run?", `benchmarks/steptime/`); v5p and v6e use it as measured there,
 and `source` says so.
@@ -54,7 +55,7 @@ from ._kernels import Kernel
 @dataclasses.dataclass(frozen=True)
 class Correction:
     """What a real v5e measured of libtpu's kernels, against each kernel's time in a profile
-    of 66 train steps (`benchmarks/steptime/`): per kind of matrix product, the fraction
+    of 80 train steps (`benchmarks/steptime/`): per kind of matrix product, the fraction
     of the compiler's estimate it took (`estimate`; a convolution's weight gradient
     `weight_gradient_estimate`; a product fused with other results
     `multi_output_estimate`) and of the chip's peak it reached with the matrix unit's
@@ -65,11 +66,14 @@ class Correction:
     (`vmem_product_seconds`: small products, as attention's over 64 tokens, run 3x faster
     there than the fill of their tiles says); the bytes per cycle each
     kind of vector kernel moves in VMEM (libtpu's estimates of those are up to 20x the
-    chip's time, so their bytes decide), and in a loop's body where faster (copies 3.8x,
-    reductions 2.5x: `loop_vmem_bytes_per_cycle`); HBM's fraction of its bandwidth; what a gather
-    takes per slice (a single element, or a row) and the rate a scatter adds its rows at;
-    the cycles a run costs besides, reading or writing HBM (at the top of the program and
-    in a loop's body) or not; the cycles the chip idles between two kernels at the top of
+    chip's time, so their bytes decide), in a loop's body where it differs
+    (`loop_vmem_bytes_per_cycle`: copies 3.8x faster, reductions 1.5x) and for an
+    elementwise kernel or reduction there that moves under 1 MiB a run
+    (`small_loop_vmem_bytes_per_cycle`: a recurrent cell's step, 2.5-3.5x faster); HBM's
+    fraction of its bandwidth; what a gather takes per slice (a single element, or a row)
+    and the rate a scatter adds its rows at; the cycles a run costs besides, reading or
+    writing HBM (at the top of the program and in a loop's body, where one that reads only
+    the loop's counter there pays none) or not; the cycles the chip idles between two kernels at the top of
     the program; the fraction of an asynchronous copy's HBM time that the kernels around
     it do not hide; the runtime's gap between two steps run back to back, in seconds; and
     what the chip's host takes to call a step, which bounds a step whose kernels take less:
@@ -84,6 +88,7 @@ class Correction:
     vmem_product_seconds: float
     vmem_bytes_per_cycle: Mapping[str, float]
     loop_vmem_bytes_per_cycle: Mapping[str, float]
+    small_loop_vmem_bytes_per_cycle: float
     hbm_efficiency: float
     gather_seconds_per_element: float
     gather_seconds_per_row: float
@@ -105,7 +110,7 @@ CORRECTION: Final = Correction(
     estimate={"convolution": 1.0, "batched matmul": 0.8, "matmul": 1.0},
     weight_gradient_estimate=1.05,
     multi_output_estimate=0.83,
-    estimate_weight=0.2,
+    estimate_weight=0.15,
     efficiency={"convolution": 0.65, "batched matmul": 0.3, "matmul": 0.8},
     vmem_product_seconds=10e-9,
     vmem_bytes_per_cycle={
@@ -114,7 +119,8 @@ CORRECTION: Final = Correction(
         "data movement": 2e12 / _V5E_CLOCK,
         "copy": 5e11 / _V5E_CLOCK,
     },
-    loop_vmem_bytes_per_cycle={"reduction": 5e12 / _V5E_CLOCK, "copy": 1.9e12 / _V5E_CLOCK},
+    loop_vmem_bytes_per_cycle={"reduction": 3e12 / _V5E_CLOCK, "copy": 1.9e12 / _V5E_CLOCK},
+    small_loop_vmem_bytes_per_cycle=10e12 / _V5E_CLOCK,
     hbm_efficiency=670e9 / 819e9,
     gather_seconds_per_element=12e-9,
     gather_seconds_per_row=3.5e-9,
@@ -267,6 +273,7 @@ class StepTime:
 # counter, an optimizer's step count) runs on the scalar unit: a profile shows no kernel for it.
 _SCALAR_BYTES: Final = 4096
 _LOOP_SCALAR_BYTES: Final = 8
+_SMALL_LOOP_BYTES: Final = 2**20
 _LAUNCH: Final = "between steps"
 _GAPS: Final = "between kernels"
 _HOST: Final = "waiting on the host"
@@ -295,7 +302,8 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
     results at its estimate as measured for those, a batched one whose operands stay in
     VMEM at its FLOPs at the peak and a cost per product; a vector kernel at its bytes,
     HBM's and VMEM's at the rates measured for its kind (a reduction's at its lanes'
-    fill; in a loop's body, where the chip ran copies and reductions faster); each with
+    fill; in a loop's body, where the chip ran copies, reductions and small kernels
+    faster); each with
     the cost of a run, smaller in a loop's body."""
     assert chip.clock_hz is not None
     if k.kind == "convolution" and k.weight_gradient:
@@ -311,9 +319,11 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
         if k.results > 1:  # fused with other results (a bias's gradient, a norm's statistics)
             return c.multi_output_estimate * k.cycles / chip.clock_hz
         estimate = c.estimate[k.kind] * k.cycles / chip.clock_hz
-        return min(estimate, roofline ** (1 - c.estimate_weight) * estimate ** c.estimate_weight)
-    rates = c.loop_vmem_bytes_per_cycle if k.in_loop and not _reads_hbm(k) else {}
-    per_cycle = rates.get(k.kind) or c.vmem_bytes_per_cycle.get(k.kind, c.vmem_bytes_per_cycle["data movement"])
+        return min(estimate, roofline ** (1 - c.estimate_weight) * estimate**c.estimate_weight)
+    per_cycle = c.vmem_bytes_per_cycle.get(k.kind, c.vmem_bytes_per_cycle["data movement"])
+    if k.in_loop and not _reads_hbm(k):  # a loop body's, in VMEM: small ones run fastest
+        small = k.kind in ("elementwise", "reduction") and k.bytes_accessed < _SMALL_LOOP_BYTES
+        per_cycle = c.small_loop_vmem_bytes_per_cycle if small else c.loop_vmem_bytes_per_cycle.get(k.kind, per_cycle)
     vmem = per_cycle * chip.clock_hz * k.lanes
     return k.device_bytes / hbm + max(k.bytes_accessed - k.device_bytes, 0.0) / vmem + run
 
