@@ -47,7 +47,7 @@ GROUPS = {
     "H": models.AFTER_G,
     "I": models.AFTER_H,
 }
-FITTED_ON = ("A", "B", "C", "D", "E", "F", "G", "H")  # (A-D fitted first; E-H checked, then refitted on)
+FITTED_ON = ("A", "B", "C", "D", "E", "F", "G", "H", "I")  # (A-D fitted first; E-I checked, then refitted on)
 
 
 def group_of(name: str, size: int) -> str:

@@ -13,9 +13,9 @@ Three figures:
 - `seconds`: the estimate, where one was checked on the chip (TPU targets): a matrix
   product (matmul, batched matmul, convolution) at the compiler's estimate as measured
   for its kind, unless its roofline is lower (its FLOPs at the efficiency measured for
-  its kind times its fill of the matrix unit's tiles, `Kernel.fill`), and then between
-  the two, mostly the roofline; a product fused with other results (a multi-output
-  fusion) at the compiler's estimate as measured for those; a batched matmul
+  its kind times its fill of the matrix unit's tiles, `Kernel.fill`; a matmul then
+  between the two, mostly the roofline); a matmul or convolution fused with other
+  results (a multi-output fusion) at the compiler's estimate as measured for those; a batched matmul
   whose operands stay in VMEM at its FLOPs at the peak and a cost per product; a
   convolution's weight gradient at the compiler's estimate (its roofline is too fast); a
   vector kernel (elementwise, reduction, data movement, copy) at its bytes, at the HBM and
@@ -35,7 +35,7 @@ Three figures:
   host's pace.
 
 The correction (`CORRECTION`) was measured on a v5e against each kernel's time in a
-profile of 80 train steps (and the host's calls of 15 tiny ones), and checked on steps it
+profile of 94 train steps (and the host's calls of 15 tiny ones), and checked on steps it
 was never fitted on (the guide's
 "How fast will it run?", `benchmarks/steptime/`); v5p and v6e use it as measured there,
 and `source` says so.
@@ -55,14 +55,14 @@ from ._kernels import Kernel
 @dataclasses.dataclass(frozen=True)
 class Correction:
     """What a real v5e measured of libtpu's kernels, against each kernel's time in a profile
-    of 80 train steps (`benchmarks/steptime/`): per kind of matrix product, the fraction
+    of 94 train steps (`benchmarks/steptime/`): per kind of matrix product, the fraction
     of the compiler's estimate it took (`estimate`; a convolution's weight gradient
-    `weight_gradient_estimate`; a product fused with other results
+    `weight_gradient_estimate`; a matmul or convolution fused with other results
     `multi_output_estimate`) and of the chip's peak it reached with the matrix unit's
     tiles full (`efficiency`, times the product's fill of them), and where that roofline
     is below the estimate, the estimate's weight in their geometric mean
-    (`estimate_weight`: the chip took between the two there); what each product of a
-    batched matmul whose operands stay in VMEM costs besides its FLOPs at the peak
+    (`estimate_weight`: a matmul with vector work fused in took between the two); what
+    each product of a batched matmul whose operands stay in VMEM costs besides its FLOPs at the peak
     (`vmem_product_seconds`: small products, as attention's over 64 tokens, run 3x faster
     there than the fill of their tiles says); the bytes per cycle each
     kind of vector kernel moves in VMEM (libtpu's estimates of those are up to 20x the
@@ -82,8 +82,8 @@ class Correction:
 
     estimate: Mapping[str, float]
     weight_gradient_estimate: float
-    multi_output_estimate: float
-    estimate_weight: float
+    multi_output_estimate: Mapping[str, float]
+    estimate_weight: Mapping[str, float]
     efficiency: Mapping[str, float]
     vmem_product_seconds: float
     vmem_bytes_per_cycle: Mapping[str, float]
@@ -109,8 +109,8 @@ _V5E_CLOCK: Final = 1.5e9
 CORRECTION: Final = Correction(
     estimate={"convolution": 1.0, "batched matmul": 0.8, "matmul": 1.0},
     weight_gradient_estimate=1.05,
-    multi_output_estimate=0.83,
-    estimate_weight=0.15,
+    multi_output_estimate={"matmul": 0.83, "convolution": 0.75},
+    estimate_weight={"matmul": 0.15},
     efficiency={"convolution": 0.65, "batched matmul": 0.3, "matmul": 0.8},
     vmem_product_seconds=10e-9,
     vmem_bytes_per_cycle={
@@ -297,14 +297,13 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
     """One run of `k` as the chip runs it: a matrix product at its compiler estimate,
     scaled as measured for its kind, unless its roofline at the efficiency measured for
     its kind and its tile fill is lower (libtpu charges bytes it keeps in VMEM as if they
-    came from HBM; the vector work fused around the product keeps it above its roofline:
-    the two's geometric mean, weighted to the roofline), a product fused with other
-    results at its estimate as measured for those, a batched one whose operands stay in
+    came from HBM; the vector work fused around a matmul keeps it above its roofline:
+    the two's geometric mean, weighted to the roofline), a matmul or convolution fused
+    with other results at its estimate as measured for those, a batched one whose operands stay in
     VMEM at its FLOPs at the peak and a cost per product; a vector kernel at its bytes,
     HBM's and VMEM's at the rates measured for its kind (a reduction's at its lanes'
     fill; in a loop's body, where the chip ran copies, reductions and small kernels
-    faster); each with
-    the cost of a run, smaller in a loop's body."""
+    faster); each with the cost of a run, smaller in a loop's body."""
     assert chip.clock_hz is not None
     if k.kind == "convolution" and k.weight_gradient:
         assert k.cycles is not None  # (a product without libtpu's estimate stays at its floor)
@@ -316,10 +315,11 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
     if k.kind in c.estimate:
         assert k.cycles is not None
         roofline = max(k.flops / (chip.peak(k.dtype) * c.efficiency[k.kind] * k.fill), k.device_bytes / hbm) + run
-        if k.results > 1:  # fused with other results (a bias's gradient, a norm's statistics)
-            return c.multi_output_estimate * k.cycles / chip.clock_hz
+        if k.results > 1 and k.kind in c.multi_output_estimate:  # (a bias's gradient, a norm's statistics)
+            return c.multi_output_estimate[k.kind] * k.cycles / chip.clock_hz
         estimate = c.estimate[k.kind] * k.cycles / chip.clock_hz
-        return min(estimate, roofline ** (1 - c.estimate_weight) * estimate**c.estimate_weight)
+        weight = c.estimate_weight.get(k.kind, 0.0)
+        return min(estimate, roofline ** (1 - weight) * estimate**weight)
     per_cycle = c.vmem_bytes_per_cycle.get(k.kind, c.vmem_bytes_per_cycle["data movement"])
     if k.in_loop and not _reads_hbm(k):  # a loop body's, in VMEM: small ones run fastest
         small = k.kind in ("elementwise", "reduction") and k.bytes_accessed < _SMALL_LOOP_BYTES
