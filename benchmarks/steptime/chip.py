@@ -10,7 +10,8 @@ not treeshape.
 
     python benchmarks/steptime/chip.py --out DIR [--rows GROUP,NAME:SIZE,...] [--profile-runs N]
 
-GROUP is tuning, held-out, fresh, unseen, last, after-e, after-f, after-g, after-h or host (`models.py`).
+GROUP is tuning, held-out, fresh, unseen, last, after-e, after-f, after-g, after-h, after-i or host
+(`models.py`).
 
 A row `plan/REMAT/DTYPE:SIZE` is the plan's step (`models.plan_case`); a row whose
 compile the chip refuses is recorded with the compiler's error.
@@ -186,6 +187,7 @@ def main() -> None:
         "after-f": models.AFTER_F,
         "after-g": models.AFTER_G,
         "after-h": models.AFTER_H,
+        "after-i": models.AFTER_I,
         "host": models.HOST,
     }
     rows = []

@@ -46,6 +46,7 @@ GROUPS = {
     "G": models.AFTER_F,
     "H": models.AFTER_G,
     "I": models.AFTER_H,
+    "J": models.AFTER_I,
 }
 FITTED_ON = ("A", "B", "C", "D", "E", "F", "G", "H", "I")  # (A-D fitted first; E-I checked, then refitted on)
 
@@ -150,7 +151,7 @@ def step_table(rows: list[dict[str, Any]]) -> None:
             f"| {t.seconds * 1e3:.2f} | {t.compiler_seconds * 1e3:.2f} | {t.floor_seconds * 1e3:.2f} "
             f"| {t.seconds / m:.2f} | {t.compiler_seconds / m:.2f} | {top_ten(r)} | {top_ten_compiled(r)} |"
         )
-    for groups in (FITTED_ON, ("I",)):
+    for groups in (FITTED_ON, ("J",)):
         chosen = [r for r in rows if r["group"] in groups]
         if not chosen:
             continue
