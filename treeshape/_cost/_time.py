@@ -319,7 +319,7 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
             return c.multi_output_estimate[k.kind] * k.cycles / chip.clock_hz
         estimate = c.estimate[k.kind] * k.cycles / chip.clock_hz
         weight = c.estimate_weight.get(k.kind, 0.0)
-        return min(estimate, roofline ** (1 - weight) * estimate**weight)
+        return min(estimate, float(roofline ** (1 - weight) * estimate**weight))
     per_cycle = c.vmem_bytes_per_cycle.get(k.kind, c.vmem_bytes_per_cycle["data movement"])
     if k.in_loop and not _reads_hbm(k):  # a loop body's, in VMEM: small ones run fastest
         small = k.kind in ("elementwise", "reduction") and k.bytes_accessed < _SMALL_LOOP_BYTES
