@@ -122,13 +122,18 @@ def test_a_narrow_convolution_runs_at_its_share_of_the_matrix_units_tiles():
 def _dumped_cycles(fn, *args, tmp_path):
     """libtpu's `estimated_cycles` of each instruction of `fn`'s optimized module, compiled
     for a v5e as `ts.cost` compiles it."""
+    return {name: cycles for name, (cycles, _) in _dumped(fn, *args, tmp_path=tmp_path).items()}
+
+
+def _dumped(fn, *args, tmp_path):
+    """libtpu's `estimated_cycles` of each instruction of `fn`'s optimized module (compiled
+    for a v5e as `ts.cost` compiles it), and whether it writes several results."""
     device = jax.sharding.SingleDeviceSharding(topologies.get_topology_desc("v5e:2x2", "tpu").devices[0])
     placed = jax.tree.map(lambda s: s.update(sharding=device), args)
-    options = {"xla_dump_to": str(tmp_path), "xla_dump_hlo_as_text": True}
-    jax.jit(fn).lower(*placed).compile(options)
+    jax.jit(fn).lower(*placed).compile({"xla_dump_to": str(tmp_path), "xla_dump_hlo_as_text": True})
     (dumped,) = tmp_path.glob("*after_codegen.txt")
-    found = re.findall(r'^\s*(?:ROOT )?%(\S+) = .*"estimated_cycles":"(\d+)"', dumped.read_text(), flags=re.M)
-    return {name: int(cycles) for name, cycles in found}
+    found = re.findall(r'^\s*(?:ROOT )?%(\S+) = (\(?).*"estimated_cycles":"(\d+)"', dumped.read_text(), flags=re.M)
+    return {name: (int(cycles), tuple_ == "(") for name, tuple_, cycles in found}
 
 
 def test_a_convolutions_weight_gradient_is_at_libtpus_estimate_as_the_chip_measured_it(tmp_path):
@@ -222,24 +227,13 @@ def _norm_then_linear_inputs():
     return p, jax.ShapeDtypeStruct((2048, 128), jnp.float32)
 
 
-def _dumped_products(fn, *args, tmp_path):
-    """libtpu's `estimated_cycles` of each matrix product's kernel in `fn`'s optimized module
-    (compiled as `ts.cost` compiles it), and whether it writes several results."""
-    device = jax.sharding.SingleDeviceSharding(topologies.get_topology_desc("v5e:2x2", "tpu").devices[0])
-    placed = jax.tree.map(lambda s: s.update(sharding=device), args)
-    jax.jit(fn).lower(*placed).compile({"xla_dump_to": str(tmp_path), "xla_dump_hlo_as_text": True})
-    (dumped,) = tmp_path.glob("*after_codegen.txt")
-    found = re.findall(r'^\s*(?:ROOT )?%(\S+) = (\(?).*"estimated_cycles":"(\d+)"', dumped.read_text(), flags=re.M)
-    return {name: (int(cycles), tuple_ == "(") for name, tuple_, cycles in found}
-
-
 def test_a_product_fused_with_its_neighbours_work_runs_between_its_roofline_and_libtpus_estimate(tmp_path):
     # Measured on the chip: a product of 128 features with a layer norm fused in ran at
     # 0.3-0.9x libtpu's estimate, up to 6x its roofline; one with other results besides (a
     # norm's statistics' gradients, an activation's derivative) at 0.83x the estimate,
     # summed over the 80 steps.
     p, x = _norm_then_linear_inputs()
-    products = _dumped_products(_norm_then_linear_gradient, p, x, tmp_path=tmp_path)
+    products = _dumped(_norm_then_linear_gradient, p, x, tmp_path=tmp_path)
     kernels = ts.cost(_norm_then_linear_gradient, p, x, target="v5e").time.kernels
     costed = [(k, *products[k.name]) for k in kernels if k.kind == "matmul" and k.runs == 1 and k.name in products]
     several = [(k, cycles) for k, cycles, is_tuple in costed if is_tuple]

@@ -15,19 +15,18 @@ Three figures:
   for its kind, unless its roofline is lower (its FLOPs at the efficiency measured for
   its kind times its fill of the matrix unit's tiles, `Kernel.fill`; a matmul then
   between the two, mostly the roofline); a matmul or convolution fused with other
-  results (a multi-output fusion) at the compiler's estimate as measured for those; a batched matmul
-  whose operands stay in VMEM at its FLOPs at the peak and a cost per product; a
-  convolution's weight gradient at the compiler's estimate (its roofline is too fast); a
-  vector kernel (elementwise, reduction, data movement, copy) at its bytes, at the HBM and
-  VMEM rates measured for its kind (a reduction's at its share of a vector register's
-  lanes; a loop body's copies, reductions and small elementwise kernels in VMEM at
-  their faster rates there;
-  libtpu's estimates of those are up to 20x the chip's time), a kernel on less than
-  a vector register (the scalar unit's) at its floor; a
-  gather or scatter (no estimate) per slice, at the rates the chip measured; each run's
-  latency where it reads or writes HBM (less in a loop's body, none where a loop's body
-  reads only its counter there), next to nothing in VMEM;
-  never below its floor; an asynchronous copy at the part of its HBM time the kernels
+  results (a multi-output fusion) at the compiler's estimate as measured for those; a
+  batched matmul whose operands stay in VMEM at its FLOPs at the peak and a cost per
+  product; a convolution's weight gradient at the compiler's estimate (its roofline is
+  too fast); a vector kernel (elementwise, reduction, data movement, copy) at its bytes,
+  at the HBM and VMEM rates measured for its kind (a reduction's at its share of a
+  vector register's lanes; a loop body's copies, reductions and small elementwise
+  kernels in VMEM at their faster rates there; libtpu's estimates of those are up to 20x
+  the chip's time), a kernel on less than a vector register (the scalar unit's) at its
+  floor; a gather or scatter (no estimate) per slice, at the rates the chip measured;
+  each run's latency where it reads or writes HBM (less in a loop's body, none where a
+  loop's body reads only its counter there), next to nothing in VMEM; never below its
+  floor; an asynchronous copy at the part of its HBM time the kernels
   around it did not hide on the chip; a collective at its bytes over the interconnect's
   links plus their latency; the chip's idle time between two kernels at the top of the
   program; and the runtime's gap between two steps; a step whose kernels take less than
@@ -36,9 +35,8 @@ Three figures:
 
 The correction (`CORRECTION`) was measured on a v5e against each kernel's time in a
 profile of 94 train steps (and the host's calls of 15 tiny ones), and checked on steps it
-was never fitted on (the guide's
-"How fast will it run?", `benchmarks/steptime/`); v5p and v6e use it as measured there,
-and `source` says so.
+was never fitted on (the guide's "How fast will it run?", `benchmarks/steptime/`); v5p
+and v6e use it as measured there, and `source` says so.
 """
 
 import dataclasses
@@ -62,19 +60,19 @@ class Correction:
     tiles full (`efficiency`, times the product's fill of them), and where that roofline
     is below the estimate, the estimate's weight in their geometric mean
     (`estimate_weight`: a matmul with vector work fused in took between the two); what
-    each product of a batched matmul whose operands stay in VMEM costs besides its FLOPs at the peak
-    (`vmem_product_seconds`: small products, as attention's over 64 tokens, run 3x faster
-    there than the fill of their tiles says); the bytes per cycle each
-    kind of vector kernel moves in VMEM (libtpu's estimates of those are up to 20x the
-    chip's time, so their bytes decide), in a loop's body where it differs
+    each product of a batched matmul whose operands stay in VMEM costs besides its FLOPs
+    at the peak (`vmem_product_seconds`: small products, as attention's over 64 tokens,
+    run 3x faster there than the fill of their tiles says); the bytes per cycle each kind
+    of vector kernel moves in VMEM (libtpu's estimates of those are up to 20x the chip's
+    time, so their bytes decide), in a loop's body where it differs
     (`loop_vmem_bytes_per_cycle`: copies 3.8x faster, reductions 1.5x) and for an
     elementwise kernel or reduction there that moves under 1 MiB a run
     (`small_loop_vmem_bytes_per_cycle`: a recurrent cell's step, 2.5-3.5x faster); HBM's
     fraction of its bandwidth; what a gather takes per slice (a single element, or a row)
     and the rate a scatter adds its rows at; the cycles a run costs besides, reading or
     writing HBM (at the top of the program and in a loop's body, where one that reads only
-    the loop's counter there pays none) or not; the cycles the chip idles between two kernels at the top of
-    the program; the fraction of an asynchronous copy's HBM time that the kernels around
+    the loop's counter there pays none) or not; the cycles the chip idles between two
+    kernels at the top of the program; the fraction of an asynchronous copy's HBM time that the kernels around
     it do not hide; the runtime's gap between two steps run back to back, in seconds; and
     what the chip's host takes to call a step, which bounds a step whose kernels take less:
     a call, each array passed in or returned, and each node of a pytree type registered
@@ -299,11 +297,11 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
     its kind and its tile fill is lower (libtpu charges bytes it keeps in VMEM as if they
     came from HBM; the vector work fused around a matmul keeps it above its roofline:
     the two's geometric mean, weighted to the roofline), a matmul or convolution fused
-    with other results at its estimate as measured for those, a batched one whose operands stay in
-    VMEM at its FLOPs at the peak and a cost per product; a vector kernel at its bytes,
-    HBM's and VMEM's at the rates measured for its kind (a reduction's at its lanes'
-    fill; in a loop's body, where the chip ran copies, reductions and small kernels
-    faster); each with the cost of a run, smaller in a loop's body."""
+    with other results at its estimate as measured for those, a batched one whose
+    operands stay in VMEM at its FLOPs at the peak and a cost per product; a vector kernel
+    at its bytes, HBM's and VMEM's at the rates measured for its kind (a reduction's at
+    its lanes' fill; in a loop's body, where the chip ran copies, reductions and small
+    kernels faster); each with the cost of a run, smaller in a loop's body."""
     assert chip.clock_hz is not None
     if k.kind == "convolution" and k.weight_gradient:
         assert k.cycles is not None  # (a product without libtpu's estimate stays at its floor)
@@ -314,9 +312,9 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
         return k.flops / chip.peak(k.dtype) + k.products * c.vmem_product_seconds + run
     if k.kind in c.estimate:
         assert k.cycles is not None
-        roofline = max(k.flops / (chip.peak(k.dtype) * c.efficiency[k.kind] * k.fill), k.device_bytes / hbm) + run
         if k.results > 1 and k.kind in c.multi_output_estimate:  # (a bias's gradient, a norm's statistics)
             return c.multi_output_estimate[k.kind] * k.cycles / chip.clock_hz
+        roofline = max(k.flops / (chip.peak(k.dtype) * c.efficiency[k.kind] * k.fill), k.device_bytes / hbm) + run
         estimate = c.estimate[k.kind] * k.cycles / chip.clock_hz
         weight = c.estimate_weight.get(k.kind, 0.0)
         return min(estimate, float(roofline ** (1 - weight) * estimate**weight))
