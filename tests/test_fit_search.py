@@ -91,7 +91,7 @@ def test_every_curve_is_answered_within_the_bound(curve):
         assert len(asked) <= 4
         assert size == min(max_size, (limit - peak(0)) // (peak(1) - peak(0)))
     if family == "constant":
-        assert size == max_size and len(asked) <= 3  # sizes 1, 64 and max_size
+        assert size == max_size and len(asked) <= 4  # sizes 1, 4, 64 and max_size
 
 
 @given(st.integers(1, 2**30), st.data())
@@ -144,18 +144,37 @@ def test_the_default_max_size_is_answered_in_at_most_24_for_steps():
 
 
 def test_a_line_is_answered_in_four():
-    """Sizes 1, 64, the size past where the line reaches the budget, and the one before."""
+    """Sizes 1, 4, the size past where the line reaches the budget, and the one before."""
     peak = lambda n: 1000 + 800 * n  # noqa: E731
     size, asked = run(peak, 1000 + 800 * 70_000 + 799, 2**20)
     assert size == 70_000
-    assert asked == [1, 64, 70_001, 70_000]
+    assert asked == [1, 4, 70_001, 70_000]
+
+
+@pytest.mark.parametrize("max_size", [2, 3, 4, 1000, 2**20])
+def test_from_one_size_the_next_is_at_most_four_times_it(max_size):
+    """One size says nothing of how the peak grows (a line needs two): the second size is
+    4 (or max_size, if smaller), never 64, which for a step of a few GiB per unit is a far
+    and slow compile (on a target, a slow refusal) whatever the budget."""
+    gib = 2**30
+    size, asked = run(lambda n: 3 * gib * n, 10 * gib, max_size)
+    assert asked[1] == min(4, max_size) and size == min(3, max_size)
+
+
+def test_a_peak_padded_at_small_sizes_is_followed_past_the_padding():
+    """At least 16 rows (a tile of bf16 rows on a TPU): sizes 1 and 4 have the same peak,
+    which says nothing of its growth. The search tries 64, past the padding, and follows
+    the line from there: never max_size, and within 8 compilations."""
+    peak = lambda n: 10**6 + 8192 * max(n, 16)  # noqa: E731
+    size, asked = run(peak, peak(5000) + 100, 2**20)
+    assert size == 5000 and asked[:3] == [1, 4, 64] and 2**20 not in asked and len(asked) <= 8
 
 
 def test_a_dip_between_neighbours_is_not_read_as_a_peak_that_stops_growing():
     """XLA:GPU planned the guide's 124M step for 64 H100s at 58.9 GiB for b = 64 and 58.2
     GiB for b = 65: a line through those two falls. The search then follows the line
-    from size 1 (doubling, since the line through 1 and 64 proved short), not max_size,
-    where XLA:GPU fails outright on the size."""
+    from below (doubling where the line proved short), not max_size, where XLA:GPU fails
+    outright on the size."""
     gib = 2**30
 
     def peak(n):
@@ -163,7 +182,7 @@ def test_a_dip_between_neighbours_is_not_read_as_a_peak_that_stops_growing():
 
     assert peak(65) < peak(64)
     size, asked = run(peak, int(59.3 * gib), 2**20)
-    assert asked[:3] == [1, 64, 65] and 2**20 not in asked
+    assert asked[:3] == [1, 4, 65] and 2**20 not in asked
     assert size == 65 and len(asked) <= 6
 
 
@@ -232,14 +251,12 @@ def test_progress_is_a_line_as_each_compilation_starts_one_as_it_ends_and_a_summ
     lines = err.splitlines()
     assert out == "" and len(lines) == 2 * fit.compiles + 1 and fit.compiles == len(compiles) == 4
     starts, ends = lines[0:8:2], lines[1:8:2]
-    assert starts == [f"treeshape.largest_fit: b={n}: compiling" for n in (1, 64, 155, 154)]
+    assert starts == [f"treeshape.largest_fit: b={n}: compiling" for n in (1, 4, 155, 154)]
     assert ends[0].startswith("treeshape.largest_fit: b=1: peak 800 B, fits; the answer is in 1..1048576; ")
-    assert ends[1].startswith(
-        "treeshape.largest_fit: b=64: peak 50.0 KiB (51,200 B), fits; the answer is in 64..1048576; "
-    )
+    assert ends[1].startswith("treeshape.largest_fit: b=4: peak 3.1 KiB (3,200 B), fits; the answer is in 4..1048576; ")
     assert ends[2].startswith(
         "treeshape.largest_fit: b=155: peak 121.1 KiB (124,000 B), over the limit of 123,457 B; the answer is in "
-        "64..154; "
+        "4..154; "
     )
     assert ends[3].startswith("treeshape.largest_fit: b=154: peak 120.3 KiB (123,200 B), fits; the answer is 154; ")
     assert all(re.search(r"; \d+\.\d\d s$", line) for line in ends)

@@ -419,21 +419,31 @@ def test_a_compiler_not_installed_names_the_extra(monkeypatch, missing):
 
 def test_a_topology_libtpu_cannot_lay_out_names_those_of_its_count(compiles):
     """Before anything compiles, and never "libtpu did not start": libtpu started, and
-    lays v5e and v6e chips out in hosts of 2x2, v5p chips in hosts of 2x2x1."""
+    lays v5e and v6e chips out in hosts of 2x2, v5p chips in hosts of 2x2x1. A malformed or
+    impossible topology names those that exist for the inputs' device count ("1x1" for
+    one device), and those of the chips it counts where those differ."""
     x = jax.ShapeDtypeStruct((8,), jnp.float32)
+    one = r'For the program\'s inputs, on 1 device: "{0}:1x1" \(or "{0}" alone, for the standard 1x1\)\.$'
     refused = {
-        "v5e:4x1": r"'v5e:4x1' is no topology libtpu can lay out: .*2x2.* v5e topologies of 4 chips: \"v5e:2x2\"\.$",
-        "v6e:1x8": r"'v6e:1x8' is no topology .* The v6e topologies of 8 chips: \"v6e:2x4\", \"v6e:4x2\"\.$",
-        "v5e:": r"'v5e:' gives no topology after the colon: a v5e topology is AxB .*\"v5e:2x2\" for 4 chips",
-        "v5e:1x1x1": r"'v5e:1x1x1' has 3 sides; a v5e topology has 2 \(AxB\)\. .* of 1 chip: \"v5e:1x1\"\.$",
-        "v5p:2x4": r"'v5p:2x4' has 2 sides; .* of 8 chips: \"v5p:2x2x2\", \"v5p:2x4x1\", \"v5p:4x2x1\"\.$",
+        "v5e:4x1": r"'v5e:4x1' is no topology libtpu can lay out: .*2x2.* v5e topologies of 4 chips: \"v5e:2x2\"\. ",
+        "v6e:1x8": r"'v6e:1x8' is no topology .* The v6e topologies of 8 chips: \"v6e:2x4\", \"v6e:4x2\"\. ",
+        "v5e:": r"'v5e:' gives no topology after the colon: a v5e topology is AxB as JAX writes it\. ",
+        "v5e:1x1x1": r"'v5e:1x1x1' has 3 sides; a v5e topology has 2 \(AxB\)\. For",
         "v5e:0x0": r"'v5e:0x0' is no v5e topology: a topology is AxB, its sides whole numbers of at least 1",
         "v5e:-1x2": r"'v5e:-1x2' is no v5e topology: a topology is AxB, its sides whole numbers of at least 1",
+        "v5e:2x3": r"'v5e:2x3' is no topology libtpu can lay out: .*both sides even\. For",
     }
     for target, message in refused.items():
         with pytest.raises(ValueError, match=message) as info:
             ts.cost(jnp.sin, x, target=target)
         assert "did not start" not in str(info.value)
+        assert re.search(one.format(target.split(":")[0]), str(info.value)), str(info.value)
+    with pytest.raises(ValueError, match=r"'v5p:2x4' has 2 sides; .* of 8 chips: \"v5p:2x2x2\", \"v5p:2x4x1\""):
+        ts.cost(jnp.sin, x, target="v5p:2x4")  # (no v5p topology of 1 chip)
+    with pytest.raises(ValueError, match=r'v5e:0x0.* For args\[0\], on 4 devices: "v5e:2x2" \(or "v5e" alone'):
+        b = jax.export.symbolic_shape("b")[0]
+        rows = jax.ShapeDtypeStruct((4 * b, 8), jnp.float32, sharding=NamedSharding(_mesh(4), P("data")))
+        ts.largest_fit(jnp.sin, rows, dim="b", target="v5e:0x0", max_size=4)
     # A size its sharding does not divide: named before JAX's IndivisibleError.
     odd = jax.ShapeDtypeStruct((6, 8), jnp.float32, sharding=NamedSharding(_mesh(4), P("data")))
     with pytest.raises(

@@ -8,9 +8,11 @@ The search keeps a bracket: `lo`, the largest size compiled that fits, and `hi`,
 smallest size above it compiled that does not (`max_size + 1` until one is found), and
 compiles only sizes strictly between them; it ends when `hi == lo + 1` (or `lo ==
 max_size`), so the answer fits and the next size was compiled and does not. Sizes are
-guessed from compiled peaks (`_guess`): a line through sizes 1 and 64 that is right says
-where the peak passes the budget, so a program whose peak is linear in the size takes 4
-compilations (sizes 1, 64, `n + 1`, `n`); a power law through the bracket's ends follows
+guessed from compiled peaks (`_guess`): from size 1 alone the next is at most 4x it (one
+size says nothing of how the peak grows, and a far size is a slow compile, on a target a
+slow refusal), and a line through sizes 1 and 4 that is right says where the peak passes
+the budget, so a program whose peak is linear in the size takes 4 compilations (sizes 1,
+4, `n + 1`, `n`); a power law through the bracket's ends follows
 a quadratic, and plateaus (padding) are split at round sizes. Each guess is held in a
 window that bounds the search for any curve at `ceil(log2(max_size)) + 4` compilations,
 3 more than bisection (the proof is `find_size`'s docstring).
@@ -21,11 +23,15 @@ from collections.abc import Callable
 from typing import Final
 
 
-# The second probe: large enough that XLA's small-size effects (minimum buffer sizes,
-# other kernels for a single row) do not distort the line, small enough to compile fast.
-SECOND_PROBE: Final = 64
-# How far past the largest size compiled a guess not on the probes' line may reach.
+# How far past the largest size compiled a guess not on a line through sizes compiled may
+# reach: from size 1 alone (no line yet), the second probe is this far.
 _REACH: Final = 4
+# The second probe: 4x size 1, as far as one size lets a guess reach.
+SECOND_PROBE: Final = _REACH
+# Where sizes 1 and 4 have the same peak, the size tried next: past the padding of small
+# sizes to a tile of rows (8 to 32 on a TPU), which hides how the peak grows; the search
+# tries `max_size` only where the peak has not grown by then either.
+_PAST_PADDING: Final = 64
 # Compilations allowed beyond bisection's (`1 + ceil(log2(max_size))`, size 1 included).
 _SLACK: Final = 3
 
@@ -120,11 +126,12 @@ def _guess(s: _Bracket) -> int:
     """The size to compile next, from the peaks compiled so far (`find_size` holds it in its
     window).
 
-    1. The second probe, `SECOND_PROBE`.
+    1. The second probe, `SECOND_PROBE` (4: from one size, at most 4x it).
     2. Until a size does not fit: one past where the line through the two largest sizes
        that fit reaches the limit, so that a line that is right is checked by that size
-       (which does not fit) and then the size before it (`max_size` if the peak does
-       not grow). A line that proved short (a curve that bends down) gives way to the
+       (which does not fit) and then the size before it. Where the peak has not grown,
+       `_PAST_PADDING` (padding to a tile hides the growth of small sizes), then
+       `max_size`. A line that proved short (a curve that bends down) gives way to the
        power law through those sizes, or to doubling, whichever is further, but never
        past `_REACH` times the largest size compiled where the line stops short of it
        (a far guess on a curve is a slow compile, and on a target a slow refusal).
@@ -146,8 +153,8 @@ def _guess(s: _Bracket) -> int:
     if hi > s.max_size:  # no size is known not to fit: every size compiled fits
         a, b = rising(known, b=max(known))
         rise = known[b] - known[a]
-        if rise <= 0:  # no growth: try the largest size
-            return s.max_size
+        if rise <= 0:  # no growth: past small sizes' padding, then the largest size
+            return _PAST_PADDING if b < _PAST_PADDING else s.max_size
         n = b + (limit - known[b]) * (b - a) // rise
         if len(known) > 2 and n > b:  # the last line was short
             # A curve or doubling, never past 4x the largest size compiled (that line says fits).

@@ -105,8 +105,9 @@ def _listed() -> str:
 
 def resolve(name: Any, who: str) -> tuple[Target, str | None]:
     """The target a `target=` names (case-insensitive), and the TPU topology given after a
-    colon (`"v5e:16x16"`); a `ValueError` listing `ts.targets()` for anything else, and
-    one naming the topologies of that many chips for a topology libtpu cannot lay out."""
+    colon (`"v5e:16x16"`), as given; a `ValueError` listing `ts.targets()` for anything
+    else. A topology libtpu cannot lay out is `topology`'s error, which knows the inputs'
+    device count and names the topologies of it."""
     if not isinstance(name, str):
         raise TypeError(f"treeshape.{who}: target must be a name from ts.targets() ({_listed()}), got {name!r}.")
     base, colon, shape = name.strip().lower().partition(":")
@@ -118,42 +119,71 @@ def resolve(name: Any, who: str) -> tuple[Target, str | None]:
             f"treeshape.{who}: target {name!r}: a topology after the colon is a TPU's, as JAX writes it "
             f'(e.g. "v5e:16x16"); an NVIDIA target takes its device count from the inputs\' mesh.'
         )
-    if colon and (problem := _tpu_problem(target, shape)) is not None:
-        raise ValueError(f"treeshape.{who}: target {name!r} {problem}")
     return target, shape if colon else None
 
 
-def _tpu_problem(target: Target, shape: str) -> str | None:
-    """Why `shape` is no topology libtpu lays out for `target`, or None. libtpu places v5e
-    and v6e chips in hosts of 2x2 (a slice is 1x1, or AxB with both sides even), v5p
-    chips in hosts of 2x2x1 (AxBxC with A and B even)."""
+class TopologyError(ValueError):
+    """A TPU topology after the colon that is malformed or that libtpu cannot lay out
+    (`topology`), named with the topologies of the inputs' device count."""
+
+
+def _tpu_problem(target: Target, shape: str) -> tuple[str, int | None] | None:
+    """Why `shape` is no topology libtpu lays out for `target`, and its chips where it
+    counts them; None where it is one. libtpu places v5e and v6e chips in hosts of 2x2 (a
+    slice is 1x1, or AxB with both sides even), v5p chips in hosts of 2x2x1 (AxBxC with A
+    and B even)."""
     sides = 3 if target.name == "v5p" else 2
     form = "AxBxC" if sides == 3 else "AxB"
     if not shape:
-        return (
-            f"gives no topology after the colon: a {target.name} topology is {form} as JAX writes it "
-            f"({_examples(target)}); leave out the colon for the standard topology of the mesh's device count."
-        )
+        return f"gives no topology after the colon: a {target.name} topology is {form} as JAX writes it.", None
     parts = shape.split("x")
     if not all(re.fullmatch(r"[0-9]+", p) and int(p) >= 1 for p in parts):
         return (
             f"is no {target.name} topology: a topology is {form}, its sides whole numbers of at least 1, as JAX "
-            f"writes it ({_examples(target)})."
+            "writes it.",
+            None,
         )
     dims = [int(p) for p in parts]
     chips = math.prod(dims)
     if len(dims) != sides:
-        return f"has {len(dims)} sides; a {target.name} topology has {sides} ({form}). {_choices(target, chips)}"
+        return f"has {len(dims)} sides; a {target.name} topology has {sides} ({form}).", chips
     if chips > _TPU_LARGEST[target.name]:
-        return f"has {chips} chips; a {target.name} slice has at most {_TPU_LARGEST[target.name]}."
+        return f"has {chips} chips; a {target.name} slice has at most {_TPU_LARGEST[target.name]}.", None
     if not _laid_out(target, dims):
         rule = (
             "in hosts of 2x2x1 chips, so the first two sides of AxBxC are even"
             if sides == 3
             else "in hosts of 2x2 chips, so a slice is 1x1 or AxB with both sides even"
         )
-        return f"is no topology libtpu can lay out: it places {target.name} chips {rule}. {_choices(target, chips)}"
+        return f"is no topology libtpu can lay out: it places {target.name} chips {rule}.", chips
     return None
+
+
+def _no_topology(target: Target, shape: str, count: int, where: str, who: str) -> TopologyError | None:
+    """The error of a topology `_tpu_problem` refuses, naming the topologies of the inputs'
+    `count` devices (and of the chips the topology counts, where those differ); else None."""
+    found = _tpu_problem(target, shape)
+    if found is None:
+        return None
+    problem, chips = found
+    own = (
+        f" {_choices(target, chips)}" if chips is not None and chips != count and _tpu_topologies(target, chips) else ""
+    )
+    devices = f"{count} device{'s' if count != 1 else ''}"
+    listed = _tpu_topologies(target, count)
+    standard = (_TPU_3D if target.name == "v5p" else _TPU_2D).get(count)
+    if listed:
+        shown = ", ".join(f'"{target.name}:{s}"' for s in listed[:6]) + (", ..." if len(listed) > 6 else "")
+        alone = f' (or "{target.name}" alone, for the standard {standard})' if standard else ""
+        fix = f"For {where}, on {devices}: {shown}{alone}."
+    else:
+        fix = f"No {target.name} topology has {count} chips, the devices of {where} ({_examples(target)})."
+    return TopologyError(f"treeshape.{who}: target '{target.name}:{shape}' {problem}{own} {fix}")
+
+
+def _tpu_topologies(target: Target, chips: int) -> list[str]:
+    """`_topologies`, none for a count out of the target's range."""
+    return _topologies(target, chips) if 1 <= chips <= _TPU_LARGEST[target.name] else []
 
 
 def _laid_out(target: Target, dims: list[int]) -> bool:
@@ -233,7 +263,8 @@ class CountError(ValueError):
 
 def topology(target: Target, shape: str | None, count: int, where: str, who: str) -> str:
     """The topology to compile `count` devices for: `1xHOSTSxPER_HOST` on NVIDIA, the
-    given or standard `AxB[xC]` on TPU; a `CountError` naming both where they disagree."""
+    given or standard `AxB[xC]` on TPU; a `CountError` naming both where they disagree, a
+    `TopologyError` naming those of `count` for a TPU topology that is none."""
     if target.platform == "cuda":
         if count > MAX_DEVICES:
             raise CountError(
@@ -251,7 +282,9 @@ def topology(target: Target, shape: str | None, count: int, where: str, who: str
             )
         return f"1x{count // _GPUS_PER_HOST}x{_GPUS_PER_HOST}"
     largest = _TPU_LARGEST[target.name]
-    if shape is not None:  # well formed and laid out (`resolve`)
+    if shape is not None and (error := _no_topology(target, shape, count, where, who)) is not None:
+        raise error
+    if shape is not None:  # well formed and laid out
         chips = math.prod(int(d) for d in shape.split("x"))
         if chips != count:
             fix = (
