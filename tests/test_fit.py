@@ -355,6 +355,62 @@ def test_sizes_the_shapes_do_not_allow():
         ts.largest_fit(double, jax.ShapeDtypeStruct((B - 8, 100), F32), dim="b", budget=10**9)
 
 
+def test_what_does_not_fit_is_a_fit_error_users_can_catch():
+    """`ts.FitError`, public, is the base of the `SizeError` (a size the shapes do not allow)
+    and the `BudgetError` (even size 1 does not fit) that largest_fit raises."""
+    assert issubclass(ts.SizeError, ts.FitError) and issubclass(ts.BudgetError, ts.FitError)
+    assert issubclass(ts.FitError, ValueError)
+    with pytest.raises(ts.BudgetError) as over:
+        ts.largest_fit(layer, W, jax.ShapeDtypeStruct((B, 256), F32), dim="b", budget=1000, margin=0.1)
+    peak = oracle_peak(layer, W, jax.ShapeDtypeStruct((1, 256), F32))
+    assert (over.value.peak, over.value.limit) == (peak, 900)
+    with pytest.raises(ts.SizeError) as negative:
+        ts.largest_fit(double, jax.ShapeDtypeStruct((B - 8, 100), F32), dim="b", budget=10**9)
+    assert (negative.value.n, negative.value.index) == (1, 0)
+    assert negative.value.problem == "has a negative size ((b - 8, 100) gives (-7, 100))"
+    (c,) = jax.export.symbolic_shape("c", constraints=["c <= 100"])
+    with pytest.raises(ts.FitError) as constrained:
+        ts.largest_fit(double, jax.ShapeDtypeStruct((c, 100), F32), dim="c", budget=10**9)
+    assert type(constrained.value) is ts.SizeError and constrained.value.largest == 100
+
+
+def test_a_size_one_the_targets_compiler_refuses_is_a_budget_error():
+    """libtpu refuses 16 GiB of argument on a v5e (15.75 GiB): even b=1 does not fit, its
+    peak unknown, and the command line says so as bad input."""
+    x = jax.ShapeDtypeStruct((B, 2**17, 2**15), F32)
+    with pytest.raises(ts.BudgetError, match=r"^treeshape\.largest_fit: even b=1 does not fit: the program does") as e:
+        ts.largest_fit(jnp.sin, x, dim="b", target="v5e", max_size=4)
+    assert e.value.peak is None and e.value.limit == 16_911_433_728
+    assert "TPU v5e's compiler refuses it (" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", [1.5, "0", (0, 1.5), True, (True,), [0, "1"]])
+def test_donate_argnums_of_another_type_is_a_type_error_naming_it(bad, compiles):
+    """In cost, largest_fit and plan alike, before anything compiles (a float was a raw
+    `'float' object is not iterable` from deep inside)."""
+    x = jax.ShapeDtypeStruct((B, 100), F32)
+    expected = r"^treeshape\.{}: donate_argnums must be an int or a sequence of ints \(positions of the arguments"
+    with pytest.raises(TypeError, match=expected.format("cost")):
+        ts.cost(double, jax.ShapeDtypeStruct((8, 100), F32), donate_argnums=bad)
+    with pytest.raises(TypeError, match=expected.format("largest_fit")):
+        ts.largest_fit(double, x, dim="b", budget=10**6, donate_argnums=bad)
+    with pytest.raises(TypeError, match=expected.format("plan")):
+        ts.plan(lambda n: (double, x), {"n": [1]}, target="v5e", donate_argnums=bad)
+    with pytest.raises(
+        TypeError, match=r"^treeshape\.largest_fit: donate_argnames must be a str or a sequence of strs"
+    ):
+        ts.largest_fit(double, x, dim="b", budget=10**6, donate_argnames=0)
+    assert compiles == []
+
+
+def test_donate_argnums_as_jax_jit_takes_them():
+    """An int, a sequence of ints (NumPy's too), None for none."""
+    import numpy as np
+
+    fits = [ts.largest_fit(double, *rows(B), dim="b", budget=2**20, donate_argnums=d) for d in (None, 0, [np.int64(0)])]
+    assert fits[0].size < fits[1].size == fits[2].size and fits[1].cost.donation == fits[2].cost.donation
+
+
 def test_errors_of_fn_propagate():
     with pytest.raises(TypeError, match="callable"):
         ts.largest_fit(3, *rows(B), dim="b", budget=10**6)
@@ -438,21 +494,24 @@ def test_command_line_names(capsys):
 
 # -- what the table says of its figures -------------------------------------------------
 def test_a_peak_that_does_not_grow_in_a_line_shows_no_fixed_or_per_unit_figure():
+    """A b x b output: the line through the answer and a size compiled below it meets b = 0
+    below zero, so the table shows neither figure, and says why."""
     fit = ts.largest_fit(lambda x: x @ x.T, jax.ShapeDtypeStruct((B, 64), F32), dim="b", budget=2**22)
     peak = fit.cost.peak_bytes
     assert fit.size > 64 and peak >= 4 * fit.size**2  # the b x b output: quadratic in b
-    line = fit.fixed_bytes + fit.per_unit_bytes * fit.size
-    assert line < 0.5 * peak  # the probes' line (b = 1 and 64) passes far below the answer
+    assert fit.fixed_bytes < 0 and fit.fixed_bytes + fit.per_unit_bytes * fit.size == peak
     text = str(fit)
     assert re.search(r"^fixed +not shown$", text, flags=re.MULTILINE)
     assert re.search(r"^per unit of b +not shown$", text, flags=re.MULTILINE)
     [note] = [line for line in text.splitlines() if line.startswith("note: fixed")]
-    assert re.fullmatch(
-        rf"note: fixed and per unit are not shown: the line through the probes gives [\d.]+ KiB at b={fit.size}, "
-        r"not its peak of [\d.]+ MiB \(the peak does not grow in a line in b\)",
-        note,
+    assert note == (
+        f"note: fixed and per unit are not shown: the line through the sizes compiled near b={fit.size} falls below "
+        "zero toward b=0 (the peak does not grow in a line in b)"
     )
     assert "fixed -" not in text and "not shown" in fit._repr_html_()
+    off = dataclasses.replace(fit, fixed_bytes=1000.0, per_unit_bytes=100.0)  # a line far below the answer
+    assert re.search(r"note: fixed and per unit are not shown: the line through the sizes compiled gives [\d.]+ KiB "
+                     rf"at b={fit.size}, not its peak of [\d.]+ MiB \(the peak", str(off))  # fmt: skip
 
 
 def test_a_negative_fixed_size_is_never_shown_and_a_line_near_the_answer_is():

@@ -121,7 +121,7 @@ def test_the_table_the_page_and_the_picture(planned):
 def test_progress_names_each_combination_and_compile(capsys):
     ts.plan(make, {"width": [256], "remat": ["full"]}, target="v5e", budget=BUDGET, max_size=8, progress=True)
     err = capsys.readouterr().err
-    assert "treeshape.plan: [1/1] width=256, remat='full'" in err
+    assert "treeshape.plan: [1/1] width=256, remat=full" in err
     assert "treeshape.largest_fit: b=1: compiling for 'v5e'" in err and "treeshape.plan: best width=256" in err
 
 
@@ -139,6 +139,18 @@ def test_an_error_in_make_names_the_combination():
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="pass target= one of"):
         ts.plan(make, CHOICES)
+    with pytest.raises(TypeError, match=r"^treeshape\.plan: dim must be the name of a symbolic dimension"):
+        ts.plan(make, CHOICES, target="v5e", dim=1)
+    with pytest.raises(ValueError, match=r"^treeshape\.plan: budget must be a number of bytes >= 1"):
+        ts.plan(make, CHOICES, target="v5e", budget=-1)
+    with pytest.raises(TypeError, match=r"^treeshape\.plan: budget must be a number, got str"):
+        ts.plan(make, CHOICES, target="v5e", budget="16GiB")
+    with pytest.raises(ValueError, match=r"^treeshape\.plan: max_size must be >= 1"):
+        ts.plan(make, CHOICES, target="v5e", max_size=0)
+    with pytest.raises(TypeError, match=r"^treeshape\.plan: progress must be True or False, got str 'yes'"):
+        ts.plan(make, CHOICES, target="v5e", progress="yes")  # as largest_fit takes it
+    with pytest.raises(TypeError, match=r"^treeshape\.plan: donate_argnums must be an int or a sequence of ints"):
+        ts.plan(make, CHOICES, target="v5e", donate_argnums=1.5)
     with pytest.raises(TypeError, match="choices must be a non-empty dict"):
         ts.plan(make, [("width", [256])], target="v5e")
     with pytest.raises(ValueError, match=r"choices\['width'\] is empty"):
@@ -166,3 +178,67 @@ def test_the_command_line_plans_and_prints_json(capsys, tmp_path, monkeypatch):
     assert all(math.isclose(r["throughput"], r["size"] / r["seconds"]) for r in data["rows"])
     assert main(["plan", "planned:make", "--choice", "width", "--target", "v5e"]) == 2
     assert "expected NAME=V1,V2" in capsys.readouterr().err
+
+
+def test_a_combination_the_compiler_refuses_at_size_one_is_a_row_with_the_refusal(compiles):
+    """libtpu refuses a step whose weights alone (16 GiB) are over a v5e's memory, at size 1:
+    that combination is a row of size 0 whose note is the refusal, and the other rows stay."""
+
+    def make_rows(rows):
+        w = jax.ShapeDtypeStruct((rows, 2**15), jnp.float32)
+        x = jax.ShapeDtypeStruct((B, 2**15), jnp.float32)
+        return (lambda w, x: jnp.sin(w).sum() + x.sum()), w, x
+
+    p = ts.plan(make_rows, {"rows": [128, 2**17]}, target="v5e", max_size=4)
+    fits, refused = p.rows
+    assert fits.choice == {"rows": 128} and fits.size == 4 and p.best is fits
+    assert refused.choice == {"rows": 2**17} and (refused.size, refused.largest, refused.fit) == (0, 0, None)
+    assert refused.note.startswith("even b=1 does not fit: the program does not fit on TPU v5e x1: ")
+    assert "TPU v5e's compiler refuses it (" in refused.note and "memory" in refused.note
+    assert refused.budget == 16_911_433_728
+    # sizes 1, 4 and 2 of the combination that fits; the one libtpu refused is no program (as Fit counts it)
+    assert p.compiles == 3 == len(compiles) - 1
+
+
+def test_where_nothing_fits_best_is_none_the_table_says_so_and_every_compile_counts(compiles):
+    jax.clear_caches()
+    ts.clear_cache()
+    p = ts.plan(make, {"width": [2048]}, target="v5e", budget=BUDGET, donate_argnums=0, max_size=MAX)
+    (row,) = p.rows
+    assert row.size == 0 and p.best is None and p.pareto == ()
+    assert p.compiles == len(compiles) == 1  # size 1, over the budget: compiled, and counted
+    text = str(p)
+    assert text.splitlines()[2].split()[:3] == ["2048", "0", "0"]  # no row marked best
+    assert text.splitlines()[-1].startswith("nothing fits: no combination fits at b=1 (each row's note says why)")
+    assert "nothing fits" in p._repr_html_()
+
+
+def make_typed(dtype, layout, remat):
+    """A step whose choices are a dtype, a tuple and a string (`layout` and `remat` unused)."""
+    del layout, remat
+    return (
+        (lambda w, x: jnp.tanh(x @ w)),
+        jax.ShapeDtypeStruct((256, 256), dtype),
+        jax.ShapeDtypeStruct((B, 256), dtype),
+    )
+
+
+def test_choice_values_print_as_written(capsys):
+    choices = {"dtype": [jnp.bfloat16], "layout": [(4, 1)], "remat": ["dots"]}
+    p = ts.plan(make_typed, choices, target="v5e", max_size=2, progress=True)
+    err = capsys.readouterr().err
+    assert str(p).splitlines()[2].split()[:4] == ["best", "bfloat16", "4x1", "dots"]
+    assert "treeshape.plan: [1/1] dtype=bfloat16, layout=4x1, remat=dots\n" in err
+    assert "treeshape.plan: best dtype=bfloat16, layout=4x1, remat=dots at b=2 (" in err
+
+
+def test_the_command_line_names_the_combination_make_raised_for(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken_plan.py").write_text("def make(remat, mesh):\n    raise KeyError(f'no layer for {remat}')\n")
+    argv = ["plan", "broken_plan:make", "--choice", "remat=dots", "--choice", "mesh=4x1", "--target", "v5e"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "treeshape: error: planning broken_plan:make failed, raised by make(remat=dots, mesh=4x1): "
+        "KeyError: 'no layer for dots'"
+    )

@@ -20,14 +20,17 @@ if TYPE_CHECKING:
     )
     from ._compat import JaxReleaseError as JaxReleaseError
     from ._cost import (
+        BudgetError as BudgetError,
         Buffer as Buffer,
         Cost as Cost,
         Donation as Donation,
         Fit as Fit,
+        FitError as FitError,
         KernelTime as KernelTime,
         Phase as Phase,
         Plan as Plan,
         PlanRow as PlanRow,
+        SizeError as SizeError,
         StepTime as StepTime,
         Timeline as Timeline,
         cost as cost,
@@ -71,12 +74,14 @@ except importlib.metadata.PackageNotFoundError:  # a source tree on the path, ne
 # (`__getattr__` below). The imports above say the same to type checkers, which cannot
 # read this table; tests/test_architecture.py checks that the two agree.
 _MODULES: Final = {
+    "BudgetError": "._cost",
     "Buffer": "._cost",
     "CacheInfo": "._cache",
     "CarryMismatchError": "._errors",
     "Cost": "._cost",
     "Donation": "._cost",
     "Fit": "._cost",
+    "FitError": "._cost",
     "JaxReleaseError": "._compat",
     "KernelTime": "._cost",
     "Mismatch": "._errors",
@@ -89,6 +94,7 @@ _MODULES: Final = {
     "RestorePlan": "._restore",
     "Retrace": "._watch",
     "RetraceError": "._watch",
+    "SizeError": "._cost",
     "StaticRepr": "._tree",
     "StepTime": "._cost",
     "Structure": "._structure",

@@ -489,6 +489,43 @@ def check_callable(fn: Any, fn_name: str) -> None:
         )
 
 
+def check_donation(donate_argnums: Any, donate_argnames: Any, fn_name: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """`donate_argnums` and `donate_argnames` as `jax.jit` takes them (an int or ints, a str
+    or strs; `None` for none), as tuples; a `TypeError` naming the parameter for anything
+    else (a float, a bool, a str among the positions), before anything is traced."""
+    return (
+        _donated(donate_argnums, "donate_argnums", "int", fn_name, "positions of the arguments to donate, e.g. 0"),
+        _donated(donate_argnames, "donate_argnames", "str", fn_name, "names of the arguments to donate, e.g. 'state'"),
+    )
+
+
+def _donated(value: Any, what: str, kind: str, fn_name: str, example: str) -> tuple[Any, ...]:
+    def fits(x: Any) -> bool:
+        if kind == "str":
+            return isinstance(x, str)
+        return not isinstance(x, bool) and hasattr(type(x), "__index__")  # ints, NumPy's too
+
+    if value is None:
+        return ()
+    if fits(value):
+        return (value.__index__(),) if kind == "int" else (value,)
+    items = None
+    if not isinstance(value, (str, bytes)):
+        try:
+            items = tuple(value)
+        except TypeError:
+            items = None
+    bad = [x for x in items if not fits(x)] if items is not None else [value]
+    if items is None or bad:
+        inner = "" if items is None else f" ({bad[0]!r} is a {type(bad[0]).__name__})"
+        raise TypeError(
+            f"treeshape.{fn_name}: {what} must be {'an' if kind == 'int' else 'a'} {kind} or a sequence of {kind}s "
+            f"({example}), as for jax.jit; got "
+            f"{type(value).__name__} {value!r}{inner}."
+        )
+    return tuple(x.__index__() for x in items) if kind == "int" else items
+
+
 class Call(NamedTuple):
     """A call `fn(*args, **kwargs)` split as `core(*bound, *args, **{**bound_kw, **kwargs})`, flattened."""
 

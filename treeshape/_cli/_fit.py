@@ -97,7 +97,7 @@ def run(args: argparse.Namespace, stdout: TextIO) -> int:
             fix += f"from 1 (an offset such as {dim}+7, not a difference such as {dim}-8)"
         else:
             fix = f"pass --max-size {err.largest} or less"
-        raise Fail(f"at {dim}={err.n}, {spec} {err}: {fix}", 2) from err
+        raise Fail(f"at {dim}={err.n}, {spec} {err.problem}: {fix}", 2) from err
     except (TypeError, ValueError) as err:
         raise Fail(str(err).removeprefix("treeshape.largest_fit: "), 2) from err
     progress = sys.stderr.isatty() if args.progress is None else args.progress
@@ -119,7 +119,9 @@ def run(args: argparse.Namespace, stdout: TextIO) -> int:
         result = call_target(args, fit)
     except Fail as err:
         cause = err.__cause__
-        if isinstance(cause, BudgetError):
+        if isinstance(cause, BudgetError) and cause.peak is None:  # the target's compiler refused size 1
+            raise Fail(str(cause).removeprefix("treeshape.largest_fit: "), 2) from cause
+        if isinstance(cause, BudgetError) and cause.peak is not None:
             needed = math.ceil(cause.peak / (1 - args.margin))  # the least budget whose limit holds the peak
             raise Fail(
                 f"even {dim}=1 does not fit: its peak is {_amount(cause.peak)} per device, over the limit of "

@@ -9,7 +9,7 @@ import sys
 from typing import Any, Final, TextIO
 
 from ._common import checked_target, json_data, parse_bytes, resolve
-from ._fail import USER_ERRORS, Fail, one_line
+from ._fail import USER_ERRORS, Fail, one_line, printable
 
 
 _TUPLE: Final = re.compile(r"\d+(x\d+)+")
@@ -41,6 +41,19 @@ def choices(given: list[str]) -> dict[str, list[Any]]:
             raise Fail(f"--choice {name} is given twice: give its values once, comma-separated", 2)
         out[name] = [choice_value(v.strip()) for v in values.split(",") if v.strip()]
     return out
+
+
+def _combination(err: BaseException) -> str:
+    """`, raised by make(remat=dots)`: the combination `ts.plan` names in its note on an
+    error of MAKE or of a combination's step, as the command line gave it; else `""`."""
+    notes = getattr(err, "__notes__", None)
+    for note in notes if isinstance(notes, list) else ():
+        if isinstance(note, str) and note.startswith(_NOTE):
+            return f", {printable(note.removeprefix(_NOTE))}"
+    return ""
+
+
+_NOTE: Final = "treeshape.plan: "  # how `ts.plan` begins the note that names a combination
 
 
 def declare(sub: Any) -> argparse.ArgumentParser:
@@ -111,7 +124,7 @@ def run(args: argparse.Namespace, stdout: TextIO) -> int:
             progress=progress,
         )
     except USER_ERRORS as err:
-        raise Fail(f"planning {args.target} failed: {one_line(err)}", 1) from err
+        raise Fail(f"planning {args.target} failed{_combination(err)}: {one_line(err)}", 1) from err
     if args.json:
         rows = [{**json_data(row), "fit": None if row.fit is None else json_data(row.fit)} for row in result.rows]
         print(json.dumps({"dim": result.dim, "compiles": result.compiles, "rows": rows}), file=stdout)

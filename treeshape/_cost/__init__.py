@@ -20,20 +20,21 @@ The rest of the package imports this front, never a room of the wing:
 - `_timeline`: `Timeline` and `Phase`, the bytes live over the schedule;
 - `_kernels`, `_chips` and `_time`: the kernels of the module the target's compiler dumped,
   the chips' figures, and `StepTime`, the time of one run;
-- `_fit`: `largest_fit` and `Fit`;
+- `_request` and `_fit`: a `largest_fit` request checked (and `FitError`, `SizeError`,
+  `BudgetError`), then `largest_fit` and `Fit`;
 - `_plan`: `plan`, `Plan` and `PlanRow`, the fastest combination of choices that fits.
 """
 
 from ._buffers import Buffer as Buffer, Donation as Donation
 from ._cost import Cost as Cost, check_target as check_target, cost as cost
-from ._fit import (
+from ._fit import Fit as Fit, largest_fit as largest_fit
+from ._plan import Plan as Plan, PlanRow as PlanRow, plan as plan
+from ._request import (
     BudgetError as BudgetError,
-    Fit as Fit,
+    FitError as FitError,
     SizeError as SizeError,
     check_request as check_request,
-    largest_fit as largest_fit,
 )
-from ._plan import Plan as Plan, PlanRow as PlanRow, plan as plan
 from ._target import targets as targets
 from ._time import KernelTime as KernelTime, StepTime as StepTime
 from ._timeline import Phase as Phase, Timeline as Timeline

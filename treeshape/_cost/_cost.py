@@ -25,6 +25,7 @@ from .._call import (
     Call,
     abstract_inputs,
     check_callable,
+    check_donation,
     check_inputs,
     input_path,
     is_abstract,
@@ -504,6 +505,7 @@ def cost(
         True
     """
     check_callable(fn, "cost")
+    donate_argnums, donate_argnames = check_donation(donate_argnums, donate_argnames, "cost")
     target = check_target(target, "cost")
     call, donated = prepare(fn, args, kwargs, donate_argnums, donate_argnames, "cost")
     return cost_of(call, donated, target)[0]

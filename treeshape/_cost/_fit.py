@@ -16,7 +16,6 @@ TPU target's size is judged by libtpu's own peak (`Cost.compiler_peak_bytes`).
 import dataclasses
 import html
 import math
-import numbers
 import os
 import sys
 import time
@@ -25,15 +24,22 @@ from typing import Any, Final
 
 import jax
 
-from .._call import Call, abstract_inputs, check_callable, input_path
-from .._dims import DimOverflow, bind_leaves, check_sizes, free_names
-from .._leaf import leaf_str
-from .._shapes import extent_problem, human_bytes
-from .._sharding import split_problem
+from .._call import Call, abstract_inputs, check_callable, check_donation, input_path
+from .._dims import free_names
+from .._shapes import human_bytes
 from .._table import grid, html_grid
 from . import _buffers, _compiles, _deviceless, _target
 from ._cost import Cost, check_target, cost_of, exact, prepare
-from ._search import SECOND_PROBE, far_over, find_size
+from ._request import (
+    BudgetError,
+    SizeError,
+    bind_at,
+    check_arguments,
+    check_names,
+    check_progress,
+    largest_allowed,
+)
+from ._search import far_over, find_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +52,8 @@ class Fit:
             (or `n` is `max_size`).
         cost: The [treeshape.Cost][] of the program at `n`, per device.
         fixed_bytes: The peak bytes that do not grow with the dimension, from the line
-            through the two probes (sizes 1 and 64, or `max_size` if smaller); `None`
-            if only size 1 was compiled.
+            through two sizes compiled: `n` and the largest that fits at most half of it
+            (1 and 2 where `n` is 1); `None` if only size 1 was compiled.
         per_unit_bytes: The peak bytes that one more unit of the dimension adds, from
             the same line; `None` if only size 1 was compiled.
         budget: The bytes one device has (given, or the device's reported limit).
@@ -107,10 +113,11 @@ class Fit:
     refused_next: bool = dataclasses.field(default=False, kw_only=True, compare=False)
 
     def _line_off_the_answer(self) -> float | None:
-        """The probes' line, `fixed_bytes + per_unit_bytes * n`, at the answer where it does not
-        pass near the peak there (within `_NEAR`) or has a negative fixed size: the peak does not
-        grow in a line (a non-monotone or non-linear peak), and the table shows neither figure.
-        None where the line describes the answer, or where there is no line."""
+        """The line `fixed_bytes + per_unit_bytes * n` at the answer where it does not pass near
+        the peak there (within `_NEAR`) or has a negative fixed size or slope: the peak does not
+        grow in a line (a non-monotone or non-linear peak: a quadratic's line near the answer
+        meets n = 0 below zero), and the table shows neither figure. None where the line
+        describes the answer, or where there is no line."""
         fixed, per_unit, peak = self.fixed_bytes, self.per_unit_bytes, self._peak()
         if fixed is None or per_unit is None or peak is None:
             return None
@@ -148,12 +155,17 @@ class Fit:
                 f"{self.dim}={self.size + 1} was refused by the target's compiler (out of memory): the compiler, "
                 "not the budget, bounded the size"
             )
-        line = self._line_off_the_answer()
-        if line is not None:
+        line, peak = self._line_off_the_answer(), self._peak()
+        if line is not None and peak is not None and abs(line - peak) > _NEAR * peak:
             notes.append(
-                f"fixed and per unit are not shown: the line through the probes gives {_bytes(line)} at "
-                f"{self.dim}={self.size}, not its peak of {_bytes(self._peak())} (the peak does not grow "
-                f"in a line in {self.dim})"
+                f"fixed and per unit are not shown: the line through the sizes compiled gives {_bytes(line)} at "
+                f"{self.dim}={self.size}, not its peak of {_bytes(peak)} (the peak does not grow in a line in "
+                f"{self.dim})"
+            )
+        elif line is not None:
+            notes.append(
+                f"fixed and per unit are not shown: the line through the sizes compiled near {self.dim}={self.size} "
+                f"falls below zero toward {self.dim}=0 (the peak does not grow in a line in {self.dim})"
             )
         if self.capped:
             notes.append(
@@ -238,181 +250,12 @@ def _limit(budget: int, margin: float) -> int:
     return math.floor((1 - margin) * budget)
 
 
-# -- arguments ---------------------------------------------------------------------
-def _real(value: Any, what: str, example: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"treeshape.largest_fit: {what} must be a number, got {type(value).__name__} {value!r} ({example})."
-        )
-    return float(value)
-
-
-def check_arguments(dim: Any, budget: Any, margin: Any, max_size: Any) -> None:
-    """Raise `TypeError` / `ValueError` for a `largest_fit` argument of the wrong type or range."""
-    if not isinstance(dim, str):
-        raise TypeError(
-            f"treeshape.largest_fit: dim must be the name of a symbolic dimension (a str such as 'b'), got "
-            f"{type(dim).__name__} {dim!r}."
-        )
-    if budget is not None:
-        example = "e.g. budget=16 * 2**30 for 16 GiB"
-        if not math.isfinite(_real(budget, "budget", example)) or budget < 1:
-            raise ValueError(
-                f"treeshape.largest_fit: budget must be a number of bytes >= 1 ({example}), got {budget!r}."
-            )
-    example = "e.g. margin=0.1 keeps 10% of the budget free"
-    if not 0 <= _real(margin, "margin", example) < 1:
-        raise ValueError(
-            f"treeshape.largest_fit: margin must be the fraction of the budget kept free, in [0, 1) ({example}), "
-            f"got {margin!r}."
-        )
-    if isinstance(max_size, bool) or not isinstance(max_size, numbers.Integral):
-        raise TypeError(
-            f"treeshape.largest_fit: max_size must be an int >= 1, got {type(max_size).__name__} {max_size!r}."
-        )
-    if max_size < 1:
-        raise ValueError(
-            f"treeshape.largest_fit: max_size must be >= 1 (a dimension's sizes start at 1), got {max_size}."
-        )
-
-
-def check_names(dim: str, names: Sequence[str], command_line: bool = False) -> None:
-    """`dim` must be the only free dimension of the inputs (`names`); the fixes are told
-    in Python, or for `command_line` in specs."""
-    if not names:
-        symbolic = (
-            f"a name in a spec, such as f32[{dim},784]"
-            if command_line
-            else f"a symbolic size: `({dim},) = jax.export.symbolic_shape({dim!r})`, then inputs such as "
-            f"`jax.ShapeDtypeStruct(({dim}, 784), jnp.float32)`"
-        )
-        raise ValueError(
-            f"treeshape.largest_fit: dim={dim!r}, but the inputs have no free dimension. Give the dimension to "
-            f"search {symbolic}."
-        )
-    listed = ", ".join(names)
-    if dim not in names:
-        raise ValueError(
-            f"treeshape.largest_fit: dim={dim!r} is not a free dimension of the inputs; their free dimensions are "
-            f"{listed}. Pass one of them as dim."
-        )
-    others = [name for name in names if name != dim]
-    if others:
-        bind = ", ".join(f"{name}=..." for name in others)
-        sizes = (
-            "concrete sizes in the specs" if command_line else f"`s.bind({bind})` for a Structure, or concrete shapes"
-        )
-        raise ValueError(
-            f"treeshape.largest_fit: the inputs' free dimensions are {listed}, and only dim={dim!r} is searched. "
-            f"Give the others sizes first: {sizes}."
-        )
-
-
-# -- sizes the shapes allow -------------------------------------------------------------
-class SizeError(ValueError):
-    """A size of the searched dimension that the inputs' shapes do not allow. The message
-    says why, without the function's name or the fix (the callers word those); `index` is
-    the input leaf at fault (`None` for a broken constraint)."""
-
-    def __init__(self, message: str, n: int, index: int | None, fix: str = "") -> None:
-        super().__init__(message)
-        self.n, self.index, self.fix = n, index, fix
-        self.largest: int | None = None  # the largest size the shapes allow, where `check_request` found it
-
-
-def bind_at(dim: str, n: int, names: Sequence[str], leaves: Sequence[Any]) -> list[Any]:
-    """`leaves` with `dim` bound to `n`.
-
-    Raises:
-        SizeError: `n` breaks a constraint of the dimension's symbolic scope, or makes a
-            size negative, or an array XLA cannot count (which would end the process).
-    """
-    try:
-        sizes = check_sizes({dim: n}, names, leaves, "largest_fit")
-    except ValueError as e:
-        raise SizeError(str(e).removeprefix("treeshape.largest_fit: "), n, None) from None
-    try:
-        bound, negative = bind_leaves(leaves, sizes)
-    except DimOverflow as e:
-        raise SizeError(e.problem, n, e.index) from None
-    if negative:
-        i = negative[0]
-        raise SizeError(f"has a negative size ({leaves[i].shape} gives {bound[i].shape})", n, i)
-    for i, leaf in enumerate(bound):
-        if leaf is leaves[i]:
-            continue
-        problem = extent_problem(leaf.shape, leaf.dtype)
-        if problem is not None:  # XLA would abort the process on it
-            raise SizeError(f"({leaf_str(leaf)}) {problem}", n, i)
-        unfit = split_problem(leaf) if hasattr(leaf, "sharding") else None
-        if unfit is not None:  # JAX's IndivisibleError otherwise
-            raise SizeError(f"has a sharding that does not fit: {unfit}", n, i, fix=_SPLIT_FIX.format(dim=dim))
-    return bound
-
-
-_SPLIT_FIX: Final = (
-    "Write the dimension so that every size divides (`8*{dim}` for 8 devices, {dim} then counting the rows on "
-    "each device), or constrain it (`mod({dim}, 8) == 0`) and search a multiple."
-)
-
-
-def largest_allowed(dim: str, max_size: int, names: Sequence[str], leaves: Sequence[Any]) -> int:
-    """The largest size in `1..max_size` that `bind_at` allows, size 1 allowed (for a fix
-    to suggest: the sizes an array grows with are allowed up to some size)."""
-    lo, hi = 1, max_size
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        try:
-            bind_at(dim, mid, names, leaves)
-        except SizeError:
-            hi = mid - 1
-        else:
-            lo = mid
-    return lo
-
-
-def check_request(
-    dim: Any, budget: Any, margin: Any, max_size: Any, leaves: Sequence[Any], command_line: bool = False
-) -> None:
-    """A `largest_fit` request checked before anything is traced or compiled: its arguments,
-    `dim` the only free dimension of `leaves` (the abstract inputs), and sizes 1 and
-    `max_size` allowed by their shapes (the command line checks its specs so, before it
-    imports the user's module; fixes are told in specs for `command_line`).
-
-    Raises:
-        TypeError, ValueError: an argument of the wrong type or range, or a wrong `dim`.
-        SizeError: the shapes refuse size 1 or `max_size`; for `max_size`, its `largest`
-            is the largest size they allow.
-    """
-    check_arguments(dim, budget, margin, max_size)
-    names = free_names(leaves)
-    check_names(dim, names, command_line)
-    for n in (1, max_size):
-        try:
-            bind_at(dim, n, names, leaves)
-        except SizeError as e:
-            if n != 1:
-                e.largest = largest_allowed(dim, max_size, names, leaves)
-            raise
-
-
-class BudgetError(ValueError):
-    """Even size 1 does not fit the budget: `peak` bytes per device over `limit`."""
-
-    def __init__(self, message: str, peak: int, limit: int) -> None:
-        super().__init__(message)
-        self.peak, self.limit = peak, limit
-
-
 # -- the steps of largest_fit ------------------------------------------------------
 def _check_inputs(fn: Any, dim: Any, budget: Any, margin: Any, max_size: Any, progress: Any) -> None:
     """The errors of `largest_fit`'s own arguments, raised before anything is traced."""
     check_callable(fn, "largest_fit")
     check_arguments(dim, budget, margin, max_size)
-    if not isinstance(progress, bool):
-        raise TypeError(
-            f"treeshape.largest_fit: progress must be True or False, got {type(progress).__name__} {progress!r}."
-        )
+    check_progress(progress, "largest_fit")
 
 
 class _Probes:
@@ -455,6 +298,7 @@ class _Probes:
             return bind_at(dim, n, self.names, self.leaves)
         except SizeError as e:
             where = "" if e.index is None else f"at {dim}={n}, {input_path(self.leaves, self.call.treedef, e.index)} "
+            largest = None
             if e.fix:
                 fix = e.fix
             elif n == 1:
@@ -463,7 +307,11 @@ class _Probes:
             else:
                 largest = largest_allowed(dim, max_size, self.names, self.leaves)
                 fix = f"The search tries sizes up to max_size={max_size}: pass max_size={largest}, which they allow."
-            raise ValueError(f"treeshape.largest_fit: {where}{str(e).rstrip('.')}. {fix}") from None
+            error = SizeError(
+                f"treeshape.largest_fit: {where}{str(e).rstrip('.')}. {fix}", n, e.index, e.fix, e.problem
+            )
+            error.largest = largest
+            raise error from None
 
     def cost_at(self, n: int) -> Cost:
         """The `Cost` at size `n`, compiled once (and timed) or taken from the cache."""
@@ -505,10 +353,13 @@ class _Probes:
         began = time.perf_counter()
         try:
             peak = self.judged(self.cost_at(n))
-        except _deviceless.OutOfMemory:  # the target's compiler refuses it: it does not fit
-            if n == 1:
-                raise
+        except _deviceless.OutOfMemory as e:  # the target's compiler refuses it: it does not fit
             self.refused[n] = (f"the {self.target!r} compiler refuses it (out of memory)", time.perf_counter() - began)
+            if n == 1:  # nothing fits: a BudgetError, its peak unknown
+                said = str(e).removeprefix("treeshape: ")  # what the compiler said, and the fix
+                raise BudgetError(
+                    f"treeshape.largest_fit: even {self.dim}=1 does not fit: {said}", None, limit
+                ) from None
             return limit + 1
         except jax.errors.JaxRuntimeError as e:
             failed = time.perf_counter() - began
@@ -560,8 +411,8 @@ def _budget(budget: float | None, probes: _Probes) -> tuple[int, str | None]:
         budget, budget_source = _deviceless.budget(
             _target.resolve(probes.target, "largest_fit")[0], os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
         )
-    first = probes.cost_at(1)
-    if budget is None:
+    if budget is None:  # the device's limit, from the `Cost` at size 1 (which the search compiles first)
+        first = probes.cost_at(1)
         if first.device_bytes is None:
             raise ValueError(
                 "treeshape.largest_fit: no budget given, and the device reports no memory limit "
@@ -595,8 +446,14 @@ def _report_size(probes: _Probes, limit: int, n: int, peak: int, lo: int, hi: in
 def _check_size_one(
     probes: _Probes, budget: int, margin: float, limit: int, report: Callable[[int, int, int, int], None] | None
 ) -> None:
-    """Raise `BudgetError` where even size 1 does not fit (with its largest buffers)."""
-    peak = probes.peak_at(1, limit)
+    """Raise `BudgetError` where even size 1 does not fit (with its largest buffers), or
+    where the target's compiler refuses it."""
+    try:
+        peak = probes.peak_at(1, limit)
+    except BudgetError:
+        if report is not None:
+            report(1, limit + 1, 0, 1)  # (its progress line says the compiler refused it)
+        raise
     if peak > limit:
         if report is not None:
             report(1, peak, 0, 1)
@@ -617,13 +474,9 @@ def _check_size_one(
 def _fit(
     probes: _Probes, size: int, known: dict[int, int], budget: int, margin: float, budget_source: str | None
 ) -> Fit:
-    """The answer: `size`, its `Cost`, the line through the probes (sizes 1 and
-    `SECOND_PROBE`), and whether the peaks `known` grow with the size."""
-    probe = min(SECOND_PROBE, probes.max_size)
-    fixed = per_unit = None
-    if probe > 1:
-        per_unit = (known[probe] - known[1]) / (probe - 1)
-        fixed = known[1] - per_unit
+    """The answer: `size`, its `Cost`, the line through two sizes compiled (`_line`), and
+    whether the peaks `known` grow with the size."""
+    fixed, per_unit = _line(size, {n: p for n, p in known.items() if n not in probes.refused}, _limit(budget, margin))
     ordered = sorted(n for n in known if n not in probes.refused)  # a refused size has no peak
     monotone = all(known[a] <= known[b] for a, b in zip(ordered, ordered[1:], strict=False))
     return Fit(
@@ -641,6 +494,21 @@ def _fit(
         judged_by=_JUDGED_BY_LIBTPU if probes.tpu and probes.costs[size].compiler_peak_bytes is not None else None,
         refused_next=size + 1 in probes.refused and "out of memory" in probes.refused[size + 1][0],
     )
+
+
+def _line(size: int, peaks: dict[int, int], limit: int) -> tuple[float | None, float | None]:
+    """`fixed_bytes` and `per_unit_bytes`: the line through the answer and the largest size
+    compiled that fits at most half of it (a span wide enough that small sizes' padding
+    does not tilt it, and near the answer); at size 1, through 1 and the size above it.
+    `(None, None)` where no second size has a peak."""
+    if size > 1:
+        other = max(n for n, p in peaks.items() if n <= size // 2 and p <= limit)  # (size 1 fits)
+    else:
+        other = min((n for n in peaks if n > size), default=size)
+    if other == size:
+        return None, None
+    per_unit = (peaks[size] - peaks[other]) / (size - other)
+    return peaks[size] - per_unit * size, per_unit
 
 
 def _report_fit(fit: Fit, peak: int, limit: int, refused: int, seconds: float) -> None:
@@ -722,6 +590,7 @@ def largest_fit(
         (56, 1048256, True, True, False)
     """
     _check_inputs(fn, dim, budget, margin, max_size, progress)
+    donate_argnums, donate_argnames = check_donation(donate_argnums, donate_argnames, "largest_fit")
     target = check_target(target, "largest_fit")
     return search(
         fn, args, kwargs, dim, budget, margin, int(max_size), donate_argnums, donate_argnames, progress, target

@@ -8,21 +8,27 @@ builds the step and its arguments; `_fit.search` finds the largest size that fit
 largest which are powers of two and were not compiled are compiled too (each once, cached
 as `cost` caches it). Each size's throughput is `size / seconds` (`Cost.time`; the
 roofline floor where the target has no checked estimate), and the row keeps the size of
-highest throughput. A combination that fits at no size is a row of size 0 with its reason.
+highest throughput. A combination that fits at no size (over the budget at size 1, or
+refused by the target's compiler for want of memory) is a row of size 0 with its reason.
 """
 
 import dataclasses
+import html
 import itertools
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from .._call import check_donation
 from .._shapes import human_bytes
 from .._table import grid, html_grid
-from . import _plot, _target
+from . import _compiles, _plot, _target
 from ._cost import Cost, check_target
-from ._fit import BudgetError, Fit, check_arguments, search
+from ._fit import Fit, search
+from ._request import BudgetError, check_arguments, check_progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +83,8 @@ class Plan:
         dim: The dimension sized.
         rows: One [treeshape.PlanRow][] per combination, by throughput, fastest first (ties:
             the smaller peak); combinations that fit at no size last.
-        compiles: The programs compiled for the plan (cached sizes compile nothing).
+        compiles: The programs compiled for the plan, those of combinations that fit at no
+            size included (cached sizes compile nothing).
 
     Examples:
         >>> import treeshape as ts
@@ -101,9 +108,9 @@ class Plan:
     compiles: int = 0
 
     @property
-    def best(self) -> PlanRow:
-        """The fastest combination that fits (the first row)."""
-        return self.rows[0]
+    def best(self) -> PlanRow | None:
+        """The fastest combination that fits (the first row); `None` where none fits."""
+        return self.rows[0] if self.rows and self.rows[0].size > 0 else None
 
     @property
     def pareto(self) -> tuple[PlanRow, ...]:
@@ -137,13 +144,24 @@ class Plan:
             rows.append([mark, *values, f"{r.size:,}", f"{r.largest:,}", seconds, rate, peak, mfu, note])
         return head, rows
 
+    def _nothing_fits(self) -> str:
+        """The line under the table where no combination fits, else `""`."""
+        if self.best is not None:
+            return ""
+        return (
+            f"nothing fits: no combination fits at {self.dim}=1 (each row's note says why). Raise the budget, shard "
+            "over more devices, donate buffers (donate_argnums) or shrink the step."
+        )
+
     def __str__(self) -> str:
         head, rows = self._table()
-        return grid(head, rows, right=0)
+        text = grid(head, rows, right=0)
+        return f"{text}\n{said}" if (said := self._nothing_fits()) else text
 
     def _repr_html_(self) -> str:
         head, rows = self._table()
-        return html_grid(head, rows, right=0, css_class="treeshape-plan")
+        page = html_grid(head, rows, right=0, css_class="treeshape-plan")
+        return f"{page}<p>{html.escape(said)}</p>" if (said := self._nothing_fits()) else page
 
     def plot(self, ax: Any = None) -> Any:
         """Draw throughput against peak bytes with matplotlib (the extra `treeshape[plot]`),
@@ -153,13 +171,26 @@ class Plan:
 
 
 def _value(v: Any) -> str:
-    if isinstance(v, tuple) and all(isinstance(x, int) for x in v):
+    """A choice's value as the user wrote it: `dots` (not `'dots'`), `4x1` for a tuple of
+    ints, `bfloat16` for a dtype or scalar type, a function or class by its name."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, tuple) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
         return "x".join(str(x) for x in v)
-    return v if isinstance(v, str) else repr(v)
+    if isinstance(v, np.dtype):
+        return v.name
+    if isinstance(v, type) and (issubclass(v, np.generic) or isinstance(getattr(v, "dtype", None), np.dtype)):
+        return np.dtype(v).name  # np.float32, jnp.bfloat16
+    name = getattr(v, "__name__", None)
+    if isinstance(name, str) and callable(v):
+        return name
+    return str(v)
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    return f"{seconds * 1e3:.1f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"
 
 
 def _combinations(choices: Any) -> list[dict[str, Any]]:
@@ -187,7 +218,8 @@ def _combinations(choices: Any) -> list[dict[str, Any]]:
 
 
 def _said(choice: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" for k, v in choice.items())
+    """The combination as the user wrote it: `remat=dots, mesh=4x1`."""
+    return ", ".join(f"{k}={_value(v)}" for k, v in choice.items())
 
 
 def _made(make: Callable[..., Any], choice: dict[str, Any]) -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -281,9 +313,11 @@ def plan(
         A [treeshape.Plan][].
 
     Raises:
-        TypeError: `make` is not callable, or `choices` is not a dict of sequences.
+        TypeError: `make` is not callable, `choices` is not a dict of sequences, or an
+            argument has the wrong type (`progress` a bool, `donate_argnums` ints).
         ValueError: no `target`, an empty choice, or what `largest_fit` raises for a
-            combination (other than "even size 1 does not fit", which is a row).
+            combination (but a [treeshape.BudgetError][], even size 1 not fitting or
+            refused by the target's compiler, which is a row).
 
     Errors raised by `make` or a step propagate unchanged, with a note naming the
     combination.
@@ -308,38 +342,41 @@ def plan(
             "treeshape.plan: a plan ranks by the time of a step on an accelerator; pass target= one of "
             f"{', '.join(repr(t) for t in _target.targets())}."
         )
-    check_arguments(dim, budget, 0.0, 2**20 if max_size is None else max_size)
+    check_arguments(dim, budget, 0.0, 2**20 if max_size is None else max_size, "plan")
+    check_progress(progress, "plan")
+    donate_argnums, donate_argnames = check_donation(donate_argnums, donate_argnames, "plan")
     target = check_target(target, "plan")
     largest = 2**20 if max_size is None else int(max_size)
     start = time.perf_counter()
-    rows, programs = [], 0
-    for i, choice in enumerate(combinations):
-        if progress:
-            print(f"treeshape.plan: [{i + 1}/{len(combinations)}] {_said(choice)}", file=sys.stderr, flush=True)
-        step, args = _made(make, choice)
-        try:
-            fit, sizes = search(step, args, {}, dim, budget, 0.0, largest, donate_argnums, donate_argnames, progress,
-                                target)  # fmt: skip
-        except BudgetError as e:
-            note = str(e).removeprefix("treeshape.largest_fit: ")
-            rows.append(PlanRow(choice, 0, 0, None, 0.0, None, None, None, None, note))
-            continue
-        except Exception as e:
-            e.add_note(f"treeshape.plan: for the combination {_said(choice)}")
-            raise
-        for n in _powers_below(fit.size):
-            if n not in sizes.costs:
-                sizes.cost_at(n)
-        programs += sizes.programs
-        judged = (lambda c: c.compiler_peak_bytes) if fit.judged_by is not None else (lambda c: c.peak_bytes)
-        rows.append(_row(choice, fit, sizes.costs, judged))
+    rows = []
+    with _compiles.counting() as programs:  # every program, those of combinations that fit nowhere too
+        for i, choice in enumerate(combinations):
+            if progress:
+                print(f"treeshape.plan: [{i + 1}/{len(combinations)}] {_said(choice)}", file=sys.stderr, flush=True)
+            step, args = _made(make, choice)
+            try:
+                fit, sizes = search(step, args, {}, dim, budget, 0.0, largest, donate_argnums, donate_argnames,
+                                    progress, target)  # fmt: skip
+            except BudgetError as e:  # even size 1 does not fit (or the target's compiler refuses it)
+                note = str(e).removeprefix("treeshape.largest_fit: ")
+                rows.append(PlanRow(choice, 0, 0, None, 0.0, None, e.limit, None, None, note))
+                continue
+            except Exception as e:
+                e.add_note(f"treeshape.plan: for the combination {_said(choice)}")
+                raise
+            for n in _powers_below(fit.size):
+                if n not in sizes.costs:
+                    sizes.cost_at(n)
+            judged = (lambda c: c.compiler_peak_bytes) if fit.judged_by is not None else (lambda c: c.peak_bytes)
+            rows.append(_row(choice, fit, sizes.costs, judged))
     rows.sort(key=lambda r: (r.size == 0, -r.throughput, r.peak_bytes if r.peak_bytes is not None else 0))
-    out = Plan(dim, tuple(rows), programs)
+    out = Plan(dim, tuple(rows), programs[0])
     if progress:
         best = out.best
+        said = "nothing fits" if best is None else f"best {_said(best.choice)} at {dim}={best.size} "
+        said += "" if best is None else f"({best.throughput:,.0f} {dim}/s)"
         print(
-            f"treeshape.plan: best {_said(best.choice)} at {dim}={best.size} ({best.throughput:,.0f} {dim}/s); "
-            f"{programs} programs compiled in {time.perf_counter() - start:.1f} s",
+            f"treeshape.plan: {said}; {programs[0]} programs compiled in {time.perf_counter() - start:.1f} s",
             file=sys.stderr,
             flush=True,
         )
