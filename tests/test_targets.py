@@ -280,22 +280,23 @@ def test_a_size_the_compiler_fails_on_far_over_the_budget_does_not_fit(monkeypat
 
     (b,) = jax.export.symbolic_shape("b")
     x = jax.ShapeDtypeStruct((b, 2**20), jnp.float32)  # 8 MiB of argument and output per row
-    monkeypatch.setattr(_deviceless, "compile_for", failing_above(50))
-    fit = ts.largest_fit(jnp.tanh, x, dim="b", target="h100", budget=320 * 2**20)
-    assert tried == [1, 64, 32, 40, 41]  # 64 fails: 32 compiled, the line through 1 and 32 puts 64 at 1.6x
-    assert fit.size == 40 and fit.compiles == 4
-    assert fit.cost == ts.cost(jnp.tanh, x.update(shape=(40, 2**20)), target="h100")
-    assert fit.cost.peak_bytes <= 320 * 2**20 < ts.cost(jnp.tanh, x.update(shape=(41, 2**20)), target="h100").peak_bytes
+    monkeypatch.setattr(_deviceless, "compile_for", failing_above(3))
+    fit = ts.largest_fit(jnp.tanh, x, dim="b", target="h100", budget=20 * 2**20)
+    assert tried == [1, 4, 2, 3]  # 4 fails: 2 compiled, the line through 1 and 2 puts 4 at 1.6x the budget
+    assert fit.size == 2 and fit.compiles == 3
+    assert fit.cost == ts.cost(jnp.tanh, x.update(shape=(2, 2**20)), target="h100")
+    assert fit.cost.peak_bytes <= 20 * 2**20 < ts.cost(jnp.tanh, x.update(shape=(3, 2**20)), target="h100").peak_bytes
 
     tried.clear()
     ts.clear_cache()
+    monkeypatch.setattr(_deviceless, "compile_for", failing_above(50))
     with pytest.raises(jax.errors.JaxRuntimeError, match="Couldn't find output tile sizes") as info:
-        ts.largest_fit(jnp.tanh, x, dim="b", target="h100", budget=2**30)  # 64 would fit: not judged
-    assert tried == [1, 64, 32]
+        ts.largest_fit(jnp.tanh, x, dim="b", target="h100", budget=2**30)  # 129 is just over: not judged
+    assert tried == [1, 4, 129]
     assert info.value.__notes__ == [
-        "treeshape.largest_fit: the 'h100' compiler failed at b=64, which the sizes below it that compile do not "
-        "put well over the budget: whether it fits is not known. Pass a max_size below 64 to search below it "
-        "(b=32 is the largest size compiled that fits)."
+        "treeshape.largest_fit: the 'h100' compiler failed at b=129, which the sizes below it that compile do not "
+        "put well over the budget: whether it fits is not known. Pass a max_size below 129 to search below it "
+        "(b=4 is the largest size compiled that fits)."
     ]
 
     ts.clear_cache()
@@ -315,31 +316,49 @@ def test_progress_names_each_size_the_target_compiler_refuses_or_fails_on(monkey
 
     def refusing(lowered, placed):
         rows = jax.tree.leaves(lowered.args_info)[0].shape[0]
-        if rows > 50:
+        if rows > 3:
             raise jax.errors.JaxRuntimeError("INTERNAL: Couldn't find output tile sizes")
-        if rows > 40:
+        if rows > 2:
             raise _deviceless.OutOfMemory("treeshape: the program does not fit on H100")
         return compile_for(lowered, placed)
 
     monkeypatch.setattr(_deviceless, "compile_for", refusing)
     (b,) = jax.export.symbolic_shape("b")
     x = jax.ShapeDtypeStruct((b, 2**20), jnp.float32)  # 8 MiB of argument and output per row
-    fit = ts.largest_fit(jnp.tanh, x, dim="b", target="h100", budget=320 * 2**20, progress=True)
+    fit = ts.largest_fit(jnp.tanh, x, dim="b", target="h100", budget=20 * 2**20, progress=True)
     err = capsys.readouterr().err
     ended = [line for line in err.splitlines() if not line.endswith("compiling for 'h100'")]  # (as each starts)
     lines = [line.removeprefix("treeshape.largest_fit: ").rsplit("; ", 1)[0] for line in ended]
-    assert fit.size == 40 and fit.compiles == 3  # 1, 32 (to judge 64), 40; 41 and above are refused
+    assert fit.size == 2 and fit.compiles == 2  # 1 and 2 (to judge 4); 3 and above are refused
     assert lines[1:4] == [
-        "b=64: the 'h100' compiler fails on it; the line through b=1 and 32 puts its peak at 512.0 MiB: "
-        "does not fit; the answer is in 1..63",
-        "b=40: peak 320.0 MiB (335,544,320 B), fits; the answer is in 40..63",
-        "b=41: the 'h100' compiler refuses it (out of memory): does not fit; the answer is 40",
+        "b=4: the 'h100' compiler fails on it; the line through b=1 and 2 puts its peak at 32.0 MiB: "
+        "does not fit; the answer is in 1..3",
+        "b=2: peak 16.0 MiB (16,777,216 B), fits; the answer is in 2..3",
+        "b=3: the 'h100' compiler refuses it (out of memory): does not fit; the answer is 2",
     ]
-    assert "b=41 does not; 3 programs compiled, 2 sizes refused by the compiler in " in err.splitlines()[-1]
+    assert "b=3 does not; 2 programs compiled, 2 sizes refused by the compiler in " in err.splitlines()[-1]
 
 
-# -- the cache ----------------------------------------------------------------------------
-@needs_cuda_release
+def test_a_line_the_compiler_refuses_just_past_is_checked_at_its_end(monkeypatch, compiles):
+    """libtpu refuses the size just past where the line through the sizes that fit reaches
+    the budget (its peak unknown): the line's own size is compiled next, not halfway."""
+    from treeshape._cost import _deviceless
+
+    compile_for, tried = _deviceless.compile_for, []
+
+    def refusing(lowered, placed):
+        tried.append(rows := jax.tree.leaves(lowered.args_info)[0].shape[0])
+        if rows > 40:
+            raise _deviceless.OutOfMemory("treeshape: the program does not fit on TPU v5e x1")
+        return compile_for(lowered, placed)
+
+    monkeypatch.setattr(_deviceless, "compile_for", refusing)
+    (b,) = jax.export.symbolic_shape("b")
+    x = jax.ShapeDtypeStruct((b, 2**20), jnp.float32)
+    fit = ts.largest_fit(jnp.tanh, x, dim="b", target="v5e", budget=320 * 2**20)
+    assert (fit.size, fit.refused_next, tried, fit.compiles) == (40, True, [1, 4, 41, 40], 3)
+
+
 def test_asking_again_compiles_nothing_and_each_target_is_its_own_entry(compiles):
     x = jax.ShapeDtypeStruct((512, 512), jnp.float32)
     first = ts.cost(jnp.sin, x, target="h100")

@@ -138,7 +138,9 @@ def _guess(s: _Bracket) -> int:
     3. Between `lo` and `hi`: where the curve `peak(1) + c * (n**p - 1)` through both
        reaches the limit (a line for `p == 1`, as for most programs; `p` near 2 for
        attention scores quadratic in a sequence length); `lo + 1` when that is `lo`.
-       Where the target's compiler refused `hi` (its peak is not known), halfway.
+       Where the target's compiler refused `hi` (its peak is not known), where the line
+       through the two largest sizes that fit reaches the limit, if inside the bracket
+       (the refusal agrees with it), else halfway.
        Where `hi` moved twice in a row, `lo` may be stale (a kink between them, where
        XLA changes kernels): the line through the two sizes compiled last, if lower.
        Where the guess is next to an end whose peak another size shares (a plateau:
@@ -161,6 +163,11 @@ def _guess(s: _Bracket) -> int:
             n = max(n, min(_power_law(known[1], a, known[a], b, known[b], limit) or n, _REACH * b), 2 * b)
         return n + 1
     if s.refused(hi):  # the compiler refused `hi`: no peak to draw a line to
+        below = {m: p for m, p in known.items() if m <= lo}
+        if len(below) > 1:  # the line through the sizes that fit, where it ends inside the bracket
+            a, b = rising(below, lo)
+            if known[b] > known[a] and lo < (n := b + (limit - known[b]) * (b - a) // (known[b] - known[a])) < hi:
+                return n
         return (lo + hi) // 2
     line = lo + (limit - known[lo]) * (hi - lo) // (known[hi] - known[lo])
     curve = _power_law(known[1], lo, known[lo], hi, known[hi], limit)
