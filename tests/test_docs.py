@@ -444,21 +444,97 @@ def test_every_python_block_of_the_fit_guide_runs_as_written_in_order(monkeypatc
     ts.clear_cache()
 
 
-def test_every_python_block_of_the_plan_guide_runs_as_written_in_order(capsys):
-    """plan.md's blocks in order, in one namespace, its searches bounded (`MAX_SIZE = 16`
-    for the page's 1024): every plan it shows compiles for its targets (libtpu, and
-    XLA:GPU for 8 H100s), each combination at a few sizes."""
-    blocks = _python_blocks("guide/plan.md")
-    assert len(blocks) == 2 and "MAX_SIZE = 1024\n" in blocks[0]
+def test_the_plan_guides_examples_print_the_tables_it_shows(capsys):
+    """plan.md's python blocks as written, in order, in one namespace, each followed by the
+    text block it prints: the plan of one v5e, and the layouts of 8 devices on a v5e 2x4 and
+    on 8 H100s (every combination compiled by its target's compiler at a few sizes). With
+    another XLA than the guide's (the floor release's), or a JAX without NVIDIA targets, the
+    tables' shape: their headers and their rows' choices in the same order."""
+    pairs = _PRINTS.findall((ROOT / "docs" / "guide" / "plan.md").read_text())
+    assert len(pairs) == 2 and all("best" in shown for _, shown in pairs)
+    exact = _same_xla_as_the_guides() and _NEW_ENOUGH_FOR_CUDA
     namespace: dict = {"__name__": "__docs__"}
     with jax.enable_x64(False):
-        for i, code in enumerate(blocks):
-            code = code.replace("MAX_SIZE = 1024\n", "MAX_SIZE = 16\n")
-            if i == 1 and not _NEW_ENOUGH_FOR_CUDA:  # jax 0.8.0: NVIDIA targets are a JaxReleaseError
+        for i, (code, shown) in enumerate(pairs):
+            if not _NEW_ENOUGH_FOR_CUDA:  # jax 0.8.0: NVIDIA targets are a JaxReleaseError
                 code = code.replace('("v5e:2x4", "h100")', '("v5e:2x4",)')
             exec(compile(code, f"<guide/plan.md block {i}>", "exec"), namespace)
-    assert "best" in capsys.readouterr().out
+            printed = capsys.readouterr().out
+            if exact:
+                assert printed == shown, printed
+            else:
+                rows = lambda text: [line.split()[:2] for line in text.splitlines() if line.strip()]  # noqa: E731
+                assert rows(printed) == rows(shown)[: len(rows(printed))], printed
     ts.clear_cache()
+
+
+# -- the command line's page documents the options that exist -------------------------------
+_OPTION = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
+_AS_FOR = re.compile(r"((?:`--[a-z-]+[^`]*`(?:, | and |,? and )?)+) (?:is|are) as for `(\w+)`")
+
+
+def _subcommand_options():
+    """Each subcommand's options, as its argparse parser declares them (the main parser's
+    own, `--help` and `--version`, under `None`)."""
+    import argparse
+
+    from treeshape._cli._parser import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    options = {name: set(p._option_string_actions) for name, p in sub.choices.items()}
+    options[None] = set(parser._option_string_actions)
+    return options
+
+
+def _documented_options(text):
+    """`(subcommand, option, line)` for each `--option` of the page: a line that names
+    `treeshape SUBCOMMAND` (or, in a list, "; for `SUBCOMMAND`,") gives its options after
+    that to it, else the section's (a heading "## `treeshape SUBCOMMAND`") has them, or the
+    main parser where the section names none; a list of options "as for `fit`" is given to
+    `fit` as well."""
+    found = []
+    command = None
+    for line in text.splitlines():
+        heading = re.match(r"## `treeshape ([\w-]+)`", line)
+        if line.startswith("## "):
+            command = heading[1] if heading else None
+        named = list(re.finditer(r"\btreeshape ([a-z][\w-]*)|(?<=; )for `([a-z][\w-]*)`,", line))
+        start, owner = 0, command
+        for m in named:
+            found += [(owner, option, line) for option in _OPTION.findall(line[start : m.start()])]
+            start, owner = m.end(), m[1] or m[2]
+        found += [(owner, option, line) for option in _OPTION.findall(line[start:])]
+        for listed, other in _AS_FOR.findall(line):
+            found += [(other, option, line) for option in _OPTION.findall(listed)]
+    return found
+
+
+def test_the_command_lines_page_documents_only_options_that_exist():
+    """Each `--option` the page gives a subcommand is one its parser declares: the page
+    once gave `treeshape fit` a `--donate` (as `plan` has it) that fit does not take."""
+    options = _subcommand_options()
+    documented = _documented_options((ROOT / "docs" / "guide" / "cli.md").read_text())
+    assert len({(c, o) for c, o, _ in documented}) >= 25
+    missing = [
+        (command, option, line)
+        for command, option, line in documented
+        if option not in options.get(command, set()) | options[None]
+    ]
+    assert missing == []
+    assert {("plan", "--donate"), ("fit", "--dim"), ("cost", "--timeline")} <= {(c, o) for c, o, _ in documented}
+
+
+def test_the_option_check_finds_an_option_given_to_a_subcommand_that_lacks_it():
+    page = (
+        "## `treeshape plan`\n\n`--budget` and `--donate I` are as for `fit`.\n\n```sh\ntreeshape cost m:f --dim b\n"
+        "```\n\n## Errors\n\n| 2 | usage, `--help`; for `inspect`, `--depth` |"
+    )
+    documented = {(c, o) for c, o, _ in _documented_options(page)}
+    assert documented == {("plan", "--budget"), ("plan", "--donate"), ("fit", "--budget"), ("fit", "--donate"),
+                          ("cost", "--dim"), (None, "--help"), ("inspect", "--depth")}  # fmt: skip
+    options = _subcommand_options()
+    assert "--donate" in options["plan"] and "--donate" not in options["fit"] and "--dim" not in options["cost"]
 
 
 _NEW_ENOUGH_FOR_CUDA: Final = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 10)
