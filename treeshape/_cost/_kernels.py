@@ -4,7 +4,8 @@ collective, ...), in schedule order, with how often it runs in one step (a loop'
 often as its trip count says, a loop inside it as often again), the compiler's own
 estimate of its cycles where it writes one (libtpu's `estimated_cycles`), its FLOPs and
 bytes by XLA's HLO cost analysis of the kernel alone, the bytes of those in device memory
-(not in a TPU's VMEM or SMEM, which a layout's `S(n)` names), and its kind.
+(not in a TPU's VMEM or SMEM, which a layout's `S(n)` names), its kind, the collective it
+runs or carries a part of (`Collective`), and the conditional branches that hold it.
 
 Nothing compiles: each kernel is costed as a module of its own, in about a millisecond.
 """
@@ -39,6 +40,22 @@ KINDS: Final[tuple[Kind, ...]] = typing.get_args(Kind)
 
 
 @dataclasses.dataclass(frozen=True)
+class Collective:
+    """The communication a kernel carries: the collective's op (`"all-gather"`,
+    `"all-reduce"`, `"reduce-scatter"`, `"all-to-all"`, `"collective-permute"`, ...), its
+    group's size (a permute's: 2 where it sends to another device, else 1), the bytes of the
+    whole array it communicates (an all-gather's gathered result, not its shard; a
+    reduce-scatter's, all-reduce's or all-to-all's operand; a permute's), and its channel:
+    the instructions of one collective (libtpu's start, each kernel it fuses a part of the
+    communication into, its done) share it, so that it is counted once."""
+
+    op: str
+    devices: int
+    bytes: float
+    channel: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Kernel:
     name: str  # the instruction's name in the optimized module, as a profile names it
     opcode: str
@@ -61,6 +78,8 @@ class Kernel:
     slice_bytes: float = 0.0  # each of those slices' bytes
     table_bytes: float = 0.0  # the array a scatter writes
     results: int = 1  # the arrays one run writes (a multi-output fusion's several)
+    collective: Collective | None = None  # the communication it carries, where it carries one
+    branch: tuple[tuple[int, int], ...] = ()  # (conditional, branch) of each conditional holding it
 
 
 # Instructions that run no kernel of their own.
@@ -92,7 +111,17 @@ _MINOR: Final = re.compile(r"\{(\d+)")  # a layout's first dimension: its minor 
 _BRANCHES: Final = re.compile(
     r"\b(?:to_apply|branch_computations|true_computation|false_computation)=(\{[^}]*\}|%[^\s,]+)"
 )
-_GROUPS: Final = re.compile(r"replica_groups=(\{[^=]*?\}\}|\[[\d,]+\]<=\[[\d,]+\])")
+# A collective's groups, as XLA writes them: listed (`{{0,1},{2,3}}`, `{}` for every device),
+# in iota form (`[2,4]<=[8]`, `[4,2]<=[2,4]T(1,0)`: 2 groups of 4, 4 of 2), or by mesh axes
+# (`mesh['x'=2,'y'=4] {'y'}`; a sub-axis `'y':(1)2`; the mesh may name its `device_ids=(...)`).
+_GROUPS: Final = re.compile(
+    r"replica_groups=(\{\}|\{[^=]*?\}\}|\[[\d,]+\]<=\[[\d,]+\]|"
+    r"mesh\[([^\]]*)\](?:, device_ids=\((?:[^()]|\([^()]*\))*\))? \{([^}]*)\})"
+)
+_MESH_AXIS: Final = re.compile(r"'?([^'=,]+)'?=(\d+)")
+_AXIS_REF: Final = re.compile(r"'?([^':,]+)'?(?::\(\d+\)(\d+))?")
+_PAIRS: Final = re.compile(r"\bsource_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
+_CHANNEL: Final = re.compile(r"\bchannel_id=(\d+)")
 _SIZES: Final = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2}
 _NAMES: Final = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64", "s8": "int8", "u8": "uint8"}
 
@@ -391,15 +420,70 @@ def _costed(module: Module, computation: Computation, instruction: Instruction) 
     return float(analysis.get("flops", 0.0)), float(analysis["bytes accessed"]), read + written
 
 
-def _group(attributes: str) -> int:
+def _group(attributes: str, everyone: int) -> int:
+    """The size of a collective's groups (`everyone`: the program's devices, which `{}` names)."""
     groups = _GROUPS.search(attributes)
     if groups is None:
         return 1
     text = groups.group(1)
+    if text == "{}":
+        return everyone
     if text.startswith("["):  # iota form: [groups,size]<=[devices]
         return int(text[1:].split("]")[0].split(",")[-1])
+    if text.startswith("mesh"):  # the grouped axes' sizes (a sub-axis's own) multiplied
+        sizes = {name.strip(): int(size) for name, size in _MESH_AXIS.findall(groups.group(2))}
+        axes = _AXIS_REF.findall(groups.group(3))
+        return math.prod(int(sub) if sub else sizes.get(name.strip(), 1) for name, sub in axes)
     first = re.search(r"\{\{([^}]*)\}", text)
     return len(first.group(1).split(",")) if first and first.group(1) else 1
+
+
+_COLLECTIVE_OPS: Final = frozenset(op for op in _COLLECTIVES if not op.endswith("-start"))
+
+
+def _held(module: Module, computation: Computation) -> tuple[Computation, Instruction] | None:
+    """The first collective a called computation holds, a fusion inside it searched too."""
+    for instruction in computation.instructions:
+        inner, _, attributes = op_of(instruction)
+        if inner.removesuffix("-start") in _COLLECTIVE_OPS:
+            return computation, instruction
+        called = _CALLS.search(attributes)
+        if inner == "fusion" and called is not None and called.group(1) in module.computations:
+            found = _held(module, module.computations[called.group(1)])
+            if found is not None:
+                return found
+    return None
+
+
+def _communication(module: Module, computation: Computation, kernel: Instruction, everyone: int) -> Collective | None:
+    """The collective a kernel runs, or runs a part of: itself, one that an asynchronous
+    start wraps (XLA:GPU's), or one fused into it (libtpu's asynchronous collective fusions,
+    and the products it overlaps with one); None where it runs none."""
+    opcode, _, attributes = op_of(kernel)
+    found: tuple[Computation, Instruction] | None = (computation, kernel)
+    if opcode.removesuffix("-start") not in _COLLECTIVE_OPS:
+        called = _CALLS.search(attributes)
+        if opcode not in ("fusion", "async-start") or called is None or called.group(1) not in module.computations:
+            return None
+        found = _held(module, module.computations[called.group(1)])
+    if found is None:
+        return None
+    inside, instruction = found
+    opcode, operands, attributes = op_of(instruction)
+    op = opcode.removesuffix("-start")
+    arrays = [_bytes(inside.named.get(o)) for o in operands]
+    channel = _CHANNEL.search(attributes)
+    name = f"channel {channel.group(1)}" if channel is not None else kernel.name
+    if op == "collective-permute":
+        pairs = _PAIRS.search(attributes)
+        moves = pairs is not None and any(a != b for a, b in re.findall(r"\{(\d+),(\d+)\}", pairs.group(1)))
+        return Collective(op, 2 if moves else 1, float(arrays[0] if arrays else 0), name)
+    devices = _group(attributes, everyone)
+    if op == "all-gather":
+        return Collective(op, devices, float(sum(arrays) * devices), name)
+    if op == "all-reduce" and instruction is not kernel and _bytes(kernel) < _bytes(instruction):
+        op = "reduce-scatter"  # (libtpu's: an all-reduce fused with the slice of each device's shard)
+    return Collective(op, devices, float(sum(arrays)), name)
 
 
 def _trips(module: Module, computation: Computation, loop: Instruction, same: int | None) -> int | None:
@@ -414,28 +498,34 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
     """The kernels of the optimized module `text` in schedule order, and whether every loop's
     trip count was known (a loop whose count is not is counted once); None where the text
     cannot be read. `lengths`: the program's own loops' trip counts as it was traced (scans),
-    for a top-level loop whose count the module does not tell (see `_hlo_loops.missed`)."""
+    for a top-level loop whose count the module does not tell (see `_hlo_loops.missed`).
+    Each branch of a conditional is read, its kernels marked with it (`Kernel.branch`): one
+    run takes one branch, and `_time` counts the most costly."""
     module = parse(text)
     if module is None:
         return None
+    header = text.partition("\n")[0]
+    everyone = math.prod(int(n) for n in re.findall(r"\b(?:num_partitions|replica_count)=(\d+)", header))
+    conditionals = 0
     top = sum(1 for _ in module.computations[module.entry].whiles())
     same = lengths[0] if len(set(lengths)) == 1 and top == len(lengths) else None
     kernels: list[Kernel] = []
     exact = True
     pending: dict[str, int] = {}  # an async start's name -> its kernel's index
-    # (computation, its next instruction, runs, at the top level?): a body is read where it runs
-    stack: list[tuple[Computation, int, int, bool]] = []
+    # (computation, its next instruction, runs, at the top level?, the conditionals' branches
+    # holding it): a body is read where it runs
+    stack: list[tuple[Computation, int, int, bool, tuple[tuple[int, int], ...]]] = []
 
-    def push(name: str, runs: int, at_top: bool) -> None:
+    def push(name: str, runs: int, at_top: bool, branch: tuple[tuple[int, int], ...]) -> None:
         if name in module.computations:
-            stack.append((module.computations[name], 0, runs, at_top))
+            stack.append((module.computations[name], 0, runs, at_top, branch))
 
-    push(module.entry, 1, True)
+    push(module.entry, 1, True, ())
     while stack:
-        computation, i, runs, at_top = stack.pop()
+        computation, i, runs, at_top, branch = stack.pop()
         if i >= len(computation.instructions):
             continue
-        stack.append((computation, i + 1, runs, at_top))
+        stack.append((computation, i + 1, runs, at_top, branch))
         instruction = computation.instructions[i]
         opcode, operands, attributes = op_of(instruction)
         if opcode == "while":
@@ -446,15 +536,16 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
             times = trips if trips is not None else 1
             if body is not None:  # (pushed last: read first, the condition after it)
                 if condition is not None:
-                    push(condition.group(1), runs * (times + 1), False)
-                push(body.group(1), runs * times, False)
+                    push(condition.group(1), runs * (times + 1), False, branch)
+                push(body.group(1), runs * times, False, branch)
             continue
-        if opcode in ("call", "conditional"):  # every branch counted: an upper bound, said so
+        if opcode in ("call", "conditional"):  # each branch read, marked (a call's one is no branch)
             called = _BRANCHES.findall(attributes)
             names = [n for group in called for n in re.findall(r"%([^\s,{}]+)", group)]
-            exact = exact and len(names) <= 1
-            for name in reversed(names):
-                push(name, runs, at_top)
+            conditionals += opcode == "conditional"
+            for index in reversed(range(len(names))):
+                marked = branch + ((conditionals, index),) if opcode == "conditional" else branch
+                push(names[index], runs, at_top, marked)
             continue
         if opcode.endswith("-done") and operands and operands[0] in pending:
             start = pending.pop(operands[0])
@@ -465,6 +556,9 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
         traits = _kind(module, computation, instruction)
         flops, accessed, device = _costed(module, computation, instruction)
         result = next(iter(_arrays(_shape(instruction))), ("f32", 0, True))[0]
+        communication = _communication(module, computation, instruction, everyone)
+        if communication is not None and traits.kind not in ("matmul", "batched matmul", "convolution"):
+            traits = dataclasses.replace(traits, kind="collective")  # (a product keeps its kind: it overlaps one)
         kernel = Kernel(
             name=instruction.name,
             opcode=opcode,
@@ -476,7 +570,7 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
             bytes_accessed=accessed,
             device_bytes=device,
             dtype=_NAMES.get(traits.dtype or result, traits.dtype or result),
-            devices=_group(attributes) if traits.kind == "collective" else 1,
+            devices=communication.devices if communication is not None else 1,
             in_loop=not at_top,
             fill=traits.fill,
             weight_gradient=traits.weight_gradient,
@@ -486,6 +580,8 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
             slice_bytes=traits.slice_bytes,
             table_bytes=traits.table_bytes,
             results=sum(1 for _ in _arrays(_shape(instruction))),
+            collective=communication,
+            branch=branch,
         )
         if opcode.endswith("-start"):
             pending[instruction.name] = len(kernels)
