@@ -444,6 +444,8 @@ def compile_program(
                     traced = _jit(program, wanted | inner).trace(*args, **named)
             _refuse_too_large(traced.jaxpr.jaxpr)  # before XLA, which aborts the process on it
             # A mesh larger than this process: lowered here for the CPU, compiled in a child.
+            if placed is not None:  # where no input, output or mesh places it (an init): JAX's default
+                context.enter_context(jax.default_device(placed.device))
             lowered = traced.lower() if far is None else traced.lower(lowering_platforms=("cpu",))
     except Exception as e:
         if target is None:
@@ -516,7 +518,8 @@ def _retargeted(
             if placed.mesh is not None:
                 context.enter_context(jax.set_mesh(placed.mesh))
             traced = jitted.trace(*placed.values)
-            lowered = traced.lower()
+            with jax.default_device(placed.device):
+                lowered = traced.lower()
     except Exception as e:
         raise ValueError(
             f"treeshape.cost: target {target!r}: the step names this process's devices (a mesh of its own, a "
