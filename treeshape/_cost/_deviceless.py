@@ -36,7 +36,7 @@ import numpy as np
 from jax.extend import core as jcore
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, SingleDeviceSharding
 
-from .. import _compat
+from .. import _compat, _quiet
 from .._leaf import ARRAY, SDS, kind_of, leaf_str
 from . import _target
 from ._hlo import fields
@@ -421,7 +421,8 @@ def compile_for(lowered: Any, placed: Placed) -> "Targeted":
         # As text too: libtpu's live ranges, and the optimized module whose kernels `_time` reads.
         options = {"xla_dump_to": dump, "xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": True}
         try:
-            compiled = lowered.compile(compiler_options=options)
+            with _quiet.quiet():  # (XLA's log lines from inside the compiler)
+                compiled = lowered.compile(compiler_options=options)
         except jax.errors.JaxRuntimeError as e:
             if _HBM_OOM.search(str(e)) is None:
                 raise Refused(

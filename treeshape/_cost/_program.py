@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.tree_util as jtu
 
-from .. import _compat, _nodes, _sharding
+from .. import _compat, _nodes, _quiet, _sharding
 from .._cache import has_value
 from .._call import (
     Call,
@@ -448,6 +448,7 @@ def compile_program(
             # A mesh larger than this process: lowered here for the CPU, compiled in a child.
             if placed is not None:  # where no input, output or mesh places it (an init): JAX's default
                 context.enter_context(jax.default_device(placed.device))
+                context.enter_context(_quiet.quiet())  # (the compilers' log lines; no code of the user's runs)
             lowered = traced.lower() if far is None else traced.lower(lowering_platforms=("cpu",))
     except Exception as e:
         if target is None:
@@ -528,7 +529,7 @@ def _retargeted(
             if placed.mesh is not None:
                 context.enter_context(jax.set_mesh(placed.mesh))
             traced = jitted.trace(*placed.values)
-            with jax.default_device(placed.device):
+            with jax.default_device(placed.device), _quiet.quiet():
                 lowered = traced.lower()
     except Exception as e:
         raise ValueError(
