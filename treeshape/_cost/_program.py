@@ -445,10 +445,10 @@ def compile_program(
                 if not inner <= wanted:
                     traced = _jit(program, wanted | inner).trace(*args, **named)
             _refuse_too_large(traced.jaxpr.jaxpr)  # before XLA, which aborts the process on it
-            # A mesh larger than this process: lowered here for the CPU, compiled in a child.
             if placed is not None:  # where no input, output or mesh places it (an init): JAX's default
                 context.enter_context(jax.default_device(placed.device))
                 context.enter_context(_quiet.quiet())  # (the compilers' log lines; no code of the user's runs)
+            # A mesh larger than this process: lowered here for the CPU, compiled in a child.
             lowered = traced.lower() if far is None else traced.lower(lowering_platforms=("cpu",))
     except Exception as e:
         if target is None:
