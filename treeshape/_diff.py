@@ -31,19 +31,21 @@ from ._views import TreeView
 
 
 def diff_structures(
-    expected: TreeView, actual: TreeView, root: str, leaf_index: dict[str, int] | None = None
+    expected: TreeView, actual: TreeView, root: str, leaf_index: dict[str, int] | None = None, saved: int = 0
 ) -> list[Mismatch]:
     """Every difference between two structures, in leaf order: `keystr` paths,
     printed under `root`. `leaf_index`, if given, gets the index (in `expected`'s
-    leaves) of each leaf that differs, by its path."""
+    leaves) of each leaf that differs, by its path. `saved` (1 expected, 2 actual)
+    names a side that is an orbax checkpoint's metadata tree, whose containers are read
+    as those orbax writes for the saved tree's nodes, and whose leaves keep no weak type."""
     out = _Found(root, leaf_index)
     walk = _Walk(expected.leaves, actual.leaves, out)
     if _same_treedef(expected.treedef, actual.treedef):
-        differ = _differing(expected.leaves, 0, actual.leaves, 0, len(expected.leaves))
+        differ = _differing(expected.leaves, 0, actual.leaves, 0, len(expected.leaves), saved)
         if differ:
-            walk.run(_Run("", [""], [expected.treedef], [0], 0, 0, len(expected.leaves), differ))
+            walk.run(_Run("", [""], [expected.treedef], [0], 0, 0, len(expected.leaves), differ, saved))
     else:
-        walk.run(_Pair("", expected.treedef, 0, actual.treedef, 0))
+        walk.run(_Pair("", expected.treedef, 0, actual.treedef, 0, saved))
     return list(out)
 
 
