@@ -197,7 +197,7 @@ class Counter(eqx.Module):
 
 
 def test_a_module_whose_call_is_filter_jit_keeps_its_python_fields_static_in_out_structure():
-    model, x = Counter(jnp.ones((4, 4)), 3, False), jnp.ones(8)
+    model, x = Counter(jnp.ones((4, 4), jnp.float32), 3, False), jnp.ones(8, jnp.float32)
     s = ts.out_structure(model, x)
     new, doubled, thawed, _ = model(x)
     assert (s.tree[0].calls, s.tree[0].frozen, s.tree[1], s.tree[2]) == (new.calls, new.frozen, doubled, thawed)
