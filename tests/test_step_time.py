@@ -382,12 +382,15 @@ def test_phases_are_named_as_the_timeline_names_them_and_add_up():
 
     x = jax.ShapeDtypeStruct((512, 512), jnp.float32)
     c = ts.cost(f, x, target="v5e")
-    names = [name for name, _ in c.time.phases()]
+    phases = c.time.phases()
+    # named tuples, as the timeline's phases are
+    assert all(type(p) is ts.PhaseTime for p in phases) and ts.PhaseTime._fields == ("name", "seconds")
+    names = [p.name for p in phases]
     # (a step this small waits on its host's call: that is the last phase)
     assert names[:2] == ["first", "second"] and names[-2:] == ["between steps", "waiting on the host"]
     if c.timeline is not None:  # (none from the libtpu of jax 0.8.0)
         assert {p.name for p in c.timeline.phases()} <= set(names) | {"(XLA's own)"}
-    assert sum(s for _, s in c.time.phases()) == pytest.approx(c.time.seconds)
+    assert sum(p.seconds for p in phases) == pytest.approx(c.time.seconds)
     with pytest.raises(ValueError, match="depth must be an int >= 1"):
         c.time.phases(0)
 

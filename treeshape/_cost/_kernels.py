@@ -66,7 +66,7 @@ class Kernel:
     flops: float  # one run
     bytes_accessed: float  # one run
     device_bytes: float  # one run, read or written in device memory (HBM)
-    dtype: str  # of its matrix product where it has one, else of its result
+    dtype: str  # of its matrix product's operands where it has one (a custom call's), else of its result
     done: int | None = None  # an asynchronous copy's or collective's `-done` position
     devices: int = 1  # a collective's group size
     in_loop: bool = False  # in a loop's body
@@ -80,6 +80,7 @@ class Kernel:
     results: int = 1  # the arrays one run writes (a multi-output fusion's several)
     collective: Collective | None = None  # the communication it carries, where it carries one
     branch: tuple[tuple[int, int], ...] = ()  # (conditional, branch) of each conditional holding it
+    by_bytes: bool = False  # a custom call with no figures of its own: costed by its operands' and results' bytes
 
 
 # Instructions that run no kernel of their own.
@@ -122,8 +123,27 @@ _MESH_AXIS: Final = re.compile(r"'?([^'=,]+)'?=(\d+)")
 _AXIS_REF: Final = re.compile(r"'?([^':,]+)'?(?::\(\d+\)(\d+))?")
 _PAIRS: Final = re.compile(r"\bsource_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 _CHANNEL: Final = re.compile(r"\bchannel_id=(\d+)")
-_SIZES: Final = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2}
-_NAMES: Final = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64", "s8": "int8", "u8": "uint8"}
+_BITS: Final = re.compile(r"[a-z]+(\d+)")  # an XLA type's bits: `bf16`, `s32`, `f8e4m3fn`, `f4e2m1fn`
+_NAMES: Final = {"pred": "bool", "bf16": "bfloat16", "f": "float", "s": "int", "u": "uint", "c": "complex"}
+
+
+def _size(kind: str) -> int:
+    """The bytes of one element of an XLA type (a narrow one's as one byte: a TPU holds
+    them unpacked)."""
+    bits = _BITS.match(kind)
+    return 1 if kind == "pred" or bits is None else max(int(bits.group(1)) // 8, 1)
+
+
+def _dtype_name(kind: str) -> str:
+    """The JAX dtype name of an XLA type (`bf16` -> `bfloat16`, `s8` -> `int8`,
+    `f8e4m3fn` -> `float8_e4m3fn`), the name itself where it is not one."""
+    if kind in _NAMES:
+        return _NAMES[kind]
+    typed = re.fullmatch(r"([fsuc])(\d+)(\w*)", kind)
+    if typed is None:
+        return kind
+    prefix, bits, rest = typed.groups()
+    return _NAMES[prefix] + bits + (f"_{rest}" if rest else "")
 
 
 def _arrays(shape: str) -> Iterator[tuple[str, int, bool]]:
@@ -132,8 +152,7 @@ def _arrays(shape: str) -> Iterator[tuple[str, int, bool]]:
         count = 1
         for d in dims.split(","):
             count *= int(d) if d else 1
-        size = _SIZES.get(kind) or (int(re.sub(r"\D", "", kind) or 32) // 8)
-        yield kind, count * size, re.search(r"S\((\d+)\)", layout or "") is None
+        yield kind, count * _size(kind), re.search(r"S\((\d+)\)", layout or "") is None
 
 
 def _shape(instruction: Instruction) -> str:
@@ -201,10 +220,11 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
     if opcode in _COLLECTIVES:
         return _Traits("collective")
     if opcode == "custom-call":
-        return _Traits("custom call")
+        return _Traits("custom call", _operand_type(computation, instruction))
     if opcode in ("convolution", "dot"):
         fill, gradient, products = product_traits(computation, instruction)
-        return _Traits(_product(attributes), fill=fill, weight_gradient=gradient, products=products)
+        dtype = _operand_type(computation, instruction)
+        return _Traits(_product(attributes), dtype, fill=fill, weight_gradient=gradient, products=products)
     if opcode in ("gather", "scatter"):
         return _indexed(computation, instruction)
     if opcode in ("reduce", "reduce-window", "select-and-scatter"):
@@ -222,7 +242,7 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
         if inner in ("convolution", "dot"):
             kinds.add(_product(rest))
             if product is None:
-                dtype = next(iter(_arrays(_shape(inner_instruction))), ("f32",))[0]
+                dtype = _operand_type(fused, inner_instruction)
                 fill, gradient, products = product_traits(fused, inner_instruction)
                 product = _Traits(_product(rest), dtype, fill, gradient, products)
         elif inner in ("reduce", "reduce-window", "select-and-scatter"):
@@ -241,6 +261,18 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
     if "elementwise" in kinds:
         return _Traits("elementwise")
     return _Traits("data movement")
+
+
+def _operand_type(computation: Computation, kernel: Instruction) -> str | None:
+    """The XLA type a matrix product or custom call computes in: its operands' (an int8
+    product's `s8`, whatever it accumulates into), the type that holds the most of their
+    bytes; None where they cannot be read."""
+    named = computation.named
+    held: dict[str, int] = {}
+    for operand in op_of(kernel)[1]:
+        for kind, size, _ in _arrays(_shape(named[operand])) if operand in named else ():
+            held[kind] = held.get(kind, 0) + size
+    return max(held, key=lambda kind: (held[kind], _size(kind))) if held else None
 
 
 def lane_fill(computation: Computation, kernel: Instruction) -> float:
@@ -394,18 +426,49 @@ def _alone(module: Module, computation: Computation, instruction: Instruction) -
     return re.sub(r",? stack_frame_id=\d+", "", head + "\n" + entry)
 
 
+# libtpu's custom calls that do no work of their own: a buffer allocated, arrays laid out
+# to be concatenated in place, facts about a gather's indices.
+_BOOKKEEPING: Final = frozenset(
+    {"AllocateBuffer", "ConcatBitcast", "AssumeGatherIndicesInBound", "GatherScatterIndicesBitpacked"}
+)
+_TARGET: Final = re.compile(r'\bcustom_call_target="([^"]*)"')
+_COST_ESTIMATE: Final = re.compile(r'"cost_estimate":\{([^{}]*)\}')
+_ESTIMATED: Final = re.compile(r'"(flops|bytes_accessed)":"?(\d+)')
+
+
+def _figures(instruction: Instruction) -> tuple[float, float] | None:
+    """A custom call's own FLOPs and bytes, where it carries them: a Pallas kernel's
+    `pallas_call(cost_estimate=...)`, which its backend config holds as `"cost_estimate"`
+    (its bytes those it moves in device memory); `(0, 0)` for one that does no work."""
+    attributes = op_of(instruction)[2]
+    target = _TARGET.search(attributes)
+    if target is not None and target.group(1) in _BOOKKEEPING:
+        return 0.0, 0.0
+    estimate = _COST_ESTIMATE.search(attributes)
+    figures = dict(_ESTIMATED.findall(estimate.group(1))) if estimate else {}
+    if "flops" not in figures or "bytes_accessed" not in figures:
+        return None
+    return float(figures["flops"]), float(figures["bytes_accessed"])
+
+
 def _costed(module: Module, computation: Computation, instruction: Instruction) -> tuple[float, float, float]:
     """FLOPs, bytes accessed and those in device memory of one run of `instruction`, by XLA's
     HLO cost analysis of the instruction alone (each operand's bytes as it reads them: a
-    slice of a stacked array, not the whole); the shapes' bytes where that fails."""
+    slice of a stacked array, not the whole); the shapes' bytes where that fails or gives
+    no figure (-1: a custom call, which XLA cannot see into); a custom call's own figures
+    where it carries them (`_figures`). Never negative."""
     opcode, operands, _ = op_of(instruction)
     named = computation.named
     in_device = [all(d for _, _, d in _arrays(_shape(named[o]))) if o in named else True for o in operands]
     outputs = [d for _, _, d in _arrays(_shape(instruction))]
     out_device = all(outputs)
-    text = _alone(module, computation, instruction) if opcode not in _ASYNC_COPIES | _COLLECTIVES else None
+    figures = _figures(instruction) if opcode == "custom-call" else None
+    if figures is not None:
+        return figures[0], figures[1], figures[1]
+    alone = opcode not in _ASYNC_COPIES | _COLLECTIVES | {"custom-call"}
+    text = _alone(module, computation, instruction) if alone else None
     analysis = _compat.hlo_text_cost_analysis(text) if text is not None else {}
-    if "bytes accessed" not in analysis:
+    if "bytes accessed" not in analysis or any(v < 0 for k, v in analysis.items() if k.startswith(("flops", "bytes"))):
         sizes = [_bytes(named.get(o)) for o in operands]
         out = _bytes(instruction)
         if opcode in _ASYNC_COPIES | _COLLECTIVES:  # the output holds the operand again, and a context
@@ -569,7 +632,7 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
             flops=flops,
             bytes_accessed=accessed,
             device_bytes=device,
-            dtype=_NAMES.get(traits.dtype or result, traits.dtype or result),
+            dtype=_dtype_name(traits.dtype or result),
             devices=communication.devices if communication is not None else 1,
             in_loop=not at_top,
             fill=traits.fill,
@@ -582,6 +645,7 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
             results=sum(1 for _ in _arrays(_shape(instruction))),
             collective=communication,
             branch=branch,
+            by_bytes=opcode == "custom-call" and accessed > 0 and _figures(instruction) is None,
         )
         if opcode.endswith("-start"):
             pending[instruction.name] = len(kernels)

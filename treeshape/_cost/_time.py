@@ -44,7 +44,7 @@ and v6e use it as measured there, and `source` says so.
 import dataclasses
 import html
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 from .._table import grid, html_grid
 from . import _timeline
@@ -182,6 +182,30 @@ class KernelTime:
     kind: str
 
 
+class PhaseTime(NamedTuple):
+    """A phase of a step's time ([treeshape.StepTime][]`.phases`): a run of consecutive
+    kernels under one module path, named as [treeshape.Phase][] names the timeline's.
+
+    Attributes:
+        name: Their op without its outermost `jit(...)`, to `depth` path components
+            (`transpose(jvp(MLP))/layers_1` at depth 2), or `"between steps"` and
+            `"waiting on the host"`, the runtime's.
+        seconds: All their runs together (a loop's body counted by its trip count).
+
+    Examples:
+        >>> import treeshape as ts
+        >>> p = ts.PhaseTime("layers_0", 0.002)
+        >>> f"{p.name}: {p.seconds * 1e3:.1f} ms"
+        'layers_0: 2.0 ms'
+    """
+
+    name: str
+    seconds: float
+
+
+PhaseTime.__module__ = "treeshape"
+
+
 @dataclasses.dataclass(frozen=True)
 class StepTime:
     """How long one run of a compiled program takes on one device of the target, before
@@ -221,10 +245,11 @@ class StepTime:
     schedule: tuple[tuple[str | None, float], ...] = dataclasses.field(default=(), repr=False, compare=False)
     device: str = dataclasses.field(default="", repr=False, compare=False)  # "TPU v5e"
 
-    def phases(self, depth: int = 1) -> tuple[tuple[str, float], ...]:
-        """The step's time by phase, in schedule order: `(name, seconds)` for each run of
-        consecutive kernels whose op shares its first `depth` path components (a loop's
-        body counted by its trip count), named as `Cost.timeline.phases` names them.
+    def phases(self, depth: int = 1) -> tuple[PhaseTime, ...]:
+        """The step's time by phase, in schedule order: a [treeshape.PhaseTime][] (`name`,
+        `seconds`) for each run of consecutive kernels whose op shares its first `depth`
+        path components (a loop's body counted by its trip count), named as
+        `Cost.timeline.phases` names them.
 
         Raises:
             ValueError: `depth` is not an int >= 1.
@@ -233,12 +258,12 @@ class StepTime:
             raise ValueError(f"depth must be an int >= 1 (how many path components name a phase), got {depth!r}")
         names = [None if op is None else _timeline.phase_name(op, depth) for op, _ in self.schedule]
         current = next((name for name in names if name is not None), _timeline.NO_OP)
-        out: list[tuple[str, float]] = []
+        out: list[PhaseTime] = []
         for name, (_, seconds) in zip(names, self.schedule, strict=True):
-            if out and (name is None or name == out[-1][0]):
-                out[-1] = (out[-1][0], out[-1][1] + seconds)
+            if out and (name is None or name == out[-1].name):
+                out[-1] = PhaseTime(out[-1].name, out[-1].seconds + seconds)
             else:
-                out.append((current if name is None else name, seconds))
+                out.append(PhaseTime(current if name is None else name, seconds))
         return tuple(out)
 
     def line(self) -> str:
@@ -290,7 +315,9 @@ def _duration(seconds: float) -> str:
 
 
 def _floor(k: Kernel, chip: Chip) -> float:
-    return max(k.flops / chip.peak(k.dtype), k.device_bytes / chip.hbm_bytes_per_second)
+    """One run of `k` at the roofline: its FLOPs at the peak of its dtype (a matrix
+    product's operands'), or its bytes in device memory at HBM's bandwidth, the larger."""
+    return max(k.flops / chip.peak(k.dtype), k.device_bytes / chip.hbm_bytes_per_second, 0.0)
 
 
 def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
@@ -352,6 +379,17 @@ def _indexed(k: Kernel, chip: Chip, c: Correction) -> float:
         return k.table_bytes / hbm + k.indices * k.slice_bytes / c.scatter_bytes_per_second + run
     each = c.gather_seconds_per_element if k.slice_bytes <= 8 else c.gather_seconds_per_row  # (one element)
     return k.indices * each + k.device_bytes / hbm + run
+
+
+def _custom(k: Kernel, chip: Chip, c: Correction) -> float:
+    """One run of a custom call (a Pallas kernel, a linear-algebra call), of which libtpu
+    writes no estimate: its own FLOPs at the peak of its operands' dtype or its bytes at
+    HBM's rate, the larger (a Pallas kernel's `cost_estimate`; else the bytes of its
+    operands and results, wherever they live), plus a run's cost."""
+    assert chip.clock_hz is not None
+    hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
+    run = _hbm_run(k, chip, c) if _reads_hbm(k) else c.vmem_cycles_per_run / chip.clock_hz
+    return max(k.flops / chip.peak(k.dtype), k.bytes_accessed / hbm) + run
 
 
 def _collective(c: Collective, chip: Chip) -> float:
@@ -444,6 +482,8 @@ def estimate(
             each.append(c.exposed_copy * moved if checked else 0.0)
         elif checked and k.kind in ("gather", "scatter"):
             each.append(max(floor, k.runs * _indexed(k, chip, c)))
+        elif checked and k.kind == "custom call" and (k.flops or k.bytes_accessed):
+            each.append(max(floor, k.runs * _custom(k, chip, c)))
         elif not checked or (k.cycles is None and (k.kind in c.estimate or k.bytes_accessed < _SCALAR_BYTES)):
             each.append(floor)
         else:
@@ -463,7 +503,7 @@ def estimate(
     seconds = seconds + waiting if seconds is not None else None
     uncosted = sum(1 for k in kernels if k.kind in c.estimate and k.cycles is None and k.flops)
     uncosted = uncosted if checked else 0
-    source = _source(label, platform, checked, uncosted, exact, conditionals)
+    source = _source(label, platform, checked, uncosted, exact, _by_bytes(kernels), conditionals)
     bf16 = chip.peak("bfloat16")
     mfu = flops / (seconds * bf16) if seconds and flops is not None else None
     times = [
@@ -516,7 +556,33 @@ def _by_line(times: Iterable[KernelTime]) -> tuple[KernelTime, ...]:
     return tuple(sorted(merged, key=lambda t: -t.seconds))
 
 
-def _source(label: str, platform: str, checked: bool, uncosted: int, exact: bool, conditionals: int = 0) -> str:
+# A kernel costed by its bytes alone (section 28): its kind, as `source` names one and several.
+_BY_BYTES: Final = {
+    "collective": ("collective", "collectives"),
+    "async copy": ("asynchronous copy", "asynchronous copies"),
+    "custom call": ("custom call without figures of its own", "custom calls without figures of their own"),
+}
+
+
+def _by_bytes(kernels: Sequence[Kernel]) -> dict[str, int]:
+    """How many kernels of each kind were costed by their bytes alone: collectives and
+    asynchronous copies (over a link, or HBM), custom calls without figures of their own."""
+    counts: dict[str, int] = {}
+    for k in kernels:
+        if k.kind in ("collective", "async copy") or k.by_bytes:
+            counts[k.kind] = counts.get(k.kind, 0) + 1
+    return counts
+
+
+def _source(
+    label: str,
+    platform: str,
+    checked: bool,
+    uncosted: int,
+    exact: bool,
+    by_bytes: Mapping[str, int],
+    conditionals: int = 0,
+) -> str:
     if checked:
         said = CHECKED
         if not label.endswith("v5e"):
@@ -526,6 +592,9 @@ def _source(label: str, platform: str, checked: bool, uncosted: int, exact: bool
     notes = []
     if uncosted:
         notes.append(f"{uncosted} kernel{'s' if uncosted != 1 else ''} without the compiler's estimate at the floor")
+    if by_bytes:
+        kinds = ", ".join(f"{count} {_BY_BYTES[kind][count != 1]}" for kind, count in sorted(by_bytes.items()))
+        notes.append(f"costed by their bytes alone: {kinds}")
     if not exact:
         notes.append("a loop of unknown trip count counted once")
     if conditionals:
@@ -541,4 +610,4 @@ def renamed(t: StepTime, op: Callable[[str | None], str | None]) -> StepTime:
 
 
 # The public classes report module `treeshape`, so doctest would not find their examples here.
-__test__ = {"StepTime": StepTime, "KernelTime": KernelTime}
+__test__ = {"StepTime": StepTime, "KernelTime": KernelTime, "PhaseTime": PhaseTime}
