@@ -449,6 +449,25 @@ def test_jax_names_the_operations_of_a_jitted_function_after_it():
     assert not names["parameter"].startswith(_compat.JIT_OP_PREFIXES)  # a parameter keeps the argument's name
 
 
+def test_a_pmap_wrapper_s_settings_are_read_and_it_maps_over_other_devices():
+    def step(scale, w, x):
+        return w - scale * jax.lax.pmean(x.sum(0), "j"), x * 2
+
+    settings = {"axis_name": "j", "in_axes": (None, None, 0), "static_broadcasted_argnums": 0, "donate_argnums": 2}
+    pmapped = jax.pmap(step, **settings)
+    found = _compat.pmap_over(pmapped)
+    assert found is not None and found.static == (0,) and found.donated == (2,)  # (JAX counts 2 as dynamic 1)
+    w, x = jax.ShapeDtypeStruct((8,), jnp.float32), jax.ShapeDtypeStruct((3, 5, 8), jnp.float32)
+    assert found.size((0.5, w, x), {}) == 3
+    devices = jax.devices()[-3:]
+    ours = jax.make_jaxpr(lambda w, x: found.over(devices)(0.5, w, x))(w, x)
+    theirs = jax.make_jaxpr(lambda w, x: jax.pmap(step, devices=devices, **settings)(0.5, w, x))(w, x)
+    assert str(ours) == str(theirs) and "donated_invars=(False, True)" in str(ours)
+    (mapped,) = ours.jaxpr.eqns[0].params["jaxpr"].eqns
+    assert list(mapped.params["mesh"].devices.flat) == devices
+    assert _compat.pmap_over(jax.jit(step)) is None and _compat.pmap_over(step) is None
+
+
 @pytest.mark.parametrize("name", ["bool", "int4", "bfloat16", "float8_e4m3fn", "float8_e5m2", "complex128"])
 def test_dtype_named_gives_the_dtype_jax_numpy_names(name):
     assert _compat.dtype_named(name) == np.dtype(getattr(jnp, name)) and _compat.dtype_named(name).name == name

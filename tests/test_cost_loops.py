@@ -236,6 +236,18 @@ def test_a_loop_in_a_cond_branch():
     assert_counts_as_unrolled(ts.cost(f, True, W), unrolled(twin, True, W))
 
 
+def test_loops_in_each_branch_of_a_cond_compiled_for_a_tpu_count_the_most_costly_branch():
+    # XLA counts a conditional as its most costly branch, each loop in it once; libtpu's
+    # module is read for the loops: the most costly branch with its loop counted, once.
+    def f(p, w):
+        return lax.cond(p, scanned, lambda w: lax.scan(lambda c, _: (step(c, w), None), w, length=10)[0], w)
+
+    p = jax.ShapeDtypeStruct((), jnp.bool_)
+    c = ts.cost(f, p, W, target="v5e")
+    assert c.exact_flops
+    assert c.flops == pytest.approx(ts.cost(scanned, W, target="v5e").flops, rel=0.01)
+
+
 # -- under transformations -----------------------------------------------------------
 def test_scan_under_checkpoint():
     f = jax.checkpoint(scanned)

@@ -182,6 +182,35 @@ def test_a_bound_method_under_filter_jit_keeps_the_modules_python_fields_static(
     assert {b.path for b in c.buffers if b.kind == "argument"} == {"self.weight", "args[0]"}
 
 
+class Counter(eqx.Module):
+    """A module whose `__call__` is `@eqx.filter_jit`, called as `model(x)`: it returns itself
+    and Python numbers, which equinox keeps static."""
+
+    weight: jax.Array
+    calls: int
+    frozen: bool
+
+    @eqx.filter_jit
+    def __call__(self, x: jax.Array) -> tuple["Counter", int, bool, jax.Array]:
+        new = eqx.tree_at(lambda m: m.calls, self, self.calls + 1)
+        return new, self.calls * 2, not self.frozen, jnp.tile(x, self.calls)
+
+
+def test_a_module_whose_call_is_filter_jit_keeps_its_python_fields_static_in_out_structure():
+    model, x = Counter(jnp.ones((4, 4), jnp.float32), 3, False), jnp.ones(8, jnp.float32)
+    s = ts.out_structure(model, x)
+    new, doubled, thawed, _ = model(x)
+    assert (s.tree[0].calls, s.tree[0].frozen, s.tree[1], s.tree[2]) == (new.calls, new.frozen, doubled, thawed)
+    assert (type(s.tree[0].calls), type(s.tree[2])) == (int, bool)
+    assert s.tree[3] == jax.ShapeDtypeStruct((24,), jnp.float32)
+    theirs = eqx.filter_eval_shape(model, x)
+    assert jax.tree.structure(s.tree) == jax.tree.structure(theirs)
+    assert jax.tree.leaves(s.tree) == jax.tree.leaves(theirs)
+    c = ts.cost(model, x)  # the Python numbers are no outputs of equinox's program
+    compiled = _compiled(Counter.__call__, model, x)
+    assert c.output_bytes == compiled.memory_analysis().output_size_in_bytes - _marker_bytes(2)
+
+
 class MLP(nnx.Module):
     def __init__(self, rngs: nnx.Rngs) -> None:
         self.linear1 = nnx.Linear(16, 32, rngs=rngs)

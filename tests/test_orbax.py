@@ -2,6 +2,9 @@
 metadata (no array is loaded), check it against the model's, and restore into
 a target built by treeshape, with or without shardings."""
 
+import typing
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,11 +44,10 @@ def test_structure_of_checkpoint_metadata(checkpoint):
     assert s.tree["params"]["w"] == jax.ShapeDtypeStruct((4, 8), jnp.bfloat16)
     assert s.tree["step"].dtype == jnp.result_type(int) and not s.tree["step"].weak_type
     expected = ts.out_structure(_init, jax.random.key(0))
-    # The Python-int step is weak in the model and strong in the checkpoint, and
-    # orbax stores optax's namedtuple state as a list: diff names exactly that.
-    assert [str(m) for m in expected.diff(s, ignore={"weak_type"})] == [
-        "tree['opt']: expected a tuple with 2 children, got a list with 2 children."
-    ]
+    # The Python-int step is weak in the model and strong in the checkpoint, and orbax
+    # stores optax's tuple of states as a list of dicts and None: the metadata is read as
+    # the tree it was written from, so nothing differs (orbax restores it into `expected`).
+    assert expected.diff(s) == [] and s.diff(expected) == [] and expected.diff(metadata) == []
     ts.structure_of(expected.tree["params"]).check(s.tree["params"])
 
 
@@ -252,6 +254,41 @@ def test_a_train_states_metadata_equals_the_live_state(tmp_path):
     # outside a node orbax wrote, a list is no tuple and a weak leaf no strong one
     assert [m.kind for m in ts.structure_of({"s": (state.step,)}).diff({"s": [metadata["step"]]})] == ["structure"]
     assert [m.kind for m in ts.structure_of({"s": state.step}).diff({"s": metadata["step"]})] == ["weak_type"]
+
+
+class _Train(typing.NamedTuple):
+    params: Any
+    opt_state: Any
+    step: Any
+
+
+@pytest.mark.parametrize("step", [0, jnp.int32(0), jnp.asarray(0)], ids=["int", "int32", "weak"])
+@pytest.mark.parametrize("kind", ["dict", "namedtuple"])
+def test_a_train_states_metadata_diffs_empty_where_orbax_restores_it(tmp_path, kind, step):
+    """A train state as a dict (or NamedTuple) of params, `optax.adamw`'s state and a step: orbax
+    writes the tuple of optax states as a list (each NamedTuple a dict, `EmptyState` None), the
+    NamedTuple root as a dict and a Python-int or weak step as a strong int. Where orbax's own
+    restore into the live state succeeds, diff finds nothing, both ways."""
+    params = {"w": jnp.ones((4, 8), jnp.float32), "b": jnp.zeros(8, jnp.float32)}
+    tx = optax.adamw(1e-3)
+    parts = {"params": params, "opt_state": tx.init(params), "step": step}
+    state = parts if kind == "dict" else _Train(**parts)
+    with ocp.CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, args=ocp.args.StandardSave(state))
+        manager.wait_until_finished()
+        metadata = manager.item_metadata(1).tree
+        restored = manager.restore(1, args=ocp.args.StandardRestore(jax.eval_shape(lambda: state)))
+    assert type(metadata) is dict and type(metadata["opt_state"]) is list and metadata["opt_state"][1] is None
+    ts.structure_of(state).check(restored, ignore={"weak_type"})  # orbax's restore succeeds
+    live, saved = ts.structure_of(state), ts.structure_of(metadata)
+    assert live.diff(metadata) == [] and saved.diff(state) == [] and live.matches(saved) and saved.matches(live)
+    # what orbax's restore would refuse still differs: another shape, another optimizer's state
+    wider = {**parts, "params": {**params, "w": jnp.ones((4, 16), jnp.float32)}}
+    wider["opt_state"] = tx.init(wider["params"])
+    found = [(m.path, m.kind) for m in ts.structure_of(wider).diff(metadata)]
+    assert found == [(f"['opt_state'][0].{m}['w']", "shape") for m in ("mu", "nu")] + [("['params']['w']", "shape")]
+    sgd = {**parts, "opt_state": optax.sgd(1e-3).init(params)}
+    assert [m.path for m in ts.structure_of(sgd).diff(metadata)] == ["['opt_state']"]
 
 
 def test_a_sharded_checkpoint_counts_bytes_per_device_as_the_state(layouts):

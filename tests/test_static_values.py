@@ -190,6 +190,33 @@ def test_two_train_states_built_alike_differ_only_on_static_fields_that_ignore_s
     assert not any(m.path in (".tx", ".apply_fn") for m in a.diff(wider, ignore={"static"}))
 
 
+def test_two_adamw_train_states_show_their_optimizers_whole_never_cut_inside_a_call():
+    adamw = (
+        "GradientTransformationExtraArgs(optax.scale_by_adam(b1=0.9, b2=0.999, eps=1e-08, eps_root=0.0, "
+        "mu_dtype=None, nesterov=False), optax.add_decayed_weights(weight_decay=0.0001), optax.scale(step_size={}))"
+    )
+    a = ts.structure_of(_train_state(tx=optax.adamw(1e-3)))
+    # two optimizers built alike print alike: shown whole, by the transformations they chain
+    [m] = a.diff(_train_state(tx=optax.adamw(1e-3)))[1:]
+    assert str(m) == (
+        f"tree.tx: expected {adamw.format(-0.001)}, got another value that prints the same (the two are not equal)."
+    )
+    # two learning rates: the transformation that differs, whole, the others as `...`
+    [m] = a.diff(_train_state(tx=optax.adamw(3e-4)))[1:]
+    assert str(m) == (
+        "tree.tx: expected GradientTransformationExtraArgs(..., optax.scale(step_size=-0.001)), "
+        "got GradientTransformationExtraArgs(..., optax.scale(step_size=-0.0003))."
+    )
+    # a schedule held inside: the call that differs, each cut only between the items of a call
+    warmup = [optax.warmup_cosine_decay_schedule(0.0, peak, 100, 1000) for peak in (1e-3, 3e-4)]
+    s = ts.structure_of(_train_state(tx=optax.adamw(warmup[0])))
+    [m] = s.diff(_train_state(tx=optax.adamw(warmup[1])))[1:]
+    assert "schedules=[optax.polynomial_schedule(end_value=0.001, ...), ...]" in m.expected
+    assert "schedules=[optax.polynomial_schedule(end_value=0.0003, ...), ...]" in m.actual
+    for text in (m.expected, m.actual):
+        assert text.count("(") == text.count(")") and text.count("[") == text.count("]") and "#" not in text
+
+
 def test_ignore_static_leaves_out_nnx_and_equinox_static_attributes_not_the_leaves_under_them():
     small = nnx.eval_shape(lambda: nnx.Linear(3, 8, rngs=nnx.Rngs(0)))
     big = nnx.eval_shape(lambda: nnx.Linear(3, 16, rngs=nnx.Rngs(0)))
@@ -293,7 +320,9 @@ def test_an_nnx_cnn_with_a_partial_and_its_optimizer_equal_their_json_and_pickle
     other = _CNN(rngs=nnx.Rngs(0), strides=(1, 1))  # another partial: other arguments
     [m] = loaded.diff(other)
     assert loaded != ts.structure_of(other) and m.path == ".avg_pool"
-    assert str(m) == "tree.avg_pool: expected ...pe=(2, 2), strides=(2, 2)), got ...pe=(2, 2), strides=(1, 1))."
+    assert str(m) == (
+        "tree.avg_pool: expected functools.partial(..., strides=(2, 2)), got functools.partial(..., strides=(1, 1))."
+    )
 
 
 def test_a_static_leaf_that_is_a_closure_stands_for_what_prints_as_it_and_hashes_by_its_text():

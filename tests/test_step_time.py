@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax.experimental import topologies
+from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec as P
 
 import treeshape as ts
 from treeshape._cli import main
@@ -381,12 +382,15 @@ def test_phases_are_named_as_the_timeline_names_them_and_add_up():
 
     x = jax.ShapeDtypeStruct((512, 512), jnp.float32)
     c = ts.cost(f, x, target="v5e")
-    names = [name for name, _ in c.time.phases()]
+    phases = c.time.phases()
+    # named tuples, as the timeline's phases are
+    assert all(type(p) is ts.PhaseTime for p in phases) and ts.PhaseTime._fields == ("name", "seconds")
+    names = [p.name for p in phases]
     # (a step this small waits on its host's call: that is the last phase)
     assert names[:2] == ["first", "second"] and names[-2:] == ["between steps", "waiting on the host"]
     if c.timeline is not None:  # (none from the libtpu of jax 0.8.0)
         assert {p.name for p in c.timeline.phases()} <= set(names) | {"(XLA's own)"}
-    assert sum(s for _, s in c.time.phases()) == pytest.approx(c.time.seconds)
+    assert sum(p.seconds for p in phases) == pytest.approx(c.time.seconds)
     with pytest.raises(ValueError, match="depth must be an int >= 1"):
         c.time.phases(0)
 
@@ -401,6 +405,96 @@ def test_an_nvidia_target_gives_its_floor_and_no_estimate():
     assert sum(k.seconds for k in t.kernels) == pytest.approx(t.floor_seconds, rel=1e-9)
     assert "roofline floor only" in t.source
     assert "time at least" in str(c)
+
+
+V5E_LINK = 4.5e10  # bytes per second, one way, of one ICI link (the scaling book)
+V5E_HOP = 1e-6
+
+
+def _ring(n, nbytes, passes=1):
+    """The standard ring's time of a collective over n devices: (n-1)/n of the whole
+    array's bytes over one link, n-1 hops (an all-reduce: two passes)."""
+    return passes * ((n - 1) / n * nbytes / V5E_LINK + (n - 1) * V5E_HOP)
+
+
+def _fsdp_forward(params, x):
+    for w in params:
+        x = jnp.tanh(x @ w)
+    return x
+
+
+def test_an_fsdp_step_pays_for_gathering_each_layers_weights_over_the_interconnect():
+    # Eight v5e chips, each holding an eighth of each of 4 layers' 1024x1024 weights: each
+    # layer's matrix is gathered whole before its product (libtpu writes the group by mesh
+    # axes, `mesh['axis_0'=8,'axis_1'=1] {'axis_0'}`, and fuses a gather's transfers into
+    # the products that run while it lasts): 2 MiB over the ring each, 48 us, where the
+    # products take a few us.
+    mesh = AbstractMesh((8,), ("fsdp",), axis_types=(AxisType.Auto,))
+    layers, width = 4, 1024
+    rows = NamedSharding(mesh, P("fsdp", None))
+    params = [jax.ShapeDtypeStruct((width, width), jnp.bfloat16, sharding=rows)] * layers
+    x = jax.ShapeDtypeStruct((8 * 64, width), jnp.bfloat16, sharding=rows)
+    t = ts.cost(_fsdp_forward, params, x, target="v5e:2x4").time
+    gathers = layers * _ring(8, width * width * 2)
+    assert gathers + 0.23e-3 <= t.seconds <= 1.2 * (gathers + 0.23e-3)  # (each gather counted once)
+    assert sum(k.seconds for k in t.kernels) == pytest.approx(t.seconds, rel=1e-9)
+
+
+def test_a_collective_over_one_axis_of_a_mesh_is_costed_over_that_axis():
+    # An all-reduce over the 2 devices of the `data` axis of a 2x4 mesh: libtpu writes its
+    # group by mesh axes; 4 MiB a device, twice over the link.
+    mesh = AbstractMesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    x = jax.ShapeDtypeStruct((2, 4 * 2**20), jnp.float32, sharding=NamedSharding(mesh, P("data", "model")))
+    t = ts.cost(lambda x: x.sum(0), x, target="v5e:2x4").time
+    (reduced,) = [k for k in t.kernels if k.kind == "collective"]
+    assert reduced.seconds == pytest.approx(_ring(2, 2**20 * 4, passes=2), rel=1e-9)
+
+
+def test_a_collective_permute_is_costed_over_its_link():
+    # Each of 8 devices sends its 512 KiB block to the next: one link, one hop.
+    mesh = AbstractMesh((8,), ("d",), axis_types=(AxisType.Explicit,))
+    ring = [(i, (i + 1) % 8) for i in range(8)]
+    shifted = jax.shard_map(lambda x: jax.lax.ppermute(x, "d", ring), in_specs=P("d"), out_specs=P("d"))
+    x = jax.ShapeDtypeStruct((8 * 128, 1024), jnp.float32, sharding=NamedSharding(mesh, P("d")))
+    t = ts.cost(shifted, x, target="v5e:2x4").time
+    (permute,) = [k for k in t.kernels if k.kind == "collective"]
+    assert permute.seconds == pytest.approx(128 * 1024 * 4 / V5E_LINK + V5E_HOP, rel=1e-9)
+
+
+@needs_cuda_release
+def test_an_nvidia_steps_kernels_sum_to_its_floor_with_its_asynchronous_collectives():
+    # XLA:GPU runs an FSDP step's reduce-scatter asynchronously (an `async-start` that
+    # wraps it): a collective, in the floor and in the kernels alike.
+    mesh = AbstractMesh((8,), ("fsdp",), axis_types=(AxisType.Auto,))
+
+    def step(params, x):
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, jax.grad(lambda p: _fsdp_forward(p, x).sum())(params))
+
+    params = [jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, P("fsdp", None)))] * 3
+    x = jax.ShapeDtypeStruct((512, 1024), jnp.bfloat16, sharding=NamedSharding(mesh, P("fsdp", None)))
+    t = ts.cost(step, params, x, donate_argnums=0, target="h100").time
+    assert t.seconds is None
+    assert sum(k.seconds for k in t.kernels) == pytest.approx(t.floor_seconds, rel=1e-9)
+    assert "collective" in {k.kind for k in t.kernels} and "async copy" not in {k.kind for k in t.kernels}
+
+
+def _branches(i, x):
+    """Three branches: a product, a sine, and two products (the most costly), chosen at run time."""
+    return jax.lax.switch(i, [lambda x: x @ x, jnp.sin, lambda x: (x @ x) @ x], x)
+
+
+@pytest.mark.parametrize("target", ["v5e", pytest.param("h100", marks=needs_cuda_release)])
+def test_a_conditional_counts_its_most_costly_branch(target):
+    i, x = jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((2048, 2048), jnp.bfloat16)
+    t = ts.cost(_branches, i, x, target=target).time
+    ops = {k.op for k in t.kernels if k.op and "/cond/" in k.op}
+    assert ops and all("/branch_2_fun/" in op for op in ops)
+    (products,) = [k for k in t.kernels if k.op and k.op.endswith("branch_2_fun/dot_general")]
+    assert products.runs == 2
+    assert "each conditional counted at its most costly branch" in t.source
+    assert "loop of unknown trip count" not in t.source
+    total = t.seconds if t.seconds is not None else t.floor_seconds
+    assert sum(k.seconds for k in t.kernels) == pytest.approx(total, rel=1e-9)
 
 
 def test_the_cpu_without_a_target_has_no_time():

@@ -166,6 +166,55 @@ def test_a_pmap_step_compiles_as_jax_pmap_does_over_the_targets_devices(case):
     assert cost_figures(c) == memory_figures(oracle.memory_analysis()) and c.output_bytes == 64 * 256 * 4
 
 
+def _pmapped_step(w, x):
+    h = jnp.tanh(x @ w)
+    return w - 0.1 * jax.lax.pmean(x.T @ h, "i"), h
+
+
+@pytest.mark.parametrize("target", ["v5e", "v5e:4x4"])
+def test_a_pmap_over_more_devices_than_this_process_has_compiles_over_the_targets(target):
+    """16 devices where this process has 8 (conftest): the pmap maps over the target's, as
+    `jax.pmap(f, devices=...)` does, its settings (in_axes, donation) kept, and its ops,
+    phases and kernels are named by the user's program (`pmap(step)/...`), as without a target."""
+    assert len(jax.devices()) < 16
+    settings = {"axis_name": "i", "in_axes": (None, 0), "donate_argnums": 1}
+    w, x = jax.ShapeDtypeStruct((256, 256), jnp.float32), jax.ShapeDtypeStruct((16, 32, 256), jnp.float32)
+    c = ts.cost(jax.pmap(_pmapped_step, **settings), w, x, target=target)
+    devices = topologies.get_topology_desc("v5e:4x4", "tpu").devices
+    oracle = jax.pmap(_pmapped_step, devices=devices, **settings).lower(w, x).compile()
+    assert c.backend == "TPU v5e x16 (deviceless)" and cost_figures(c) == memory_figures(oracle.memory_analysis())
+    assert c.donation["args[1]"].reused and c.time is not None
+    ops = [op for op in c.timeline.ops if op is not None]
+    assert ops and all(op.startswith("pmap(_pmapped_step)/") for op in ops)
+    assert all(k.op.startswith("pmap(_pmapped_step)/") for k in c.time.kernels if k.op is not None)
+    phases = {p.name for p in c.timeline.phases(1)}
+    assert {"dot_general", "psum"} <= phases and phases == {name for name, _ in c.time.phases(1)} - {
+        "between steps",
+        "waiting on the host",
+    }
+    with pytest.raises(ValueError, match=r"the jax\.pmap's mapped axis is sharded over 3 devices, and no v5e topolo"):
+        ts.cost(jax.pmap(_pmapped_step, **settings), w, x.update(shape=(3, 32, 256)), target="v5e")
+
+
+def test_a_pmap_s_ops_and_phases_are_named_as_without_a_target():
+    """Where this process has the devices too, the same names as its own compile gives."""
+    x = jax.ShapeDtypeStruct((4, 64, 256), jnp.float32)
+
+    def summed(x):
+        return jax.lax.psum(jnp.tanh(x), "i")
+
+    here, there = (
+        ts.cost(jax.pmap(summed, axis_name="i"), x),
+        ts.cost(jax.pmap(summed, axis_name="i"), x, target="v5e:2x2"),
+    )
+    assert (
+        set(there.timeline.ops) - {None}
+        == set(here.timeline.ops) - {None}
+        == {"pmap(summed)/tanh", "pmap(summed)/psum"}
+    )
+    assert {p.name for p in there.timeline.phases(1)} == {p.name for p in here.timeline.phases(1)}
+
+
 # -- host callbacks --------------------------------------------------------------------------
 def _printing(x):
     jax.debug.print("mean {}", jnp.mean(x))

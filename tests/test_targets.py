@@ -634,6 +634,41 @@ def test_a_spec_field_the_plugin_does_not_know_is_left_out(monkeypatch):
     assert cost_figures(c) == memory_figures(compiled.memory_analysis())
 
 
+def _init():
+    """A model's init: no array argument, its weights drawn inside."""
+    return {"w": jax.random.normal(jax.random.key(0), (512, 1024)), "b": jnp.zeros((1024,), jnp.bfloat16)}
+
+
+NO_ARRAY_ARGUMENT = {
+    "init": (_init, ()),
+    "shape only": (lambda x: jnp.zeros((x.shape[0], 1024)), (jax.ShapeDtypeStruct((256, 8), jnp.float32),)),
+    "no output": (lambda x: None, (jax.ShapeDtypeStruct((256, 8), jnp.float32),)),
+}
+
+
+@pytest.mark.parametrize("target", ["v5e", pytest.param("h100", marks=needs_cuda_release)])
+def test_a_step_no_input_places_is_compiled_by_the_targets_compiler(target):
+    """An init with no array argument, a step that reads its argument's shape alone, one with
+    no output: JAX places the program by its arguments, and with none it would fall back to
+    this process's CPU; the target's compiler compiles it, as `out_shardings` on the target's
+    device makes `jax.jit` compile it."""
+    devices = _h100_devices(1) if target == "h100" else topologies.get_topology_desc("v5e:2x2", "tpu").devices
+    device = jax.sharding.SingleDeviceSharding(devices[0])
+    for name, (fn, args) in NO_ARRAY_ARGUMENT.items():
+        c = ts.cost(fn, *args, target=target)
+        placed = [x.update(sharding=device) for x in args]
+        oracle = jax.jit(fn, out_shardings=device).lower(*placed).compile().memory_analysis()
+        assert c.time is not None, name  # read from the target compiler's own dump
+        assert cost_figures(c) == memory_figures(oracle), name
+        if target == "v5e":  # libtpu's own peak, which only its compile reports
+            assert c.compiler_peak_bytes == oracle.peak_memory_in_bytes, name
+    (b,) = jax.export.symbolic_shape("b")
+    shape_only = NO_ARRAY_ARGUMENT["shape only"][0]
+    fit = ts.largest_fit(shape_only, jax.ShapeDtypeStruct((b, 8), jnp.float32), dim="b", budget=2**22, target=target)
+    assert fit.cost.time is not None and 512 < fit.size <= 1024
+    assert fit.cost == ts.cost(shape_only, jax.ShapeDtypeStruct((fit.size, 8), jnp.float32), target=target)
+
+
 def test_largest_fit_takes_a_size_the_targets_compiler_refuses_as_one_that_does_not_fit():
     """A budget larger than the accelerator: past the sizes its compiler accepts, libtpu refuses
     the program for want of memory, and that size does not fit (never an error)."""

@@ -226,6 +226,31 @@ def test_a_sharding_under_explicit_mesh_axes(compiles):
     assert watched.traces[0].inputs.leaves[0].sharding.spec == P("a", None)
 
 
+def test_a_changed_sharding_or_mesh_is_named_by_the_inputs_path_as_out_structure_names_it(compiles):
+    mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+    x = np.ones((8, 4), np.float32)
+    with jax.set_mesh(mesh):
+        rows, cols = jax.device_put(x, P("a")), jax.device_put(x, P(None, "b"))
+        watched = ts.watch(_ident())
+        jitted = jax.jit(watched)
+        assert _second_call(compiles, jitted, (({"w": rows},), {"n": rows}), (({"w": cols},), {"n": cols})) == 1
+    found = [(m.path, m.root, m.kind) for m in watched.retraces[0].mismatches]
+    assert found == [("args[0]['w']", "", "sharding"), ("kwargs['n']", "", "sharding")]
+    # another mesh (set with `jax.set_mesh`): the setting by its name, the input by its path
+    small = jax.make_mesh((2,), ("data",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:2])
+    large = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:4])
+    watched = ts.watch(_ident())
+    jitted = jax.jit(watched)
+    with jax.set_mesh(small):
+        jitted(jax.device_put(np.ones(8, np.float32), P("data")))
+    with jax.set_mesh(large):
+        assert _compiles_of(compiles, lambda: jitted(jax.device_put(np.ones(8, np.float32), P("data")))) == 1
+    [retrace] = watched.retraces
+    assert [(m.path, m.kind) for m in retrace.mismatches] == [("mesh", "setting"), ("args[0]", "sharding")]
+    assert [m.path for m in retrace.mismatches] == [m.where for m in retrace.mismatches]
+    assert "\n  * args[0]: expected sharding P('data',) on Mesh('data': 2;" in str(retrace)
+
+
 def test_a_scalar_made_outside_the_mesh_that_comes_back_on_it_is_named_with_its_mesh(compiles):
     mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
 

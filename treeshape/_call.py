@@ -56,8 +56,9 @@ def _call_pytree(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
 
 
 def _call_filter_jit(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-    """An `eqx.filter_jit` wrapper called: every leaf that is not an array is static to
-    it, so Python scalars are passed to it concrete, as to a `jax.jit` wrapper."""
+    """An `eqx.filter_jit` wrapper called (or a callable pytree whose `__call__` is one, an
+    equinox module's): every leaf that is not an array is static to it, so Python scalars
+    are passed to it concrete, as to a `jax.jit` wrapper, and come back as they are."""
     return fn(*args, **kwargs)
 
 
@@ -188,7 +189,10 @@ def split_callable(fn: Any) -> tuple[Callable[..., Any], tuple[Any, ...], dict[s
         core, bound, bound_kw = split_callable(fn.func)
         return core, bound + tuple(fn.args), {**bound_kw, **fn.keywords}
     if not isinstance(fn, types.BuiltinFunctionType) and not jtu.treedef_is_leaf(jtu.tree_structure(fn)):
-        return _call_pytree, (fn,), {}
+        # A callable pytree; one whose `__call__` is `@eqx.filter_jit` (an equinox module) is called
+        # as that wrapper: its Python scalars in and out are static values.
+        jitted = is_filter_jit(inspect.getattr_static(type(fn), "__call__", None))
+        return (_call_filter_jit if jitted else _call_pytree), (fn,), {}
     return fn, (), {}
 
 

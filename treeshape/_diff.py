@@ -26,24 +26,26 @@ from ._errors import FieldReprOnly, FieldValue, Mismatch, MismatchKind, StaticRe
 from ._leaf import leaf_str, same_type, static_value, varying_axes
 from ._nodes import node_type_name
 from ._shapes import same_symbolic_shape
-from ._tree import StaticRepr, child_texts, clip, key_text, mapping_keys
+from ._tree import Items, StaticRepr, child_texts, clip, clip_items, items_of, key_text, mapping_keys
 from ._views import TreeView
 
 
 def diff_structures(
-    expected: TreeView, actual: TreeView, root: str, leaf_index: dict[str, int] | None = None
+    expected: TreeView, actual: TreeView, root: str, leaf_index: dict[str, int] | None = None, saved: int = 0
 ) -> list[Mismatch]:
     """Every difference between two structures, in leaf order: `keystr` paths,
     printed under `root`. `leaf_index`, if given, gets the index (in `expected`'s
-    leaves) of each leaf that differs, by its path."""
+    leaves) of each leaf that differs, by its path. `saved` (1 expected, 2 actual)
+    names a side that is an orbax checkpoint's metadata tree, whose containers are read
+    as those orbax writes for the saved tree's nodes, and whose leaves keep no weak type."""
     out = _Found(root, leaf_index)
     walk = _Walk(expected.leaves, actual.leaves, out)
     if _same_treedef(expected.treedef, actual.treedef):
-        differ = _differing(expected.leaves, 0, actual.leaves, 0, len(expected.leaves))
+        differ = _differing(expected.leaves, 0, actual.leaves, 0, len(expected.leaves), saved)
         if differ:
-            walk.run(_Run("", [""], [expected.treedef], [0], 0, 0, len(expected.leaves), differ))
+            walk.run(_Run("", [""], [expected.treedef], [0], 0, 0, len(expected.leaves), differ, saved))
     else:
-        walk.run(_Pair("", expected.treedef, 0, actual.treedef, 0))
+        walk.run(_Pair("", expected.treedef, 0, actual.treedef, 0, saved))
     return list(out)
 
 
@@ -635,17 +637,22 @@ def field_equal(e: Any, a: Any) -> bool:
     return False
 
 
-_ALIKE: Final = 200  # two values that print alike are shown whole up to this length (a line stays under 300)
+_ALIKE: Final = 1000  # two values that print alike are shown whole up to this length (an optax chain is)
 
 
 def _around(expected: str, actual: str, limit: int = _SHORT) -> tuple[str, str]:
     """Two texts that differ, each cut to about `limit` characters around the first place where
-    they differ (never a cut-off start that is the same on both sides); texts that are the same
-    (two values that print alike) whole, up to a longer limit."""
+    they differ (never a cut-off start that is the same on both sides, never inside an item of a
+    call or container: the item that differs is shown whole, `optax.chain(..., optax.scale(
+    step_size=-0.001))`); texts that are the same (two values that print alike) whole, up to a
+    longer limit."""
     if expected == actual:
         return _cut(expected, _ALIKE), _cut(actual, _ALIKE)
     if len(expected) <= limit and len(actual) <= limit:
         return _cut(expected, limit), _cut(actual, limit)
+    by_items = _around_items(expected, actual, limit)
+    if by_items is not None:
+        return by_items
     first = next((i for i, (x, y) in enumerate(zip(expected, actual, strict=False)) if x != y), None)
     if first is None:
         first = min(len(expected), len(actual))
@@ -656,6 +663,37 @@ def _around(expected: str, actual: str, limit: int = _SHORT) -> tuple[str, str]:
         return ("..." if start else "") + part + ("..." if start + limit < len(text) else "")
 
     return cut(expected), cut(actual)
+
+
+def _around_items(expected: str, actual: str, limit: int) -> tuple[str, str] | None:
+    """Two calls or containers in text (`_tree.items_of`) told by the first item where they
+    differ, whole (or, when long, itself told so), the items around it as `...`: the same call
+    `Head(..., item, ...)` on both sides; calls of two heads each cut at an item. None where
+    either text is no call or container."""
+    e, a = items_of(expected), items_of(actual)
+    if e is None or a is None:
+        return None
+    if e.head != a.head or e.tail != a.tail:
+        return clip_items(expected, limit), clip_items(actual, limit)
+    n = min(len(e.items), len(a.items))
+    i = next((k for k in range(n) if e.items[k] != a.items[k]), n)
+    if i == n:  # one has more items: each told from the last item both have
+        return _told_from(e, max(i - 1, 0), limit), _told_from(a, max(i - 1, 0), limit)
+    e_item, a_item = e.items[i], a.items[i]
+    if max(len(e_item), len(a_item)) > limit:
+        e_item, a_item = _around(e_item, a_item, limit)
+
+    def told(side: Items, item: str) -> str:
+        return side.head + ("..., " if i else "") + item + (", ..." if i + 1 < len(side.items) else "") + side.tail
+
+    return told(e, e_item), told(a, a_item)
+
+
+def _told_from(side: Items, first: int, limit: int) -> str:
+    """A call or container in text from its item `first` on, cut at an item after about `limit`
+    characters (`('a', ..., 'y', 'z')` from `'y'`)."""
+    shown = clip_items(side.head + ", ".join(side.items[first:]) + side.tail, limit + len(side.head))
+    return shown if not first else side.head + "..., " + shown[len(side.head) :]
 
 
 def _factory_text(factory: Any) -> str:
@@ -724,7 +762,7 @@ def _short(value: Any, limit: int = _SHORT) -> str:
 
 
 def _cut(text: str, limit: int = _SHORT) -> str:
-    return clip(" ".join(text.split()), limit)
+    return clip_items(" ".join(text.split()), limit)
 
 
 def _type_name(node_type: type) -> str:

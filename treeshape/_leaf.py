@@ -111,6 +111,25 @@ def _recorded_sharding(x: Any) -> jax.sharding.NamedSharding | None:
     return jax.sharding.NamedSharding(jax.sharding.AbstractMesh(sizes, names), jax.sharding.PartitionSpec(*spec))
 
 
+def written_by_orbax(tree: Any, leaves: Sequence[Any]) -> bool:
+    """Whether `tree` is an orbax checkpoint's metadata tree as orbax gives it
+    (`checkpointer.metadata(path).item_metadata.tree`, `leaves` its leaves): each leaf is
+    orbax's metadata of the value saved at that leaf's own path (its `name`, the keys joined
+    by dots). Its containers are then the ones orbax writes for the saved tree's nodes (a
+    list for a tuple, a dict for a namedtuple, None for an empty state), and its leaves keep
+    no weak type. A tree a user built around such leaves (`{"s": [meta["step"]]}`) is not."""
+    if not leaves or not all(map(_is_orbax_metadata, leaves)):
+        return False
+    flat = jtu.tree_flatten_with_path(tree)[0]
+    return len(flat) == len(leaves) and all(
+        getattr(x, "name", None) == ".".join(str(_nodes.key_name(key)) for key in keys) for keys, x in flat
+    )
+
+
+def _is_orbax_metadata(x: Any) -> bool:
+    return type(x).__module__.startswith("orbax.") and isinstance(getattr(x, "name", None), str)
+
+
 @ft.lru_cache(maxsize=4096)
 def _unsharded(aval: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)

@@ -291,8 +291,12 @@ def _contents(cell: Any) -> Any:
 
 
 def _held_text(value: Any, depth: int, seen: set[int]) -> str:
-    closure = _is_optax_closure(value) and value.__closure__
-    text = ", ".join(_made(value, depth + 1, seen)) if closure else static_text(value)
+    if _is_optax_closure(value) and value.__closure__:  # (a schedule): whole, never cut inside its calls
+        return ", ".join(_made(value, depth + 1, seen))
+    if type(value) in (tuple, list) and value and all(_is_optax_closure(v) and v.__closure__ for v in value):
+        told = ", ".join(", ".join(_made(v, depth + 1, seen)) for v in value)  # (`join_schedules`' schedules)
+        return f"[{told}]" if type(value) is list else f"({told}{',' if len(value) == 1 else ''})"
+    text = static_text(value)
     return text if len(text) <= _HELD else f"{text[: _HELD - 16]}...#{hashlib.sha1(text.encode()).hexdigest()[:8]}"
 
 

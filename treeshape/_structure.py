@@ -23,6 +23,7 @@ from ._leaf import (
     int_too_big_message,
     leaf_str,
     read_leaves,
+    written_by_orbax,
 )
 from ._nodes import wrapper_hint
 from ._shapes import (
@@ -681,6 +682,8 @@ def read_structure(tree: PyTree, fn_name: str, root: str = "tree") -> Structure:
         if problem is not None:
             raise ValueError(_sharding.split_message(fn_name, where(i), leaf, problem))
     structure = Structure(treedef, tuple(described))
+    if written_by_orbax(tree, leaves):  # compared as the tree it was written from (`_compare.diff`)
+        structure._cache["orbax"] = True
     if len(leaves) > DEFAULT_MAX_ROWS:  # its table will be cut: note the paths it shows, from the tree at hand
         structure._cache["edges"] = edge_paths(tree, leaves)
     return structure

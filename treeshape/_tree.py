@@ -25,7 +25,7 @@ import itertools
 import sys
 import types
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import jax
 import jax.tree_util as jtu
@@ -385,6 +385,72 @@ def clip(text: str, limit: int) -> str:
     """`text` cut to `limit` characters, ending in `...` where it was longer: how long a value
     prints in a message, a table cell or a `repr`."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Items(NamedTuple):
+    """A call or container in text split at its top-level items: `head` (up to its opening
+    bracket, `optax.scale(`), `items` (`step_size=-0.1`, ...) and `tail` (its closing bracket)."""
+
+    head: str
+    items: list[str]
+    tail: str
+
+
+_CLOSING: Final = {"(": ")", "[": "]", "{": "}"}
+
+
+def items_of(text: str) -> Items | None:
+    """`text` as a call or container (`Head(a, b=[1, 2], 'c, d')`) split into its top-level
+    items at `, ` (brackets and quoted strings kept whole); None where it is no such text
+    (the bracket that closes its first one is not its last character)."""
+    first = next((i for i, c in enumerate(text) if c in _CLOSING), -1)
+    if first < 0 or not text.endswith(_CLOSING[text[first]]):
+        return None
+    found, depth, quote, start, i = [], 0, "", first + 1, first
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c in _CLOSING:
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 0 and i != len(text) - 1:
+                return None
+        elif depth == 1 and text.startswith(", ", i):
+            found.append(text[start:i])
+            start = i + 2
+        i += 1
+    if depth != 0 or quote:
+        return None
+    last = text[start:-1]
+    return Items(text[: first + 1], [*found, last] if found or last else [], text[-1])
+
+
+def clip_items(text: str, limit: int) -> str:
+    """`text` cut to about `limit` characters where it is longer, never inside an item of a
+    call or container: its first items, then `...` (`optax.chain(optax.scale(step_size=-0.1),
+    ...)`), an item too long itself cut so within it; any other text as `clip` cuts it."""
+    if len(text) <= limit:
+        return text
+    split = items_of(text)
+    if split is None or not split.items:
+        return clip(text, limit)
+    head, items, tail = split
+    room = limit - len(head) - len(tail) - len(", ...")
+    kept: list[str] = []
+    for item in items:
+        if sum(len(k) + 2 for k in kept) + len(item) > room:
+            break
+        kept.append(item)
+    if not kept:
+        kept = [clip_items(items[0], max(room, 12))]
+    return head + ", ".join(kept) + (", ..." if len(kept) < len(items) else "") + tail
 
 
 def node_types(treedef: Any) -> Iterator[type]:

@@ -78,7 +78,7 @@ class Retrace:
         closest: The earlier [treeshape.Trace][] it differs least from (on a
             tie, the latest).
         mismatches: The differences, each a [treeshape.Mismatch][] with its
-            `fix`: in the inputs (paths rooted `args` and `kwargs`, as
+            `fix`: in the inputs (paths `args[0]['lr']`, `kwargs['x']`, as
             `ts.out_structure` names inputs), in the settings (kind
             `"setting"`, the path names it), or, when inputs and settings are
             those of `closest`, kind `"function"` (JAX saw a new function) or
@@ -261,9 +261,10 @@ def _setting_mismatches(before: dict[str, Any], now: dict[str, Any]) -> list[Mis
 
 
 def _rooted(m: Mismatch) -> Mismatch:
-    """A mismatch inside `(args, kwargs)` as `args[0]['lr']` / `kwargs['x']`."""
+    """A mismatch inside `(args, kwargs)` with its path as `out_structure` names inputs,
+    `args[0]['lr']` / `kwargs['x']` (the path itself, as a setting's is its name: no root)."""
     root = "args" if m.path.startswith("[0]") else "kwargs"
-    return dataclasses.replace(m, path=m.path[3:], root=root)
+    return dataclasses.replace(m, path=root + m.path[3:], root="")
 
 
 def _sharding_mismatches(before: Trace, now: Structure) -> list[Mismatch]:

@@ -25,7 +25,7 @@ The rest of the package imports this front, never a room of the wing:
 - `_private`: the one module that imports `jax._src`, for the rooms (never the package);
 - `_programs`: compiled programs: their analyses, compiles counted, op names, the optimized
   module, simulated devices' compiles, XLA's HLO cost analysis, whether XLA:GPU compiles
-  without a GPU.
+  without a GPU, a `jax.pmap` wrapper over other devices.
 """
 
 from ._meshes import (
@@ -39,6 +39,7 @@ from ._meshes import (
 from ._programs import (
     JIT_OP_PREFIXES as JIT_OP_PREFIXES,
     MEMORY_STATS_FIELDS as MEMORY_STATS_FIELDS,
+    PmapOver as PmapOver,
     compile_module as compile_module,
     compiles_without_device as compiles_without_device,
     cost_analysis as cost_analysis,
@@ -54,6 +55,7 @@ from ._programs import (
     optimized_module as optimized_module,
     optimized_module_proto as optimized_module_proto,
     optimized_text as optimized_text,
+    pmap_over as pmap_over,
     program_cost_analysis as program_cost_analysis,
 )
 from ._releases import JaxReleaseError as JaxReleaseError

@@ -291,3 +291,85 @@ def compiles_without_device(device: Any) -> bool:
     except jax.errors.JaxRuntimeError:
         return False
     return True
+
+
+# -- a `jax.pmap` over the devices of another machine (`ts.cost(..., target=)`) -------
+# A `jax.pmap` wrapper maps over `devices=` or, without, over this process's first devices;
+# JAX keeps its settings in the closure it builds (jax 0.8+ builds it over `shard_map`:
+# `lower` closes over `infer_params`, which closes over the settings, named as `jax.pmap`'s
+# parameters, its function as `f`, `fun` or `wrapped_fun`, its out_axes flattened on newer
+# releases). No public API reads them; where a release names them otherwise, `pmap_over`
+# finds nothing (None) and the pmap is traced over this process's devices, as before.
+_PMAP_SETTINGS: Final = ("axis_name", "in_axes", "static_broadcasted_tuple", "donate_tuple", "axis_size")
+
+
+def _closure(fn: Any) -> dict[str, Any]:
+    """The values a function closes over, by name."""
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    found: dict[str, Any] = {}
+    for name, cell in zip(getattr(code, "co_freevars", ()), cells or (), strict=False):
+        try:
+            found[name] = cell.cell_contents
+        except ValueError:  # a cell not yet filled
+            continue
+    return found
+
+
+class PmapOver:
+    """A `jax.pmap` wrapper's own settings: the size of the axis it maps for a call
+    (`size`), and the same pmap over other devices (`over`, as `jax.pmap(f, devices=...)`
+    makes it)."""
+
+    def __init__(self, fun: Any, settings: dict[str, Any], out_axes: Any) -> None:
+        self.fun, self.settings, self.out_axes = fun, settings, out_axes
+        static = self.static = tuple(sorted(settings["static_broadcasted_tuple"]))
+        # `jax.pmap` counts donated arguments among the dynamic ones: back to positions.
+        positions = (i for i in range(len(static) + max(settings["donate_tuple"], default=-1) + 1) if i not in static)
+        dynamic = list(positions)
+        self.donated = tuple(dynamic[j] for j in settings["donate_tuple"])
+
+    def size(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        """The size of the mapped axis for a call (`vmap`'s rule for `in_axes`, which
+        `jax.pmap` shares), or `axis_size` where the wrapper was given one."""
+        given = self.settings["axis_size"]
+        if given is not None:
+            return int(given)
+        in_axes = self.settings["in_axes"]
+        in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+        dynamic = [i for i in range(len(args)) if i not in self.static]
+        if self.static and isinstance(in_axes, tuple):
+            in_axes = tuple(in_axes[i] for i in dynamic)
+        mapped = jax.vmap(lambda *a, **k: jax.numpy.zeros((), np.int8), in_axes=in_axes)
+        return int(jax.eval_shape(mapped, *(args[i] for i in dynamic), **kwargs).shape[0])
+
+    def over(self, devices: Any) -> Any:
+        """The same pmap over `devices` (the first of them its mapped axis takes)."""
+        s = self.settings
+        return jax.pmap(
+            self.fun,
+            s["axis_name"],
+            in_axes=s["in_axes"],
+            out_axes=self.out_axes,
+            static_broadcasted_argnums=self.static,
+            devices=tuple(devices),
+            axis_size=s["axis_size"],
+            donate_argnums=self.donated,
+        )
+
+
+def pmap_over(core: Any) -> PmapOver | None:
+    """`core`'s settings where it is a `jax.pmap` wrapper built over `shard_map` (jax 0.8+)
+    that names them as `_PMAP_SETTINGS` says, else None."""
+    infer = _closure(getattr(core, "lower", None)).get("infer_params")
+    settings = _closure(infer)
+    if not all(name in settings for name in _PMAP_SETTINGS):
+        return None
+    if "out_axes" in settings:
+        out_axes = settings["out_axes"]
+    elif "out_axes_flat" in settings and "out_axes_tree" in settings:
+        out_axes = jax.tree_util.tree_unflatten(settings["out_axes_tree"], list(settings["out_axes_flat"]))
+    else:
+        return None
+    wrapped = settings.get("wrapped_fun", settings.get("fun"))  # a `linear_util.WrappedFun` of it
+    fun = settings.get("f", getattr(core, "__wrapped__", getattr(wrapped, "f", None)))
+    return PmapOver(fun, settings, out_axes) if callable(fun) else None

@@ -19,7 +19,8 @@ The rest of the package imports this front, never a room of the wing:
   program inside `shard_map`, a far mesh in a child process, a named accelerator);
 - `_timeline`: `Timeline` and `Phase`, the bytes live over the schedule;
 - `_kernels`, `_chips` and `_time`: the kernels of the module the target's compiler dumped,
-  the chips' figures, and `StepTime`, the time of one run;
+  the chips' figures, and `StepTime`, the time of one run (by kernel, `KernelTime`, and by
+  phase, `PhaseTime`);
 - `_request` and `_fit`: a `largest_fit` request checked (and `FitError`, `SizeError`,
   `BudgetError`), then `largest_fit` and `Fit`;
 - `_plan`: `plan`, `Plan` and `PlanRow`, the fastest combination of choices that fits.
@@ -36,5 +37,5 @@ from ._request import (
     check_request as check_request,
 )
 from ._target import targets as targets
-from ._time import KernelTime as KernelTime, StepTime as StepTime
+from ._time import KernelTime as KernelTime, PhaseTime as PhaseTime, StepTime as StepTime
 from ._timeline import Phase as Phase, Timeline as Timeline

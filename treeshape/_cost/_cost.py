@@ -19,7 +19,7 @@ from typing import Any, Final
 import jax
 import jax.tree_util as jtu
 
-from .. import _compat
+from .. import _compat, _quiet
 from .._cache import COST_CACHE, answer, call_key, has_value
 from .._call import (
     Call,
@@ -287,7 +287,8 @@ def _figures(program: Compiled) -> Cost:
     reported = (_figure(analysis.get("flops")), _figure(analysis.get("bytes accessed")))
     paths, output_paths, donate = program.argument_paths, program.output_paths, program.donated
     if program.target is not None:  # compiled by a named accelerator's compiler (`target=`)
-        return _targeted(program)
+        with _quiet.quiet():  # (its loop bodies compiled alone: the compilers' log lines)
+            return _targeted(program)
     if program.far is None:
         loops = loop_correction(
             program.jaxpr, _shardings(compiled), arguments=program.arguments, reported=reported, compiled=compiled

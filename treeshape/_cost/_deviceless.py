@@ -36,7 +36,7 @@ import numpy as np
 from jax.extend import core as jcore
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, SingleDeviceSharding
 
-from .. import _compat
+from .. import _compat, _quiet
 from .._leaf import ARRAY, SDS, kind_of, leaf_str
 from . import _target
 from ._hlo import fields
@@ -57,10 +57,15 @@ class Refused(ValueError, jax.errors.JaxRuntimeError):  # type: ignore[misc]
 
 
 class Placed:
-    """The call's leaves on the target's devices, and how they were placed."""
+    """The call's leaves on the target's devices, and how they were placed: `device`, the
+    target's first, is JAX's default device while the program is traced and lowered, so
+    that a program none of whose inputs places it (an init with no array argument, a step
+    whose arguments JAX drops as unused) is compiled for the target too, not for the
+    default backend, this process's CPU."""
 
-    def __init__(self, values: list[Any], mesh: Any, target: _target.Target, count: int) -> None:
+    def __init__(self, values: list[Any], mesh: Any, target: _target.Target, count: int, device: Any) -> None:
         self.values, self.mesh, self.target, self.count = values, mesh, target, count
+        self.device = device
 
     @property
     def backend(self) -> str:
@@ -117,7 +122,7 @@ def place(values: list[Any], abstract: list[bool], path_of: Callable[[int], str]
         single = jax.sharding.SingleDeviceSharding(devices[0])
         for i in arrays:
             out[i] = jax.ShapeDtypeStruct(values[i].shape, values[i].dtype, sharding=single)
-        return Placed(out, None, target, 1)
+        return Placed(out, None, target, 1, devices[0])
     mesh = _on_devices(source, devices)
     for i in arrays:
         x, m = values[i], _mesh_of(values[i])
@@ -126,7 +131,7 @@ def place(values: list[Any], abstract: list[bool], path_of: Callable[[int], str]
             continue
         spec = x.sharding.spec if m is not None and m.size > 1 else jax.sharding.PartitionSpec()
         out[i] = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh, spec))
-    return Placed(out, mesh if context is None else _on_devices(context, devices), target, count)
+    return Placed(out, mesh if context is None else _on_devices(context, devices), target, count, devices[0])
 
 
 def _check_divides(x: Any, mesh: Any, where: str, who: str) -> None:
@@ -392,7 +397,7 @@ def moved(closed: Any, inputs: list[Any], context: Any, name: str, who: str) -> 
             sharding = single if count == 1 else None
         flat[i] = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=getattr(x, "weak_type", False))
     mesh = None if context is None or context.empty else move.mesh(context)
-    return move.value(closed), Placed(flat, mesh, target, count)
+    return move.value(closed), Placed(flat, mesh, target, count, devices[0])
 
 
 def _axes(mesh: Any) -> str:
@@ -416,7 +421,8 @@ def compile_for(lowered: Any, placed: Placed) -> "Targeted":
         # As text too: libtpu's live ranges, and the optimized module whose kernels `_time` reads.
         options = {"xla_dump_to": dump, "xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": True}
         try:
-            compiled = lowered.compile(compiler_options=options)
+            with _quiet.quiet():  # (XLA's log lines from inside the compiler)
+                compiled = lowered.compile(compiler_options=options)
         except jax.errors.JaxRuntimeError as e:
             if _HBM_OOM.search(str(e)) is None:
                 raise Refused(

@@ -15,6 +15,10 @@ An unrolled program drops from a loop's last run what nothing reads after the lo
 gradient of a train step's first input, carried out of the backward scan): that part of
 the body, found by removing what only that result needs, is taken off once.
 
+XLA's analysis counts a conditional as its most costly branch (each figure's), a loop in
+it once: what it misses there is the most costly branch with its loops counted, less that
+(never the loops of every branch).
+
 Nothing is compiled: parsing and analysing a body takes milliseconds.
 """
 
@@ -162,9 +166,22 @@ class LoopsRead:
     exact: bool
 
 
-def _whiles(module: Module, start: str) -> Iterator[tuple[Computation, Instruction, str, int | None]]:
+_BRANCHES: Final = re.compile(r"\b(?:branch_computations|true_computation|false_computation)=(\{[^}]*\}|%[^\s,]+)")
+
+
+def _branches(instruction: Instruction) -> list[str]:
+    """A conditional's branches, in order (none for any other instruction)."""
+    if op_of(instruction)[0] != "conditional":
+        return []
+    return [n for group in _BRANCHES.findall(instruction.text) for n in re.findall(r"%([^\s,{}]+)", group)]
+
+
+def _whiles(
+    module: Module, start: str, branches: bool = True
+) -> Iterator[tuple[Computation, Instruction, str, int | None]]:
     """The `while` loops that `start` runs, itself or through what it calls (not inside
-    another loop's body): each with the computation holding it, its body and trip count."""
+    another loop's body; nor inside a conditional's branch, where `branches` is False):
+    each with the computation holding it, its body and trip count."""
     todo, seen = [start], set()
     while todo:
         name = todo.pop()
@@ -172,7 +189,8 @@ def _whiles(module: Module, start: str) -> Iterator[tuple[Computation, Instructi
             continue
         seen.add(name)
         computation = module.computations[name]
-        todo += computation.called(loops=False)
+        skipped = set() if branches else {b for i in computation.instructions for b in _branches(i)}
+        todo += [called for called in computation.called(loops=False) if called not in skipped]
         for loop, body, trips in computation.whiles():
             yield computation, loop, body, trips if trips is not None else counted(module, computation, loop)
 
@@ -188,31 +206,66 @@ def missed(text: str, lengths: Sequence[int] = ()) -> LoopsRead | None:
     module = parse(text)
     if module is None:
         return None
-    flops = accessed = 0.0
-    exact = True
     top = list(_whiles(module, module.entry))
     same = lengths[0] if len(set(lengths)) == 1 and len(top) == len(lengths) else None
-    # (computation holding the loop, the loop, its body, trip count, how often it starts, at the top?)
-    todo = [(*found, 1, True) for found in top]
+    read = _missed_from(module, module.entry, same, True)
+    return None if read is None else LoopsRead(*read)
+
+
+def _conditionals(module: Module, start: str) -> Iterator[list[str]]:
+    """The branches of each conditional that `start` runs, itself or through what it calls
+    (not inside a loop's body or another conditional's branch)."""
+    todo, seen = [start], set()
     while todo:
-        computation, loop, body, trips, runs, at_top = todo.pop()
-        trips = same if trips is None and at_top else trips
-        cost = text_cost(module.text(body))
-        if cost is None:
-            return None
-        if trips is None:
-            exact = False
+        name = todo.pop()
+        if name in seen or name not in module.computations:
             continue
-        flops += runs * (trips - 1) * cost[0]
-        accessed += runs * (trips - 1) * cost[1]
-        todo += [(*found, runs * trips, False) for found in _whiles(module, body)]
-        unread = _unread(computation, loop) if at_top else None
-        last = _without_results(module.computations[body], unread) if unread else None
-        if last is not None:
-            cut = text_cost(module.text(body, last))
-            if cut is None:
+        seen.add(name)
+        computation = module.computations[name]
+        found = [_branches(i) for i in computation.instructions]
+        yield from (branches for branches in found if branches)
+        skipped = {b for branches in found for b in branches}
+        todo += [called for called in computation.called(loops=False) if called not in skipped]
+
+
+def _missed_from(module: Module, start: str, same: int | None, at_top: bool) -> tuple[float, float, bool] | None:
+    """What XLA's analysis misses of the loops one run of `start` runs (`same` and `at_top`
+    as `missed` reads the program's own level), and whether every trip count was known. XLA
+    counts each conditional as its most costly branch (each figure's), with each loop in it
+    once: what it misses is the most costly branch with its loops counted, less that."""
+    flops = accessed = 0.0
+    exact = True
+    # (what runs the loops: the program, a branch or a loop's body; how often; at the top?)
+    todo = [(start, 1, at_top)]
+    while todo:
+        name, runs, at_top = todo.pop()
+        for branches in _conditionals(module, name):
+            once = [cost for cost in (text_cost(module.text(b)) for b in branches) if cost is not None]
+            read = [r for r in (_missed_from(module, b, same, at_top) for b in branches) if r is not None]
+            if len(once) != len(branches) or len(read) != len(branches):
+                return None
+            full = [(o[0] + r[0], o[1] + r[1]) for o, r in zip(once, read, strict=True)]
+            flops += runs * (max(f for f, _ in full) - max(f for f, _ in once))
+            accessed += runs * (max(b for _, b in full) - max(b for _, b in once))
+            exact = exact and all(r[2] for r in read)
+        for computation, loop, body, trips in _whiles(module, name, branches=False):
+            trips = same if trips is None and at_top else trips
+            cost = text_cost(module.text(body))
+            if cost is None:
+                return None
+            if trips is None:
                 exact = False
-            else:
-                flops -= max(cost[0] - cut[0], 0.0)
-                accessed -= max(cost[1] - cut[1], 0.0)
-    return LoopsRead(flops, accessed, exact)
+                continue
+            flops += runs * (trips - 1) * cost[0]
+            accessed += runs * (trips - 1) * cost[1]
+            todo.append((body, runs * trips, False))
+            unread = _unread(computation, loop) if at_top else None
+            last = _without_results(module.computations[body], unread) if unread else None
+            if last is not None:
+                cut = text_cost(module.text(body, last))
+                if cut is None:
+                    exact = False
+                else:
+                    flops -= max(cost[0] - cut[0], 0.0)
+                    accessed -= max(cost[1] - cut[1], 0.0)
+    return flops, accessed, exact

@@ -115,8 +115,12 @@ class Module:
 
 
 def parse(text: str) -> Module | None:
-    """The computations of an optimized module's text, or None where it is not as expected."""
-    lines = text.splitlines()
+    """The computations of an optimized module's text, or None where it is not one (no
+    `HloModule` line, no entry). An instruction's text may span several lines: a Pallas
+    kernel's `kernel_metadata` holds a JSON value with newlines, which XLA prints as is;
+    a line that starts no instruction continues the one before it, and so does a `}` that
+    closes a bracket that instruction opened."""
+    lines = text.replace("\r\n", "\n").split("\n")  # (metadata may hold any other line break)
     if not lines or not lines[0].startswith("HloModule "):
         return None
     name = lines[0].split()[1].rstrip(",")
@@ -130,17 +134,31 @@ def parse(text: str) -> Module | None:
                 current = (header.group(2), line.removeprefix("ENTRY "), [])
                 entry = header.group(2) if header.group(1) else entry
             continue
-        if line == "}":
-            computations[current[0]] = Computation(current[0], current[1], tuple(current[2]))
+        instructions = current[2]
+        if line == "}" and not (instructions and _unclosed(instructions[-1].text)):
+            computations[current[0]] = Computation(current[0], current[1], tuple(instructions))
             current = None
             continue
         match = _INSTRUCTION.match(line)
-        if match is None:
+        if match is not None:
+            instructions.append(Instruction(match.group(2), match.group(3), bool(match.group(1))))
+        elif instructions:  # the instruction before it goes on
+            last = instructions[-1]
+            instructions[-1] = Instruction(last.name, last.text + "\n" + line, last.root)
+        elif line.strip():
             return None
-        current[2].append(Instruction(match.group(2), match.group(3), bool(match.group(1))))
     if entry is None or current is not None:
         return None
     return Module(name, computations, entry)
+
+
+_QUOTED: Final = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def _unclosed(text: str) -> bool:
+    """Whether `text` opens more brackets than it closes, outside its quoted strings."""
+    bare = _QUOTED.sub("", text)
+    return sum(bare.count(c) for c in "([{") > sum(bare.count(c) for c in ")]}")
 
 
 def outside_brackets(text: str, chars: str) -> Iterator[int]:

@@ -4,7 +4,8 @@ collective, ...), in schedule order, with how often it runs in one step (a loop'
 often as its trip count says, a loop inside it as often again), the compiler's own
 estimate of its cycles where it writes one (libtpu's `estimated_cycles`), its FLOPs and
 bytes by XLA's HLO cost analysis of the kernel alone, the bytes of those in device memory
-(not in a TPU's VMEM or SMEM, which a layout's `S(n)` names), and its kind.
+(not in a TPU's VMEM or SMEM, which a layout's `S(n)` names), its kind, the collective it
+runs or carries a part of (`Collective`), and the conditional branches that hold it.
 
 Nothing compiles: each kernel is costed as a module of its own, in about a millisecond.
 """
@@ -39,6 +40,22 @@ KINDS: Final[tuple[Kind, ...]] = typing.get_args(Kind)
 
 
 @dataclasses.dataclass(frozen=True)
+class Collective:
+    """The communication a kernel carries: the collective's op (`"all-gather"`,
+    `"all-reduce"`, `"reduce-scatter"`, `"all-to-all"`, `"collective-permute"`, ...), its
+    group's size (a permute's: 2 where it sends to another device, else 1), the bytes of the
+    whole array it communicates (an all-gather's gathered result, not its shard; a
+    reduce-scatter's, all-reduce's or all-to-all's operand; a permute's), and its channel:
+    the instructions of one collective (libtpu's start, each kernel it fuses a part of the
+    communication into, its done) share it, so that it is counted once."""
+
+    op: str
+    devices: int
+    bytes: float
+    channel: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Kernel:
     name: str  # the instruction's name in the optimized module, as a profile names it
     opcode: str
@@ -49,7 +66,7 @@ class Kernel:
     flops: float  # one run
     bytes_accessed: float  # one run
     device_bytes: float  # one run, read or written in device memory (HBM)
-    dtype: str  # of its matrix product where it has one, else of its result
+    dtype: str  # of its matrix product's operands where it has one (a custom call's), else of its result
     done: int | None = None  # an asynchronous copy's or collective's `-done` position
     devices: int = 1  # a collective's group size
     in_loop: bool = False  # in a loop's body
@@ -61,6 +78,9 @@ class Kernel:
     slice_bytes: float = 0.0  # each of those slices' bytes
     table_bytes: float = 0.0  # the array a scatter writes
     results: int = 1  # the arrays one run writes (a multi-output fusion's several)
+    collective: Collective | None = None  # the communication it carries, where it carries one
+    branch: tuple[tuple[int, int], ...] = ()  # (conditional, branch) of each conditional holding it
+    by_bytes: bool = False  # a custom call with no figures of its own: costed by its operands' and results' bytes
 
 
 # Instructions that run no kernel of their own.
@@ -92,9 +112,38 @@ _MINOR: Final = re.compile(r"\{(\d+)")  # a layout's first dimension: its minor 
 _BRANCHES: Final = re.compile(
     r"\b(?:to_apply|branch_computations|true_computation|false_computation)=(\{[^}]*\}|%[^\s,]+)"
 )
-_GROUPS: Final = re.compile(r"replica_groups=(\{[^=]*?\}\}|\[[\d,]+\]<=\[[\d,]+\])")
-_SIZES: Final = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2}
-_NAMES: Final = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64", "s8": "int8", "u8": "uint8"}
+# A collective's groups, as XLA writes them: listed (`{{0,1},{2,3}}`, `{}` for every device),
+# in iota form (`[2,4]<=[8]`, `[4,2]<=[2,4]T(1,0)`: 2 groups of 4, 4 of 2), or by mesh axes
+# (`mesh['x'=2,'y'=4] {'y'}`; a sub-axis `'y':(1)2`; the mesh may name its `device_ids=(...)`).
+_GROUPS: Final = re.compile(
+    r"replica_groups=(\{\}|\{[^=]*?\}\}|\[[\d,]+\]<=\[[\d,]+\]|"
+    r"mesh\[([^\]]*)\](?:, device_ids=\((?:[^()]|\([^()]*\))*\))? \{([^}]*)\})"
+)
+_MESH_AXIS: Final = re.compile(r"'?([^'=,]+)'?=(\d+)")
+_AXIS_REF: Final = re.compile(r"'?([^':,]+)'?(?::\(\d+\)(\d+))?")
+_PAIRS: Final = re.compile(r"\bsource_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
+_CHANNEL: Final = re.compile(r"\bchannel_id=(\d+)")
+_BITS: Final = re.compile(r"[a-z]+(\d+)")  # an XLA type's bits: `bf16`, `s32`, `f8e4m3fn`, `f4e2m1fn`
+_NAMES: Final = {"pred": "bool", "bf16": "bfloat16", "f": "float", "s": "int", "u": "uint", "c": "complex"}
+
+
+def _size(kind: str) -> int:
+    """The bytes of one element of an XLA type (a narrow one's as one byte: a TPU holds
+    them unpacked)."""
+    bits = _BITS.match(kind)
+    return 1 if kind == "pred" or bits is None else max(int(bits.group(1)) // 8, 1)
+
+
+def _dtype_name(kind: str) -> str:
+    """The JAX dtype name of an XLA type (`bf16` -> `bfloat16`, `s8` -> `int8`,
+    `f8e4m3fn` -> `float8_e4m3fn`), the name itself where it is not one."""
+    if kind in _NAMES:
+        return _NAMES[kind]
+    typed = re.fullmatch(r"([fsuc])(\d+)(\w*)", kind)
+    if typed is None:
+        return kind
+    prefix, bits, rest = typed.groups()
+    return _NAMES[prefix] + bits + (f"_{rest}" if rest else "")
 
 
 def _arrays(shape: str) -> Iterator[tuple[str, int, bool]]:
@@ -103,8 +152,7 @@ def _arrays(shape: str) -> Iterator[tuple[str, int, bool]]:
         count = 1
         for d in dims.split(","):
             count *= int(d) if d else 1
-        size = _SIZES.get(kind) or (int(re.sub(r"\D", "", kind) or 32) // 8)
-        yield kind, count * size, re.search(r"S\((\d+)\)", layout or "") is None
+        yield kind, count * _size(kind), re.search(r"S\((\d+)\)", layout or "") is None
 
 
 def _shape(instruction: Instruction) -> str:
@@ -172,10 +220,11 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
     if opcode in _COLLECTIVES:
         return _Traits("collective")
     if opcode == "custom-call":
-        return _Traits("custom call")
+        return _Traits("custom call", _operand_type(computation, instruction))
     if opcode in ("convolution", "dot"):
         fill, gradient, products = product_traits(computation, instruction)
-        return _Traits(_product(attributes), fill=fill, weight_gradient=gradient, products=products)
+        dtype = _operand_type(computation, instruction)
+        return _Traits(_product(attributes), dtype, fill=fill, weight_gradient=gradient, products=products)
     if opcode in ("gather", "scatter"):
         return _indexed(computation, instruction)
     if opcode in ("reduce", "reduce-window", "select-and-scatter"):
@@ -193,7 +242,7 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
         if inner in ("convolution", "dot"):
             kinds.add(_product(rest))
             if product is None:
-                dtype = next(iter(_arrays(_shape(inner_instruction))), ("f32",))[0]
+                dtype = _operand_type(fused, inner_instruction)
                 fill, gradient, products = product_traits(fused, inner_instruction)
                 product = _Traits(_product(rest), dtype, fill, gradient, products)
         elif inner in ("reduce", "reduce-window", "select-and-scatter"):
@@ -212,6 +261,18 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
     if "elementwise" in kinds:
         return _Traits("elementwise")
     return _Traits("data movement")
+
+
+def _operand_type(computation: Computation, kernel: Instruction) -> str | None:
+    """The XLA type a matrix product or custom call computes in: its operands' (an int8
+    product's `s8`, whatever it accumulates into), the type that holds the most of their
+    bytes; None where they cannot be read."""
+    named = computation.named
+    held: dict[str, int] = {}
+    for operand in op_of(kernel)[1]:
+        for kind, size, _ in _arrays(_shape(named[operand])) if operand in named else ():
+            held[kind] = held.get(kind, 0) + size
+    return max(held, key=lambda kind: (held[kind], _size(kind))) if held else None
 
 
 def lane_fill(computation: Computation, kernel: Instruction) -> float:
@@ -365,18 +426,49 @@ def _alone(module: Module, computation: Computation, instruction: Instruction) -
     return re.sub(r",? stack_frame_id=\d+", "", head + "\n" + entry)
 
 
+# libtpu's custom calls that do no work of their own: a buffer allocated, arrays laid out
+# to be concatenated in place, facts about a gather's indices.
+_BOOKKEEPING: Final = frozenset(
+    {"AllocateBuffer", "ConcatBitcast", "AssumeGatherIndicesInBound", "GatherScatterIndicesBitpacked"}
+)
+_TARGET: Final = re.compile(r'\bcustom_call_target="([^"]*)"')
+_COST_ESTIMATE: Final = re.compile(r'"cost_estimate":\{([^{}]*)\}')
+_ESTIMATED: Final = re.compile(r'"(flops|bytes_accessed)":"?(\d+)')
+
+
+def _figures(instruction: Instruction) -> tuple[float, float] | None:
+    """A custom call's own FLOPs and bytes, where it carries them: a Pallas kernel's
+    `pallas_call(cost_estimate=...)`, which its backend config holds as `"cost_estimate"`
+    (its bytes those it moves in device memory); `(0, 0)` for one that does no work."""
+    attributes = op_of(instruction)[2]
+    target = _TARGET.search(attributes)
+    if target is not None and target.group(1) in _BOOKKEEPING:
+        return 0.0, 0.0
+    estimate = _COST_ESTIMATE.search(attributes)
+    figures = dict(_ESTIMATED.findall(estimate.group(1))) if estimate else {}
+    if "flops" not in figures or "bytes_accessed" not in figures:
+        return None
+    return float(figures["flops"]), float(figures["bytes_accessed"])
+
+
 def _costed(module: Module, computation: Computation, instruction: Instruction) -> tuple[float, float, float]:
     """FLOPs, bytes accessed and those in device memory of one run of `instruction`, by XLA's
     HLO cost analysis of the instruction alone (each operand's bytes as it reads them: a
-    slice of a stacked array, not the whole); the shapes' bytes where that fails."""
+    slice of a stacked array, not the whole); the shapes' bytes where that fails or gives
+    no figure (-1: a custom call, which XLA cannot see into); a custom call's own figures
+    where it carries them (`_figures`). Never negative."""
     opcode, operands, _ = op_of(instruction)
     named = computation.named
     in_device = [all(d for _, _, d in _arrays(_shape(named[o]))) if o in named else True for o in operands]
     outputs = [d for _, _, d in _arrays(_shape(instruction))]
     out_device = all(outputs)
-    text = _alone(module, computation, instruction) if opcode not in _ASYNC_COPIES | _COLLECTIVES else None
+    figures = _figures(instruction) if opcode == "custom-call" else None
+    if figures is not None:
+        return figures[0], figures[1], figures[1]
+    alone = opcode not in _ASYNC_COPIES | _COLLECTIVES | {"custom-call"}
+    text = _alone(module, computation, instruction) if alone else None
     analysis = _compat.hlo_text_cost_analysis(text) if text is not None else {}
-    if "bytes accessed" not in analysis:
+    if "bytes accessed" not in analysis or any(v < 0 for k, v in analysis.items() if k.startswith(("flops", "bytes"))):
         sizes = [_bytes(named.get(o)) for o in operands]
         out = _bytes(instruction)
         if opcode in _ASYNC_COPIES | _COLLECTIVES:  # the output holds the operand again, and a context
@@ -391,15 +483,70 @@ def _costed(module: Module, computation: Computation, instruction: Instruction) 
     return float(analysis.get("flops", 0.0)), float(analysis["bytes accessed"]), read + written
 
 
-def _group(attributes: str) -> int:
+def _group(attributes: str, everyone: int) -> int:
+    """The size of a collective's groups (`everyone`: the program's devices, which `{}` names)."""
     groups = _GROUPS.search(attributes)
     if groups is None:
         return 1
     text = groups.group(1)
+    if text == "{}":
+        return everyone
     if text.startswith("["):  # iota form: [groups,size]<=[devices]
         return int(text[1:].split("]")[0].split(",")[-1])
+    if text.startswith("mesh"):  # the grouped axes' sizes (a sub-axis's own) multiplied
+        sizes = {name.strip(): int(size) for name, size in _MESH_AXIS.findall(groups.group(2))}
+        axes = _AXIS_REF.findall(groups.group(3))
+        return math.prod(int(sub) if sub else sizes.get(name.strip(), 1) for name, sub in axes)
     first = re.search(r"\{\{([^}]*)\}", text)
     return len(first.group(1).split(",")) if first and first.group(1) else 1
+
+
+_COLLECTIVE_OPS: Final = frozenset(op for op in _COLLECTIVES if not op.endswith("-start"))
+
+
+def _held(module: Module, computation: Computation) -> tuple[Computation, Instruction] | None:
+    """The first collective a called computation holds, a fusion inside it searched too."""
+    for instruction in computation.instructions:
+        inner, _, attributes = op_of(instruction)
+        if inner.removesuffix("-start") in _COLLECTIVE_OPS:
+            return computation, instruction
+        called = _CALLS.search(attributes)
+        if inner == "fusion" and called is not None and called.group(1) in module.computations:
+            found = _held(module, module.computations[called.group(1)])
+            if found is not None:
+                return found
+    return None
+
+
+def _communication(module: Module, computation: Computation, kernel: Instruction, everyone: int) -> Collective | None:
+    """The collective a kernel runs, or runs a part of: itself, one that an asynchronous
+    start wraps (XLA:GPU's), or one fused into it (libtpu's asynchronous collective fusions,
+    and the products it overlaps with one); None where it runs none."""
+    opcode, _, attributes = op_of(kernel)
+    found: tuple[Computation, Instruction] | None = (computation, kernel)
+    if opcode.removesuffix("-start") not in _COLLECTIVE_OPS:
+        called = _CALLS.search(attributes)
+        if opcode not in ("fusion", "async-start") or called is None or called.group(1) not in module.computations:
+            return None
+        found = _held(module, module.computations[called.group(1)])
+    if found is None:
+        return None
+    inside, instruction = found
+    opcode, operands, attributes = op_of(instruction)
+    op = opcode.removesuffix("-start")
+    arrays = [_bytes(inside.named.get(o)) for o in operands]
+    channel = _CHANNEL.search(attributes)
+    name = f"channel {channel.group(1)}" if channel is not None else kernel.name
+    if op == "collective-permute":
+        pairs = _PAIRS.search(attributes)
+        moves = pairs is not None and any(a != b for a, b in re.findall(r"\{(\d+),(\d+)\}", pairs.group(1)))
+        return Collective(op, 2 if moves else 1, float(arrays[0] if arrays else 0), name)
+    devices = _group(attributes, everyone)
+    if op == "all-gather":
+        return Collective(op, devices, float(sum(arrays) * devices), name)
+    if op == "all-reduce" and instruction is not kernel and _bytes(kernel) < _bytes(instruction):
+        op = "reduce-scatter"  # (libtpu's: an all-reduce fused with the slice of each device's shard)
+    return Collective(op, devices, float(sum(arrays)), name)
 
 
 def _trips(module: Module, computation: Computation, loop: Instruction, same: int | None) -> int | None:
@@ -414,28 +561,34 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
     """The kernels of the optimized module `text` in schedule order, and whether every loop's
     trip count was known (a loop whose count is not is counted once); None where the text
     cannot be read. `lengths`: the program's own loops' trip counts as it was traced (scans),
-    for a top-level loop whose count the module does not tell (see `_hlo_loops.missed`)."""
+    for a top-level loop whose count the module does not tell (see `_hlo_loops.missed`).
+    Each branch of a conditional is read, its kernels marked with it (`Kernel.branch`): one
+    run takes one branch, and `_time` counts the most costly."""
     module = parse(text)
     if module is None:
         return None
+    header = text.partition("\n")[0]
+    everyone = math.prod(int(n) for n in re.findall(r"\b(?:num_partitions|replica_count)=(\d+)", header))
+    conditionals = 0
     top = sum(1 for _ in module.computations[module.entry].whiles())
     same = lengths[0] if len(set(lengths)) == 1 and top == len(lengths) else None
     kernels: list[Kernel] = []
     exact = True
     pending: dict[str, int] = {}  # an async start's name -> its kernel's index
-    # (computation, its next instruction, runs, at the top level?): a body is read where it runs
-    stack: list[tuple[Computation, int, int, bool]] = []
+    # (computation, its next instruction, runs, at the top level?, the conditionals' branches
+    # holding it): a body is read where it runs
+    stack: list[tuple[Computation, int, int, bool, tuple[tuple[int, int], ...]]] = []
 
-    def push(name: str, runs: int, at_top: bool) -> None:
+    def push(name: str, runs: int, at_top: bool, branch: tuple[tuple[int, int], ...]) -> None:
         if name in module.computations:
-            stack.append((module.computations[name], 0, runs, at_top))
+            stack.append((module.computations[name], 0, runs, at_top, branch))
 
-    push(module.entry, 1, True)
+    push(module.entry, 1, True, ())
     while stack:
-        computation, i, runs, at_top = stack.pop()
+        computation, i, runs, at_top, branch = stack.pop()
         if i >= len(computation.instructions):
             continue
-        stack.append((computation, i + 1, runs, at_top))
+        stack.append((computation, i + 1, runs, at_top, branch))
         instruction = computation.instructions[i]
         opcode, operands, attributes = op_of(instruction)
         if opcode == "while":
@@ -446,15 +599,16 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
             times = trips if trips is not None else 1
             if body is not None:  # (pushed last: read first, the condition after it)
                 if condition is not None:
-                    push(condition.group(1), runs * (times + 1), False)
-                push(body.group(1), runs * times, False)
+                    push(condition.group(1), runs * (times + 1), False, branch)
+                push(body.group(1), runs * times, False, branch)
             continue
-        if opcode in ("call", "conditional"):  # every branch counted: an upper bound, said so
+        if opcode in ("call", "conditional"):  # each branch read, marked (a call's one is no branch)
             called = _BRANCHES.findall(attributes)
             names = [n for group in called for n in re.findall(r"%([^\s,{}]+)", group)]
-            exact = exact and len(names) <= 1
-            for name in reversed(names):
-                push(name, runs, at_top)
+            conditionals += opcode == "conditional"
+            for index in reversed(range(len(names))):
+                marked = branch + ((conditionals, index),) if opcode == "conditional" else branch
+                push(names[index], runs, at_top, marked)
             continue
         if opcode.endswith("-done") and operands and operands[0] in pending:
             start = pending.pop(operands[0])
@@ -465,6 +619,9 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
         traits = _kind(module, computation, instruction)
         flops, accessed, device = _costed(module, computation, instruction)
         result = next(iter(_arrays(_shape(instruction))), ("f32", 0, True))[0]
+        communication = _communication(module, computation, instruction, everyone)
+        if communication is not None and traits.kind not in ("matmul", "batched matmul", "convolution"):
+            traits = dataclasses.replace(traits, kind="collective")  # (a product keeps its kind: it overlaps one)
         kernel = Kernel(
             name=instruction.name,
             opcode=opcode,
@@ -475,8 +632,8 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
             flops=flops,
             bytes_accessed=accessed,
             device_bytes=device,
-            dtype=_NAMES.get(traits.dtype or result, traits.dtype or result),
-            devices=_group(attributes) if traits.kind == "collective" else 1,
+            dtype=_dtype_name(traits.dtype or result),
+            devices=communication.devices if communication is not None else 1,
             in_loop=not at_top,
             fill=traits.fill,
             weight_gradient=traits.weight_gradient,
@@ -486,6 +643,9 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
             slice_bytes=traits.slice_bytes,
             table_bytes=traits.table_bytes,
             results=sum(1 for _ in _arrays(_shape(instruction))),
+            collective=communication,
+            branch=branch,
+            by_bytes=opcode == "custom-call" and accessed > 0 and _figures(instruction) is None,
         )
         if opcode.endswith("-start"):
             pending[instruction.name] = len(kernels)

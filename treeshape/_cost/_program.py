@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.tree_util as jtu
 
-from .. import _compat, _nodes, _sharding
+from .. import _compat, _nodes, _quiet, _sharding
 from .._cache import has_value
 from .._call import (
     Call,
@@ -401,6 +401,8 @@ def compile_program(
     values, mesh = leaves, None  # tracers stay as they are: `_hoist_tracers` types them
     # A named accelerator: the leaves on its topology's devices, compiled by its compiler.
     placed = None
+    if target is not None and _compat.at_top_level() and _compat.pmap_over(core) is not None:
+        return _retargeted(core, leaves, abstract, treedef, donated, target, None)  # over the target's devices
     if target is not None:
         try:
             placed = _deviceless.place(leaves, abstract, lambda i: input_path(leaves, treedef, i), target, "cost")
@@ -443,6 +445,9 @@ def compile_program(
                 if not inner <= wanted:
                     traced = _jit(program, wanted | inner).trace(*args, **named)
             _refuse_too_large(traced.jaxpr.jaxpr)  # before XLA, which aborts the process on it
+            if placed is not None:  # where no input, output or mesh places it (an init): JAX's default
+                context.enter_context(jax.default_device(placed.device))
+                context.enter_context(_quiet.quiet())  # (the compilers' log lines; no code of the user's runs)
             # A mesh larger than this process: lowered here for the CPU, compiled in a child.
             lowered = traced.lower() if far is None else traced.lower(lowering_platforms=("cpu",))
     except Exception as e:
@@ -480,27 +485,35 @@ def _retargeted(
     treedef: jtu.PyTreeDef,
     donated: frozenset[int],
     target: str,
-    error: Exception,
+    error: Exception | None,
 ) -> Compiled:
     """`core` compiled for `target` where its own code names this process's devices (a
     `shard_map` or sharding over a mesh of its own, a `jax.pmap`): traced here as `cost`
     without a target traces it, moved onto the target's devices (`_deviceless.moved`) and
-    replayed there. `error`, the compile over the target's devices as the inputs name
-    them, is raised where the step names no devices of its own."""
+    replayed there; a `jax.pmap` wrapper is traced over the target's devices themselves
+    (`_pmap_on_target`), however many this process has. `error`, the compile over the
+    target's devices as the inputs name them, is raised where the step names no devices of
+    its own (None: the step is a `jax.pmap`, and the trace's own error is raised)."""
+    own = core
     try:  # (inputs over more devices than this process has: traced over their abstract mesh)
         far = _far_mesh(leaves, abstract, treedef) is not None
         values, local = (leaves, None) if far else _on_concrete_meshes(leaves, abstract, treedef)
+        pmap = _compat.pmap_over(core)
+        if pmap is not None:
+            core = _pmap_on_target(pmap, values, treedef, target)
         program = _program(core, values, abstract, treedef)
         with contextlib.ExitStack() as context:
             if local is not None:
                 context.enter_context(jax.set_mesh(local))
             closed = jax.make_jaxpr(program.fn)(*program.args, **program.named)
     except Exception:
+        if error is None:
+            raise
         raise error from None
     inputs = jtu.tree_leaves((program.args, program.named))
     found = _deviceless.moved(closed, inputs, local or _compat.current_mesh(), target, "cost")
     if found is None:
-        raise error
+        raise error or ValueError(f"treeshape.cost: target {target!r}: the step names no devices to move")
     moved, placed = found
     _refuse_too_large(moved.jaxpr)  # before XLA, which aborts the process on it
     kwarg_names = list(treedef.children()[1].children()[1].node_data()[1] or ())
@@ -516,7 +529,8 @@ def _retargeted(
             if placed.mesh is not None:
                 context.enter_context(jax.set_mesh(placed.mesh))
             traced = jitted.trace(*placed.values)
-            lowered = traced.lower()
+            with jax.default_device(placed.device), _quiet.quiet():
+                lowered = traced.lower()
     except Exception as e:
         raise ValueError(
             f"treeshape.cost: target {target!r}: the step names this process's devices (a mesh of its own, a "
@@ -529,18 +543,22 @@ def _retargeted(
     paths = [*program.paths, *[None] * (len(infos) - len(program.paths))]
     arguments = [_lowering_argument(x) for x in placed.values]
     call = (treedef, *program.output_tree)
+    around = is_jit_wrapper(own)
+    pmap_named = pmap_name(own) if around else None
     return Compiled(
-        compiled,
-        paths,
-        program.output_paths,
-        donate,
-        traced.jaxpr,
-        arguments,
-        None,
-        placed,
-        is_jit_wrapper(core),
-        call=call,
+        compiled, paths, program.output_paths, donate, traced.jaxpr, arguments, None, placed, around, pmap_named, call
     )
+
+
+def _pmap_on_target(pmap: _compat.PmapOver, values: list[Any], treedef: jtu.PyTreeDef, target: str) -> Any:
+    """The user's `jax.pmap` wrapper over the target's devices, as `jax.pmap(f, devices=...)`
+    maps over them: the topology of as many devices as the call's mapped axis (a `ValueError`
+    naming the topologies of that count where the target cannot form it)."""
+    (bound_args, bound_kwargs), (args, kwargs) = jtu.tree_unflatten(treedef, values)
+    count = pmap.size((*bound_args, *args), {**bound_kwargs, **kwargs})
+    found, shape = _target.resolve(target, "cost")
+    topology = _target.topology(found, shape, count, "the jax.pmap's mapped axis", "cost")
+    return pmap.over(_target.devices(found.name, topology))
 
 
 def _first_line(e: BaseException) -> str:

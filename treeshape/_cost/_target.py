@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from .. import _compat
+from .. import _compat, _quiet
 
 
 # The compilers a target compiles with: JAX's CUDA plugin (XLA:GPU) or libtpu.
@@ -230,9 +230,11 @@ def check_installed(target: Target, who: str) -> None:
                 f'pip install "treeshape[cuda]" (for jaxlib {jaxlib}: jax-cuda12-plugin=={jaxlib}; no CUDA '
                 "libraries or driver needed)."
             )
-        if not (
-            _compat.cuda_starts_without_gpu() and _compat.compiles_without_device(devices(target.name, "1x1x1")[0])
-        ):
+        with _quiet.quiet():  # (a compile: XLA's log lines)
+            compiles = _compat.cuda_starts_without_gpu() and _compat.compiles_without_device(
+                devices(target.name, "1x1x1")[0]
+            )
+        if not compiles:
             raise _compat.JaxReleaseError("compiling for an NVIDIA GPU without one (target=)", "0.10.0")
     elif not _found("libtpu"):
         raise ImportError(
@@ -330,10 +332,23 @@ def _without_field(text: str, field: str) -> str:
 
 @functools.cache
 def devices(name: str, shape: str) -> tuple[Any, ...]:
-    """The devices of a target's topology, as the installed compiler describes them.
+    """The devices of a target's topology, as the installed compiler describes them, with
+    what the compiler (libtpu at its start) and JAX's backends, where they start here, log
+    on standard error left out (`_quiet`).
 
     A field of the shipped spec that the installed plugin does not know (an older plugin
     than XLA's spec) is left out, and the spec read again."""
+    import jax
+
+    with _quiet.quiet():
+        try:
+            jax.devices()  # JAX's backends, started here rather than in the user's trace
+        except Exception:  # raised again, with its message, where the program uses them
+            pass
+        return _devices(name, shape)
+
+
+def _devices(name: str, shape: str) -> tuple[Any, ...]:
     from jax.experimental import topologies
 
     target = _TARGETS[name]

@@ -27,11 +27,13 @@ Three figures:
   each run's latency where it reads or writes HBM (less in a loop's body, none where a
   loop's body reads only its counter there), next to nothing in VMEM; never below its
   floor; an asynchronous copy at the part of its HBM time the kernels
-  around it did not hide on the chip; a collective at its bytes over the interconnect's
-  links plus their latency; the chip's idle time between two kernels at the top of the
+  around it did not hide on the chip; a collective at its whole array's bytes over the
+  interconnect's links (a ring) plus their latency, once for all the kernels that carry
+  it (products that libtpu fuses a part of an all-gather into run at its pace where it
+  outlasts their work); the chip's idle time between two kernels at the top of the
   program; and the runtime's gap between two steps; a step whose kernels take less than
   its host takes to call it (its arrays and registered pytree nodes, in and out) at the
-  host's pace.
+  host's pace. On every target a conditional counts its most costly branch.
 
 The correction (`CORRECTION`) was measured on a v5e against each kernel's time in a
 profile of 94 train steps (and the host's calls of 15 tiny ones), and checked on steps it
@@ -42,12 +44,12 @@ and v6e use it as measured there, and `source` says so.
 import dataclasses
 import html
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 from .._table import grid, html_grid
 from . import _timeline
 from ._chips import Chip
-from ._kernels import Kernel
+from ._kernels import Collective, Kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +182,30 @@ class KernelTime:
     kind: str
 
 
+class PhaseTime(NamedTuple):
+    """A phase of a step's time ([treeshape.StepTime][]`.phases`): a run of consecutive
+    kernels under one module path, named as [treeshape.Phase][] names the timeline's.
+
+    Attributes:
+        name: Their op without its outermost `jit(...)`, to `depth` path components
+            (`transpose(jvp(MLP))/layers_1` at depth 2), or `"between steps"` and
+            `"waiting on the host"`, the runtime's.
+        seconds: All their runs together (a loop's body counted by its trip count).
+
+    Examples:
+        >>> import treeshape as ts
+        >>> p = ts.PhaseTime("layers_0", 0.002)
+        >>> f"{p.name}: {p.seconds * 1e3:.1f} ms"
+        'layers_0: 2.0 ms'
+    """
+
+    name: str
+    seconds: float
+
+
+PhaseTime.__module__ = "treeshape"
+
+
 @dataclasses.dataclass(frozen=True)
 class StepTime:
     """How long one run of a compiled program takes on one device of the target, before
@@ -219,10 +245,11 @@ class StepTime:
     schedule: tuple[tuple[str | None, float], ...] = dataclasses.field(default=(), repr=False, compare=False)
     device: str = dataclasses.field(default="", repr=False, compare=False)  # "TPU v5e"
 
-    def phases(self, depth: int = 1) -> tuple[tuple[str, float], ...]:
-        """The step's time by phase, in schedule order: `(name, seconds)` for each run of
-        consecutive kernels whose op shares its first `depth` path components (a loop's
-        body counted by its trip count), named as `Cost.timeline.phases` names them.
+    def phases(self, depth: int = 1) -> tuple[PhaseTime, ...]:
+        """The step's time by phase, in schedule order: a [treeshape.PhaseTime][] (`name`,
+        `seconds`) for each run of consecutive kernels whose op shares its first `depth`
+        path components (a loop's body counted by its trip count), named as
+        `Cost.timeline.phases` names them.
 
         Raises:
             ValueError: `depth` is not an int >= 1.
@@ -231,12 +258,12 @@ class StepTime:
             raise ValueError(f"depth must be an int >= 1 (how many path components name a phase), got {depth!r}")
         names = [None if op is None else _timeline.phase_name(op, depth) for op, _ in self.schedule]
         current = next((name for name in names if name is not None), _timeline.NO_OP)
-        out: list[tuple[str, float]] = []
+        out: list[PhaseTime] = []
         for name, (_, seconds) in zip(names, self.schedule, strict=True):
-            if out and (name is None or name == out[-1][0]):
-                out[-1] = (out[-1][0], out[-1][1] + seconds)
+            if out and (name is None or name == out[-1].name):
+                out[-1] = PhaseTime(out[-1].name, out[-1].seconds + seconds)
             else:
-                out.append((current if name is None else name, seconds))
+                out.append(PhaseTime(current if name is None else name, seconds))
         return tuple(out)
 
     def line(self) -> str:
@@ -288,7 +315,9 @@ def _duration(seconds: float) -> str:
 
 
 def _floor(k: Kernel, chip: Chip) -> float:
-    return max(k.flops / chip.peak(k.dtype), k.device_bytes / chip.hbm_bytes_per_second)
+    """One run of `k` at the roofline: its FLOPs at the peak of its dtype (a matrix
+    product's operands'), or its bytes in device memory at HBM's bandwidth, the larger."""
+    return max(k.flops / chip.peak(k.dtype), k.device_bytes / chip.hbm_bytes_per_second, 0.0)
 
 
 def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
@@ -352,14 +381,79 @@ def _indexed(k: Kernel, chip: Chip, c: Correction) -> float:
     return k.indices * each + k.device_bytes / hbm + run
 
 
-def _collective(k: Kernel, chip: Chip) -> float:
-    """A ring over the group: each device sends and receives (n-1)/n of the bytes once
-    (twice for an all-reduce), over one link each way, plus a hop's latency per step."""
-    n = max(k.devices, 1)
-    if n == 1:
+def _custom(k: Kernel, chip: Chip, c: Correction) -> float:
+    """One run of a custom call (a Pallas kernel, a linear-algebra call), of which libtpu
+    writes no estimate: its own FLOPs at the peak of its operands' dtype or its bytes at
+    HBM's rate, the larger (a Pallas kernel's `cost_estimate`; else the bytes of its
+    operands and results, wherever they live), plus a run's cost."""
+    assert chip.clock_hz is not None
+    hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
+    run = _hbm_run(k, chip, c) if _reads_hbm(k) else c.vmem_cycles_per_run / chip.clock_hz
+    return max(k.flops / chip.peak(k.dtype), k.bytes_accessed / hbm) + run
+
+
+def _collective(c: Collective, chip: Chip) -> float:
+    """One run of a collective over the interconnect, by the standard ring over its group of
+    n devices, each sending over one link and receiving over another: an all-gather or a
+    reduce-scatter moves (n-1)/n of the whole array's bytes (the gathered result, the
+    scattered operand) per device at the link's bandwidth, in n-1 steps of a hop's latency
+    each; an all-reduce (a reduce-scatter, then an all-gather) twice that; an all-to-all
+    sends (n-1)/n of its array as a reduce-scatter does; a collective-permute its array over
+    one link, with one hop's latency; nothing where the group is one device."""
+    if c.devices <= 1:
         return 0.0
-    passes = 2 if k.opcode.startswith("all-reduce") else 1
-    return passes * ((n - 1) / n * k.bytes_accessed / chip.link_bytes_per_second + (n - 1) * chip.link_latency_seconds)
+    link, hop = chip.link_bytes_per_second, chip.link_latency_seconds
+    if c.op == "collective-permute":
+        return c.bytes / link + hop
+    n, passes = c.devices, 2 if c.op == "all-reduce" else 1
+    return passes * ((n - 1) / n * c.bytes / link + (n - 1) * hop)
+
+
+def _communicated(kernels: Sequence[Kernel], each: Sequence[float], chip: Chip) -> list[float]:
+    """`each` (one entry per kernel, all its runs) with each collective's communication
+    counted once, on the kernels that carry it (those of its channel that run as often):
+    where products carry a part of it (libtpu fuses an all-gather's transfers into the
+    products that run while it lasts), they are slowed to its pace, in proportion to their
+    own time, and run at their own pace only where their work outlasts it; else its first
+    kernel (the collective, or its start) takes at least its time."""
+    out = list(each)
+    carriers: dict[tuple[str, int], list[int]] = {}
+    for i, k in enumerate(kernels):
+        if k.collective is not None:
+            carriers.setdefault((k.collective.channel, k.runs), []).append(i)
+    for (_, runs), found in carriers.items():
+        collective = kernels[found[0]].collective
+        assert collective is not None
+        moved = runs * _collective(collective, chip)
+        products = [i for i in found if kernels[i].kind != "collective"]
+        working = sum(out[i] for i in products)
+        if products and working > 0:
+            for i in products:
+                out[i] *= max(moved / working, 1.0)
+        else:
+            out[found[0]] = max(out[found[0]], moved)
+    return out
+
+
+def _taken(kernels: Sequence[Kernel], each: Sequence[float]) -> tuple[list[Kernel], list[float], int]:
+    """The kernels one run takes, with their entries of `each`: of each conditional, its most
+    costly branch (its kernels' times summed, a conditional inside it at its own most costly
+    branch); and how many conditionals there were."""
+    keep = [True] * len(kernels)
+    conditionals = {c for k in kernels for c, _ in k.branch}
+    for level in reversed(range(max((len(k.branch) for k in kernels), default=0))):  # innermost first
+        totals: dict[int, dict[int, float]] = {}
+        for i, k in enumerate(kernels):
+            if keep[i] and len(k.branch) > level:
+                c, b = k.branch[level]
+                branches = totals.setdefault(c, {})
+                branches[b] = branches.get(b, 0.0) + each[i]
+        chosen = {c: max(branches, key=lambda b: branches[b]) for c, branches in totals.items()}
+        for i, k in enumerate(kernels):
+            if keep[i] and len(k.branch) > level and chosen[k.branch[level][0]] != k.branch[level][1]:
+                keep[i] = False
+    taken = [i for i in range(len(kernels)) if keep[i]]
+    return [kernels[i] for i in taken], [each[i] for i in taken], len(conditionals)
 
 
 def estimate(
@@ -379,23 +473,24 @@ def estimate(
     checked = platform == "tpu" and chip.clock_hz is not None
     c = CORRECTION
     each: list[float] = []
-    compiler = 0.0
     for k in kernels:
         floor = k.runs * _floor(k, chip)
-        if k.kind == "collective":
-            each.append(max(floor, k.runs * _collective(k, chip)) if checked else floor)
+        if k.kind == "collective":  # (its communication: `_communicated`, below)
+            each.append(floor)
         elif k.kind == "async copy":  # the part of its HBM time the kernels around it do not hide
             moved = k.runs * k.device_bytes / (chip.hbm_bytes_per_second * c.hbm_efficiency)
             each.append(c.exposed_copy * moved if checked else 0.0)
         elif checked and k.kind in ("gather", "scatter"):
             each.append(max(floor, k.runs * _indexed(k, chip, c)))
+        elif checked and k.kind == "custom call" and (k.flops or k.bytes_accessed):
+            each.append(max(floor, k.runs * _custom(k, chip, c)))
         elif not checked or (k.cycles is None and (k.kind in c.estimate or k.bytes_accessed < _SCALAR_BYTES)):
             each.append(floor)
         else:
             each.append(max(floor, k.runs * _corrected(k, chip, c)))
-        if checked and k.cycles is not None:
-            assert chip.clock_hz is not None
-            compiler += k.runs * k.cycles / chip.clock_hz
+    kernels, each, conditionals = _taken(kernels, _communicated(kernels, each, chip) if checked else each)
+    clock = chip.clock_hz or 1.0
+    compiler = sum(k.runs * k.cycles / clock for k in kernels if k.cycles is not None) if checked else 0.0
     floor_seconds = sum(k.runs * _floor(k, chip) for k in kernels if k.kind != "async copy")
     # the chip's idle time between two kernels at the top of the program (none measured in a
     # loop's body), which a profile gives to no kernel
@@ -408,7 +503,7 @@ def estimate(
     seconds = seconds + waiting if seconds is not None else None
     uncosted = sum(1 for k in kernels if k.kind in c.estimate and k.cycles is None and k.flops)
     uncosted = uncosted if checked else 0
-    source = _source(label, platform, checked, uncosted, exact)
+    source = _source(label, platform, checked, uncosted, exact, _by_bytes(kernels), conditionals)
     bf16 = chip.peak("bfloat16")
     mfu = flops / (seconds * bf16) if seconds and flops is not None else None
     times = [
@@ -416,7 +511,7 @@ def estimate(
             op=names.get(k.name, (None, None))[0],
             source=names.get(k.name, (None, None))[1],
             runs=k.runs,
-            seconds=t if checked else k.runs * _floor(k, chip),
+            seconds=t,
             flops=k.runs * k.flops,
             bytes_accessed=k.runs * k.bytes_accessed,
             name=k.name,
@@ -461,7 +556,33 @@ def _by_line(times: Iterable[KernelTime]) -> tuple[KernelTime, ...]:
     return tuple(sorted(merged, key=lambda t: -t.seconds))
 
 
-def _source(label: str, platform: str, checked: bool, uncosted: int, exact: bool) -> str:
+# A kernel costed by its bytes alone (section 28): its kind, as `source` names one and several.
+_BY_BYTES: Final = {
+    "collective": ("collective", "collectives"),
+    "async copy": ("asynchronous copy", "asynchronous copies"),
+    "custom call": ("custom call without figures of its own", "custom calls without figures of their own"),
+}
+
+
+def _by_bytes(kernels: Sequence[Kernel]) -> dict[str, int]:
+    """How many kernels of each kind were costed by their bytes alone: collectives and
+    asynchronous copies (over a link, or HBM), custom calls without figures of their own."""
+    counts: dict[str, int] = {}
+    for k in kernels:
+        if k.kind in ("collective", "async copy") or k.by_bytes:
+            counts[k.kind] = counts.get(k.kind, 0) + 1
+    return counts
+
+
+def _source(
+    label: str,
+    platform: str,
+    checked: bool,
+    uncosted: int,
+    exact: bool,
+    by_bytes: Mapping[str, int],
+    conditionals: int = 0,
+) -> str:
     if checked:
         said = CHECKED
         if not label.endswith("v5e"):
@@ -471,8 +592,13 @@ def _source(label: str, platform: str, checked: bool, uncosted: int, exact: bool
     notes = []
     if uncosted:
         notes.append(f"{uncosted} kernel{'s' if uncosted != 1 else ''} without the compiler's estimate at the floor")
+    if by_bytes:
+        kinds = ", ".join(f"{count} {_BY_BYTES[kind][count != 1]}" for kind, count in sorted(by_bytes.items()))
+        notes.append(f"costed by their bytes alone: {kinds}")
     if not exact:
         notes.append("a loop of unknown trip count counted once")
+    if conditionals:
+        notes.append("each conditional counted at its most costly branch")
     return said + "".join(f"; {n}" for n in notes)
 
 
@@ -484,4 +610,4 @@ def renamed(t: StepTime, op: Callable[[str | None], str | None]) -> StepTime:
 
 
 # The public classes report module `treeshape`, so doctest would not find their examples here.
-__test__ = {"StepTime": StepTime, "KernelTime": KernelTime}
+__test__ = {"StepTime": StepTime, "KernelTime": KernelTime, "PhaseTime": PhaseTime}
