@@ -612,6 +612,13 @@ def test_the_command_line_takes_a_target_and_lists_them():
     bad = _cli("cost", "jax.numpy:matmul", "f32[8,8]", "f32[8,8]", "--target", "h900")
     assert bad.returncode == 2 and bad.stderr.startswith("treeshape: error: --target: unknown target 'h900'")
     assert len([line for line in bad.stderr.splitlines() if line.startswith("treeshape")]) == 1
+    # a topology that is none: bad input (exit 2), named with the topologies of the inputs' count
+    for command in (["cost"], ["fit", "--dim", "b"]):
+        spec = "f32[b,8]" if "fit" in command else "f32[8,8]"
+        malformed = _cli(*command, "jax.numpy:sin", spec, "--target", "v5e:0x0")
+        assert malformed.returncode == 2, malformed.stderr
+        assert malformed.stderr.startswith("treeshape: error: --target: "), malformed.stderr
+        assert "1x1" in malformed.stderr and len(malformed.stderr.splitlines()) == 1, malformed.stderr
 
 
 @needs_cuda_release

@@ -140,12 +140,23 @@ def call_target(args: argparse.Namespace, how: Callable[..., Any]) -> Any:
     """`how(fn, *specs)` for the command's `MODULE:ATTR` and specs: what `inspect` and `cost` share."""
     if args.target is None:
         raise Fail("the following arguments are required: MODULE:ATTR", 2)
+    from .._cost import CountError, TopologyError
+
     positional, keywords = arguments(args.specs, args.target)
     fn, positional, keywords = _bind(resolve(args.target), positional, keywords)
     try:
         return how(fn, *positional, **keywords)
+    except (TopologyError, CountError) as err:
+        raise Fail(target_problem(err), 2) from err
     except USER_ERRORS as err:
         raise Fail(f"calling {args.target} failed: {one_line(err)}", 1) from err
+
+
+def target_problem(err: Exception) -> str:
+    """A `--target` the inputs' devices cannot be laid out on (a malformed or impossible TPU
+    topology, a count the target cannot form), as the command says it: bad input, exit 2."""
+    text = one_line(err).removeprefix(f"{type(err).__name__}: ")
+    return "--target: " + re.sub(r"^treeshape\.[a-z_]+: ", "", text)
 
 
 def checked_target(name: str | None, who: str) -> str | None:

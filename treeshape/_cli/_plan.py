@@ -8,7 +8,7 @@ import re
 import sys
 from typing import Any, Final, TextIO
 
-from ._common import checked_target, json_data, parse_bytes, resolve
+from ._common import checked_target, json_data, parse_bytes, resolve, target_problem
 from ._fail import USER_ERRORS, Fail, one_line, printable
 
 
@@ -101,6 +101,7 @@ def declare(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, stdout: TextIO) -> int:
     from .. import plan
+    from .._cost import CountError, TopologyError
 
     asked = choices(args.choice)
     try:
@@ -123,6 +124,8 @@ def run(args: argparse.Namespace, stdout: TextIO) -> int:
             max_size=args.max_size,
             progress=progress,
         )
+    except (TopologyError, CountError) as err:
+        raise Fail(target_problem(err), 2) from err
     except USER_ERRORS as err:
         raise Fail(f"planning {args.target} failed{_combination(err)}: {one_line(err)}", 1) from err
     if args.json:

@@ -36,6 +36,6 @@ from ._request import (
     SizeError as SizeError,
     check_request as check_request,
 )
-from ._target import targets as targets
+from ._target import CountError as CountError, TopologyError as TopologyError, targets as targets
 from ._time import KernelTime as KernelTime, PhaseTime as PhaseTime, StepTime as StepTime
 from ._timeline import Phase as Phase, Timeline as Timeline
