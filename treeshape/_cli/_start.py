@@ -4,6 +4,7 @@ JAX kept to the CPU when a command compiles for a named `--target` (`start_for_t
 
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 
 from .. import _quiet
@@ -16,7 +17,10 @@ def start_jax() -> None:
     called in-process), nothing happens."""
     if "jax" in sys.modules:
         return
-    with _quiet.quiet(plugin_errors=True):
+    with _quiet.quiet(plugin_errors=True), warnings.catch_warnings():
+        # JAX's advice to a TPU VM's administrator, at import on a TPU machine (the command
+        # compiles for `--target` on the CPU there, and cannot change the VM's settings)
+        warnings.filterwarnings("ignore", "Transparent hugepages are not enabled", UserWarning)
         try:
             import jax
 
