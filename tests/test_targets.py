@@ -648,7 +648,10 @@ def _init():
 
 NO_ARRAY_ARGUMENT = {
     "init": (_init, ()),
-    "shape only": (lambda x: jnp.zeros((x.shape[0], 1024)), (jax.ShapeDtypeStruct((256, 8), jnp.float32),)),
+    "shape only": (
+        lambda x: jnp.zeros((x.shape[0], 1024), jnp.float32),
+        (jax.ShapeDtypeStruct((256, 8), jnp.float32),),
+    ),
     "no output": (lambda x: None, (jax.ShapeDtypeStruct((256, 8), jnp.float32),)),
 }
 
