@@ -171,8 +171,16 @@ def _pmapped_step(w, x):
     return w - 0.1 * jax.lax.pmean(x.T @ h, "i"), h
 
 
+# jax 0.8.0 builds a pmap over a function it names `wrapped`: treeshape does not yet rename
+# those ops to the user's (`pmap(wrapped)/tanh`); the newest release's are (known gap, strict).
+PMAP_NAMED_WRAPPED = pytest.mark.xfail(
+    jax.__version_info__ < (0, 9), reason="jax 0.8.0's pmap ops are named pmap(wrapped)", strict=True
+)
+
+
+@PMAP_NAMED_WRAPPED
 @pytest.mark.parametrize("target", ["v5e", "v5e:4x4"])
-def test_a_pmap_over_more_devices_than_this_process_has_compiles_over_the_targets(target):
+def test_a_pmap_over_more_devices_than_this_process_has_compiles_over_the_targets(target, tmp_path):
     """16 devices where this process has 8 (conftest): the pmap maps over the target's, as
     `jax.pmap(f, devices=...)` does, its settings (in_axes, donation) kept, and its ops,
     phases and kernels are named by the user's program (`pmap(step)/...`), as without a target."""
@@ -181,12 +189,16 @@ def test_a_pmap_over_more_devices_than_this_process_has_compiles_over_the_target
     w, x = jax.ShapeDtypeStruct((256, 256), jnp.float32), jax.ShapeDtypeStruct((16, 32, 256), jnp.float32)
     c = ts.cost(jax.pmap(_pmapped_step, **settings), w, x, target=target)
     devices = topologies.get_topology_desc("v5e:4x4", "tpu").devices
-    oracle = jax.pmap(_pmapped_step, devices=devices, **settings).lower(w, x).compile()
+    oracle = jax.pmap(_pmapped_step, devices=devices, **settings).lower(w, x).compile(_dumped_to(tmp_path))
     assert c.backend == "TPU v5e x16 (deviceless)" and cost_figures(c) == memory_figures(oracle.memory_analysis())
-    assert c.donation["args[1]"].reused and c.time is not None
+    assert c.time is not None
+    assert all(k.op.startswith("pmap(_pmapped_step)/") for k in c.time.kernels if k.op is not None)
+    if not list(tmp_path.glob("*.after_optimizations-live-range.txt")):  # libtpu 0.0.24 (jax 0.8.0)
+        assert c.buffers is None and c.donation is None and c.timeline is None  # never made up
+        return
+    assert c.donation["args[1]"].reused
     ops = [op for op in c.timeline.ops if op is not None]
     assert ops and all(op.startswith("pmap(_pmapped_step)/") for op in ops)
-    assert all(k.op.startswith("pmap(_pmapped_step)/") for k in c.time.kernels if k.op is not None)
     phases = {p.name for p in c.timeline.phases(1)}
     assert {"dot_general", "psum"} <= phases and phases == {name for name, _ in c.time.phases(1)} - {
         "between steps",
@@ -196,6 +208,11 @@ def test_a_pmap_over_more_devices_than_this_process_has_compiles_over_the_target
         ts.cost(jax.pmap(_pmapped_step, **settings), w, x.update(shape=(3, 32, 256)), target="v5e")
 
 
+def _dumped_to(directory):
+    return {"xla_dump_to": str(directory), "xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": True}
+
+
+@PMAP_NAMED_WRAPPED
 def test_a_pmap_s_ops_and_phases_are_named_as_without_a_target():
     """Where this process has the devices too, the same names as its own compile gives."""
     x = jax.ShapeDtypeStruct((4, 64, 256), jnp.float32)
@@ -207,6 +224,10 @@ def test_a_pmap_s_ops_and_phases_are_named_as_without_a_target():
         ts.cost(jax.pmap(summed, axis_name="i"), x),
         ts.cost(jax.pmap(summed, axis_name="i"), x, target="v5e:2x2"),
     )
+    assert {k.op for k in there.time.kernels} - {None} <= {"pmap(summed)/tanh", "pmap(summed)/psum"}
+    if there.timeline is None:  # libtpu 0.0.24 (jax 0.8.0) writes no live ranges: no buffers made up
+        assert there.buffers is None and there.donation is None
+        return
     assert (
         set(there.timeline.ops) - {None}
         == set(here.timeline.ops) - {None}

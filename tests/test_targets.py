@@ -359,6 +359,7 @@ def test_a_line_the_compiler_refuses_just_past_is_checked_at_its_end(monkeypatch
     assert (fit.size, fit.refused_next, tried, fit.compiles) == (40, True, [1, 4, 41, 40], 3)
 
 
+@needs_cuda_release
 def test_asking_again_compiles_nothing_and_each_target_is_its_own_entry(compiles):
     x = jax.ShapeDtypeStruct((512, 512), jnp.float32)
     first = ts.cost(jnp.sin, x, target="h100")
