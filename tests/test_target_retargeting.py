@@ -171,14 +171,6 @@ def _pmapped_step(w, x):
     return w - 0.1 * jax.lax.pmean(x.T @ h, "i"), h
 
 
-# jax 0.8.0 builds a pmap over a function it names `wrapped`: treeshape does not yet rename
-# those ops to the user's (`pmap(wrapped)/tanh`); the newest release's are (known gap, strict).
-PMAP_NAMED_WRAPPED = pytest.mark.xfail(
-    jax.__version_info__ < (0, 9), reason="jax 0.8.0's pmap ops are named pmap(wrapped)", strict=True
-)
-
-
-@PMAP_NAMED_WRAPPED
 @pytest.mark.parametrize("target", ["v5e", "v5e:4x4"])
 def test_a_pmap_over_more_devices_than_this_process_has_compiles_over_the_targets(target, tmp_path):
     """16 devices where this process has 8 (conftest): the pmap maps over the target's, as
@@ -212,7 +204,6 @@ def _dumped_to(directory):
     return {"xla_dump_to": str(directory), "xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": True}
 
 
-@PMAP_NAMED_WRAPPED
 def test_a_pmap_s_ops_and_phases_are_named_as_without_a_target():
     """Where this process has the devices too, the same names as its own compile gives."""
     x = jax.ShapeDtypeStruct((4, 64, 256), jnp.float32)

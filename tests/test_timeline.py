@@ -312,10 +312,10 @@ def test_a_pmapped_step_s_ops_are_its_program_s_and_its_phases_as_under_jit():
 
     w, x = jax.ShapeDtypeStruct((64, 64), F32), jax.ShapeDtypeStruct((8, 64), F32)
     jitted = ts.cost(jax.jit(step), w, x).timeline
-    pmapped = jax.pmap(step)  # named `pmap(step)/...`, as JAX's pmap names its ops
+    pmapped = jax.pmap(step)  # named `pmap(step)/...` by the user's function (jax 0.8.0's wrapper is `wrapped`)
     c = ts.cost(pmapped, *(jax.ShapeDtypeStruct((2, *a.shape), F32) for a in (w, x)))
     ops = [op for op in c.timeline.ops if op is not None] + [b.op for b in c.buffers if b.op is not None]
-    assert ops and all(op.startswith(f"pmap({pmapped.__name__})/") for op in ops)
+    assert ops and all(op.startswith("pmap(step)/") for op in ops)
     assert [p.name for p in c.timeline.phases()] == [p.name for p in jitted.phases()]
     assert [p.name for p in jitted.phases()] == ["jvp(layer)", "transpose(jvp(layer))"]
 

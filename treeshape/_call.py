@@ -110,7 +110,9 @@ def pmap_name(core: Any) -> str | None:
         return _function_name(getattr(core, "__wrapped__", core))
     lower = getattr(core, "lower", None)
     if isinstance(core, types.FunctionType) and getattr(lower, "__qualname__", None) == "pmap.<locals>.lower":
-        return _function_name(getattr(core, "__wrapped__", core))  # jax 0.8.0's wrapper wraps nothing: "wrapped"
+        # jax 0.8.0's wrapper wraps nothing (it is named "wrapped"): the function its settings hold
+        over = _compat.pmap_over(core)
+        return _function_name(over.fun if over is not None else getattr(core, "__wrapped__", core))
     return None
 
 
