@@ -89,7 +89,10 @@ def test_the_kernels_sum_to_seconds_above_the_floor_and_flops_at_peak():
     assert c.flops <= sum(k.flops for k in t.kernels) <= 1.1 * c.flops
     assert t.mfu == pytest.approx(c.flops / (t.seconds * V5E_BF16))
     assert list(t.kernels) == sorted(t.kernels, key=lambda k: -k.seconds)
-    assert t.source.startswith("libtpu's cost model, checked on a v5e: 105 of 105 steps within 20%")
+    # every kernel of a plain scanned MLP is of a kind the chip measured
+    assert t.checked == pytest.approx(1.0)
+    said = "libtpu's cost model, corrected per kind of kernel as measured on a v5e; 100% of this step in kinds measured"
+    assert t.source.startswith(said + " there")
     line = next(line for line in str(c).splitlines() if line.startswith("time "))
     assert re.fullmatch(r"time \S+ (ms|us) per step on TPU v5e \(libtpu's cost model, .*\), MFU \d+%", line)
     table = str(t).splitlines()
@@ -526,5 +529,6 @@ def test_the_command_line_prints_the_kernels_and_the_json(capsys, tmp_path, monk
     assert re.search(r"^kernel +source +runs +seconds +share$", out, flags=re.M)
     assert main(["cost", "timed:f", "bf16[512,512]", "bf16[512,512]", "--target", "v5e", "--json"]) == 0
     time = json.loads(capsys.readouterr().out)["time"]
-    assert {"seconds", "compiler_seconds", "floor_seconds", "mfu", "source", "kernels"} == set(time)
+    assert {"seconds", "compiler_seconds", "floor_seconds", "mfu", "source", "kernels", "checked"} == set(time)
+    assert time["checked"] == pytest.approx(1.0) and "100% of this step in kinds measured there" in time["source"]
     assert sum(k["seconds"] for k in time["kernels"]) == pytest.approx(time["seconds"])

@@ -36,7 +36,7 @@ from .._call import (
 from .._leaf import ARRAY, DIM, OTHER, SDS, is_duck_array, kind_of
 from .._shapes import human_bytes
 from .._table import grid, html_grid
-from . import _buffers, _host, _kernels, _simulate, _target, _time
+from . import _buffers, _host, _kernels, _pallas, _simulate, _target, _time
 from ._buffers import Buffer, Donation
 from ._chips import CHIPS
 from ._hlo import Frames, Module
@@ -356,7 +356,7 @@ def _step_time(program: Compiled, flops: float | None) -> StepTime | None:
     if dumped is None:
         return None
     text, proto = dumped
-    read = _kernels.read(text, scan_lengths(program.jaxpr.jaxpr))
+    read = _kernels.read(text, scan_lengths(program.jaxpr.jaxpr), _pallas.kernels(program.jaxpr.jaxpr))
     if read is None:
         return None
     kernels, exact = read

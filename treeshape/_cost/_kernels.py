@@ -14,12 +14,13 @@ import dataclasses
 import math
 import re
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Final, Literal
 
 from .. import _compat
 from . import _hlo_loops
 from ._hlo_text import Computation, Instruction, Module, op_of, parse
+from ._pallas import Work, signature
 
 
 Kind = Literal[
@@ -76,11 +77,13 @@ class Kernel:
     lanes: float = 1.0  # a reduction's share of a vector register's lanes (`lane_fill`)
     indices: int = 0  # a gather's or scatter's slices in one run
     slice_bytes: float = 0.0  # each of those slices' bytes
-    table_bytes: float = 0.0  # the array a scatter writes
+    table_bytes: float = 0.0  # the array a scatter writes, or a gather reads
     results: int = 1  # the arrays one run writes (a multi-output fusion's several)
     collective: Collective | None = None  # the communication it carries, where it carries one
     branch: tuple[tuple[int, int], ...] = ()  # (conditional, branch) of each conditional holding it
     by_bytes: bool = False  # a custom call with no figures of its own: costed by its operands' and results' bytes
+    grid_steps: int = 0  # a Pallas kernel's grid steps, where its work was read from the program (`_pallas`)
+    host: str = ""  # an asynchronous copy's direction to or from the host's memory ("device_to_host", ...)
 
 
 # Instructions that run no kernel of their own.
@@ -169,7 +172,7 @@ class _Traits:
     lanes: float = 1.0  # a reduction's `lane_fill`
     indices: int = 0  # a gather's or scatter's slices, one run
     slice_bytes: float = 0.0  # each slice's
-    table_bytes: float = 0.0  # a scatter's result
+    table_bytes: float = 0.0  # a scatter's result, a gather's operand
 
 
 def _find(module: Module, computation: Computation, opcode: str) -> tuple[Computation, Instruction] | None:
@@ -200,7 +203,8 @@ def _indexed(computation: Computation, instruction: Instruction) -> _Traits:
         each = math.prod(int(d) for d in sizes.group(1).split(",") if d) if sizes else 1
         out = _dims(instruction) or []
         count = math.prod(out) // max(each, 1)
-        return _Traits("gather", indices=count, slice_bytes=_bytes(instruction) / max(count, 1))
+        table = _bytes(named.get(operands[0])) if operands else 0
+        return _Traits("gather", indices=count, slice_bytes=_bytes(instruction) / max(count, 1), table_bytes=table)
     indices = _dims(named.get(operands[1])) if len(operands) >= 3 else None
     vector = re.search(r"\bindex_vector_dim=(\d+)", attributes)
     if indices is None or vector is None:
@@ -557,13 +561,35 @@ def _trips(module: Module, computation: Computation, loop: Instruction, same: in
     return counted if counted is not None else same
 
 
-def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | None:
+def _types(shape: str) -> list[str]:
+    """Each array of a shape's text as `bf16[512,512]`."""
+    return [f"{kind}[{dims}]" for kind, dims, _ in _ARRAY.findall(re.sub(r"/\*.*?\*/", "", shape))]
+
+
+# An asynchronous copy's direction by where its result (its first array) and its operand
+# (its second) live: `S(5)`, the host's pinned memory, in a TPU's layouts.
+_HOST_SPACE: Final = re.compile(r"S\(5\)")
+
+
+def _host_direction(instruction: Instruction) -> str:
+    layouts = [layout for _, _, layout in _ARRAY.findall(_shape(instruction))]
+    if len(layouts) < 2:
+        return ""
+    if _HOST_SPACE.search(layouts[0] or ""):
+        return "device_to_host"
+    return "host_to_device" if _HOST_SPACE.search(layouts[1] or "") else ""
+
+
+def read(
+    text: str, lengths: Sequence[int] = (), pallas: Mapping[tuple[tuple[str, ...], tuple[str, ...]], Work] | None = None
+) -> tuple[list[Kernel], bool] | None:
     """The kernels of the optimized module `text` in schedule order, and whether every loop's
     trip count was known (a loop whose count is not is counted once); None where the text
     cannot be read. `lengths`: the program's own loops' trip counts as it was traced (scans),
     for a top-level loop whose count the module does not tell (see `_hlo_loops.missed`).
     Each branch of a conditional is read, its kernels marked with it (`Kernel.branch`): one
-    run takes one branch, and `_time` counts the most costly."""
+    run takes one branch, and `_time` counts the most costly. `pallas`: the program's Pallas
+    kernels' work by their types (`_pallas.kernels`), for the custom calls that run them."""
     module = parse(text)
     if module is None:
         return None
@@ -619,6 +645,13 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
         traits = _kind(module, computation, instruction)
         flops, accessed, device = _costed(module, computation, instruction)
         result = next(iter(_arrays(_shape(instruction))), ("f32", 0, True))[0]
+        work = None
+        if opcode == "custom-call" and pallas:
+            named = computation.named
+            operand_types = [t for o in operands if o in named for t in _types(_shape(named[o]))]
+            work = pallas.get(signature(operand_types, _types(_shape(instruction))))
+        if work is not None:
+            flops, accessed, device = work.flops, work.bytes_copied, work.bytes_copied
         communication = _communication(module, computation, instruction, everyone)
         if communication is not None and traits.kind not in ("matmul", "batched matmul", "convolution"):
             traits = dataclasses.replace(traits, kind="collective")  # (a product keeps its kind: it overlaps one)
@@ -645,7 +678,9 @@ def read(text: str, lengths: Sequence[int] = ()) -> tuple[list[Kernel], bool] | 
             results=sum(1 for _ in _arrays(_shape(instruction))),
             collective=communication,
             branch=branch,
-            by_bytes=opcode == "custom-call" and accessed > 0 and _figures(instruction) is None,
+            by_bytes=opcode == "custom-call" and work is None and accessed > 0 and _figures(instruction) is None,
+            grid_steps=work.steps if work is not None else 0,
+            host=_host_direction(instruction) if opcode == "copy-start" else "",
         )
         if opcode.endswith("-start"):
             pending[instruction.name] = len(kernels)

@@ -43,8 +43,11 @@ and v6e use it as measured there, and `source` says so.
 
 import dataclasses
 import html
+import json
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Final, NamedTuple
+from pathlib import Path
+from typing import Any, Final, NamedTuple
 
 from .._table import grid, html_grid
 from . import _timeline
@@ -91,8 +94,15 @@ class Correction:
     small_loop_vmem_bytes_per_cycle: float
     hbm_efficiency: float
     gather_seconds_per_element: float
-    gather_seconds_per_row: float
-    scatter_bytes_per_second: float
+    gather_seconds_per_row: Mapping[str, float]
+    gather_row_bytes_per_second: float
+    gather_row_knee_bytes: float
+    scatter_seconds_per_row: float
+    scatter_row_bytes_per_second: float
+    scatter_large_table_factor: float
+    host_bytes_per_second: Mapping[str, float]
+    pallas_step_seconds: float
+    pallas_mxu_efficiency: float
     hbm_cycles_per_run: float
     hbm_cycles_per_loop_run: float
     vmem_cycles_per_run: float
@@ -105,37 +115,59 @@ class Correction:
     measured_on: str
 
 
-_V5E_CLOCK: Final = 1.5e9
-CORRECTION: Final = Correction(
-    estimate={"convolution": 1.0, "batched matmul": 0.8, "matmul": 1.0},
-    weight_gradient_estimate=1.05,
-    multi_output_estimate={"matmul": 0.83, "convolution": 0.75},
-    estimate_weight={"matmul": 0.15},
-    efficiency={"convolution": 0.65, "batched matmul": 0.3, "matmul": 0.8},
-    vmem_product_seconds=10e-9,
-    vmem_bytes_per_cycle={
-        "elementwise": 4e12 / _V5E_CLOCK,
-        "reduction": 2e12 / _V5E_CLOCK,
-        "data movement": 2e12 / _V5E_CLOCK,
-        "copy": 5e11 / _V5E_CLOCK,
-    },
-    loop_vmem_bytes_per_cycle={"reduction": 3e12 / _V5E_CLOCK, "copy": 1.9e12 / _V5E_CLOCK},
-    small_loop_vmem_bytes_per_cycle=10e12 / _V5E_CLOCK,
-    hbm_efficiency=670e9 / 819e9,
-    gather_seconds_per_element=12e-9,
-    gather_seconds_per_row=3.5e-9,
-    scatter_bytes_per_second=75e9,
-    hbm_cycles_per_run=700,
-    hbm_cycles_per_loop_run=300,
-    vmem_cycles_per_run=20,
-    gap_cycles=600,
-    exposed_copy=0.15,
-    launch_seconds=0.23e-3,
-    host_call_seconds=0.32e-3,
-    host_leaf_seconds=2.4e-6,
-    host_node_seconds=1.8e-6,
-    measured_on="v5e",
-)
+CALIBRATION: Final = Path(__file__).with_name("calibration")
+
+
+def calibration(chip: str = "v5e") -> dict[str, Any]:
+    """The chip's calibration table (`calibration/<chip>.json`): every number the model uses,
+    each with its unit and where it came from; `benchmarks/steptime/calibrate.py` rebuilds
+    it from the committed measurement summaries."""
+    table: dict[str, Any] = json.loads((CALIBRATION / f"{chip}.json").read_text())
+    return table
+
+
+def _correction(table: Mapping[str, Any]) -> Correction:
+    numbers = {name: entry["value"] for name, entry in table["numbers"].items()}
+
+    def by(prefix: str, scale: float = 1.0) -> dict[str, float]:
+        return {n[len(prefix) + 1 :]: v * scale for n, v in numbers.items() if n.startswith(prefix + ".")}
+
+    clock = 1.5e9  # (the v5e's: rates in VMEM are per cycle, so that v5p and v6e scale them by theirs)
+    return Correction(
+        estimate=by("estimate"),
+        weight_gradient_estimate=numbers["weight_gradient_estimate"],
+        multi_output_estimate=by("multi_output_estimate"),
+        estimate_weight=by("estimate_weight"),
+        efficiency=by("efficiency"),
+        vmem_product_seconds=numbers["vmem_product_seconds"],
+        vmem_bytes_per_cycle=by("vmem_bytes_per_second", 1 / clock),
+        loop_vmem_bytes_per_cycle=by("loop_vmem_bytes_per_second", 1 / clock),
+        small_loop_vmem_bytes_per_cycle=numbers["small_loop_vmem_bytes_per_second"] / clock,
+        hbm_efficiency=numbers["hbm_efficiency"],
+        gather_seconds_per_element=numbers["gather_seconds_per_element"],
+        gather_seconds_per_row=by("gather_seconds_per_row"),
+        gather_row_bytes_per_second=numbers["gather_row_bytes_per_second"],
+        gather_row_knee_bytes=numbers["gather_row_knee_bytes"],
+        scatter_seconds_per_row=numbers["scatter_seconds_per_row"],
+        scatter_row_bytes_per_second=numbers["scatter_row_bytes_per_second"],
+        scatter_large_table_factor=numbers["scatter_large_table_factor"],
+        host_bytes_per_second=by("host_bytes_per_second"),
+        pallas_step_seconds=numbers["pallas_step_seconds"],
+        pallas_mxu_efficiency=numbers["pallas_mxu_efficiency"],
+        hbm_cycles_per_run=numbers["hbm_cycles_per_run"],
+        hbm_cycles_per_loop_run=numbers["hbm_cycles_per_loop_run"],
+        vmem_cycles_per_run=numbers["vmem_cycles_per_run"],
+        gap_cycles=numbers["gap_cycles"],
+        exposed_copy=numbers["exposed_copy"],
+        launch_seconds=numbers["launch_seconds"],
+        host_call_seconds=numbers["host_call_seconds"],
+        host_leaf_seconds=numbers["host_leaf_seconds"],
+        host_node_seconds=numbers["host_node_seconds"],
+        measured_on=table["chip"],
+    )
+
+
+CORRECTION: Final = _correction(calibration("v5e"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,6 +256,11 @@ class StepTime:
         kernels: The kernels by op and source line, each a [treeshape.KernelTime][],
             largest first; their `seconds` sum to `seconds` (to `floor_seconds` where
             `seconds` is `None`).
+        checked: The share of `seconds` (in [0, 1]) spent in kinds of kernel that the
+            chip's calibration measured on that chip (`source` says it): 0 where
+            `seconds` is `None` or the chip was not measured (v5p, v6e), less than 1 where
+            the step holds collectives (one chip has no links to measure) or custom calls
+            costed by their bytes alone.
 
     Examples:
         >>> import treeshape as ts
@@ -241,6 +278,7 @@ class StepTime:
     source: str
     mfu: float | None
     kernels: tuple[KernelTime, ...]
+    checked: float = 0.0
     # (phase op, seconds) of each kernel in schedule order, for `phases`
     schedule: tuple[tuple[str | None, float], ...] = dataclasses.field(default=(), repr=False, compare=False)
     device: str = dataclasses.field(default="", repr=False, compare=False)  # "TPU v5e"
@@ -303,7 +341,16 @@ _LAUNCH: Final = "between steps"
 _GAPS: Final = "between kernels"
 _HOST: Final = "waiting on the host"
 # What the guide's table measured on a real v5e (docs/guide/time.md): said with every estimate.
-CHECKED: Final = "libtpu's cost model, checked on a v5e: 105 of 105 steps within 20%"
+CHECKED: Final = "libtpu's cost model, corrected per kind of kernel as measured on a v5e"
+
+
+def _percent(share: float) -> str:
+    """A share as a whole percentage, never rounded up to 100% nor down to 0%."""
+    if 0.0 < share < 0.01:
+        return "under 1%"
+    if 0.99 < share < 1.0:
+        return "over 99%"
+    return f"{share:.0%}"
 
 
 def _duration(seconds: float) -> str:
@@ -367,29 +414,80 @@ def _hbm_run(k: Kernel, chip: Chip, c: Correction) -> float:
     return (c.hbm_cycles_per_loop_run if k.in_loop else c.hbm_cycles_per_run) / chip.clock_hz
 
 
+# The gathers' and scatters' tables measured small (their rows cost least) and large
+_SMALL_TABLE_ROWS: Final = 16384
+_LARGE_TABLE_ROWS: Final = 262144
+
+
+_ITEMSIZE: Final = {"bfloat16": 2, "float16": 2, "int8": 1, "uint8": 1, "float64": 8, "int64": 8}
+
+
+def _table_share(k: Kernel) -> float:
+    """Where `k`'s table lies between the small and the large tables the chip measured, by
+    the log of its rows: 0 at or under the small one, 1 at or over the large one."""
+    rows = k.table_bytes / k.slice_bytes if k.slice_bytes else 0.0
+    if rows <= _SMALL_TABLE_ROWS:
+        return 0.0
+    return min(math.log(rows / _SMALL_TABLE_ROWS) / math.log(_LARGE_TABLE_ROWS / _SMALL_TABLE_ROWS), 1.0)
+
+
 def _indexed(k: Kernel, chip: Chip, c: Correction) -> float:
     """One run of a gather or scatter (libtpu writes no estimate of them), at the rates the
-    chip measured: a gather per slice it picks (a single element, as a loss picks its
-    labels' logits, slower than a row, as an embedding lookup picks a token's), plus its
-    HBM bytes; a scatter writes its whole table at HBM's rate and adds each update row at
-    `scatter_bytes_per_second`."""
+    chip measured per row: a gather's row at least its least cost, which grows with its
+    table's rows (random rows of a large table cost 5x), and a wide row by its bytes; a
+    single element (a loss picking its labels' logits) slower; a scatter writes its whole
+    table at HBM's rate and adds each row at its cost and its bytes' rate, slower in a large
+    table."""
     hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
     run = _hbm_run(k, chip, c)
-    if k.kind == "scatter":
-        return k.table_bytes / hbm + k.indices * k.slice_bytes / c.scatter_bytes_per_second + run
-    each = c.gather_seconds_per_element if k.slice_bytes <= 8 else c.gather_seconds_per_row  # (one element)
-    return k.indices * each + k.device_bytes / hbm + run
+    share = _table_share(k)
+    if k.kind == "scatter":  # (its rows add element by element: a bf16 row's as an f32 row twice as wide)
+        wide = k.slice_bytes * 4 / _ITEMSIZE.get(k.dtype, 4)
+        row = c.scatter_seconds_per_row + wide / c.scatter_row_bytes_per_second
+        slower: float = c.scatter_large_table_factor**share
+        return k.table_bytes / hbm + k.indices * row * slower + run
+    if k.slice_bytes <= 8:  # (one element)
+        return k.indices * c.gather_seconds_per_element + k.device_bytes / hbm + run
+    rows = c.gather_seconds_per_row
+    least: float = rows["small_table"] * (rows["large_table"] / rows["small_table"]) ** share
+    wide = (k.slice_bytes - c.gather_row_knee_bytes) / c.gather_row_bytes_per_second
+    return k.indices * max(least, wide) + run
 
 
 def _custom(k: Kernel, chip: Chip, c: Correction) -> float:
     """One run of a custom call (a Pallas kernel, a linear-algebra call), of which libtpu
-    writes no estimate: its own FLOPs at the peak of its operands' dtype or its bytes at
-    HBM's rate, the larger (a Pallas kernel's `cost_estimate`; else the bytes of its
-    operands and results, wherever they live), plus a run's cost."""
+    writes no estimate: a Pallas kernel whose work the program told (`Kernel.grid_steps`)
+    at its body's matrix-product FLOPs at the efficiency the chip measured in a kernel, or
+    the blocks its pipeline copies at HBM's rate, the larger, and each grid step's cost as
+    the chip measured; else its own FLOPs at the peak of its operands' dtype or its bytes
+    at HBM's rate, the larger (a Pallas kernel's `cost_estimate`; else the bytes of its
+    operands and results, wherever they live); plus a run's cost."""
     assert chip.clock_hz is not None
     hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
     run = _hbm_run(k, chip, c) if _reads_hbm(k) else c.vmem_cycles_per_run / chip.clock_hz
+    if k.grid_steps:
+        work = max(k.flops / (chip.peak(k.dtype) * c.pallas_mxu_efficiency), k.device_bytes / hbm)
+        return work + k.grid_steps * c.pallas_step_seconds + run
     return max(k.flops / chip.peak(k.dtype), k.bytes_accessed / hbm) + run
+
+
+def _offloaded(kernels: Sequence[Kernel], each: list[float], c: Correction) -> list[float]:
+    """`each` with each copy between device and host memory at the host link's rate measured
+    for its direction, less the work that runs while it lasts (the kernels between its start
+    and its wait, a copy the other way among them at the time it waits): the chip ran a
+    copy beside a matrix product as long as the copy alone."""
+    out = list(each)
+    hosted = [i for i, k in enumerate(kernels) if k.host in c.host_bytes_per_second]
+    done: list[int] = []
+    for i in sorted(hosted, key=lambda i: kernels[i].position):
+        k = kernels[i]
+        moved = k.runs * k.device_bytes / c.host_bytes_per_second[k.host]
+        end = k.done if k.done is not None else k.position + 1
+        beside = sum(out[j] for j, other in enumerate(kernels) if not other.host and k.position < other.position < end)
+        beside += sum(out[h] for h in done if kernels[h].position < k.position < (kernels[h].done or 0))
+        out[i] = max(moved - beside, 0.0)
+        done.append(i)
+    return out
 
 
 def _collective(c: Collective, chip: Chip) -> float:
@@ -488,7 +586,9 @@ def estimate(
             each.append(floor)
         else:
             each.append(max(floor, k.runs * _corrected(k, chip, c)))
-    kernels, each, conditionals = _taken(kernels, _communicated(kernels, each, chip) if checked else each)
+    if checked:
+        each = _communicated(kernels, _offloaded(kernels, each, c), chip)
+    kernels, each, conditionals = _taken(kernels, each)
     clock = chip.clock_hz or 1.0
     compiler = sum(k.runs * k.cycles / clock for k in kernels if k.cycles is not None) if checked else 0.0
     floor_seconds = sum(k.runs * _floor(k, chip) for k in kernels if k.kind != "async copy")
@@ -503,7 +603,10 @@ def estimate(
     seconds = seconds + waiting if seconds is not None else None
     uncosted = sum(1 for k in kernels if k.kind in c.estimate and k.cycles is None and k.flops)
     uncosted = uncosted if checked else 0
-    source = _source(label, platform, checked, uncosted, exact, _by_bytes(kernels), conditionals)
+    measured = label.endswith(c.measured_on) and seconds is not None
+    share = (sum(t for k, t in zip(kernels, each, strict=True) if _measured(k)) + sum(gaps)) if measured else 0.0
+    share = min((share + c.launch_seconds + waiting) / seconds, 1.0) if measured and seconds else 0.0
+    source = _source(label, platform, checked, uncosted, exact, _by_bytes(kernels), conditionals, share)
     bf16 = chip.peak("bfloat16")
     mfu = flops / (seconds * bf16) if seconds and flops is not None else None
     times = [
@@ -530,7 +633,18 @@ def estimate(
             times.append(KernelTime(None, None, 1, waiting, 0.0, 0.0, _HOST, "launch"))
             schedule.append((_HOST, waiting))
     ordered = _by_line(t for t in times if t.seconds > 0)
-    return StepTime(seconds, compiler if checked else None, floor_seconds, source, mfu, ordered, tuple(schedule), label)
+    return StepTime(
+        seconds, compiler if checked else None, floor_seconds, source, mfu, ordered, share, tuple(schedule), label
+    )
+
+
+def _measured(k: Kernel) -> bool:
+    """Whether the chip measured `k`'s kind as the model costs it: not a collective (one chip
+    has no links), nor a custom call costed by its bytes or by a `cost_estimate` that knows
+    nothing of its grid (a Pallas kernel costed from its body over its grid was)."""
+    if k.kind == "collective" or k.collective is not None:
+        return False
+    return k.kind != "custom call" or k.grid_steps > 0 or (k.flops == 0 and k.bytes_accessed == 0)
 
 
 def _by_line(times: Iterable[KernelTime]) -> tuple[KernelTime, ...]:
@@ -582,9 +696,10 @@ def _source(
     exact: bool,
     by_bytes: Mapping[str, int],
     conditionals: int = 0,
+    share: float = 0.0,
 ) -> str:
     if checked:
-        said = CHECKED
+        said = f"{CHECKED}; {_percent(share)} of this step in kinds measured there"
         if not label.endswith("v5e"):
             said = "libtpu's cost model, with the correction measured on a v5e (this chip is not measured)"
     else:

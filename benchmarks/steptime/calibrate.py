@@ -1,0 +1,218 @@
+"""Rebuild the v5e's calibration table (`treeshape/_cost/calibration/v5e.json`) from the
+committed measurement summaries: every number the step-time model uses on a TPU, each with
+where it came from (the microbenchmarks or the profiles it was fitted on, libtpu's version,
+the date).
+
+- `measured/profiles-a-i.json`: the numbers fitted on the profiles of the train steps of
+  groups A to I (matrix products, vector kernels, each run's latency, the gaps, the host's
+  call), as recorded when they were fitted.
+- `measured/micro-*.json` (`micro_summary.py` of a `micro.py` run): the kinds fitted here,
+  each on microbenchmarks that vary one thing: host transfers (each way, alone), Pallas
+  kernels (a blocked matmul over block sizes: each grid step's cost and the matrix unit's
+  efficiency inside a kernel), gathers (per row, by row bytes and table rows) and scatters
+  (per row, by row bytes and table rows).
+
+    python benchmarks/steptime/calibrate.py [--check]
+
+`--check` rebuilds in memory and fails if the committed table differs (CI's tests read the
+table; this says whether it is the one the summaries give).
+"""
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+
+HERE = Path(__file__).resolve().parent
+MEASURED = HERE / "measured"
+TABLE = HERE.parents[1] / "treeshape" / "_cost" / "calibration" / "v5e.json"
+PEAK_BF16 = 197e12
+HBM = 819e9
+SMALL_TABLE_ROWS = 16384  # the gathers' and scatters' tables at or under this many rows
+LARGE_TABLE_ROWS = 262144  # ... and at or over this many
+
+
+def _number(value: float, unit: str, came_from: str, summary: str, env: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "value": float(f"{value:.4g}"),
+        "unit": unit,
+        "from": came_from,
+        "summary": summary,
+        "libtpu": env.get("libtpu"),
+        "date": (env.get("date") or "")[:10],
+    }
+
+
+def _cases(doc: dict[str, Any], group: str) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in doc["cases"] if c["group"] == group and "kernels" in c}
+
+
+def _kernel_seconds(case: dict[str, Any], prefix: str) -> float:
+    return sum(k["s"] for k in case["kernels"] if k["kernel"].startswith(prefix))
+
+
+def host(doc: dict[str, Any], number: Any) -> dict[str, Any]:
+    """Each way's rate: a copy's bytes over its wait (`copy-done`), alone in its step."""
+    cases = _cases(doc, "host")
+    out = {}
+    for way in ("device_to_host", "host_to_device"):
+        chosen = [c for c in cases.values() if c["params"]["direction"] == way and not c["params"].get("beside")]
+        rates = [c["params"]["bytes"] / _kernel_seconds(c, "copy-done") for c in chosen]
+        names = ", ".join(sorted(c["name"] for c in chosen))
+        out[f"host_bytes_per_second.{way}"] = number(
+            statistics.median(rates), "B/s", f"micro: {names} (median of {len(rates)} sizes, 1-256 MiB)"
+        )
+    return out
+
+
+def _pallas_step(c: dict[str, Any]) -> tuple[int, float, float]:
+    """A blocked matmul's grid steps, and each step's FLOPs and bytes copied in and out (the
+    output block written once per (i, j))."""
+    p = c["params"]
+    b, k_steps = p["block"], p["grid"][2]
+    steps = p["grid"][0] * p["grid"][1] * k_steps
+    return steps, 2.0 * b**3, 2 * b * b * 2 + b * b * 2 / k_steps
+
+
+def pallas(doc: dict[str, Any], number: Any, hbm_efficiency: float) -> dict[str, Any]:
+    """Each grid step's cost beside its work, from the blocked matmul whose steps do least
+    (128-wide blocks: their copies dominate); then the matrix unit's efficiency inside a
+    kernel from the one whose steps do most (512-wide blocks of a 4096-wide product)."""
+    cases = _cases(doc, "pallas")
+    small = cases["pallas_mm_4096_b128_est"]
+    steps, _, moved = _pallas_step(small)
+    step = small["kernels"][0]["s"] / steps - moved / (HBM * hbm_efficiency)
+    large = [c for n, c in cases.items() if n.startswith("pallas_mm_4096_b512")]
+    efficiencies = []
+    for c in large:
+        steps, flops, _ = _pallas_step(c)
+        efficiencies.append(flops / (PEAK_BF16 * (c["kernels"][0]["s"] / steps - step)))
+    return {
+        "pallas_step_seconds": number(
+            step, "s a grid step besides its copies and work", "micro: pallas_mm_4096_b128_est"
+        ),
+        "pallas_mxu_efficiency": number(
+            statistics.median(efficiencies),
+            "of the bf16 peak inside a Pallas kernel's step",
+            "micro: pallas_mm_4096_b512, pallas_mm_4096_b512_est",
+        ),
+    }
+
+
+def _per_row(c: dict[str, Any], prefix: str) -> float:
+    return _kernel_seconds(c, prefix) / c["params"]["rows"]
+
+
+def gather(doc: dict[str, Any], number: Any) -> dict[str, Any]:
+    """A row's least cost, from a table of few rows and from one of many (rows up to 512
+    bytes: all cost the same), and the rate of wider rows (a line through 2048- and
+    16384-byte rows, which crosses the least cost at `gather_row_knee_bytes`)."""
+    cases = _cases(doc, "gather")
+    take = {n: c for n, c in cases.items() if c["params"].get("form") == "take" and c["params"]["dtype"] == "float32"}
+    small = [
+        _per_row(c, "gather")
+        for c in take.values()
+        if c["params"]["table_rows"] <= SMALL_TABLE_ROWS and c["params"]["row_bytes"] <= 512
+    ]
+    large = [_per_row(c, "gather") for c in take.values() if c["params"]["table_rows"] >= LARGE_TABLE_ROWS]
+    (x0, y0), (x1, y1) = (
+        (take[n]["params"]["row_bytes"], _per_row(take[n], "gather")) for n in ("gather_row2048b", "gather_row16384b")
+    )
+    rate = (x1 - x0) / (y1 - y0)
+    return {
+        "gather_seconds_per_row.small_table": number(
+            statistics.median(small),
+            "s a row",
+            f"micro: {len(small)} gathers of rows up to 512 B from tables up to {SMALL_TABLE_ROWS} rows",
+        ),
+        "gather_seconds_per_row.large_table": number(
+            statistics.median(large),
+            "s a row",
+            f"micro: {len(large)} gathers from tables of {LARGE_TABLE_ROWS} rows or more",
+        ),
+        "gather_row_bytes_per_second": number(
+            rate, "B/s of a wide row", "micro: gather_row2048b, gather_row16384b (a line)"
+        ),
+        "gather_row_knee_bytes": number(
+            x0 - y0 * rate, "B a row costs nothing beyond its least cost", "micro: the same line"
+        ),
+    }
+
+
+def scatter(doc: dict[str, Any], number: Any, hbm_efficiency: float) -> dict[str, Any]:
+    """A scatter-add's cost per row (a line through 512-, 2048- and 16384-byte rows, its
+    whole table written at HBM's rate besides), and how much slower a row is in a table of
+    many rows."""
+    cases = _cases(doc, "scatter")
+    hbm = HBM * hbm_efficiency
+    points = []
+    for name in ("scatter_row512b", "scatter_row2048b", "scatter_row16384b"):
+        c = cases[name]
+        p = c["params"]
+        table = p["table_rows"] * p["row_bytes"]
+        points.append((p["row_bytes"], (_kernel_seconds(c, "scatter") - table / hbm) / p["rows"]))
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
+    row = my - slope * mx
+    big = cases["scatter_table262144"]
+    p = big["params"]
+    big_row = (_kernel_seconds(big, "scatter") - p["table_rows"] * p["row_bytes"] / hbm) / p["rows"]
+    factor = big_row / (row + p["row_bytes"] * slope)
+    return {
+        "scatter_seconds_per_row": number(
+            row, "s a row", "micro: scatter_row512b, scatter_row2048b, scatter_row16384b (a line)"
+        ),
+        "scatter_row_bytes_per_second": number(1 / slope, "B/s beyond a row's cost", "micro: the same line's slope"),
+        "scatter_large_table_factor": number(
+            factor, f"x a row's cost in a table of {LARGE_TABLE_ROWS} rows", "micro: scatter_table262144"
+        ),
+    }
+
+
+def build() -> dict[str, Any]:
+    profiles = json.loads((MEASURED / "profiles-a-i.json").read_text())
+    numbers: dict[str, Any] = {}
+    for name, (value, unit, came_from) in profiles["numbers"].items():
+        numbers[name] = _number(value, unit, f"profiles: {came_from}", "profiles-a-i.json", profiles["env"])
+    micro_files = sorted(MEASURED.glob("micro-*.json"))
+    latest = micro_files[-1]
+    micro = json.loads(latest.read_text())
+
+    def number(value: float, unit: str, came_from: str) -> dict[str, Any]:
+        return _number(value, unit, came_from, latest.name, micro["env"])
+
+    hbm_efficiency = numbers["hbm_efficiency"]["value"]
+    numbers |= host(micro, number)
+    numbers |= pallas(micro, number, hbm_efficiency)
+    numbers |= gather(micro, number)
+    numbers |= scatter(micro, number, hbm_efficiency)
+    return {
+        "chip": "v5e",
+        "rebuilt_by": "benchmarks/steptime/calibrate.py",
+        "summaries": ["profiles-a-i.json", latest.name],
+        "numbers": dict(sorted(numbers.items())),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="fail if the committed table is not the rebuilt one")
+    args = parser.parse_args()
+    text = json.dumps(build(), indent=1) + "\n"
+    if args.check:
+        if TABLE.read_text() != text:
+            sys.exit(f"{TABLE} is not what the summaries give: run benchmarks/steptime/calibrate.py")
+        print(f"{TABLE}: as the summaries give")
+        return
+    TABLE.parent.mkdir(parents=True, exist_ok=True)
+    TABLE.write_text(text)
+    for name, n in build()["numbers"].items():
+        print(f"{name:45s} {n['value']:<12g} {n['unit']}  <- {n['from']}")
+
+
+if __name__ == "__main__":
+    main()
