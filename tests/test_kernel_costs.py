@@ -172,3 +172,30 @@ def test_a_products_floor_on_an_h100_is_at_its_operands_peak_not_its_results(dty
     x = jax.ShapeDtypeStruct((n, n), dtype)
     c = ts.cost(jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32)), x, x, target="h100")
     assert c.time.floor_seconds == pytest.approx(2 * n**3 / peak)  # (0.6: at the f32 peak)
+
+
+def _clamped_copy(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2
+
+
+def test_a_pallas_block_is_counted_each_time_its_index_changes():
+    # A causal kernel's trick: past the diagonal its input's index stays put, and its
+    # pipeline copies nothing new (0.7 before this: a copy at every step).
+    n, block = 8, 128
+    x = jax.ShapeDtypeStruct((n * block, block), jnp.float32)
+
+    def kernel(x):
+        return pl.pallas_call(
+            _clamped_copy,
+            out_shape=jax.ShapeDtypeStruct((n * n * block, block), jnp.float32),
+            grid=(n, n),
+            in_specs=[pl.BlockSpec((block, block), lambda i, j: (jnp.minimum(i, j), 0))],
+            out_specs=pl.BlockSpec((block, block), lambda i, j: (i * n + j, 0)),
+        )(x)
+
+    t = ts.cost(jax.jit(kernel), x, target="v5e").time
+    (call,) = _custom_calls(t)
+    indices = [min(i, j) for i in range(n) for j in range(n)]
+    changes = 1 + sum(a != b for a, b in zip(indices[:-1], indices[1:], strict=True))
+    assert changes < n * n
+    assert call.bytes_accessed == (changes + n * n) * block * block * 4

@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterator
 from typing import Any, Final
 
+import jax
 import numpy as np
 
 
@@ -78,6 +79,27 @@ def _depends_on(index_map: Any) -> set[int]:
     return {i for i, v in enumerate(jaxpr.invars) if id(v) in needed}
 
 
+# The most grid steps whose blocks' indices are evaluated (`_changes`); over it, a block is
+# counted as copied whenever an axis its index depends on moves.
+_EVALUATED_STEPS: Final = 1 << 20
+
+
+def _changes(index_map: Any, grid: tuple[int, ...]) -> int | None:
+    """How often a block's index changes as the grid runs in order (its first step counted),
+    from its index map evaluated at every step; None where it takes more than the grid's
+    indices (scalars prefetched, unknown here) or the grid is too large."""
+    jaxpr = getattr(index_map, "jaxpr", index_map)
+    steps = math.prod(grid)
+    if len(jaxpr.invars) != len(grid) or steps > _EVALUATED_STEPS or not grid:
+        return None
+    indices = [a.reshape(-1).astype(np.int32) for a in np.indices(grid)]
+    consts = list(getattr(index_map, "consts", ()))
+    with jax.ensure_compile_time_eval():
+        outs = jax.vmap(lambda *i: jax.core.eval_jaxpr(jaxpr, consts, *i))(*indices)
+    blocks = np.stack([np.broadcast_to(np.asarray(o), (steps,)) for o in outs], axis=1)
+    return 1 + int(np.count_nonzero(np.any(blocks[1:] != blocks[:-1], axis=1)))
+
+
 def _pipelined(block_aval: Any) -> bool:
     """Whether the pipeline copies the block into VMEM (not a ref left in HBM: `pl.ANY`)."""
     space = str(getattr(block_aval, "memory_space", "") or "").lower()
@@ -101,9 +123,10 @@ def _work(eqn: Any) -> Work | None:
             array = getattr(mapping, "array_aval", None)
             copied += math.prod(array.shape) * np.dtype(array.dtype).itemsize if array is not None else 0
             continue
-        # (its inputs: the grid's indices, then any scalars prefetched)
-        axes = {a for a in _depends_on(mapping.index_map_jaxpr) if a < len(grid)}
-        changes = math.prod(grid[: max(axes) + 1]) if axes else 1
+        changes = _changes(mapping.index_map_jaxpr, grid)
+        if changes is None:  # (its inputs: the grid's indices, then any scalars prefetched)
+            axes = {a for a in _depends_on(mapping.index_map_jaxpr) if a < len(grid)}
+            changes = math.prod(grid[: max(axes) + 1]) if axes else 1
         copied += changes * math.prod(shape) * np.dtype(aval.dtype).itemsize
     inner = getattr(body, "jaxpr", body)
     return Work(steps=steps, flops=steps * _body_flops(inner), bytes_copied=copied)
