@@ -650,7 +650,7 @@ def read(
             named = computation.named
             operand_types = [t for o in operands if o in named for t in _types(_shape(named[o]))]
             work = pallas.get(signature(operand_types, _types(_shape(instruction))))
-        if work is not None:
+        if work is not None and _figures(instruction) is None:  # (its own `cost_estimate` first)
             flops, accessed, device = work.flops, work.bytes_copied, work.bytes_copied
         communication = _communication(module, computation, instruction, everyone)
         if communication is not None and traits.kind not in ("matmul", "batched matmul", "convolution"):

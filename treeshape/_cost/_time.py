@@ -456,10 +456,11 @@ def _indexed(k: Kernel, chip: Chip, c: Correction) -> float:
 
 def _custom(k: Kernel, chip: Chip, c: Correction) -> float:
     """One run of a custom call (a Pallas kernel, a linear-algebra call), of which libtpu
-    writes no estimate: a Pallas kernel whose work the program told (`Kernel.grid_steps`)
-    at its body's matrix-product FLOPs at the efficiency the chip measured in a kernel, or
-    the blocks its pipeline copies at HBM's rate, the larger, and each grid step's cost as
-    the chip measured; else its own FLOPs at the peak of its operands' dtype or its bytes
+    writes no estimate: a Pallas kernel whose grid the program told (`Kernel.grid_steps`)
+    at its FLOPs (its `cost_estimate`'s, else its body's matrix products over the grid) at
+    the efficiency the chip measured in a kernel, or its bytes (the estimate's, else the
+    blocks its pipeline copies) at HBM's rate, the larger, and each grid step's cost as the
+    chip measured; else its own FLOPs at the peak of its operands' dtype or its bytes
     at HBM's rate, the larger (a Pallas kernel's `cost_estimate`; else the bytes of its
     operands and results, wherever they live); plus a run's cost."""
     assert chip.clock_hz is not None
