@@ -50,6 +50,7 @@ LATE_IMPORTS_ALLOWED = {
     "_cli._inspect",
     "_cli._parser",
     "_cli._plan",
+    "_cli._residuals",
     "_cli._restore",
     "_cli._targets",
     "pytest_plugin",
