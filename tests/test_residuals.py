@@ -7,6 +7,7 @@ import functools
 import inspect
 import json
 import os
+import pathlib
 import pickle
 import re
 import subprocess
@@ -302,7 +303,7 @@ def test_a_function_that_does_not_return_a_scalar_loss_is_refused(fn, got, fix):
 def test_a_call_without_a_floating_point_input_is_refused():
     w = jnp.ones((4, 3), F32)
     with pytest.raises(TypeError, match=re.escape("no argument of `fn` can be differentiated")) as info:
-        ts.residuals(lambda tokens: w[tokens].sum(), jnp.array([0, 1]))
+        ts.residuals(lambda tokens: w[tokens].sum(), jnp.array([0, 1], jnp.int32))
     assert "args[0]: i32[2]" in str(info.value) and "ts.residuals(fn, params, batch)" in str(info.value)
 
 
@@ -413,3 +414,27 @@ def test_the_command_reports_a_loss_that_is_not_a_scalar_in_one_line(capsys):
     records = json.loads(capsys.readouterr().out)
     listing = _jax_listing(jax.nn.logsumexp, jnp.zeros(8, F32))
     assert sorted(r["nbytes"] for r in records) == sorted(row[2] for row in listing) and records
+
+
+# -- the guide -------------------------------------------------------------------------------
+_FENCED = re.compile(r"^```(\w+)\n(.*?)^```\n", flags=re.DOTALL | re.MULTILINE)
+
+
+def test_the_guide_prints_what_it_shows(capsys):
+    """docs/guide/residuals.md's python blocks in order, its first as the `model.py` it says
+    it is, each followed by the text block it prints."""
+    page = (pathlib.Path(__file__).parents[1] / "docs" / "guide" / "residuals.md").read_text()
+    blocks = [(m[1], m[2]) for m in _FENCED.finditer(page)]
+    pairs = [
+        (code, out if lang == "text" else None)
+        for (k, code), (lang, out) in zip(blocks, blocks[1:] + [("", "")], strict=True)
+        if k == "python"
+    ]
+    assert len(pairs) == 4 and sum(shown is not None for _, shown in pairs) == 3
+    namespace: dict = {}
+    with jax.enable_x64(False):
+        for i, (code, shown) in enumerate(pairs):
+            exec(compile(code, "model.py" if i == 0 else f"<guide block {i}>", "exec"), namespace)
+            printed = capsys.readouterr().out
+            if shown is not None:
+                assert printed == shown, code

@@ -56,7 +56,7 @@ class Residual:
     Examples:
         >>> import jax.numpy as jnp
         >>> import treeshape as ts
-        >>> r = ts.residuals(lambda x: jnp.sin(x).sum(), jnp.zeros(4))
+        >>> r = ts.residuals(lambda x: jnp.sin(x).sum(), jnp.zeros(4, jnp.float32))
         >>> r[0].kind, r[0].shape, r[0].nbytes, r[0].memory_kind
         ('saved', (4,), 16, 'device')
     """
@@ -83,9 +83,10 @@ class Residuals(tuple[Residual, ...]):
     Examples:
         >>> import jax.numpy as jnp
         >>> import treeshape as ts
-        >>> r = ts.residuals(lambda w, x: jnp.tanh(x @ w).sum(), jnp.zeros((8, 4)), jnp.zeros((2, 8)))
+        >>> w, x = jnp.zeros((8, 4), jnp.float32), jnp.zeros((2, 8), jnp.float32)
+        >>> r = ts.residuals(lambda w, x: jnp.tanh(x @ w).sum(), w, x)
         >>> r.total_bytes, r.bytes_by_kind, r.bytes_by_name
-        (288, {'device': 288}, {None: 288})
+        (256, {'device': 256}, {None: 256})
     """
 
     __module__ = "treeshape"
@@ -214,7 +215,7 @@ def residuals(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Residuals
     with the `checkpoint_name`s, lines, bytes and memory kinds of a remat policy's
     choices (`jax.checkpoint(..., policy=...)`, values it offloads to the host included).
     Safe under `jax.jit` and `vmap` (tracers as arguments; under `vmap`, one example's).
-    See [What a policy saves](../guide/fit.md#what-a-policy-saves).
+    See [What a policy saves](../guide/residuals.md).
 
     Args:
         fn: The loss: a callable returning one real floating-point scalar.
@@ -237,7 +238,7 @@ def residuals(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Residuals
         >>> import treeshape as ts
         >>> def loss(w, x):
         ...     return jnp.tanh(x @ w).sum()
-        >>> r = ts.residuals(loss, jax.ShapeDtypeStruct((8, 4), jnp.float32), jnp.zeros((2, 8)))
+        >>> r = ts.residuals(loss, jax.ShapeDtypeStruct((8, 4), jnp.float32), jnp.zeros((2, 8), jnp.float32))
         >>> [(v.kind, v.shape) for v in r]
         [('argument', (8, 4)), ('argument', (2, 8)), ('saved', (2, 4)), ('saved', (2, 4))]
     """
