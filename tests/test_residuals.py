@@ -99,6 +99,7 @@ def test_a_plain_mlp_loss_saves_what_jax_lists():
 def test_abstract_arguments_give_the_same_values_and_nothing_runs():
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (PARAMS, X))
     assert ts.residuals(mlp_loss, *abstract) == ts.residuals(mlp_loss, PARAMS, X)
+    assert ts.residuals(mlp_loss, ts.structure_of(PARAMS), X) == ts.residuals(mlp_loss, PARAMS, X)  # a Structure
     big = jax.ShapeDtypeStruct((1 << 16, 1 << 16), F32)  # 16 GiB: only described
     found = ts.residuals(lambda w: jnp.sin(w).sum(), big)
     assert [(r.shape, r.nbytes, r.kind) for r in found] == [((1 << 16, 1 << 16), 1 << 34, "saved")]
@@ -216,6 +217,18 @@ def test_a_checkpointed_scan_body_names_its_stacked_values(policy, memory_kind):
     _same_as_jax(found, loss, WS, XS)
     (proj,) = [r for r in found if r.name == "proj"]
     assert (proj.shape, proj.source, proj.memory_kind) == ((5, 2, 3), _line(layer, "# the projection"), memory_kind)
+
+
+def test_a_jitted_loss_that_offloads_is_followed_into_for_names_and_lines():
+    """JAX lists each value as an "output of jitted function 'named_loss'", with no line."""
+    loss = jax.jit(jax.checkpoint(named_loss, policy=OFFLOAD))
+    found = ts.residuals(loss, PARAMS, X)
+    listing = _same_as_jax(found, loss, PARAMS, X)
+    assert all("jitted function 'named_loss'" in row[4] for row in listing if "argument" not in row[4])
+    assert [(r.name, r.source, r.memory_kind) for r in found if r.kind == "saved"] == [
+        ("dot0", _line(named_loss, "# named"), "pinned_host"),
+        ("dot1", _line(named_loss, "# named"), "pinned_host"),
+    ]
 
 
 def test_a_named_value_inside_a_jitted_function_is_named_through_it():
