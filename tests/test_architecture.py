@@ -215,6 +215,8 @@ def test_the_public_names_are_written_once():
         "CacheInfo",
         "StaticRepr",
         "JaxReleaseError",
+        "Residual",
+        "Residuals",
     ],
 )
 def test_public_classes_report_module_treeshape(name):
