@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, NamedTuple
 
 import jax
-from jax.extend import source_info_util
 
 from ._private import core as _core
 
@@ -44,6 +43,8 @@ _PACKAGE: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def source_line(eqn: Any) -> str | None:
     """`file.py:LINE` of the user's code that made `eqn`, or None where JAX recorded no
     user frame (an equation JAX adds, as its offload copies, or one made in treeshape)."""
+    from jax.extend import source_info_util  # (importing `jax.extend` takes 60 ms: only here)
+
     try:
         text = source_info_util.summarize(eqn.source_info)
     except Exception:  # a release whose summary cannot read this equation's frames
