@@ -50,6 +50,7 @@ LATE_IMPORTS_ALLOWED = {
     "_cli._inspect",
     "_cli._parser",
     "_cli._plan",
+    "_cli._residuals",
     "_cli._restore",
     "_cli._targets",
     "pytest_plugin",
@@ -214,6 +215,8 @@ def test_the_public_names_are_written_once():
         "CacheInfo",
         "StaticRepr",
         "JaxReleaseError",
+        "Residual",
+        "Residuals",
     ],
 )
 def test_public_classes_report_module_treeshape(name):

@@ -507,3 +507,46 @@ def test_the_cuda_plugin_starts_and_compiles_a_matrix_product_without_a_gpu_from
     else:
         compiled = True
     assert compiled is new_enough
+
+
+# -- jaxprs as a derivative's forward pass reads them (`ts.residuals`) ----------------------
+def _offloading_forward():
+    from jax.ad_checkpoint import checkpoint_name
+
+    policy = jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=["h"],
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
+
+    def loss(x):
+        h = checkpoint_name(jnp.sin(x), "h")  # the named line
+        return jnp.tanh(h).sum()
+
+    return _compat.vjp_forward(jax.checkpoint(loss, policy=policy), [jax.ShapeDtypeStruct((3,), jnp.float32)])
+
+
+def test_the_vjp_forward_ends_with_its_residuals_and_an_offload_reads_as_pinned_host():
+    forward = _offloading_forward()
+    assert forward.jaxpr.outvars[-len(forward.residuals) :] == forward.residuals
+    kinds = sorted(_compat.memory_kind(v.aval) for v in forward.residuals)
+    assert kinds == ["device", "pinned_host"]  # tanh's derivative, and the offloaded `h`
+    (offload,) = [e for e in forward.jaxpr.eqns if e.primitive.name == "device_put"]
+    assert offload.primitive.name in _compat.PASSES_THROUGH
+    (named,) = [e for e in forward.jaxpr.eqns if e.outvars[0] is offload.invars[0]]
+    assert _compat.checkpoint_name_of(named) == "h"
+    assert _compat.checkpoint_name_of(offload) is None
+    line = next(
+        i for i, text in enumerate(pathlib.Path(__file__).read_text().splitlines(), 1) if "# the named line" in text
+    )
+    assert _compat.source_line(named) == f"test_compat.py:{line}"
+
+
+def test_an_equation_that_calls_a_jaxpr_hands_on_its_outputs_one_for_one():
+    closed = jax.make_jaxpr(lambda x: jax.jit(jnp.sin)(x) + jax.lax.scan(lambda c, y: (c, c * y), x, x)[1])(jnp.ones(3))
+    calls = {e.primitive.name: e for e in closed.jaxpr.eqns if _compat.inner_jaxpr(e) is not None}
+    assert set(calls) == {"jit", "scan"}
+    for eqn in calls.values():
+        assert len(_compat.inner_jaxpr(eqn).outvars) == len(eqn.outvars)
+    assert all(_compat.inner_jaxpr(e) is None for e in closed.jaxpr.eqns if e.primitive.name in ("add", "mul"))

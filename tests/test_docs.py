@@ -357,6 +357,7 @@ _WHOLE_PAGES: Final = (
     "guide/caching.md",
     "guide/carries.md",
     "guide/cli.md",
+    "guide/residuals.md",
     "guide/retraces.md",
     "guide/settle.md",
     "guide/sharding.md",

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     )
     from ._infer import out_structure as out_structure, structure_of as structure_of
     from ._prefix import check_prefix as check_prefix
+    from ._residuals import Residual as Residual, Residuals as Residuals, residuals as residuals
     from ._restore import (
         Restore as Restore,
         RestoreError as RestoreError,
@@ -91,6 +92,8 @@ _MODULES: Final = {
     "Plan": "._cost",
     "PlanRow": "._cost",
     "PrecisionWarning": "._errors",
+    "Residual": "._residuals",
+    "Residuals": "._residuals",
     "Restore": "._restore",
     "RestoreError": "._restore",
     "RestorePlan": "._restore",
@@ -114,6 +117,7 @@ _MODULES: Final = {
     "largest_fit": "._cost",
     "out_structure": "._infer",
     "plan": "._cost",
+    "residuals": "._residuals",
     "restore_plan": "._restore",
     "scan_carry": "._carry",
     "settle": "._settle",

@@ -1,6 +1,6 @@
 """The command-line wing: the `treeshape` command, `treeshape demo`, `treeshape inspect`,
-`treeshape cost`, `treeshape fit`, `treeshape plan`, `treeshape targets` and
-`treeshape restore-plan`.
+`treeshape cost`, `treeshape fit`, `treeshape plan`, `treeshape residuals`, `treeshape targets`
+and `treeshape restore-plan`.
 
 Every failure is one line on stderr (`treeshape: error: ...`, control
 characters escaped) and a non-zero exit status: 2 for bad input on the command
@@ -25,7 +25,7 @@ never a room of the wing:
 - `_common`: what the subcommands that call `MODULE:ATTR` share: the attribute resolved,
   the specs parsed and the function called on them, `--target` checked, a result printed
   as its table or as JSON;
-- `_inspect`, `_cost`, `_fit`, `_plan`, `_targets`, `_demo`, `_restore`: one subcommand
+- `_inspect`, `_cost`, `_fit`, `_plan`, `_residuals`, `_targets`, `_demo`, `_restore`: one subcommand
   each (`declare`, its parser; `run`; `_cost` draws `--timeline` and `--plot`).
 """
 

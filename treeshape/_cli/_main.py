@@ -5,7 +5,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from . import _cost, _demo, _fit, _inspect, _plan, _restore, _targets
+from . import _cost, _demo, _fit, _inspect, _plan, _residuals, _restore, _targets
 from ._fail import Fail, one_line, printable
 from ._parser import PROG, build_parser
 from ._start import start_for_targets, start_jax
@@ -49,6 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _fit.run(args, sys.stdout)
             if args.command == "plan":
                 return _plan.run(args, sys.stdout)
+            if args.command == "residuals":
+                return _residuals.run(args, sys.stdout)
             if args.command == "restore-plan":
                 return _restore.run(args, sys.stdout)
             if args.command == "targets":

@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any, Final, NoReturn
 
-from . import _cost, _demo, _fit, _inspect, _plan, _restore, _targets
+from . import _cost, _demo, _fit, _inspect, _plan, _residuals, _restore, _targets
 from ._arguments import SPECS
 from ._fail import Fail
 
@@ -23,6 +23,7 @@ Pytree shape inference for JAX, from the command line.
                                     the largest size of dimension b that fits
   treeshape plan MODULE:MAKE --choice remat=none,full --target v5e
                                     the fastest combination and size that fit
+  treeshape residuals MODULE:FN ... what differentiating a loss saves for backward
   treeshape targets                 the accelerators cost/fit --target NAME compile for
   treeshape restore-plan CKPT MODULE:ATTR
                                     what restoring a checkpoint into it would do
@@ -80,6 +81,7 @@ _ROOMS: Final = {
     "cost": _cost,
     "fit": _fit,
     "plan": _plan,
+    "residuals": _residuals,
     "targets": _targets,
     "restore-plan": _restore,
 }

@@ -23,11 +23,21 @@ The rest of the package imports this front, never a room of the wing:
   and text, `pcast`/`pvary`;
 - `_symbolic`: symbolic dimensions (`jax.export` shape polymorphism);
 - `_private`: the one module that imports `jax._src`, for the rooms (never the package);
+- `_jaxprs`: the forward pass of `jax.vjp` and the values it saves, an equation's user line,
+  `checkpoint_name` and the jaxpr it calls, a value's memory kind;
 - `_programs`: compiled programs: their analyses, compiles counted, op names, the optimized
   module, simulated devices' compiles, XLA's HLO cost analysis, whether XLA:GPU compiles
   without a GPU, a `jax.pmap` wrapper over other devices.
 """
 
+from ._jaxprs import (
+    PASSES_THROUGH as PASSES_THROUGH,
+    checkpoint_name_of as checkpoint_name_of,
+    inner_jaxpr as inner_jaxpr,
+    memory_kind as memory_kind,
+    source_line as source_line,
+    vjp_forward as vjp_forward,
+)
 from ._meshes import (
     context_mesh as context_mesh,
     current_mesh as current_mesh,
