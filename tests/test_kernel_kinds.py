@@ -128,3 +128,21 @@ def test_a_step_without_an_estimate_has_nothing_checked():
     except ts.JaxReleaseError:
         pytest.skip("this JAX release compiles for no NVIDIA target")
     assert t.seconds is None and t.checked == 0.0
+
+
+def test_the_guide_states_the_calibrations_numbers():
+    guide = (ROOT / "docs" / "guide" / "time.md").read_text()
+    said = {
+        f"{number('gather_seconds_per_row.small_table') * 1e9:.1f} ns from a table",
+        f"{number('gather_seconds_per_row.large_table') * 1e9:.1f} ns from one of",
+        f"at {number('gather_row_bytes_per_second') / 1e9:.0f} GB/s",
+        f"each row at {number('scatter_seconds_per_row') * 1e9:.1f} ns",
+        f"elements at {number('scatter_row_bytes_per_second') / 1e9:.0f} GB/s",
+        f"{number('scatter_large_table_factor'):.1f}x slower a row",
+        f"({number('host_bytes_per_second.device_to_host') / 1e9:.1f} GB/s to the host",
+        f"{number('host_bytes_per_second.host_to_device') / 1e9:.1f} GB/s from it",
+        f"at {number('pallas_mxu_efficiency'):.0%} of the peak",
+        f"plus {number('pallas_step_seconds') * 1e6:.2f} us for each step",
+    }
+    missing = [s for s in said if " ".join(s.split()) not in " ".join(guide.split())]
+    assert not missing, missing
