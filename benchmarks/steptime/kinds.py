@@ -12,7 +12,7 @@ over micro-batches), an LSTM with bf16 parameters and Adafactor, Pallas TPU kern
 flash attention, a hand-written blocked matmul), a decode step with a KV cache, dilated
 1-D convolutions (WaveNet) and host offload of a remat policy's dots. Same conventions as
 `models.py` (a `models.Case` each: `step(state, batch) -> (state, loss)`, the state
-donated); imports JAX, numpy and optax only. The Pallas rows lower for a TPU only.
+donated); imports JAX and optax only. The Pallas rows lower for a TPU only.
 """
 
 import functools as ft
