@@ -11,7 +11,7 @@ not treeshape.
     python benchmarks/steptime/chip.py --out DIR [--rows GROUP,NAME:SIZE,...] [--profile-runs N]
 
 GROUP is tuning, held-out, fresh, unseen, last, after-e, after-f, after-g, after-h, after-i or host
-(`models.py`).
+(`models.py`), or K (`kinds.py`).
 
 A row `plan/REMAT/DTYPE:SIZE` is the plan's step (`models.plan_case`); a row whose
 compile the chip refuses is recorded with the compiler's error.
@@ -43,6 +43,7 @@ import numpy as np
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kinds  # noqa: E402
 import models  # noqa: E402
 
 
@@ -188,6 +189,7 @@ def main() -> None:
         "after-g": models.AFTER_G,
         "after-h": models.AFTER_H,
         "after-i": models.AFTER_I,
+        "K": kinds.AFTER_J,
         "host": models.HOST,
     }
     rows = []

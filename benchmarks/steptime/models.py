@@ -687,6 +687,8 @@ def rows(group: dict[str, tuple[Callable[[int], Case], tuple[int, ...]]]) -> lis
 
 
 def build(name: str, size: int) -> Case:
+    from kinds import AFTER_J  # (group K, kinds of their own: kinds.py imports this module)
+
     builder, _ = {
         **TUNING,
         **HELD_OUT,
@@ -698,6 +700,7 @@ def build(name: str, size: int) -> Case:
         **AFTER_G,
         **AFTER_H,
         **AFTER_I,
+        **AFTER_J,
         **HOST,
     }[name]
     return builder(size)

@@ -24,6 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax  # noqa: E402
+import kinds  # noqa: E402
 import models  # noqa: E402
 from chip import case_of  # noqa: E402
 
@@ -47,6 +48,7 @@ GROUPS = {
     "H": models.AFTER_G,
     "I": models.AFTER_H,
     "J": models.AFTER_I,
+    "K": kinds.AFTER_J,
 }
 FITTED_ON = ("A", "B", "C", "D", "E", "F", "G", "H", "I")  # (A-D fitted first; E-I checked, then refitted on)
 
@@ -151,7 +153,7 @@ def step_table(rows: list[dict[str, Any]]) -> None:
             f"| {t.seconds * 1e3:.2f} | {t.compiler_seconds * 1e3:.2f} | {t.floor_seconds * 1e3:.2f} "
             f"| {t.seconds / m:.2f} | {t.compiler_seconds / m:.2f} | {top_ten(r)} | {top_ten_compiled(r)} |"
         )
-    for groups in (FITTED_ON, ("J",)):
+    for groups in (FITTED_ON, ("J",), ("K",)):
         chosen = [r for r in rows if r["group"] in groups]
         if not chosen:
             continue
