@@ -178,7 +178,7 @@ def dump_row(name: str, size: int, modules: Path) -> dict[str, Any]:
         "cost_analysis": {"flops": float(analysis["flops"])},
         "call": list(table.call_counts(name, size)),
         "ts_cost_seconds": None if cost.time is None else cost.time.seconds,
-        "compile_seconds": seconds,
+        "compile_seconds": seconds,  # (with ts.cost's reading of it)
     }
 
 
@@ -206,7 +206,8 @@ def dump(directory: Path, only: set[str] | None) -> None:
             record = {"name": r["step"], "size": r["size"], "error": f"{type(e).__name__}: {e}"[:3000]}
             log(f"{i + 1}/{len(todo)}", r["group"], r["step"], r["size"], "FAILED", record["error"][:300])
         done.append(record)
-        path.write_text(json.dumps({"env": env, "rows": done}, indent=1) + "\n")
+        path.with_suffix(".part").write_text(json.dumps({"env": env, "rows": done}, indent=1) + "\n")
+        path.with_suffix(".part").replace(path)  # (whole, should the dump stop here)
         jax.clear_caches()
     log("done")
 
