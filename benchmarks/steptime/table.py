@@ -74,35 +74,40 @@ def profile_kernels(module: Any, events: dict[str, Any], runs: int) -> dict[str,
     return out
 
 
-def load(directory: Path) -> list[dict[str, Any]]:
+def modules_of(directory: Path) -> Path:
+    """The folder of a directory's dumped modules (`modules/`, else `modules.tar.gz` unpacked)."""
     modules = directory / "modules"
     if not modules.is_dir():
         modules = Path(tempfile.mkdtemp()) / "modules"
         with tarfile.open(directory / "modules.tar.gz") as tar:
             tar.extractall(modules.parent, filter="data")
-    rows = []
-    for r in json.loads((directory / "rows.json").read_text())["rows"]:
-        if "error" in r:
-            continue
-        key = f"{r['name']}-{r['size']}".replace("/", "_")
-        text = (modules / f"{key}.after_codegen.txt").read_text()
-        kernels, exact = _kernels.read(text)
-        module = _kernels.parse(text)
-        events = r["profile"]["/device:TPU:0"]["XLA Ops"] if "profile" in r else {}  # (`--no-profile`)
-        measured = profile_kernels(module, events, r.get("profile_runs", 3))
-        dumped = fields((modules / f"{key}.after_codegen.hlo.pb").read_bytes())[_HLO_PROTO_MODULE][-1]
-        proto = Module.read(bytes(dumped))
-        frames = Frames(proto)
-        names = {i.name: (_buffers.op_of(i), frames.source(i.metadata)) for i in proto.instructions.values()}
-        call = call_counts(r["name"], r["size"])
-        t = _time.estimate(kernels, names, CHIP, "TPU v5e", "tpu", r["cost_analysis"]["flops"], exact, call)
-        # each compiled kernel on its own (named apart, so that none go together by line)
-        alone = _time.estimate(kernels, {k.name: (k.name, None) for k in kernels}, CHIP, "", "tpu", None, exact)
-        group = group_of(r["name"], r["size"])
-        rows.append(
-            {**r, "group": group, "kernels": kernels, "profile": measured, "time": t, "alone": alone, "names": names}
-        )
-    return rows
+    return modules
+
+
+def load(directory: Path) -> list[dict[str, Any]]:
+    modules = modules_of(directory)
+    return [read(r, modules) for r in json.loads((directory / "rows.json").read_text())["rows"] if "error" not in r]
+
+
+def read(r: dict[str, Any], modules: Path) -> dict[str, Any]:
+    """A row of `rows.json` with its module read and its time estimated (`time`, `alone`)."""
+    key = f"{r['name']}-{r['size']}".replace("/", "_")
+    text = (modules / f"{key}.after_codegen.txt").read_text()
+    kernels, exact = _kernels.read(text)
+    module = _kernels.parse(text)
+    events = r["profile"]["/device:TPU:0"]["XLA Ops"] if "profile" in r else {}  # (`--no-profile`)
+    measured = profile_kernels(module, events, r.get("profile_runs", 3))
+    dumped = fields((modules / f"{key}.after_codegen.hlo.pb").read_bytes())[_HLO_PROTO_MODULE][-1]
+    proto = Module.read(bytes(dumped))
+    frames = Frames(proto)
+    names = {i.name: (_buffers.op_of(i), frames.source(i.metadata)) for i in proto.instructions.values()}
+    # (recorded by `recheck.py --dump`; else counted from the step)
+    call = tuple(r["call"]) if "call" in r else call_counts(r["name"], r["size"])
+    t = _time.estimate(kernels, names, CHIP, "TPU v5e", "tpu", r["cost_analysis"]["flops"], exact, call)
+    # each compiled kernel on its own (named apart, so that none go together by line)
+    alone = _time.estimate(kernels, {k.name: (k.name, None) for k in kernels}, CHIP, "", "tpu", None, exact)
+    group = group_of(r["name"], r["size"])
+    return {**r, "group": group, "kernels": kernels, "profile": measured, "time": t, "alone": alone, "names": names}
 
 
 def call_counts(name: str, size: int) -> tuple[int, int]:
