@@ -84,6 +84,7 @@ class Kernel:
     by_bytes: bool = False  # a custom call with no figures of its own: costed by its operands' and results' bytes
     grid_steps: int = 0  # a Pallas kernel's grid steps, where its work was read from the program (`_pallas`)
     host: str = ""  # an asynchronous copy's direction to or from the host's memory ("device_to_host", ...)
+    host_bytes: float = 0.0  # the bytes it moves there, one run
 
 
 # Instructions that run no kernel of their own.
@@ -566,18 +567,35 @@ def _types(shape: str) -> list[str]:
     return [f"{kind}[{dims}]" for kind, dims, _ in _ARRAY.findall(re.sub(r"/\*.*?\*/", "", shape))]
 
 
-# An asynchronous copy's direction by where its result (its first array) and its operand
-# (its second) live: `S(5)`, the host's pinned memory, in a TPU's layouts.
+# Where an asynchronous copy or slice moves its bytes: `S(5)`, the host's pinned memory, in
+# a TPU's layouts.
 _HOST_SPACE: Final = re.compile(r"S\(5\)")
 
 
-def _host_direction(instruction: Instruction) -> str:
-    layouts = [layout for _, _, layout in _ARRAY.findall(_shape(instruction))]
-    if len(layouts) < 2:
-        return ""
-    if _HOST_SPACE.search(layouts[0] or ""):
-        return "device_to_host"
-    return "host_to_device" if _HOST_SPACE.search(layouts[1] or "") else ""
+def _host_move(opcode: str, instruction: Instruction) -> tuple[str, float]:
+    """The direction and the bytes of an asynchronous start that moves data between device
+    and host memory (a `copy-start`: its result, then its operand; an `async-start` of a
+    slice or an update: its operands, then its result), else `("", 0)`. The bytes are those
+    on the device's side: the slice read from the host, the update written to it."""
+    arrays = [
+        (kind, dims, _HOST_SPACE.search(layout or "") is not None)
+        for kind, dims, layout in _ARRAY.findall(re.sub(r"/\*.*?\*/", "", _shape(instruction)))
+    ]
+    if len(arrays) < 2:
+        return "", 0.0
+    if opcode == "copy-start":
+        result, operands = arrays[0], arrays[1:2]
+    else:
+        result, operands = arrays[-2], arrays[:-2]
+
+    def nbytes(kind: str, dims: str) -> float:
+        return float(math.prod(int(d) for d in dims.split(",") if d) * _size(kind))
+
+    if result[2] and not all(o[2] for o in operands):
+        return "device_to_host", sum(nbytes(k, d) for k, d, host in operands if not host and d)
+    if not result[2] and any(o[2] for o in operands):
+        return "host_to_device", nbytes(result[0], result[1])
+    return "", 0.0
 
 
 def read(
@@ -653,6 +671,7 @@ def read(
         if work is not None and _figures(instruction) is None:  # (its own `cost_estimate` first)
             flops, accessed, device = work.flops, work.bytes_copied, work.bytes_copied
         communication = _communication(module, computation, instruction, everyone)
+        host = _host_move(opcode, instruction) if opcode in _ASYNC_COPIES else ("", 0.0)
         if communication is not None and traits.kind not in ("matmul", "batched matmul", "convolution"):
             traits = dataclasses.replace(traits, kind="collective")  # (a product keeps its kind: it overlaps one)
         kernel = Kernel(
@@ -680,7 +699,8 @@ def read(
             branch=branch,
             by_bytes=opcode == "custom-call" and work is None and accessed > 0 and _figures(instruction) is None,
             grid_steps=work.steps if work is not None else 0,
-            host=_host_direction(instruction) if opcode == "copy-start" else "",
+            host=host[0],
+            host_bytes=host[1],
         )
         if opcode.endswith("-start"):
             pending[instruction.name] = len(kernels)

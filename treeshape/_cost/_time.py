@@ -480,13 +480,21 @@ def _offloaded(kernels: Sequence[Kernel], each: list[float], c: Correction) -> l
     out = list(each)
     hosted = [i for i, k in enumerate(kernels) if k.host in c.host_bytes_per_second]
     done: list[int] = []
+    covered: dict[str, set[int]] = {}  # each direction's kernels already counted beside a copy
     for i in sorted(hosted, key=lambda i: kernels[i].position):
         k = kernels[i]
-        moved = k.runs * k.device_bytes / c.host_bytes_per_second[k.host]
+        moved = k.runs * k.host_bytes / c.host_bytes_per_second[k.host]
         end = k.done if k.done is not None else k.position + 1
-        beside = sum(out[j] for j, other in enumerate(kernels) if not other.host and k.position < other.position < end)
-        beside += sum(out[h] for h in done if kernels[h].position < k.position < (kernels[h].done or 0))
-        out[i] = max(moved - beside, 0.0)
+        used = covered.setdefault(k.host, set())
+        beside = [j for j, other in enumerate(kernels) if not other.host and k.position < other.position < end]
+        hidden = sum(out[j] for j in beside if j not in used)
+        used.update(beside)
+        hidden += sum(
+            out[h]
+            for h in done
+            if kernels[h].host != k.host and kernels[h].position < k.position < (kernels[h].done or 0)
+        )
+        out[i] = max(moved - hidden, 0.0)
         done.append(i)
     return out
 
