@@ -356,7 +356,8 @@ def _step_time(program: Compiled, flops: float | None) -> StepTime | None:
     if dumped is None:
         return None
     text, proto = dumped
-    read = _kernels.read(text, scan_lengths(program.jaxpr.jaxpr), _pallas.kernels(program.jaxpr.jaxpr))
+    pallas = _pallas.kernels(program.jaxpr.jaxpr) if _pallas.CUSTOM_CALL in text else None  # (Mosaic's)
+    read = _kernels.read(text, scan_lengths(program.jaxpr.jaxpr), pallas)
     if read is None:
         return None
     kernels, exact = read

@@ -17,6 +17,10 @@ import jax
 import numpy as np
 
 
+# The custom call a Pallas TPU kernel compiles to (Mosaic's), as the optimized module names it.
+CUSTOM_CALL: Final = '"tpu_custom_call"'
+
+
 @dataclasses.dataclass(frozen=True)
 class Work:
     """One run of a Pallas kernel: its grid's steps, its body's matrix-product FLOPs over
