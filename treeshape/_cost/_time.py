@@ -35,10 +35,14 @@ Three figures:
   its host takes to call it (its arrays and registered pytree nodes, in and out) at the
   host's pace. On every target a conditional counts its most costly branch.
 
-The correction (`CORRECTION`) was measured on a v5e against each kernel's time in a
-profile of 94 train steps (and the host's calls of 15 tiny ones), and checked on steps it
-was never fitted on (the guide's "How fast will it run?", `benchmarks/steptime/`); v5p
-and v6e use it as measured there, and `source` says so.
+The correction (`CORRECTION`) is read from the chip's calibration table
+(`calibration/v5e.json`, every number with where it came from, rebuilt by
+`benchmarks/steptime/calibrate.py`): measured on a v5e against each kernel's time in a
+profile of 94 train steps (and the host's calls of 15 tiny ones) and, for the kinds those
+steps barely had (gathers and scatters, Pallas kernels, copies to and from the host), on
+microbenchmarks that vary one thing at a time; checked on steps it was never fitted on
+(the guide's "How fast will it run?", `benchmarks/steptime/`). v5p and v6e use it as
+measured there, `source` says so, and `StepTime.checked` is 0 on them.
 """
 
 import dataclasses
@@ -73,15 +77,19 @@ class Correction:
     (`loop_vmem_bytes_per_cycle`: copies 3.8x faster, reductions 1.5x) and for an
     elementwise kernel or reduction there that moves under 1 MiB a run
     (`small_loop_vmem_bytes_per_cycle`: a recurrent cell's step, 2.5-3.5x faster); HBM's
-    fraction of its bandwidth; what a gather takes per slice (a single element, or a row)
-    and the rate a scatter adds its rows at; the cycles a run costs besides, reading or
+    fraction of its bandwidth; what a gather takes per slice (a single element; a row at
+    least, from a small table and a large one, and a wide row by its bytes) and what a
+    scatter takes per row (and its elements' rate, and how much slower in a large table);
+    the host link's rate each way; a Pallas kernel's cost per grid step and its matrix
+    unit's efficiency; the cycles a run costs besides, reading or
     writing HBM (at the top of the program and in a loop's body, where one that reads only
     the loop's counter there pays none) or not; the cycles the chip idles between two
     kernels at the top of the program; the fraction of an asynchronous copy's HBM time that the kernels around
     it do not hide; the runtime's gap between two steps run back to back, in seconds; and
     what the chip's host takes to call a step, which bounds a step whose kernels take less:
     a call, each array passed in or returned, and each node of a pytree type registered
-    outside JAX's own containers (an nnx `State`'s, an equinox `Module`'s), in or out."""
+    outside JAX's own containers (an nnx `State`'s, an equinox `Module`'s), in or out.
+    Built from the chip's calibration table (`calibration`), each number's provenance there."""
 
     estimate: Mapping[str, float]
     weight_gradient_estimate: float
