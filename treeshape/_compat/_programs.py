@@ -25,6 +25,11 @@ _MEMORY_FIELDS: Final = {
     "temp": "temp_size_in_bytes",
     "alias": "alias_size_in_bytes",
     "peak": "peak_memory_in_bytes",
+    # In the host's memory kinds (`pinned_host`, `unpinned_host`): 0 where nothing is there.
+    "host_argument": "host_argument_size_in_bytes",
+    "host_output": "host_output_size_in_bytes",
+    "host_temp": "host_temp_size_in_bytes",
+    "host_alias": "host_alias_size_in_bytes",
 }
 
 
@@ -45,7 +50,8 @@ def cost_analysis(compiled: Any) -> dict[str, Any]:
 
 
 def memory_analysis(compiled: Any) -> dict[str, Any]:
-    """The per-device bytes of a compiled program (`argument`, `output`, `temp`, `alias`), each
+    """The per-device bytes of a compiled program (`argument`, `output`, `temp`, `alias`, and
+    the same in the host's memory kinds, `host_argument` ...), each
     as the backend reports it (possibly negative, a sentinel) or `None` when it does not;
     `buffer_assignment`, XLA's buffer assignment (see `Fields`), or `None`; and `live_ranges`,
     the compiler's own schedule and live ranges as it dumps them, where a deviceless compile

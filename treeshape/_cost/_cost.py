@@ -59,20 +59,15 @@ class Cost:
         output_bytes: Bytes of its outputs on one device.
         temp_bytes: Bytes of the temporaries XLA allocates on one device.
         alias_bytes: Bytes of outputs that reuse a donated input's memory.
-        peak_bytes: `argument_bytes + output_bytes + temp_bytes - alias_bytes`: the
-            memory one device needs while the program runs (the same definition on
-            every backend; `None` if one of the four is unknown).
-        device_bytes: The device's memory limit where the backend reports one
-            (GPUs, TPUs), else `None` (CPU).
-        exact_flops: Whether `flops` and `bytes_accessed` count every loop body as often as
-            it runs ([Loops](../guide/fit.md#loops)); `False` where a trip count is unknown
-            (a `while_loop` on a traced condition): that body is counted once.
-        buffers: The [treeshape.Buffer][]s live on one device at the peak step of the
-            schedule, largest first ([What is at the peak](../guide/fit.md#what-is-at-the-peak));
-            `None` where the release or backend does not give XLA's buffer assignment.
-        donation: Each donated input leaf by path: a [treeshape.Donation][] that says
-            which output reuses it, or why none does (`{}` when nothing is donated;
-            `None` as for `buffers`).
+        peak_bytes: `argument_bytes + output_bytes + temp_bytes - alias_bytes`, what one device needs while the
+            program runs (the same definition on every backend; `None` if one of the four is unknown).
+        device_bytes: The device's memory limit where the backend reports one (GPUs, TPUs), else `None` (CPU).
+        exact_flops: Whether `flops` and `bytes_accessed` count every loop body as often as it runs
+            ([Loops](../guide/fit.md#loops)); `False` where a trip count is unknown: that body is counted once.
+        buffers: The [treeshape.Buffer][]s live on one device at the peak step of the schedule, largest first
+            ([What is at the peak](../guide/fit.md#what-is-at-the-peak)); `None` without XLA's buffer assignment.
+        donation: Each donated input leaf by path: a [treeshape.Donation][] that says which output reuses it,
+            or why none does (`{}` when nothing is donated; `None` as for `buffers`).
         live_peak_bytes: The bytes of `buffers`: at most `peak_bytes`, but on a TPU target
             by the constants and scalars libtpu keeps in HBM and leaves out of its figures.
         timeline: The bytes live at each step of the schedule, a [treeshape.Timeline][]
@@ -80,6 +75,11 @@ class Cost:
         compiler_peak_bytes: On a TPU target, libtpu's own peak (what the chip holds:
             `largest_fit` judges a TPU by it), else `None`.
         time: On a target, the time of one run, a [treeshape.StepTime][]; else `None`.
+        host_argument_bytes: Bytes of inputs in the host's memory kinds (`pinned_host`, `unpinned_host`), the
+            target compiler's own figure (a step that offloads); 0 without a target (the CPU).
+        host_output_bytes: Bytes of outputs in the host's memory kinds, as `host_argument_bytes`.
+        host_temp_bytes: Bytes of temporaries in the host's memory kinds (offloaded residuals), as those.
+        host_alias_bytes: Bytes of host outputs that reuse a donated host input (`largest_fit`'s `host_budget`).
 
     Examples:
         >>> import treeshape as ts
@@ -122,6 +122,10 @@ class Cost:
     compiler_peak_bytes: int | None = None
     # Read from the same compile as `buffers`: compared as they are.
     time: StepTime | None = dataclasses.field(default=None, compare=False, repr=False, metadata={"json": True})
+    host_argument_bytes: int | None = 0
+    host_output_bytes: int | None = 0
+    host_temp_bytes: int | None = 0
+    host_alias_bytes: int | None = 0
 
     def breakdown(self, depth: int | None = None) -> str:
         """The buffers at the peak grouped by input path, output path or module, with
@@ -177,6 +181,20 @@ class Cost:
         return rows
 
     def _notes(self) -> list[str]:
+        return self._host() + self._compiled_for()
+
+    def _host(self) -> list[str]:
+        """The line of the host's memory kinds, where any of its figures is not 0."""
+        host = (self.host_argument_bytes, self.host_output_bytes, self.host_temp_bytes, self.host_alias_bytes)
+        if not any(host):
+            return []
+        said = ", ".join(
+            f"{label} {_UNKNOWN if n is None else human_bytes(n)}"
+            for label, n in zip(("arguments", "outputs", "temporaries", "aliased"), host, strict=True)
+        )
+        return [f"host memory (pinned_host, unpinned_host): {said}"]
+
+    def _compiled_for(self) -> list[str]:
         if self.backend is not None and self.backend.endswith(_DEVICELESS):
             notes = [f"compiled for: {self.backend}: the figures are that accelerator's own compiler's"]
             return notes + ([self.time.line()] if self.time is not None else [])
@@ -385,6 +403,7 @@ def _read(
     analysis = _compat.cost_analysis(compiled)
     memory = _compat.memory_analysis(compiled)
     argument, output, temp, alias = (_bytes(memory[k]) for k in ("argument", "output", "temp", "alias"))
+    host = [_bytes(memory[k]) for k in ("host_argument", "host_output", "host_temp", "host_alias")]
     peak = None
     if argument is not None and output is not None and temp is not None and alias is not None:
         peak = argument + output + temp - alias
@@ -407,6 +426,10 @@ def _read(
         timeline=None if reading is None else reading.timeline,
         exact_flops=loops.exact,
         backend=backend if backend is not None else _backend(compiled),
+        host_argument_bytes=host[0],
+        host_output_bytes=host[1],
+        host_temp_bytes=host[2],
+        host_alias_bytes=host[3],
     )
 
 

@@ -35,6 +35,7 @@ from ._request import (
     SizeError,
     bind_at,
     check_arguments,
+    check_host_budget,
     check_names,
     check_progress,
     largest_allowed,
@@ -285,6 +286,7 @@ class _Probes:
         self.refused: dict[int, tuple[str, float]] = {}  # sizes the target's compiler took no program of
         self.programs = 0  # compiled by this call: each size's, and loop bodies compiled alone
         self.progress = False
+        self.host_limit: int | None = None  # the host's bytes a size may take (`host_budget`), None: any
         # A TPU target's size fits by libtpu's own peak, what the chip holds (`peak_bytes`
         # counts a donated output twice where libtpu places it once).
         self.tpu = target is not None and _target.resolve(target, "largest_fit")[0].platform == "tpu"
@@ -388,7 +390,27 @@ class _Probes:
                 f"treeshape.largest_fit: the backend reports no peak for the program at {self.dim}={n} "
                 "(Cost.peak_bytes is None: a memory figure is missing), so no size can be checked against the budget."
             )
-        return peak
+        if self.host_limit is None:
+            return peak
+        host = host_bytes(self.costs[n])
+        if host is None:
+            raise ValueError(
+                f"treeshape.largest_fit: the backend reports no host memory figures for the program at {self.dim}={n} "
+                "(a Cost.host_*_bytes is None), so no size can be checked against host_budget. Pass host_budget=None."
+            )
+        # The host's bytes on the device's scale: over `limit` exactly where they are over
+        # `host_limit`, so that the search judges both budgets by one number that grows as both do.
+        return max(peak, -(-host * limit // self.host_limit))  # (the ceiling, in integers)
+
+    def over_host(self, n: int) -> bool:
+        """Whether size `n` (compiled) is over `host_limit`."""
+        host = host_bytes(self.costs[n]) if n in self.costs else None
+        return self.host_limit is not None and host is not None and host > self.host_limit
+
+    def device_peaks(self, sizes: Iterable[int]) -> dict[int, int]:
+        """The device's peak of each of `sizes` compiled (a refused size has none)."""
+        judged = {n: self.judged(self.costs[n]) for n in sizes if n in self.costs and n not in self.refused}
+        return {n: p for n, p in judged.items() if p is not None}
 
     def _judge_failed_size(self, n: int, limit: int) -> tuple[float, int, int] | None:
         """The peak at `n` by the line through sizes below it that compile, where that is
@@ -401,6 +423,16 @@ class _Probes:
             except (jax.errors.JaxRuntimeError, _deviceless.OutOfMemory):
                 return None
         return far_over(n, {m: self.judged(c) for m, c in self.costs.items()}, limit)
+
+
+def host_bytes(cost: Cost) -> int | None:
+    """The bytes in the host's memory kinds: `host_argument_bytes + host_output_bytes +
+    host_temp_bytes - host_alias_bytes` (None where one is unknown)."""
+    figures = (cost.host_argument_bytes, cost.host_output_bytes, cost.host_temp_bytes, cost.host_alias_bytes)
+    if any(n is None for n in figures):
+        return None
+    argument, output, temp, alias = (int(n or 0) for n in figures)
+    return argument + output + temp - alias
 
 
 def _budget(budget: float | None, probes: _Probes) -> tuple[int, str | None]:
@@ -430,6 +462,9 @@ def _report_size(probes: _Probes, limit: int, n: int, peak: int, lo: int, hi: in
     answer = "none" if lo < 1 else f"{lo}" if hi - lo <= 1 or lo == max_size else f"in {lo}..{hi - 1}"
     if n in probes.seconds:
         verdict = "fits" if peak <= limit else f"over the limit of {limit:,} B"
+        if probes.over_host(n):
+            verdict = f"host {host_bytes(probes.costs[n]):,} B over host_budget {probes.host_limit:,} B"
+        peak = probes.device_peaks([n]).get(n, peak)
         said, seconds = f"peak {_bytes_exact(peak)}, {verdict}", probes.seconds[n]
     elif n in probes.refused:
         reason, seconds = probes.refused[n]
@@ -454,6 +489,18 @@ def _check_size_one(
         if report is not None:
             report(1, limit + 1, 0, 1)  # (its progress line says the compiler refused it)
         raise
+    if peak > limit and probes.over_host(1):
+        if report is not None:
+            report(1, peak, 0, 1)
+        host, host_limit = host_bytes(probes.costs[1]), probes.host_limit
+        assert host is not None and host_limit is not None  # (`over_host`)
+        raise BudgetError(
+            f"treeshape.largest_fit: even {probes.dim}=1 does not fit the host's memory: {human_bytes(host)} "
+            f"({host:,} B) in host memory kinds > host_budget {human_bytes(host_limit)} ({host_limit:,} B). Raise "
+            "host_budget, or offload less to the host (a remat policy that saves on the device).",
+            host,
+            host_limit,
+        )
     if peak > limit:
         if report is not None:
             report(1, peak, 0, 1)
@@ -476,9 +523,13 @@ def _fit(
 ) -> Fit:
     """The answer: `size`, its `Cost`, the line through two sizes compiled (`_line`), and
     whether the peaks `known` grow with the size."""
-    fixed, per_unit = _line(size, {n: p for n, p in known.items() if n not in probes.refused}, _limit(budget, margin))
-    ordered = sorted(n for n in known if n not in probes.refused)  # a refused size has no peak
-    monotone = all(known[a] <= known[b] for a, b in zip(ordered, ordered[1:], strict=False))
+    # (the device's peaks: `known` holds the host's bytes on their scale where they are the larger)
+    peaks = {n: p for n, p in known.items() if n not in probes.refused}
+    if probes.host_limit is not None:
+        peaks = probes.device_peaks(peaks)
+    fixed, per_unit = _line(size, peaks, _limit(budget, margin))
+    ordered = sorted(peaks)  # a refused size has no peak
+    monotone = all(peaks[a] <= peaks[b] for a, b in zip(ordered, ordered[1:], strict=False))
     return Fit(
         probes.dim,
         size,
@@ -539,6 +590,7 @@ def largest_fit(
     donate_argnames: str | Iterable[str] = (),
     progress: bool = False,
     target: str | None = None,
+    host_budget: float | None = None,
     **kwargs: Any,
 ) -> Fit:
     """Find the largest size of dimension `dim` for which `fn`'s compiled program fits `budget`.
@@ -563,6 +615,8 @@ def largest_fit(
         donate_argnames: As for `cost`.
         progress: Print a line to standard error per size compiled, and a summary.
         target: As for `cost`; a size its compiler refuses for want of memory does not fit.
+        host_budget: Where given, a size fits only where also `host_argument_bytes +
+            host_output_bytes + host_temp_bytes - host_alias_bytes <= host_budget`.
         **kwargs: As `args`.
 
     Returns:
@@ -590,10 +644,22 @@ def largest_fit(
         (56, 1048256, True, True, False)
     """
     _check_inputs(fn, dim, budget, margin, max_size, progress)
+    check_host_budget(host_budget)
     donate_argnums, donate_argnames = check_donation(donate_argnums, donate_argnames, "largest_fit")
     target = check_target(target, "largest_fit")
     return search(
-        fn, args, kwargs, dim, budget, margin, int(max_size), donate_argnums, donate_argnames, progress, target
+        fn,
+        args,
+        kwargs,
+        dim,
+        budget,
+        margin,
+        int(max_size),
+        donate_argnums,
+        donate_argnames,
+        progress,
+        target,
+        host_budget=host_budget,
     )[0]
 
 
@@ -609,12 +675,14 @@ def search(
     donate_argnames: str | Iterable[str],
     progress: bool,
     target: str | None,
+    host_budget: float | None = None,
 ) -> tuple[Fit, "Sizes"]:
     """`largest_fit` of checked arguments, and the sizes it compiled (to cost more sizes
     of the same call, as `ts.plan` does)."""
     start = time.perf_counter()
     probes = _Probes(fn, args, kwargs, dim, max_size, donate_argnums, donate_argnames, target)
     probes.progress = progress
+    probes.host_limit = None if host_budget is None else math.floor(host_budget)
     budget, budget_source = _budget(budget, probes)
     limit = _limit(budget, margin)
     report = (lambda n, peak, lo, hi: _report_size(probes, limit, n, peak, lo, hi)) if progress else None
@@ -622,7 +690,8 @@ def search(
     size, known = find_size(lambda n: probes.peak_at(n, limit), limit, max_size, report, probes.unknown_peak)
     fit = _fit(probes, size, known, budget, margin, budget_source)
     if progress:
-        _report_fit(fit, known[size], limit, len(probes.refused), time.perf_counter() - start)
+        peak = probes.device_peaks([size]).get(size, known[size])
+        _report_fit(fit, peak, limit, len(probes.refused), time.perf_counter() - start)
     return fit, Sizes(probes)
 
 

@@ -80,6 +80,9 @@ class BudgetError(FitError):
             refused it (libtpu does, past a chip's memory), its peak unknown.
         limit: The bytes the peak may take: `(1 - margin) * budget`.
 
+    Where it is the host's memory that size 1 does not fit (`largest_fit(...,
+    host_budget=)`), `peak` is its host bytes and `limit` the host budget.
+
     Examples:
         >>> import jax, jax.numpy as jnp
         >>> import treeshape as ts
@@ -104,6 +107,18 @@ def _real(value: Any, what: str, example: str, who: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"treeshape.{who}: {what} must be a number, got {type(value).__name__} {value!r} ({example}).")
     return float(value)
+
+
+def check_host_budget(host_budget: Any, who: str = "largest_fit") -> None:
+    """Raise `TypeError` / `ValueError` for a `host_budget` that is not `None` or a number of bytes >= 1."""
+    if host_budget is None:
+        return
+    example = "e.g. host_budget=64 * 2**30 for 64 GiB of host memory"
+    if not math.isfinite(_real(host_budget, "host_budget", example, who)) or host_budget < 1:
+        raise ValueError(
+            f"treeshape.{who}: host_budget must be a number of bytes >= 1 ({example}), or None for no limit on "
+            f"the host's memory, got {host_budget!r}."
+        )
 
 
 def check_arguments(dim: Any, budget: Any, margin: Any, max_size: Any, who: str = "largest_fit") -> None:
