@@ -3,6 +3,8 @@ byte libtpu's own for a step that offloads (the oracle is the same step compiled
 over the devices of `jax.experimental.topologies`), 0 on the CPU; the host line of
 `str(cost)`; and `largest_fit(..., host_budget=)`."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -50,9 +52,13 @@ def _cost_host(c):
 
 
 def _v5e_oracle(fn, *args):
-    device = jax.sharding.SingleDeviceSharding(topologies.get_topology_desc("v5e:2x2", "tpu").devices[0])
-    placed = jax.tree.map(lambda s: s.update(sharding=device), args)
-    return jax.jit(fn).lower(*placed).compile().memory_analysis()
+    device = topologies.get_topology_desc("v5e:2x2", "tpu").devices[0]
+
+    def placed(s):  # on the chip, in the memory kind it names
+        kind = getattr(s.sharding, "memory_kind", None)
+        return s.update(sharding=jax.sharding.SingleDeviceSharding(device, memory_kind=kind))
+
+    return jax.jit(fn).lower(*map(placed, args)).compile().memory_analysis()
 
 
 W = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
@@ -141,3 +147,81 @@ def test_largest_fit_refuses_a_host_budget_that_is_not_bytes(host_budget, error,
     x = jax.ShapeDtypeStruct((b, 4), jnp.float32)
     with pytest.raises(error, match=said):
         ts.largest_fit(jnp.tanh, x, dim="b", budget=2**20, host_budget=host_budget)
+
+
+# The libtpu of jax 0.8.0 writes no live ranges, so a TPU target's buffers are unknown there (None).
+TPU_BUFFERS = jax.__version_info__ >= (0, 9)
+
+
+def test_the_buffers_at_the_peak_say_which_memory_holds_them():
+    c = ts.cost(offloading_step, W, X, target="v5e")
+    if not TPU_BUFFERS:
+        assert c.buffers is None
+        return
+    device = [b for b in c.buffers if b.memory_kind == "device"]
+    host = [b for b in c.buffers if b.memory_kind != "device"]
+    assert c.buffers[: len(device)] == tuple(device)  # the device's first, then the host's
+    assert sum(b.nbytes for b in device) == c.live_peak_bytes
+    # the offloaded activations, live on the host at the device's peak: within the host's temporaries
+    assert host and {(b.kind, b.memory_kind, b.shape) for b in host} == {("temporary", "pinned_host", (512, 1024))}
+    assert sum(b.nbytes for b in host) <= c.host_temp_bytes
+    n = len(host)
+    assert f"\nand {n} in the host's memory (pinned_host): {n * 2}.0 MiB" in str(c)
+    assert c.breakdown(depth=0).splitlines()[-1].split()[:2] == ["total", str(len(device))]  # the device's
+    on_cpu = ts.cost(offloading_step, W, X)
+    assert {b.memory_kind for b in on_cpu.buffers} == {"device"}
+
+
+def _pinned(shape, mesh=None, spec=None):
+    if mesh is None:
+        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    else:
+        sharding = jax.sharding.NamedSharding(mesh, spec, memory_kind="pinned_host")
+    return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding)
+
+
+def _from_host(w, x):
+    return jnp.tanh(x @ jax.device_put(w, jax.memory.Space.Device))
+
+
+def test_an_argument_placed_in_pinned_host_stays_there_on_the_target():
+    w = _pinned((1024, 1024))
+    c = ts.cost(_from_host, w, X, target="v5e")
+    oracle = _v5e_oracle(_from_host, w, X)
+    assert _cost_host(c) == _host_figures(oracle) and c.host_argument_bytes == 1024 * 1024 * 4
+    assert c.argument_bytes == oracle.argument_size_in_bytes == 512 * 1024 * 4  # x alone on the device
+    if not TPU_BUFFERS:
+        return
+    (held,) = [b for b in c.buffers if b.memory_kind != "device"]
+    assert (held.kind, held.path, held.memory_kind, held.nbytes) == ("argument", "args[0]", "pinned_host", 4 * 2**20)
+
+
+def test_an_argument_sharded_over_an_abstract_mesh_in_pinned_host_stays_there():
+    mesh = jax.sharding.AbstractMesh((4,), ("x",))
+    P = jax.sharding.PartitionSpec
+    w = _pinned((1024, 1024), mesh, P("x"))
+    x = jax.ShapeDtypeStruct((512, 1024), jnp.float32, sharding=jax.sharding.NamedSharding(mesh, P("x")))
+    c = ts.cost(_from_host, w, x, target="v5e:2x2")
+    assert (c.host_argument_bytes, c.argument_bytes) == (1024 * 1024 * 4 // 4, 512 * 1024 * 4 // 4)
+
+
+def test_the_command_line_fits_a_host_budget(capsys):
+    from treeshape.__main__ import main
+
+    argv = ["fit", "test_host_memory:_host_output_step", "f32[b,1024]", "--dim", "b", "--target", "v5e"]
+    assert main([*argv, "--host-budget", "400KiB", "--max-size", "4096", "--json"]) == 0
+    (b,) = jax.export.symbolic_shape("b")
+    x = jax.ShapeDtypeStruct((b, 1024), jnp.float32)
+    fit = ts.largest_fit(_host_output_step, x, dim="b", target="v5e", host_budget=400 * 1024, max_size=4096)
+    assert json.loads(capsys.readouterr().out)["size"] == fit.size < 100
+    assert main([*argv, "--host-budget", "1KiB"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            "even b=1 does not fit the host's memory: it takes 4.0 KiB (4,096 B) in host memory kinds, over "
+            "--host-budget 1.0 KiB (1,024 B): pass --host-budget 4KiB or more, or offload less to the host"
+        )
+    )
+    assert main([*argv, "--host-budget", "lots"]) == 2
+    assert "--host-budget: malformed amount of bytes 'lots'" in capsys.readouterr().err

@@ -50,6 +50,12 @@ def declare(sub: Any) -> argparse.ArgumentParser:
         "TB), e.g. 16GiB; default: the limit the device reports (none on CPU)",
     )
     fit.add_argument(
+        "--host-budget",
+        metavar="BYTES",
+        help="the host's memory a size may also take (bytes in pinned_host and unpinned_host, as --budget "
+        "reads them), e.g. 64GiB; default: no limit",
+    )
+    fit.add_argument(
         "--margin", type=float, default=0.0, metavar="FRACTION", help="the fraction of the budget to keep free"
     )
     fit.add_argument("--max-size", type=int, default=2**20, metavar="N", help="the largest size to try")
@@ -73,6 +79,10 @@ def run(args: argparse.Namespace, stdout: TextIO) -> int:
         budget = None if args.budget is None else parse_bytes(args.budget)
     except ValueError as err:
         raise Fail(f"--budget: {err}", 2) from err
+    try:
+        host_budget = None if args.host_budget is None else parse_bytes(args.host_budget)
+    except ValueError as err:
+        raise Fail(f"--host-budget: {err}", 2) from err
     target = checked_target(args.target_name, "largest_fit")
     device = jax.devices()[0]
     stats = device.memory_stats()
@@ -110,6 +120,7 @@ def run(args: argparse.Namespace, stdout: TextIO) -> int:
             budget=budget,
             margin=args.margin,
             max_size=args.max_size,
+            host_budget=host_budget,
             progress=progress,
             target=target,
             **keywords,
@@ -121,6 +132,14 @@ def run(args: argparse.Namespace, stdout: TextIO) -> int:
         cause = err.__cause__
         if isinstance(cause, BudgetError) and cause.peak is None:  # the target's compiler refused size 1
             raise Fail(str(cause).removeprefix("treeshape.largest_fit: "), 2) from cause
+        if isinstance(cause, BudgetError) and cause._on_host:
+            assert cause.peak is not None  # (the host's bytes at size 1)
+            raise Fail(
+                f"even {dim}=1 does not fit the host's memory: it takes {_amount(cause.peak)} in host memory kinds, "
+                f"over --host-budget {_amount(cause.limit)}: pass --host-budget {_at_least(cause.peak)} or more, or "
+                "offload less to the host",
+                2,
+            ) from cause
         if isinstance(cause, BudgetError) and cause.peak is not None:
             needed = math.ceil(cause.peak / (1 - args.margin))  # the least budget whose limit holds the peak
             raise Fail(

@@ -46,6 +46,11 @@ class Buffer:
         source: `"file.py:LINE"` of the user's code that made it, where known.
         donated: For an argument: True if donated and reused for an output, False if
             donated and not reused, None if not donated.
+        memory_kind: Where it lives: `"device"` (the chip's memory, counted in
+            `live_peak_bytes`), or `"pinned_host"` / `"unpinned_host"` for a buffer in the
+            host's memory (an argument or output placed there, a residual a remat policy
+            offloads), counted in the `host_*` figures only. `Cost.buffers` lists the
+            device's first, then the host's live at the same step.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -66,6 +71,7 @@ class Buffer:
     op: str | None = None
     source: str | None = None
     donated: bool | None = None
+    memory_kind: str = "device"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +124,15 @@ class _Allocation:
     def in_device_memory(self) -> bool:
         """Whether the device's memory figures count it: neither thread-local nor on-chip."""
         return not self.thread_local and self.color == 0
+
+    @property
+    def in_host_memory(self) -> bool:
+        """Whether the host's memory figures count it (XLA's memory space 5, `S(5)`)."""
+        return not self.thread_local and self.color == HOST_MEMORY_SPACE
+
+
+# XLA's memory space of the host's memory (`S(5)` in a layout), where both host kinds live.
+HOST_MEMORY_SPACE: Final = 5
 
 
 def _assignment(data: bytes) -> tuple[dict[int, Value], dict[int, _Allocation]]:
@@ -205,40 +220,67 @@ def _read(
     frames = Frames(module)
     sources: dict[int, str | None] = {}
 
+    host_kinds = _host_kinds(compiled)
+
     def buffer(v: Value) -> Buffer:
         """`v` as a Buffer of all its bytes."""
         ins = module.instructions[v.instruction]
         shape = ins.shape.at(v.index)
         table = bool(shape.tuple_shapes) or shape.dtype == "tuple"  # XLA's table of a tuple's buffers
         dims, dtype = (None, None) if table else (shape.dims, _dtype(shape.dtype))
+        on_host = allocations[v.allocation].in_host_memory
         if ins.opcode == "parameter" and ins.computation == module.entry:
             arg = kept[ins.parameter] if ins.parameter < len(kept) else -1
             path = argument_paths[arg] if 0 <= arg < len(argument_paths) else None
             was = (arg in reused) if arg in donated else None
-            return Buffer(v.size, dims, dtype, "argument", path, donated=was)
+            where = host_kinds[0].get(arg, _PINNED) if on_host else "device"
+            return Buffer(v.size, dims, dtype, "argument", path, donated=was, memory_kind=where)
         if v.id in outputs:
             index = outputs[v.id]
             path = "out" if not index and entry_root is not None and entry_root.shape.tuple_shapes else None
-            return Buffer(v.size, dims, dtype, "output", path or _output_path(index, output_paths))
+            where = host_kinds[1].get(index[0] if index else 0, _PINNED) if on_host else "device"
+            return Buffer(v.size, dims, dtype, "output", path or _output_path(index, output_paths), memory_kind=where)
         if allocations[v.allocation].constant or ins.opcode == "constant":
             return Buffer(v.size, dims, dtype, "constant")
         op = op_of(ins)
         if op and ins.id not in sources:
             sources[ins.id] = frames.source(ins.metadata)
-        return Buffer(v.size, dims, dtype, "temporary", op=op, source=sources.get(ins.id) if op else None)
+        source, where = (sources.get(ins.id) if op else None), (_PINNED if on_host else "device")
+        return Buffer(v.size, dims, dtype, "temporary", op=op, source=source, memory_kind=where)
+
+    def lives(where: str) -> list[_timeline.Live]:
+        return [
+            _timeline.Live(v.start, v.end, (v.start, v.id), v.allocation, v.offset, v.size, buffer(v))
+            for v in values.values()
+            if v.start >= 0 and v.allocation in allocations and getattr(allocations[v.allocation], where)
+        ]
 
     steps = len(order)
-    live = [
-        _timeline.Live(v.start, v.end, (v.start, v.id), v.allocation, v.offset, v.size, buffer(v))
-        for v in values.values()
-        if v.start >= 0 and v.allocation in allocations and allocations[v.allocation].in_device_memory
-    ]
     ops = [_step_op(module.instructions[iid]) if iid in module.instructions else None for iid in order]
-    timeline = _timeline.build(live, steps, ops)
+    timeline = _timeline.build(lives("in_device_memory"), steps, ops)
     buffers = timeline.buffers_at(timeline.peak_step) if steps else ()
+    if steps:  # the host's buffers live at the device's peak follow the device's
+        buffers += _timeline.listed_buffers(_timeline.live_at(lives("in_host_memory"), timeline.peak_step)[1])
     peak = timeline.live_bytes[timeline.peak_step] if steps else 0
     donation = _donations(module, compiled, kept, reused, argument_paths, output_paths, donated, sets, values)
     return Reading(buffers, peak, donation, timeline)
+
+
+_PINNED: Final = "pinned_host"  # what a remat policy offloads to, and a host buffer of unknown kind
+
+
+def _host_kinds(compiled: Any) -> tuple[dict[int, str], dict[int, str]]:
+    """The host memory kind of each argument and output the program places in the host's
+    memory, by position, as its shardings say."""
+    found: list[dict[int, str]] = []
+    for name in ("input_shardings", "output_shardings"):
+        try:
+            shardings = jax.tree_util.tree_leaves(getattr(compiled, name))
+        except Exception:  # a release or backend without them: the host kind is pinned_host's
+            shardings = []
+        kinds = (getattr(s, "memory_kind", None) for s in shardings)
+        found.append({i: k for i, k in enumerate(kinds) if k in ("pinned_host", "unpinned_host")})
+    return found[0], found[1]
 
 
 def _step_op(ins: Instruction) -> str | None:
@@ -508,23 +550,35 @@ def _largest_rows(buffers: Sequence[Buffer], n: int) -> list[list[str]]:
     return [[_label(b), b.kind, _type_str(b), human_bytes(b.nbytes)] for b in buffers[:n]]
 
 
+def on_device(buffers: Sequence[Buffer]) -> list[Buffer]:
+    """The buffers in the device's memory (those `live_peak_bytes` counts)."""
+    return [b for b in buffers if b.memory_kind == "device"]
+
+
 def largest(buffers: Sequence[Buffer], live_peak_bytes: int | None, n: int) -> str:
-    """The `n` largest buffers at the peak, as a small table under a line that says their share."""
-    shown = sum(b.nbytes for b in buffers[:n])
-    head = f"{min(n, len(buffers))} of {len(buffers)} buffers live at the peak: {human_bytes(shown)}"
+    """The `n` largest buffers on the device at the peak, as a small table under a line that
+    says their share, and a line for the host's buffers live there too."""
+    device = on_device(buffers)
+    shown = sum(b.nbytes for b in device[:n])
+    head = f"{min(n, len(device))} of {len(device)} buffers live at the peak: {human_bytes(shown)}"
     if live_peak_bytes:
         head += f" of {human_bytes(live_peak_bytes)}"
-    return head + "\n" + grid(_LARGEST_HEADERS, _largest_rows(buffers, n), right=1)
+    text = head + "\n" + grid(_LARGEST_HEADERS, _largest_rows(device, n), right=1)
+    host = [b for b in buffers if b.memory_kind != "device"]
+    if host:
+        kinds = ", ".join(sorted({b.memory_kind for b in host}))
+        text += f"\nand {len(host)} in the host's memory ({kinds}): {human_bytes(sum(b.nbytes for b in host))}"
+    return text
 
 
 def largest_html(buffers: Sequence[Buffer], live_peak_bytes: int | None, n: int) -> str:
-    return html_grid(_LARGEST_HEADERS, _largest_rows(buffers, n), right=1, css_class="treeshape-cost")
+    return html_grid(_LARGEST_HEADERS, _largest_rows(on_device(buffers), n), right=1, css_class="treeshape-cost")
 
 
 def named(buffers: Sequence[Buffer], n: int = 3) -> str:
-    """The `n` largest buffers in words, for a message: `args[0]['w'] (f32[512,512], 1.0 MiB), ...`."""
+    """The `n` largest device buffers in words, for a message: `args[0]['w'] (f32[512,512], 1.0 MiB), ...`."""
     parts = []
-    for b in buffers[:n]:
+    for b in on_device(buffers)[:n]:
         label = _label(b)
         label = "a buffer of XLA's own" if label == _XLA_OWN else label
         parts.append(f"{label} ({_type_str(b)}, {human_bytes(b.nbytes)})")

@@ -65,10 +65,11 @@ class Cost:
         exact_flops: Whether `flops` and `bytes_accessed` count every loop body as often as it runs
             ([Loops](../guide/fit.md#loops)); `False` where a trip count is unknown: that body is counted once.
         buffers: The [treeshape.Buffer][]s live on one device at the peak step of the schedule, largest first
-            ([What is at the peak](../guide/fit.md#what-is-at-the-peak)); `None` without XLA's buffer assignment.
+            ([What is at the peak](../guide/fit.md#what-is-at-the-peak)), then those in the host's memory live at
+            that step (`memory_kind` not `"device"`); `None` without XLA's buffer assignment.
         donation: Each donated input leaf by path: a [treeshape.Donation][] that says which output reuses it,
             or why none does (`{}` when nothing is donated; `None` as for `buffers`).
-        live_peak_bytes: The bytes of `buffers`: at most `peak_bytes`, but on a TPU target
+        live_peak_bytes: The bytes of the device's `buffers`: at most `peak_bytes`, but on a TPU target
             by the constants and scalars libtpu keeps in HBM and leaves out of its figures.
         timeline: The bytes live at each step of the schedule, a [treeshape.Timeline][]
             (`None` exactly where `buffers` is).
@@ -128,8 +129,8 @@ class Cost:
     host_alias_bytes: int | None = 0
 
     def breakdown(self, depth: int | None = None) -> str:
-        """The buffers at the peak grouped by input path, output path or module, with
-        their bytes: arguments by their paths, outputs by `out` paths, temporaries by
+        """The device's buffers at the peak (those `live_peak_bytes` counts) grouped by input
+        path, output path or module, with their bytes: arguments by their paths, outputs by `out` paths, temporaries by
         their `op` without its outermost `jit(...)`, each to `depth` levels (as
         [treeshape.describe][] groups a tree; `None`: a row per buffer), largest first.
 
@@ -164,7 +165,7 @@ class Cost:
                 "treeshape: this Cost has no buffers: the JAX release or backend that compiled it does not "
                 "give XLA's buffer assignment"
             )
-        return _buffers.breakdown(self.buffers, depth)
+        return _buffers.breakdown(_buffers.on_device(self.buffers), depth)
 
     def _rows(self) -> list[tuple[str, str, str]]:
         rows = [("flops", _count(self.flops), exact(self.flops))]

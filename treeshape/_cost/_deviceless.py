@@ -119,19 +119,27 @@ def place(values: list[Any], abstract: list[bool], path_of: Callable[[int], str]
         )
     out = list(values)
     if source is None:
-        single = jax.sharding.SingleDeviceSharding(devices[0])
         for i in arrays:
+            single = jax.sharding.SingleDeviceSharding(devices[0], memory_kind=host_kind(values[i]))
             out[i] = jax.ShapeDtypeStruct(values[i].shape, values[i].dtype, sharding=single)
         return Placed(out, None, target, 1, devices[0])
     mesh = _on_devices(source, devices)
     for i in arrays:
-        x, m = values[i], _mesh_of(values[i])
-        if first is None:  # unsharded, under the `jax.set_mesh` mesh: placed as JAX places it there
+        x, m, kind = values[i], _mesh_of(values[i]), host_kind(values[i])
+        if first is None and kind is None:  # unsharded, under the `jax.set_mesh` mesh: placed as JAX places it there
             out[i] = jax.ShapeDtypeStruct(x.shape, x.dtype)
             continue
         spec = x.sharding.spec if m is not None and m.size > 1 else jax.sharding.PartitionSpec()
-        out[i] = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh, spec))
+        sharding = jax.sharding.NamedSharding(mesh, spec, memory_kind=kind)
+        out[i] = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
     return Placed(out, mesh if context is None else _on_devices(context, devices), target, count, devices[0])
+
+
+def host_kind(x: Any) -> str | None:
+    """The host memory kind `x`'s sharding places it in (`pinned_host`, `unpinned_host`),
+    which its place on the target keeps; None for the device's memory."""
+    kind = getattr(getattr(x, "sharding", None), "memory_kind", None)
+    return kind if kind in ("pinned_host", "unpinned_host") else None
 
 
 def _check_divides(x: Any, mesh: Any, where: str, who: str) -> None:
@@ -392,7 +400,9 @@ def moved(closed: Any, inputs: list[Any], context: Any, name: str, who: str) -> 
         if isinstance(mesh, jax.sharding.Mesh):
             sharding = move.value(x.sharding)
         elif mesh is not None and not mesh.empty:  # an abstract mesh of more devices than this process has
-            sharding = jax.sharding.NamedSharding(_on_devices(mesh, devices), x.sharding.spec)
+            sharding = jax.sharding.NamedSharding(_on_devices(mesh, devices), x.sharding.spec, memory_kind=host_kind(x))
+        elif host_kind(x) is not None:
+            sharding = jax.sharding.SingleDeviceSharding(devices[0], memory_kind=host_kind(x))
         else:
             sharding = single if count == 1 else None
         flat[i] = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=getattr(x, "weak_type", False))

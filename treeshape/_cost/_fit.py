@@ -494,13 +494,15 @@ def _check_size_one(
             report(1, peak, 0, 1)
         host, host_limit = host_bytes(probes.costs[1]), probes.host_limit
         assert host is not None and host_limit is not None  # (`over_host`)
-        raise BudgetError(
+        error = BudgetError(
             f"treeshape.largest_fit: even {probes.dim}=1 does not fit the host's memory: {human_bytes(host)} "
             f"({host:,} B) in host memory kinds > host_budget {human_bytes(host_limit)} ({host_limit:,} B). Raise "
             "host_budget, or offload less to the host (a remat policy that saves on the device).",
             host,
             host_limit,
         )
+        error._on_host = True
+        raise error
     if peak > limit:
         if report is not None:
             report(1, peak, 0, 1)

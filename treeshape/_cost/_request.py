@@ -96,6 +96,7 @@ class BudgetError(FitError):
     """
 
     __module__ = "treeshape"
+    _on_host = False  # whether it is the host's memory (the command line's advice names its option)
 
     def __init__(self, message: str, peak: int | None, limit: int) -> None:
         super().__init__(message)
