@@ -11,7 +11,7 @@ not treeshape.
     python benchmarks/steptime/chip.py --out DIR [--rows GROUP,NAME:SIZE,...] [--profile-runs N]
 
 GROUP is tuning, held-out, fresh, unseen, last, after-e, after-f, after-g, after-h, after-i or host
-(`models.py`), or K (`kinds.py`).
+(`models.py`), K (`kinds.py`) or M (`models.POLICIES`).
 
 A row `plan/REMAT/DTYPE:SIZE` is the plan's step (`models.plan_case`); a row whose
 compile the chip refuses is recorded with the compiler's error.
@@ -191,6 +191,7 @@ def main() -> None:
         "after-i": models.AFTER_I,
         "K": kinds.AFTER_J,
         "host": models.HOST,
+        "M": models.POLICIES,
     }
     rows = []
     for r in args.rows.split(","):

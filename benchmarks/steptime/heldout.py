@@ -69,7 +69,7 @@ def cost(args: argparse.Namespace) -> None:
     import kinds  # (JAX and the step models, only here)
     import models
 
-    groups = {"K": kinds.AFTER_J}
+    groups = {"K": kinds.AFTER_J, "M": models.POLICIES}
     rows = [row for name in args.rows.split(",") for row in models.rows(groups[name])]
     out: list[dict[str, Any]] = []
     with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:

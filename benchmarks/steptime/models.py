@@ -124,6 +124,7 @@ _REMAT = {
     "none": None,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "full": jax.checkpoint_policies.nothing_saveable,
+    "offload": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
 }
 
 
@@ -480,6 +481,17 @@ HOST: dict[str, tuple[Callable[[int], Case], tuple[int, ...]]] = {
 }
 
 
+# Group M (section 32, "Memory beyond the chip"): one language model's step (8 layers, d 1024,
+# sequence 1024, bf16, scanned) under three rematerialization policies: its dots saved in HBM,
+# offloaded to pinned host memory, or everything recomputed; at two batch sizes. Defined and
+# committed before it was measured.
+POLICY_MODEL = dict(layers=8, d=1024, heads=8, seq=1024, vocab=32_000, scan=True)
+POLICIES: dict[str, tuple[Callable[[int], Case], tuple[int, ...]]] = {
+    f"policy-{remat}": (ft.partial(lambda remat, b: transformer(b, **POLICY_MODEL, remat=remat), remat), (8, 16))
+    for remat in ("dots", "offload", "full")
+}
+
+
 # -- the table's rows ------------------------------------------------------------------------
 TF_SCAN = dict(layers=12, d=1024, heads=16, seq=1024, vocab=32_000, scan=True, remat="full")
 TF_UNROLLED = dict(layers=6, d=768, heads=12, seq=512, vocab=32_000, scan=False)
@@ -702,6 +714,7 @@ def build(name: str, size: int) -> Case:
         **AFTER_I,
         **AFTER_J,
         **HOST,
+        **POLICIES,
     }[name]
     return builder(size)
 
