@@ -656,6 +656,8 @@ def main() -> int:
         log("this device has no pinned_host memory: the host group is left out")
         cases = [c for c in cases if c.group != "host"]
     runner = Runner(args, dev, where, cases)
+    second = {c.group in micro_cases_k.GROUPS_K for c in cases}
+    runner.env["set"] = "k" if second == {True} else ("first" if second == {False} else "both")
     log("env", json.dumps(runner.env))
     log(f"{len(cases)} cases on {where}, {args.threads} compile threads, budget {args.budget_seconds:.0f} s")
     status = runner.run()
