@@ -18,6 +18,9 @@ left out (and listed). Needs JAX and NumPy only.
     python benchmarks/steptime/micro.py --out DIR [--cases GROUP|NAME,...] [--quick | --selftest]
         [--budget-seconds 420] [--no-profile] [--deviceless v5e] [--list]
 
+A second set, `micro_cases_k.py` (groups scatter2, stride, layout, mm_f32, flash2), runs
+only when `--cases` names its groups or cases; with no `--cases`, the first set runs.
+
 Writes DIR/micro.json (the environment and one record a case, rewritten after each case)
 and DIR/modules.tar.gz (each case's optimized module as the compiler dumped it:
 `modules/<case>.after_codegen.txt` and `.hlo.pb` on a TPU, `after_optimizations` on a
@@ -59,6 +62,7 @@ import numpy as np
 START = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import micro_cases  # noqa: E402
+import micro_cases_k  # noqa: E402
 from micro_cases import Case  # noqa: E402
 
 
@@ -114,12 +118,15 @@ def choose(cases: list[Case], args: argparse.Namespace, where: str) -> list[Case
         if where not in ("tpu", "deviceless"):
             names[-1] = "ew_16mib"  # (no Pallas TPU kernel off a TPU)
         return [c for n in names for c in cases if c.name == n]
+    groups = micro_cases.GROUPS + micro_cases_k.GROUPS_K
     if args.cases:
         wanted = args.cases.split(",")
-        unknown = [w for w in wanted if w not in micro_cases.GROUPS and w not in {c.name for c in cases}]
+        unknown = [w for w in wanted if w not in groups and w not in {c.name for c in cases}]
         if unknown:
-            raise SystemExit(f"--cases: no group or case {unknown}; groups: {', '.join(micro_cases.GROUPS)}")
+            raise SystemExit(f"--cases: no group or case {unknown}; groups: {', '.join(groups)}")
         cases = [c for c in cases if c.group in wanted or c.name in wanted]
+    else:  # the first set (the second only by name)
+        cases = [c for c in cases if c.group in micro_cases.GROUPS]
     return [c for c in cases if c.quick] if args.quick else cases
 
 
@@ -147,7 +154,7 @@ def environment(dev: Any, where: str, args: argparse.Namespace) -> dict[str, Any
     env["libtpu"] = _version("libtpu")
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for name in ("micro.py", "micro_cases.py"):
+    for name in ("micro.py", "micro_cases.py", "micro_cases_k.py"):
         digest.update((here / name).read_bytes())
     env["scripts_sha256"] = digest.hexdigest()[:16]
     return env
@@ -634,7 +641,9 @@ def selftest_check(records: list[dict[str, Any]], where: str, profiled: bool) ->
 def main() -> int:
     args = parse_args()
     dev, where = device_of(args)
-    cases = choose(micro_cases.cases(dev), args, where)
+    every = micro_cases.cases(dev) + micro_cases_k.cases()
+    assert len({c.name for c in every}) == len(every), "case names must be unique across both sets"
+    cases = choose(every, args, where)
     if args.list:
         for c in cases:
             size = sum(a.nbytes for a in c.args) / 2**20
@@ -647,6 +656,8 @@ def main() -> int:
         log("this device has no pinned_host memory: the host group is left out")
         cases = [c for c in cases if c.group != "host"]
     runner = Runner(args, dev, where, cases)
+    second = {c.group in micro_cases_k.GROUPS_K for c in cases}
+    runner.env["set"] = "k" if second == {True} else ("first" if second == {False} else "both")
     log("env", json.dumps(runner.env))
     log(f"{len(cases)} cases on {where}, {args.threads} compile threads, budget {args.budget_seconds:.0f} s")
     status = runner.run()

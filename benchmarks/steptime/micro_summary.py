@@ -1,13 +1,15 @@
 """The committed summary of a `micro.py` run: what the calibration is rebuilt from.
 
 Reads DIR/micro.json and writes a small JSON (by default
-`benchmarks/steptime/measured/micro-<date of the run>.json`): the run's environment (jax,
-libtpu, the device, the date, the scripts' digest) and per case its group, the one thing
-it varies, its parameters, the FLOPs and bytes a user expects, libtpu's own estimate
-(`cost_analysis`), the median step (runs timed alone, and back to back), the program's
-device time per run, and its kernels: each kernel's device seconds and count per run, its
-op, fusion kind and `hlo_category` (the longest `--kernels`, the rest summed as
-`other_s`). Cases that failed keep their error's last line; cases not run, why.
+`benchmarks/steptime/measured/micro-<date of the run>.json`, or `microk-<date>.json` for a
+run of the second set alone, `micro_cases_k.py`, which `calibrate.py` then does not take
+for the first set's): the run's environment (jax, libtpu, the device, the date, the
+scripts' digest, the set) and per case its group, the one thing it varies, its parameters,
+the FLOPs and bytes a user expects, libtpu's own estimate (`cost_analysis`), the median
+step (runs timed alone, and back to back), the program's device time per run, and its
+kernels: each kernel's device seconds and count per run, its op, fusion kind and
+`hlo_category` (the longest `--kernels`, the rest summed as `other_s`). Cases that failed
+keep their error's last line; cases not run, why.
 
     python benchmarks/steptime/micro_summary.py DIR [--output PATH] [--kernels 16]
 """
@@ -72,7 +74,7 @@ def case_summary(rec: dict[str, Any], top: int) -> dict[str, Any]:
 
 def summarize(doc: dict[str, Any], top: int) -> dict[str, Any]:
     env = doc["env"]
-    keep = ("jax", "jaxlib", "libtpu", "device_kind", "backend", "date", "scripts_sha256", "libtpu_init_args")
+    keep = ("jax", "jaxlib", "libtpu", "device_kind", "backend", "date", "scripts_sha256", "libtpu_init_args", "set")
     return {
         "source": "benchmarks/steptime/micro.py (summarized by micro_summary.py)",
         "env": {k: env.get(k) for k in keep},
@@ -86,7 +88,7 @@ def summarize(doc: dict[str, Any], top: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("directory", help="micro.py's --out directory")
-    parser.add_argument("--output", help="default: benchmarks/steptime/measured/micro-<date>.json")
+    parser.add_argument("--output", help="default: benchmarks/steptime/measured/micro[k]-<date>.json")
     parser.add_argument("--kernels", type=int, default=16, help="kernels kept per case (the longest)")
     args = parser.parse_args()
     doc = json.loads((Path(args.directory) / "micro.json").read_text())
@@ -95,7 +97,8 @@ def main() -> None:
     if args.output:
         output = Path(args.output)
     else:
-        output = Path(__file__).resolve().parent / "measured" / f"micro-{env['date'][:10]}.json"
+        prefix = "microk" if env.get("set") == "k" else "micro"  # (the second set's: not `micro-*.json`)
+        output = Path(__file__).resolve().parent / "measured" / f"{prefix}-{env['date'][:10]}.json"
     if env["backend"] != "tpu":
         print(f"note: measured on {env['backend']} ({env['device_kind']}), not on a TPU", file=sys.stderr)
     output.parent.mkdir(parents=True, exist_ok=True)
