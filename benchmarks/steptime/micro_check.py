@@ -6,6 +6,9 @@ measured range, model / measured: median and range, and the numbers of the calib
 kind fixes) and, with `--cases`, every case.
 
     python benchmarks/steptime/micro_check.py [--summary PATH] [--groups host,pallas] [--cases] [--json OUT]
+
+The second set's cases (`micro_cases_k.py`) are costed with its summary:
+`--summary measured/microk-2026-12-07.json`.
 """
 
 import argparse
@@ -21,6 +24,7 @@ import jax
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import micro_cases  # noqa: E402
+import micro_cases_k  # noqa: E402
 
 import treeshape as ts  # noqa: E402
 
@@ -52,10 +56,10 @@ def main() -> None:
     parser.add_argument("--json", help="write every case's figures here")
     args = parser.parse_args()
     summary = {c["name"]: c for c in json.loads(Path(args.summary).read_text())["cases"]}
-    groups = args.groups.split(",") if args.groups else list(micro_cases.GROUPS)
+    groups = args.groups.split(",") if args.groups else list(micro_cases.GROUPS + micro_cases_k.GROUPS_K)
     device = jax.devices()[0]
     rows: list[dict[str, Any]] = []
-    for case in micro_cases.cases(device):
+    for case in micro_cases.cases(device) + micro_cases_k.cases():
         measured = summary.get(case.name, {})
         if case.group not in groups or "kernels_s" not in measured:
             continue
