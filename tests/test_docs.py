@@ -371,6 +371,7 @@ _WHOLE_PAGES: Final = (
 _NOT_RUNNABLE: Final = {
     ("guide/sharding.md", "jax.distributed.initialize()"): "several processes of a cluster",
     ("guide/sharding.md", 'jax.config.update("jax_num_cpu_devices", 2)'): "a process of its own per host",
+    ("guide/memory.md", "def make_lm(remat):"): "fifteen compiles of an 8-layer model, eight minutes on two cores",
 }
 
 
@@ -539,3 +540,62 @@ def test_the_option_check_finds_an_option_given_to_a_subcommand_that_lacks_it():
 
 
 _NEW_ENOUGH_FOR_CUDA: Final = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 10)
+
+
+# -- "Memory beyond the chip": its examples, and its chip table as measured ----------------------
+_MEMORY_PAGE: Final = ROOT / "docs" / "guide" / "memory.md"
+_POLICIES_MEASURED: Final = ROOT / "benchmarks" / "steptime" / "measured" / "policies-m-2026-12-07.json"
+
+
+def test_the_memory_guides_examples_print_what_it_shows(capsys):
+    """memory.md's python blocks in order, in one namespace, each compared with the text
+    block it prints (with another XLA than the guide's, the floor release's, only run);
+    the block of `_NOT_RUNNABLE` is left out."""
+    fenced = re.findall(r"^```(\w+)\n(.*?)^```\n", _MEMORY_PAGE.read_text(), flags=re.DOTALL | re.MULTILINE)
+    shown_after = {code: out for (lang, code), (then, out) in zip(fenced, fenced[1:]) if (lang, then) == ("python", "text")}
+    blocks = _python_blocks("guide/memory.md")
+    assert len(blocks) == 4 and sum(code + "\n" in shown_after for code in blocks) == 3  # the model's prints nothing
+    exact = _same_xla_as_the_guides()
+    namespace: dict = {"__name__": "__docs__"}
+    with jax.enable_x64(False):
+        for i, code in enumerate(blocks):
+            exec(compile(code, f"<guide/memory.md block {i}>", "exec"), namespace)
+            printed = capsys.readouterr().out
+            shown = shown_after.get(code + "\n")
+            if exact and shown is not None:
+                assert printed == shown, code
+    ts.clear_cache()
+
+
+def test_the_memory_guides_chip_table_is_the_committed_measurement():
+    """Each row of the page's table of the three policies on a v5e: the chip's median, the
+    model's `seconds` as committed and their ratio, libtpu's peak and the host's
+    temporaries, as the committed summary holds them."""
+    import json
+
+    summary = json.loads(_POLICIES_MEASURED.read_text())
+    text = _MEMORY_PAGE.read_text()
+    section = text.split("\n## On a real v5e\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("|").split("|") for line in section.splitlines() if re.match(r"\| (dots|offload|full) \|", line)]
+    expected = []
+    for r in summary["rows"]:
+        measured, model = r["median_back_to_back_s"], r["model_as_committed"]
+        host = model["host_temp_bytes"]
+        expected.append(
+            [
+                r["name"].removeprefix("policy-"),
+                str(r["size"]),
+                f"{measured * 1e3:.1f} ms",
+                f"{model['seconds'] * 1e3:.1f} ms",
+                f"{model['seconds'] / measured:.2f}",
+                f"{r['memory']['peak_memory_in_bytes'] / 2**30:.2f} GiB",
+                f"{host / 2**30:.1f} GiB" if host else "0",
+            ]
+        )
+    assert [[cell.strip() for cell in row] for row in rows] == expected
+    ratios = [r["model_as_committed"]["seconds"] / r["median_back_to_back_s"] for r in summary["rows"]]
+    assert all(0.8 <= ratio <= 1.2 for ratio in ratios)  # section 32: each within 20%
+    for size in (8, 16):  # and the chip's order at each size
+        at = [r for r in summary["rows"] if r["size"] == size]
+        by_chip = sorted(at, key=lambda r: r["median_back_to_back_s"])
+        assert by_chip == sorted(at, key=lambda r: r["model_as_committed"]["seconds"])
