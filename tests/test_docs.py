@@ -552,7 +552,8 @@ def test_the_memory_guides_examples_print_what_it_shows(capsys):
     block it prints (with another XLA than the guide's, the floor release's, only run);
     the block of `_NOT_RUNNABLE` is left out."""
     fenced = re.findall(r"^```(\w+)\n(.*?)^```\n", _MEMORY_PAGE.read_text(), flags=re.DOTALL | re.MULTILINE)
-    shown_after = {code: out for (lang, code), (then, out) in zip(fenced, fenced[1:]) if (lang, then) == ("python", "text")}
+    pairs = zip(fenced, fenced[1:], strict=False)
+    shown_after = {code: out for (lang, code), (then, out) in pairs if (lang, then) == ("python", "text")}
     blocks = _python_blocks("guide/memory.md")
     assert len(blocks) == 4 and sum(code + "\n" in shown_after for code in blocks) == 3  # the model's prints nothing
     exact = _same_xla_as_the_guides()

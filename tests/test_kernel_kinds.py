@@ -114,6 +114,36 @@ def test_a_scatter_adds_its_rows_element_by_element():
     assert _scatter_row_seconds(jnp.bfloat16, 1024) > 1.3 * _scatter_row_seconds(jnp.float32, 512)
 
 
+def _product_seconds(dtype, precision=None, context=None):
+    x = jax.ShapeDtypeStruct((2048, 2048), dtype)
+
+    def product(a, b):
+        return jnp.matmul(a, b, precision=precision)
+
+    if context is None:
+        t = ts.cost(jax.jit(product), x, x, target="v5e").time
+    else:
+        with jax.default_matmul_precision(context):
+            t = ts.cost(jax.jit(product), x, x, target="v5e").time
+    return sum(k.seconds for k in t.kernels if k.kind == "matmul")
+
+
+FLOPS_AT_PEAK = 2 * 2048**3 / 197e12  # the v5e's bf16 peak
+
+
+@pytest.mark.parametrize(("precision", "passes"), [("highest", "f32_passes.highest"), ("high", "f32_passes.high")])
+def test_an_f32_product_at_a_higher_precision_takes_the_matrix_units_passes(precision, passes):
+    # (0.6: HIGHEST at 1.44x the default's time, where the chip took 5.6x; 0.25x its 0.57 ms)
+    said = getattr(jax.lax.Precision, precision.upper())
+    assert _product_seconds(jnp.float32, said) == pytest.approx(number(passes) * FLOPS_AT_PEAK, rel=0.02)
+    # the same as a context sets it
+    assert _product_seconds(jnp.float32, context=precision) == pytest.approx(_product_seconds(jnp.float32, said))
+    # one pass at the default, and for bf16 operands at any precision
+    default = _product_seconds(jnp.float32)
+    assert default < 2 * FLOPS_AT_PEAK < number(passes) * FLOPS_AT_PEAK
+    assert _product_seconds(jnp.bfloat16, said) == pytest.approx(_product_seconds(jnp.bfloat16), rel=0.05)
+
+
 def test_a_chip_the_calibration_did_not_measure_has_nothing_checked():
     w = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
     t = ts.cost(jax.jit(lambda w: jnp.tanh(w @ w)), w, target="v6e").time
@@ -143,6 +173,8 @@ def test_the_guide_states_the_calibrations_numbers():
         f"{number('host_bytes_per_second.host_to_device') / 1e9:.1f} GB/s from it",
         f"at {number('pallas_mxu_efficiency'):.0%} of the peak",
         f"plus {number('pallas_step_seconds') * 1e6:.2f} us for each step",
+        f"`Precision.HIGHEST` at {number('f32_passes.highest'):.2f}x the time of its FLOPs",
+        f"`HIGH` at {number('f32_passes.high'):.2f}x",
     }
     missing = [s for s in said if " ".join(s.split()) not in " ".join(guide.split())]
     assert not missing, missing

@@ -11,6 +11,8 @@ the date).
   kernels (a blocked matmul over block sizes: each grid step's cost and the matrix unit's
   efficiency inside a kernel), gathers (per row, by row bytes and table rows) and scatters
   (per row, by row bytes and table rows).
+- `measured/microk-*.json`: the second set (`micro_cases_k.py`): f32 products at each
+  precision (the passes a higher one takes).
 
     python benchmarks/steptime/calibrate.py [--check]
 
@@ -173,6 +175,21 @@ def scatter(doc: dict[str, Any], number: Any, hbm_efficiency: float) -> dict[str
     }
 
 
+def precision(doc: dict[str, Any], number: Any) -> dict[str, Any]:
+    """The time of an f32 matrix product at a precision above the default (the matrix
+    unit's several bf16 passes), as a multiple of its FLOPs at the bf16 peak: the median of
+    the sizes measured."""
+    cases = _cases(doc, "mm_f32")
+    out = {}
+    for said in ("high", "highest"):
+        chosen = sorted(n for n in cases if n.startswith(f"mm_f32_prec_{said}_"))
+        times = [_kernel_seconds(cases[n], "fusion") * PEAK_BF16 / cases[n]["expected"]["flops"] for n in chosen]
+        out[f"f32_passes.{said}"] = number(
+            statistics.median(times), "x the time of its FLOPs at the bf16 peak", f"micro: {', '.join(chosen)}"
+        )
+    return out
+
+
 def build() -> dict[str, Any]:
     profiles = json.loads((MEASURED / "profiles-a-i.json").read_text())
     numbers: dict[str, Any] = {}
@@ -190,10 +207,17 @@ def build() -> dict[str, Any]:
     numbers |= pallas(micro, number, hbm_efficiency)
     numbers |= gather(micro, number)
     numbers |= scatter(micro, number, hbm_efficiency)
+    second = sorted(MEASURED.glob("microk-*.json"))[-1]  # the second set (`micro_cases_k.py`)
+    micro_k = json.loads(second.read_text())
+
+    def number_k(value: float, unit: str, came_from: str) -> dict[str, Any]:
+        return _number(value, unit, came_from, second.name, micro_k["env"])
+
+    numbers |= precision(micro_k, number_k)
     return {
         "chip": "v5e",
         "rebuilt_by": "benchmarks/steptime/calibrate.py",
-        "summaries": ["profiles-a-i.json", latest.name],
+        "summaries": ["profiles-a-i.json", latest.name, second.name],
         "numbers": dict(sorted(numbers.items())),
     }
 

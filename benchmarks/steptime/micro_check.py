@@ -35,13 +35,19 @@ FIXES = {
     "pallas": "pallas_step_seconds, pallas_mxu_efficiency",
     "gather": "gather_seconds_per_row.*, gather_row_bytes_per_second, gather_row_knee_bytes",
     "scatter": "scatter_seconds_per_row, scatter_row_bytes_per_second, scatter_large_table_factor",
+    "mm_f32": "f32_passes.*",
 }
 
 
 def model_seconds(case: micro_cases.Case) -> tuple[float, float]:
     """The case's kernels' `seconds` summed (the runtime's gaps left out: a profile's kernels
     hold none of them), and the step's `checked`."""
-    args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in case.args]
+
+    def placed(a: micro_cases.Arg) -> jax.ShapeDtypeStruct:  # in the memory kind the case puts it in
+        where = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind=a.memory)
+        return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=where if a.memory != "device" else None)
+
+    args = [placed(a) for a in case.args]
     t = ts.cost(jax.jit(case.named(), donate_argnums=case.donate), *args, target="v5e").time
     assert t is not None
     return sum(k.seconds for k in t.kernels if k.kind != "launch"), t.checked

@@ -85,6 +85,7 @@ class Kernel:
     grid_steps: int = 0  # a Pallas kernel's grid steps, where its work was read from the program (`_pallas`)
     host: str = ""  # an asynchronous copy's direction to or from the host's memory ("device_to_host", ...)
     host_bytes: float = 0.0  # the bytes it moves there, one run
+    precision: str = ""  # a matrix product's operand precision above the default ("high", "highest")
 
 
 # Instructions that run no kernel of their own.
@@ -174,6 +175,18 @@ class _Traits:
     indices: int = 0  # a gather's or scatter's slices, one run
     slice_bytes: float = 0.0  # each slice's
     table_bytes: float = 0.0  # a scatter's result, a gather's operand
+    precision: str = ""  # that product's operand precision above the default (`precision_of`)
+
+
+def precision_of(attributes: str) -> str:
+    """A matrix product's operand precision where either operand's is above the default:
+    `"highest"` or `"high"` (a TPU multiplies f32 at those in several bf16 passes), else ``."""
+    found = _PRECISION.search(attributes)
+    said = set(found.group(1).split(",")) if found else set()
+    return next((p for p in ("highest", "high") if p in said), "")
+
+
+_PRECISION: Final = re.compile(r"\boperand_precision=\{([a-z,]*)\}")
 
 
 def _find(module: Module, computation: Computation, opcode: str) -> tuple[Computation, Instruction] | None:
@@ -228,8 +241,8 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
         return _Traits("custom call", _operand_type(computation, instruction))
     if opcode in ("convolution", "dot"):
         fill, gradient, products = product_traits(computation, instruction)
-        dtype = _operand_type(computation, instruction)
-        return _Traits(_product(attributes), dtype, fill=fill, weight_gradient=gradient, products=products)
+        dtype, said = _operand_type(computation, instruction), precision_of(attributes)
+        return _Traits(_product(attributes), dtype, fill, gradient, products, precision=said)
     if opcode in ("gather", "scatter"):
         return _indexed(computation, instruction)
     if opcode in ("reduce", "reduce-window", "select-and-scatter"):
@@ -249,7 +262,7 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
             if product is None:
                 dtype = _operand_type(fused, inner_instruction)
                 fill, gradient, products = product_traits(fused, inner_instruction)
-                product = _Traits(_product(rest), dtype, fill, gradient, products)
+                product = _Traits(_product(rest), dtype, fill, gradient, products, precision=precision_of(rest))
         elif inner in ("reduce", "reduce-window", "select-and-scatter"):
             kinds.add("reduction")
         elif inner not in _DATA and inner not in ("parameter", "constant", "get-tuple-element", "tuple", "bitcast"):
@@ -694,6 +707,7 @@ def read(
             indices=traits.indices,
             slice_bytes=traits.slice_bytes,
             table_bytes=traits.table_bytes,
+            precision=traits.precision,
             results=sum(1 for _ in _arrays(_shape(instruction))),
             collective=communication,
             branch=branch,

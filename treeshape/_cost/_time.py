@@ -111,6 +111,7 @@ class Correction:
     host_bytes_per_second: Mapping[str, float]
     pallas_step_seconds: float
     pallas_mxu_efficiency: float
+    f32_passes: Mapping[str, float]
     hbm_cycles_per_run: float
     hbm_cycles_per_loop_run: float
     vmem_cycles_per_run: float
@@ -162,6 +163,7 @@ def _correction(table: Mapping[str, Any]) -> Correction:
         host_bytes_per_second=by("host_bytes_per_second"),
         pallas_step_seconds=numbers["pallas_step_seconds"],
         pallas_mxu_efficiency=numbers["pallas_mxu_efficiency"],
+        f32_passes=by("f32_passes"),
         hbm_cycles_per_run=numbers["hbm_cycles_per_run"],
         hbm_cycles_per_loop_run=numbers["hbm_cycles_per_loop_run"],
         vmem_cycles_per_run=numbers["vmem_cycles_per_run"],
@@ -401,7 +403,11 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
         roofline = max(k.flops / (chip.peak(k.dtype) * c.efficiency[k.kind] * k.fill), k.device_bytes / hbm) + run
         estimate = c.estimate[k.kind] * k.cycles / chip.clock_hz
         weight = c.estimate_weight.get(k.kind, 0.0)
-        return min(estimate, float(roofline ** (1 - weight) * estimate**weight))
+        corrected = min(estimate, float(roofline ** (1 - weight) * estimate**weight))
+        passes = c.f32_passes.get(k.precision, 1.0) if k.dtype == "float32" else 1.0
+        if passes > 1.0:  # f32 at a precision above the default: several bf16 passes through the matrix unit
+            return max(corrected, passes * k.flops / (chip.peak("bfloat16") * k.fill) + run)
+        return corrected
     per_cycle = c.vmem_bytes_per_cycle.get(k.kind, c.vmem_bytes_per_cycle["data movement"])
     if k.in_loop and not _reads_hbm(k):  # a loop body's, in VMEM: small ones run fastest
         small = k.kind in ("elementwise", "reduction") and k.bytes_accessed < _SMALL_LOOP_BYTES
