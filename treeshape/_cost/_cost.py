@@ -64,9 +64,8 @@ class Cost:
         device_bytes: The device's memory limit where the backend reports one (GPUs, TPUs), else `None` (CPU).
         exact_flops: Whether `flops` and `bytes_accessed` count every loop body as often as it runs
             ([Loops](../guide/fit.md#loops)); `False` where a trip count is unknown: that body is counted once.
-        buffers: The [treeshape.Buffer][]s live on one device at the peak step of the schedule, largest first
-            ([What is at the peak](../guide/fit.md#what-is-at-the-peak)), then those in the host's memory live at
-            that step (`memory_kind` not `"device"`); `None` without XLA's buffer assignment.
+        buffers: The [treeshape.Buffer][]s live on one device at the peak step of the schedule, largest first, then
+            the host's ([What is at the peak](../guide/fit.md#what-is-at-the-peak)); `None` without XLA's assignment.
         donation: Each donated input leaf by path: a [treeshape.Donation][] that says which output reuses it,
             or why none does (`{}` when nothing is donated; `None` as for `buffers`).
         live_peak_bytes: The bytes of the device's `buffers`: at most `peak_bytes`, but on a TPU target
