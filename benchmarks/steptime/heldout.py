@@ -67,9 +67,10 @@ def _cost_row(row: tuple[str, int]) -> dict[str, Any]:
 
 def cost(args: argparse.Namespace) -> None:
     import kinds  # (JAX and the step models, only here)
+    import kinds_l
     import models
 
-    groups = {"K": kinds.AFTER_J, "M": models.POLICIES}
+    groups = {"K": kinds.AFTER_J, "L": kinds_l.AFTER_K, "M": models.POLICIES}
     rows = [row for name in args.rows.split(",") for row in models.rows(groups[name])]
     out: list[dict[str, Any]] = []
     with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:

@@ -699,7 +699,8 @@ def rows(group: dict[str, tuple[Callable[[int], Case], tuple[int, ...]]]) -> lis
 
 
 def build(name: str, size: int) -> Case:
-    from kinds import AFTER_J  # (group K, kinds of their own: kinds.py imports this module)
+    from kinds import AFTER_J  # (groups K and L, kinds of their own: kinds.py imports this module)
+    from kinds_l import AFTER_K
 
     builder, _ = {
         **TUNING,
@@ -713,6 +714,7 @@ def build(name: str, size: int) -> Case:
         **AFTER_H,
         **AFTER_I,
         **AFTER_J,
+        **AFTER_K,
         **HOST,
         **POLICIES,
     }[name]
