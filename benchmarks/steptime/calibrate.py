@@ -12,7 +12,9 @@ the date).
   efficiency inside a kernel), gathers (per row, by row bytes and table rows) and scatters
   (per row, by row bytes and table rows).
 - `measured/microk-*.json`: the second set (`micro_cases_k.py`): f32 products at each
-  precision (the passes a higher one takes).
+  precision (the passes a higher one takes), scatters into large tables by each of
+  libtpu's two emitters, strided slices over lanes and over sublanes, layout copies in a
+  loop's body (in VMEM).
 
     python benchmarks/steptime/calibrate.py [--check]
 
@@ -145,9 +147,8 @@ def gather(doc: dict[str, Any], number: Any) -> dict[str, Any]:
 
 
 def scatter(doc: dict[str, Any], number: Any, hbm_efficiency: float) -> dict[str, Any]:
-    """A scatter-add's cost per row (a line through 512-, 2048- and 16384-byte rows, its
-    whole table written at HBM's rate besides), and how much slower a row is in a table of
-    many rows."""
+    """A scatter-add's cost per row in a small table (a line through 512-, 2048- and
+    16384-byte rows, its whole table written at HBM's rate besides)."""
     cases = _cases(doc, "scatter")
     hbm = HBM * hbm_efficiency
     points = []
@@ -156,22 +157,98 @@ def scatter(doc: dict[str, Any], number: Any, hbm_efficiency: float) -> dict[str
         p = c["params"]
         table = p["table_rows"] * p["row_bytes"]
         points.append((p["row_bytes"], (_kernel_seconds(c, "scatter") - table / hbm) / p["rows"]))
-    xs, ys = [x for x, _ in points], [y for _, y in points]
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
-    row = my - slope * mx
-    big = cases["scatter_table262144"]
-    p = big["params"]
-    big_row = (_kernel_seconds(big, "scatter") - p["table_rows"] * p["row_bytes"] / hbm) / p["rows"]
-    factor = big_row / (row + p["row_bytes"] * slope)
+    row, slope = _line(points)
     return {
         "scatter_seconds_per_row": number(
             row, "s a row", "micro: scatter_row512b, scatter_row2048b, scatter_row16384b (a line)"
         ),
         "scatter_row_bytes_per_second": number(1 / slope, "B/s beyond a row's cost", "micro: the same line's slope"),
+    }
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """The least-squares line through `points`: its value at 0 and its slope."""
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+def scatter_emitters(doc: dict[str, Any], first: dict[str, Any], number: Any, hbm_efficiency: float) -> dict[str, Any]:
+    """The two emitters libtpu picks for a scatter into a large table (`micro_cases_k.py`'s
+    `scatter2`): the staged one (megabytes of scoped VMEM) at the small tables' cost a row,
+    slower by `scatter_large_table_factor` from 262,144 rows (the median of its cases
+    there, against the first set's row of the same bytes); the other, which adds each row
+    in place in HBM, at a cost a row and a rate of its bytes (the line through its f32 rows
+    of 256-2048 bytes into 262,144 rows; the table written apart, not by the scatter)."""
+    cases = _cases(doc, "scatter2")
+    hbm = HBM * hbm_efficiency
+    small = {c["params"]["row_bytes"]: _per_row(c, "scatter") for c in _cases(first, "scatter").values()}
+    slower = []
+    staged = ("scatter2_t256k_n64k", "scatter2_t256k_n128k", "scatter2_t1m_n256k", "scatter2_bag_t400k_d64_n8k")
+    for name in staged:
+        p = cases[name]["params"]
+        table = 0 if p["donated"] else p["table_rows"] * p["row_bytes"]
+        row = (_kernel_seconds(cases[name], "scatter") - table / hbm) / p["rows"]
+        slower.append(row / small[p["row_bytes"]])
+    in_place = ("scatter2_t256k_d64", "scatter2_t256k", "scatter2_t256k_d256", "scatter2_t256k_d512")
+    row, slope = _line([(cases[n]["params"]["row_bytes"], _per_row(cases[n], "scatter")) for n in in_place])
+    return {
         "scatter_large_table_factor": number(
-            factor, f"x a row's cost in a table of {LARGE_TABLE_ROWS} rows", "micro: scatter_table262144"
+            statistics.median(slower),
+            f"x a row's cost, staged, in a table of {LARGE_TABLE_ROWS} rows or more",
+            f"micro: {', '.join(staged)} (median)",
         ),
+        "scatter_in_place_row_seconds": number(
+            row, "s a row added in place in HBM", f"micro: {', '.join(in_place)} (a line)"
+        ),
+        "scatter_in_place_row_bytes_per_second": number(
+            1 / slope, "B/s beyond that row's cost", "micro: the same line's slope"
+        ),
+    }
+
+
+def strides(doc: dict[str, Any], number: Any) -> dict[str, Any]:
+    """A strided slice's rate by the bytes of its operand it spans: over lanes (the minor
+    dimension: `x[:, ::2]`, the odd lanes of rotary embeddings) the median of those cases;
+    over sublanes (the second-minor: every other row) the median of the slices that read
+    from HBM (`x[::2]`, and the halves of `lax.associative_scan`'s split that read the
+    argument, `slice.3`)."""
+    cases = _cases(doc, "stride")
+    over_lanes = [c for c in cases.values() if c["params"]["op"] in ("minor", "odd")]
+    lanes = [c["params"]["bytes"] / _kernel_seconds(c, "slice") for c in over_lanes]
+    rows = [c for c in cases.values() if c["params"]["op"] == "major"]
+    sublanes = [c["params"]["bytes"] / _kernel_seconds(c, "slice") for c in rows]
+    split = [c for c in cases.values() if c["params"]["op"].startswith(("split", "pairsum"))]
+    sublanes += [c["params"]["bytes"] / _kernel_seconds(c, "slice.3") for c in split]
+    return {
+        "strided_bytes_per_second.lanes": number(
+            statistics.median(lanes), "B/s of the operand spanned", f"micro: {len(lanes)} slices over lanes (median)"
+        ),
+        "strided_bytes_per_second.sublanes": number(
+            statistics.median(sublanes),
+            "B/s of the operand spanned",
+            f"micro: {len(sublanes)} slices over sublanes reading HBM (median)",
+        ),
+    }
+
+
+def loop_copies(doc: dict[str, Any], number: Any) -> dict[str, Any]:
+    """The rate of a layout copy in a loop's body with its operand and result in VMEM (a
+    `fori_loop` transposing its carry: two copies a trip, `copy.4` and `copy.14`), by the
+    bytes each reads and writes: the median of the carries VMEM holds (64 KiB-8 MiB)."""
+    cases = _cases(doc, "layout")
+    chosen = [c for n, c in sorted(cases.items()) if n.startswith("layout_loop_btc_") and n != "layout_loop_btc_64mib"]
+    rates = []
+    for c in chosen:
+        moved = 2 * c["params"]["bytes"] * c["params"]["trips"] * 2  # (read and written, two copies a trip)
+        rates.append(moved / (_kernel_seconds(c, "copy.4") + _kernel_seconds(c, "copy.14")))
+    return {
+        "loop_vmem_bytes_per_second.copy": number(
+            statistics.median(rates),
+            "B/s read and written",
+            f"micro: {', '.join(c['name'] for c in chosen)} (median)",
+        )
     }
 
 
@@ -214,6 +291,9 @@ def build() -> dict[str, Any]:
         return _number(value, unit, came_from, second.name, micro_k["env"])
 
     numbers |= precision(micro_k, number_k)
+    numbers |= scatter_emitters(micro_k, micro, number_k, hbm_efficiency)
+    numbers |= strides(micro_k, number_k)
+    numbers |= loop_copies(micro_k, number_k)
     return {
         "chip": "v5e",
         "rebuilt_by": "benchmarks/steptime/calibrate.py",

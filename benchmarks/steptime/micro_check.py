@@ -34,8 +34,11 @@ FIXES = {
     "host": "host_bytes_per_second.*",
     "pallas": "pallas_step_seconds, pallas_mxu_efficiency",
     "gather": "gather_seconds_per_row.*, gather_row_bytes_per_second, gather_row_knee_bytes",
-    "scatter": "scatter_seconds_per_row, scatter_row_bytes_per_second, scatter_large_table_factor",
+    "scatter": "scatter_seconds_per_row, scatter_row_bytes_per_second",
     "mm_f32": "f32_passes.*",
+    "scatter2": "scatter_large_table_factor, scatter_in_place_row_seconds, scatter_in_place_row_bytes_per_second",
+    "stride": "strided_bytes_per_second.*",
+    "layout": "loop_vmem_bytes_per_second.copy",
 }
 
 

@@ -86,6 +86,9 @@ class Kernel:
     host: str = ""  # an asynchronous copy's direction to or from the host's memory ("device_to_host", ...)
     host_bytes: float = 0.0  # the bytes it moves there, one run
     precision: str = ""  # a matrix product's operand precision above the default ("high", "highest")
+    staged: bool = False  # a scatter that libtpu's staged emitter runs (a custom fusion, `kind=kCustom`)
+    strided: str = ""  # a slice with a stride over its operand's lanes ("lanes") or sublanes ("sublanes")
+    strided_bytes: float = 0.0  # the bytes of the operand that slice spans, one run
 
 
 # Instructions that run no kernel of their own.
@@ -176,6 +179,9 @@ class _Traits:
     slice_bytes: float = 0.0  # each slice's
     table_bytes: float = 0.0  # a scatter's result, a gather's operand
     precision: str = ""  # that product's operand precision above the default (`precision_of`)
+    staged: bool = False  # a scatter run by libtpu's staged emitter
+    strided: str = ""  # a strided slice's strided dimension: "lanes" or "sublanes" (`strided_of`)
+    strided_bytes: float = 0.0  # the operand's bytes it spans
 
 
 def precision_of(attributes: str) -> str:
@@ -247,6 +253,9 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
         return _indexed(computation, instruction)
     if opcode in ("reduce", "reduce-window", "select-and-scatter"):
         return _Traits("reduction", lanes=lane_fill(computation, instruction))
+    if opcode == "slice":
+        over, span = _strided(computation, instruction)
+        return _Traits("data movement", strided=over, strided_bytes=span)
     if opcode in ("copy", "transpose", "reshape"):  # (a reshape left alone is a change of layout: a copy)
         return _Traits("copy")
     called = _CALLS.search(attributes)
@@ -273,12 +282,68 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
     for indexed in ("scatter", "gather"):  # (no product: the indexed op is its work)
         found = _find(module, fused, indexed)
         if found is not None:
-            return _indexed(*found)
+            return dataclasses.replace(_indexed(*found), staged=scoped_bytes(attributes) >= _STAGED_SCOPED_BYTES)
+    strided, spanned = strided_of(module, fused)
     if "reduction" in kinds:
-        return _Traits("reduction", lanes=lane_fill(computation, instruction))
-    if "elementwise" in kinds:
-        return _Traits("elementwise")
-    return _Traits("data movement")
+        return _Traits("reduction", lanes=lane_fill(computation, instruction), strided=strided, strided_bytes=spanned)
+    return _Traits("elementwise" if "elementwise" in kinds else "data movement", strided=strided, strided_bytes=spanned)
+
+
+# libtpu's staged scatter emitter holds its rows in megabytes of scoped VMEM (1-16 MB as
+# libtpu 0.0.42.1 compiles them); the other adds each row in place, in 68-544 KB (1 MB for
+# 256-byte rows into a table of a million).
+_STAGED_SCOPED_BYTES: Final = 4 * 2**20
+_SCOPED: Final = re.compile(r'"used_scoped_memory_configs":\[([^\]]*)\]')
+
+
+def scoped_bytes(attributes: str) -> int:
+    """The scoped VMEM a kernel uses, as its backend config says (0 where it says none)."""
+    found = _SCOPED.search(attributes)
+    return sum(int(n) for n in re.findall(r'"size":"(\d+)"', found.group(1))) if found else 0
+
+
+_SLICE: Final = re.compile(r"\bslice=\{((?:\[[\d:]+\],?\s*)*)\}")
+_LAYOUT: Final = re.compile(r"\{([\d,]+)(?::|\})")
+
+
+def _strided(computation: Computation, instruction: Instruction) -> tuple[str, float]:
+    """Whether a slice steps over its operand's minor dimension (`"lanes"`: a TPU gathers
+    each element of a vector register's lanes), else over its second-minor one
+    (`"sublanes"`, from HBM), by its operand's layout; and the operand's bytes the slice
+    spans (its result's times that stride). `("", 0)` for a slice with no stride there."""
+    operands, attributes = op_of(instruction)[1:]
+    found = _SLICE.search(attributes)
+    operand = computation.named.get(operands[0]) if operands else None
+    layout = _LAYOUT.search(re.sub(r"/\*.*?\*/", "", _shape(operand))) if operand is not None else None
+    if found is None or layout is None:
+        return "", 0.0
+    strides = [int(d.split(":")[2]) if d.count(":") == 2 else 1 for d in re.findall(r"\[([\d:]+)\]", found.group(1))]
+    order = [int(d) for d in layout.group(1).split(",")]
+    in_vmem = re.search(r"S\(\d+\)", _shape(operand) if operand is not None else "") is not None
+    for name, place in (("lanes", 0), ("sublanes", 1)):
+        if place < len(order) and order[place] < len(strides) and strides[order[place]] > 1:
+            if name == "sublanes" and in_vmem:  # (every other row of VMEM: at VMEM's pace)
+                break
+            return name, float(_bytes(instruction) * strides[order[place]])
+    return "", 0.0
+
+
+def strided_of(module: Module, computation: Computation) -> tuple[str, float]:
+    """The most costly strided slice a fused computation holds (`_strided`; one over lanes
+    before one over sublanes), a fusion inside it searched too; the bytes they span summed."""
+    kinds, spanned = set(), 0.0
+    for instruction in computation.instructions:
+        inner, _, attributes = op_of(instruction)
+        found: tuple[str, float] = ("", 0.0)
+        if inner == "slice":
+            found = _strided(computation, instruction)
+        called = _CALLS.search(attributes)
+        if inner == "fusion" and called is not None and called.group(1) in module.computations:
+            found = strided_of(module, module.computations[called.group(1)])
+        if found[0]:
+            kinds.add(found[0])
+            spanned += found[1]
+    return next((k for k in ("lanes", "sublanes") if k in kinds), ""), spanned
 
 
 def _operand_type(computation: Computation, kernel: Instruction) -> str | None:
@@ -708,6 +773,9 @@ def read(
             slice_bytes=traits.slice_bytes,
             table_bytes=traits.table_bytes,
             precision=traits.precision,
+            staged=traits.staged,
+            strided=traits.strided,
+            strided_bytes=traits.strided_bytes,
             results=sum(1 for _ in _arrays(_shape(instruction))),
             collective=communication,
             branch=branch,

@@ -21,9 +21,11 @@ Three figures:
   too fast); a vector kernel (elementwise, reduction, data movement, copy) at its bytes,
   at the HBM and VMEM rates measured for its kind (a reduction's at its share of a
   vector register's lanes; a loop body's copies, reductions and small elementwise
-  kernels in VMEM at their faster rates there; libtpu's estimates of those are up to 20x
-  the chip's time), a kernel on less than a vector register (the scalar unit's) at its
-  floor; a gather or scatter (no estimate) per slice, at the rates the chip measured;
+  kernels in VMEM at their faster rates there; a layout copy between HBM and VMEM at
+  HBM's pace; a strided slice no faster than the rate measured for its stride; libtpu's
+  estimates of those are up to 20x the chip's time), a kernel on less than a vector
+  register (the scalar unit's) at its floor; a gather or scatter (no estimate) per slice,
+  at the rates the chip measured (a scatter's by the emitter libtpu picks);
   each run's latency where it reads or writes HBM (less in a loop's body, none where a
   loop's body reads only its counter there), next to nothing in VMEM; never below its
   floor; an asynchronous copy at the part of its HBM time the kernels
@@ -39,7 +41,8 @@ The correction (`CORRECTION`) is read from the chip's calibration table
 (`calibration/v5e.json`, every number with where it came from, rebuilt by
 `benchmarks/steptime/calibrate.py`): measured on a v5e against each kernel's time in a
 profile of 94 train steps (and the host's calls of 15 tiny ones) and, for the kinds those
-steps barely had (gathers and scatters, Pallas kernels, copies to and from the host), on
+steps barely had (gathers and scatters, Pallas kernels, copies to and from the host, f32
+products above the default precision, strided slices, layout copies in a loop), on
 microbenchmarks that vary one thing at a time; checked on steps it was never fitted on
 (the guide's "How fast will it run?", `benchmarks/steptime/`). v5p and v6e use it as
 measured there, `source` says so, and `StepTime.checked` is 0 on them.
@@ -74,12 +77,14 @@ class Correction:
     run 3x faster there than the fill of their tiles says); the bytes per cycle each kind
     of vector kernel moves in VMEM (libtpu's estimates of those are up to 20x the chip's
     time, so their bytes decide), in a loop's body where it differs
-    (`loop_vmem_bytes_per_cycle`: copies 3.8x faster, reductions 1.5x) and for an
+    (`loop_vmem_bytes_per_cycle`: copies 7x faster, reductions 1.5x) and for an
     elementwise kernel or reduction there that moves under 1 MiB a run
     (`small_loop_vmem_bytes_per_cycle`: a recurrent cell's step, 2.5-3.5x faster); HBM's
     fraction of its bandwidth; what a gather takes per slice (a single element; a row at
     least, from a small table and a large one, and a wide row by its bytes) and what a
-    scatter takes per row (and its elements' rate, and how much slower in a large table);
+    scatter takes per row (and its elements' rate, and how much slower in a large table
+    where libtpu stages its rows; where it adds each row in place in HBM, its cost a row and
+    its bytes' rate); the rate of a slice that strides over lanes or over sublanes;
     the host link's rate each way; a Pallas kernel's cost per grid step and its matrix
     unit's efficiency; the cycles a run costs besides, reading or
     writing HBM (at the top of the program and in a loop's body, where one that reads only
@@ -108,6 +113,9 @@ class Correction:
     scatter_seconds_per_row: float
     scatter_row_bytes_per_second: float
     scatter_large_table_factor: float
+    scatter_in_place_row_seconds: float
+    scatter_in_place_row_bytes_per_second: float
+    strided_bytes_per_second: Mapping[str, float]
     host_bytes_per_second: Mapping[str, float]
     pallas_step_seconds: float
     pallas_mxu_efficiency: float
@@ -160,6 +168,9 @@ def _correction(table: Mapping[str, Any]) -> Correction:
         scatter_seconds_per_row=numbers["scatter_seconds_per_row"],
         scatter_row_bytes_per_second=numbers["scatter_row_bytes_per_second"],
         scatter_large_table_factor=numbers["scatter_large_table_factor"],
+        scatter_in_place_row_seconds=numbers["scatter_in_place_row_seconds"],
+        scatter_in_place_row_bytes_per_second=numbers["scatter_in_place_row_bytes_per_second"],
+        strided_bytes_per_second=by("strided_bytes_per_second"),
         host_bytes_per_second=by("host_bytes_per_second"),
         pallas_step_seconds=numbers["pallas_step_seconds"],
         pallas_mxu_efficiency=numbers["pallas_mxu_efficiency"],
@@ -387,7 +398,9 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
     operands stay in VMEM at its FLOPs at the peak and a cost per product; a vector kernel
     at its bytes, HBM's and VMEM's at the rates measured for its kind (a reduction's at
     its lanes' fill; in a loop's body, where the chip ran copies, reductions and small
-    kernels faster); each with the cost of a run, smaller in a loop's body."""
+    kernels faster; a layout copy between HBM and VMEM at HBM's pace alone; a slice that
+    strides over lanes, or over sublanes in HBM, no faster than the rate measured for it,
+    by the bytes it spans); each with the cost of a run, smaller in a loop's body."""
     assert chip.clock_hz is not None
     if k.kind == "convolution" and k.weight_gradient:
         assert k.cycles is not None  # (a product without libtpu's estimate stays at its floor)
@@ -413,7 +426,13 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
         small = k.kind in ("elementwise", "reduction") and k.bytes_accessed < _SMALL_LOOP_BYTES
         per_cycle = c.small_loop_vmem_bytes_per_cycle if small else c.loop_vmem_bytes_per_cycle.get(k.kind, per_cycle)
     vmem = per_cycle * chip.clock_hz * k.lanes
-    return k.device_bytes / hbm + max(k.bytes_accessed - k.device_bytes, 0.0) / vmem + run
+    in_vmem = max(k.bytes_accessed - k.device_bytes, 0.0) / vmem
+    if k.kind == "copy" and k.device_bytes and in_vmem:  # a layout copy between HBM and VMEM, at HBM's pace
+        return k.device_bytes / hbm + run
+    moved = k.device_bytes / hbm + in_vmem
+    if k.strided:
+        moved = max(moved, k.strided_bytes / c.strided_bytes_per_second[k.strided])
+    return moved + run
 
 
 def _reads_hbm(k: Kernel) -> bool:
@@ -428,6 +447,8 @@ def _hbm_run(k: Kernel, chip: Chip, c: Correction) -> float:
     return (c.hbm_cycles_per_loop_run if k.in_loop else c.hbm_cycles_per_run) / chip.clock_hz
 
 
+# A table a scatter updates where its emitter adds rows in place: larger than this, in HBM
+_VMEM_TABLE_BYTES: Final = 16 * 2**20
 # The gathers' and scatters' tables measured small (their rows cost least) and large
 _SMALL_TABLE_ROWS: Final = 16384
 _LARGE_TABLE_ROWS: Final = 262144
@@ -451,10 +472,14 @@ def _indexed(k: Kernel, chip: Chip, c: Correction) -> float:
     table's rows (random rows of a large table cost 5x), and a wide row by its bytes; a
     single element (a loss picking its labels' logits) slower; a scatter writes its whole
     table at HBM's rate and adds each row at its cost and its bytes' rate, slower in a large
-    table."""
+    table; where libtpu does not stage the rows of a scatter into a table larger than VMEM's
+    scoped share, it adds each in place in HBM, slower still (the table written apart)."""
     hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
     run = _hbm_run(k, chip, c)
     share = _table_share(k)
+    if k.kind == "scatter" and not k.staged and k.table_bytes > _VMEM_TABLE_BYTES:  # each row added in HBM
+        row = c.scatter_in_place_row_seconds + k.slice_bytes / c.scatter_in_place_row_bytes_per_second
+        return k.indices * row + run
     if k.kind == "scatter":  # (its rows add element by element: a bf16 row's as an f32 row twice as wide)
         wide = k.slice_bytes * 4 / _ITEMSIZE.get(k.dtype, 4)
         row = c.scatter_seconds_per_row + wide / c.scatter_row_bytes_per_second
@@ -593,22 +618,7 @@ def estimate(
     in and gets back (`_host.tree_counts`), where the step is called from Python."""
     checked = platform == "tpu" and chip.clock_hz is not None
     c = CORRECTION
-    each: list[float] = []
-    for k in kernels:
-        floor = k.runs * _floor(k, chip)
-        if k.kind == "collective":  # (its communication: `_communicated`, below)
-            each.append(floor)
-        elif k.kind == "async copy":  # the part of its HBM time the kernels around it do not hide
-            moved = k.runs * k.device_bytes / (chip.hbm_bytes_per_second * c.hbm_efficiency)
-            each.append(c.exposed_copy * moved if checked else 0.0)
-        elif checked and k.kind in ("gather", "scatter"):
-            each.append(max(floor, k.runs * _indexed(k, chip, c)))
-        elif checked and k.kind == "custom call" and (k.flops or k.bytes_accessed):
-            each.append(max(floor, k.runs * _custom(k, chip, c)))
-        elif not checked or (k.cycles is None and (k.kind in c.estimate or k.bytes_accessed < _SCALAR_BYTES)):
-            each.append(floor)
-        else:
-            each.append(max(floor, k.runs * _corrected(k, chip, c)))
+    each = [kernel_seconds(k, chip, c, checked) for k in kernels]
     if checked:
         each = _communicated(kernels, _offloaded(kernels, each, c), chip)
     kernels, each, conditionals = _taken(kernels, each)
@@ -659,6 +669,25 @@ def estimate(
     return StepTime(
         seconds, compiler if checked else None, floor_seconds, source, mfu, ordered, share, tuple(schedule), label
     )
+
+
+def kernel_seconds(k: Kernel, chip: Chip, c: Correction, checked: bool) -> float:
+    """All the runs of one kernel in a step, alone: the estimate where the chip's is
+    `checked`, else its floor (a collective's communication and a copy to or from the host
+    are added over the step: `_communicated`, `_offloaded`)."""
+    floor = k.runs * _floor(k, chip)
+    if k.kind == "collective":
+        return floor
+    if k.kind == "async copy":  # the part of its HBM time the kernels around it do not hide
+        moved = k.runs * k.device_bytes / (chip.hbm_bytes_per_second * c.hbm_efficiency)
+        return c.exposed_copy * moved if checked else 0.0
+    if checked and k.kind in ("gather", "scatter"):
+        return max(floor, k.runs * _indexed(k, chip, c))
+    if checked and k.kind == "custom call" and (k.flops or k.bytes_accessed):
+        return max(floor, k.runs * _custom(k, chip, c))
+    if not checked or (k.cycles is None and (k.kind in c.estimate or k.bytes_accessed < _SCALAR_BYTES)):
+        return floor
+    return max(floor, k.runs * _corrected(k, chip, c))
 
 
 def _measured(k: Kernel) -> bool:
