@@ -1,8 +1,8 @@
 """`treeshape demo`: the built-in example, offline, in seconds: a small model's parameter and
 optimizer-state structures, its scan carry (the mismatch and the fix it names), a few scan
-steps of training, the cache's figures, what its train step needs on the CPU and the largest
-batch that fits a budget, and where libtpu is installed (the `tpu` extra) its time on a v5e
-and the fastest of two plans, compiled without one."""
+steps of training, the cache's figures, what its train step needs (on the CPU, unless JAX has
+an accelerator here) and the largest batch that fits a budget, and where libtpu is installed
+(the `tpu` extra) its time on a v5e and the fastest of two plans, compiled without one."""
 
 import argparse
 import functools
@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any, Final, NamedTuple, TextIO
 
 
-# What the demo sizes and plans: the budget of its largest batch (on the CPU), and the plan
-# of its state and batches in two dtypes on one v5e (a few compiles each, about a second).
+# What the demo sizes and plans: the budget of its largest batch, and the plan of its state
+# and batches in two dtypes on one v5e (b up to 16: five compiles each, a few seconds).
 BUDGET: Final = 2**20
 PLAN_CHOICES: Final = {"dtype": ["float32", "bfloat16"]}
 PLAN_MAX_SIZE: Final = 16
