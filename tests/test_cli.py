@@ -127,6 +127,57 @@ def test_demo_runs_offline_and_the_loss_goes_down():
     assert len(losses) >= 3
     assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0] / 2
     assert re.search(r"CacheInfo\(hits=[1-9]\d*, misses=\d+", out)
+    # then what its train step costs, the largest batch that fits and (libtpu is in the
+    # `test` extra) its time and plan on a v5e, with no line of libtpu's on stderr
+    for heading in ("6. What one train step needs", "7. The largest batch that fits", "8. On a TPU v5e, compiled"):
+        assert heading in out
+
+
+def _demo_sections(out):
+    """The demo's numbered sections by number, each with its whitespace collapsed (lines
+    are wrapped for the terminal)."""
+    parts = re.split(r"^(\d)\. ", out, flags=re.MULTILINE)
+    return {int(n): " ".join(text.split()) for n, text in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def test_demo_shows_its_train_steps_cost_largest_batch_and_v5e_time_and_plan(capsys):
+    """The figures of sections 6-8 are those ts.cost, ts.largest_fit and ts.plan give for the
+    demo's train step (its state donated), its budget and its plan's choices."""
+    import treeshape as ts
+    from treeshape._cli import _demo
+
+    assert main(["demo"]) == 0
+    sections = _demo_sections(capsys.readouterr().out)
+    assert sorted(sections) == [1, 2, 3, 4, 5, 6, 7, 8]
+    m = _demo.model()
+    carry, batch = (m.params, m.adam_init(m.params)), (m.x[0, 0], m.y[0, 0])
+
+    c = ts.cost(m.train_step, carry, batch, donate_argnums=0)
+    assert f"a batch of 64 rows peak {c.peak_bytes / 1024:.1f} KiB per device" in sections[6]
+    assert f"temporaries {c.temp_bytes / 1024:.1f} KiB; {c.flops:,.0f} FLOPs" in sections[6]
+
+    fit = ts.largest_fit(*m.make(batch[0].dtype.name), dim="b", budget=2**20, donate_argnums=0)
+    assert 64 < fit.size < 2**20 // 64  # the budget bounds it, well above the batch of 64
+    shown = f"b = {fit.size:,}: peak {fit.cost.peak_bytes:,} B of 1,048,576; "
+    shown += f"{fit.fixed_bytes / 1024:.1f} KiB fixed and {round(fit.per_unit_bytes)} B a row"
+    assert re.search(re.escape(shown) + r" \(\d+ programs? compiled\)$", sections[7])
+
+    t = ts.cost(m.train_step, carry, batch, donate_argnums=0, target="v5e").time
+    assert t.seconds > 0 and " ".join(t.line().split()) in sections[8]
+    plan = ts.plan(m.make, {"dtype": ["float32", "bfloat16"]}, target="v5e", donate_argnums=0, max_size=16)
+    assert " ".join(str(plan).split()) in sections[8]
+    best = plan.best
+    assert f"best: {best.choice} at b={best.size}, {best.throughput:,.0f} rows/s" in sections[8]
+
+
+def test_demo_without_libtpu_names_the_tpu_extra_and_still_shows_the_rest(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "libtpu", None)  # as Python has it for a module not installed
+    assert main(["demo"]) == 0
+    sections = _demo_sections(capsys.readouterr().out)
+    assert sorted(sections) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert sections[8].startswith('On a TPU v5e: not here. treeshape.cost: target="v5e" compiles with libtpu')
+    assert 'pip install "treeshape[tpu]"' in sections[8] and "largest" not in sections[8]
+    assert "Then run the demo again" in sections[8]
 
 
 BAD_INPUTS = {

@@ -1,4 +1,24 @@
-"""treeshape: pytree shape inference safe under every JAX transformation."""
+"""treeshape: what a JAX program returns, needs and costs, answered before it runs.
+
+Each question in one call (`import treeshape as ts`; the guide of each in `docs/guide/`):
+
+- What a call returns: `ts.out_structure(init, key)`, its output's `Structure` by
+  abstract evaluation, cached and safe under `jit`, `vmap`, `grad` and loop bodies.
+- The carry a loop needs: `ts.scan_carry(step, init, xs, policy="promote")`, `init`
+  converted to the type `step` maps to itself (or a `CarryMismatchError` naming each leaf).
+- What a step costs: `ts.cost(train_step, state, batch)`, its FLOPs and bytes per device
+  at the peak, from XLA's analysis of the compiled program; nothing runs.
+- Whether it fits: `ts.largest_fit(train_step, state, batches, dim="b", budget=16 * 2**30)`,
+  the largest batch whose step fits the budget, checked by compiling it.
+- How fast: `ts.cost(train_step, state, batch, target="v5e").time`, one step's time on a
+  TPU v5e, compiled by libtpu without one.
+- The fastest plan: `ts.plan(make, {"remat": ["none", "full"]}, target="v5e")`, the
+  choices and batch size of highest throughput that fit.
+- Restoring into a changed model: `ts.restore_plan(checkpoint_dir, model)`, every leaf's
+  fate from the checkpoint's metadata alone; its `restore()` does exactly that.
+- Why it traced again: `step = jax.jit(ts.watch(step))`, then `step.retraces[-1]` names
+  the leaf, the cause and the fix.
+"""
 
 import importlib
 import importlib.metadata
