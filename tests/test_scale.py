@@ -443,6 +443,50 @@ def test_top_level_committed_arrays_and_sharded_shape_dtype_structs_keep_their_s
     assert zeros["d"].sharding == NamedSharding(mesh, P(None, "x"))
 
 
+# -- a tree of ShapeDtypeStructs only ------------------------------------------------------
+def _read(tree: Any) -> tuple[Any, ...]:
+    """What `structure_of` gives for `tree`: its leaves as `(shape, dtype, weak_type)`, or the error."""
+    try:
+        s = ts.structure_of(tree)
+    except Exception as e:
+        return type(e), str(e)
+    assert s == ts.out_structure(lambda t: t, tree)
+    return tuple((x.shape, x.dtype, x.weak_type) if isinstance(x, SDS) else x for x in s.leaves)
+
+
+def test_a_tree_of_only_shape_dtype_structs_is_read_as_one_with_another_leaf():
+    """A tree whose leaves are all `ShapeDtypeStruct`s is read without a loop over them (a
+    big tree has few distinct shapes and dtypes): each leaf the loop would convert, check or
+    refuse is read as in a tree that has another leaf too (which the loop reads)."""
+    (b,) = jax.export.symbolic_shape("b")
+    mesh = jax.make_mesh((8,), ("x",))
+    split = NamedSharding(mesh, P("x"))
+    f32, f64 = np.dtype("float32"), np.dtype("float64")
+    cases = {
+        "concrete": ([SDS((2, 3), f32), SDS((), jnp.int32, weak_type=True)], None),
+        "float64": ([SDS((2,), f64), SDS((3,), f32)], None),
+        "NumPy int size": ([SDS((np.int64(3), 2), f32), SDS((8, 2), f32, sharding=split)], None),
+        "bool size": ([SDS((True, 2), f32), SDS((1, 2), f32)], None),
+        "empty": ([SDS((0, 4), f32), SDS((0,), jnp.bfloat16)], None),
+        "symbolic": ([SDS((b, 3), f32), SDS((2 * b,), jnp.bfloat16)], None),
+        "symbolic, sharded": ([SDS((8, 3), f32, sharding=split), SDS((b, 3), f32, sharding=split)], "[1]"),
+        "NumPy int size, sharded": ([SDS((5,), f32), SDS((np.int64(5),), f32, sharding=split)], "[1]"),
+        "negative size": ([SDS((2,), f32), SDS((-1, 3), f32)], "[1]"),
+        "too large": ([SDS((2,), f32), SDS((2**40, 2**30), f32)], "[1]"),
+    }
+    for name, (leaves, raises_at) in cases.items():
+        alone, beside = _read(leaves), _read([*leaves, "relu"])
+        if raises_at is None:
+            assert beside[-1] == "relu", name
+            assert alone == beside[:-1], name
+            assert alone[0][1] == _canonical(leaves[0].dtype), name
+        else:
+            assert alone == beside and alone[0] is ValueError, (name, alone)
+            assert alone[1].startswith("treeshape.structure_of: ") and f"tree{raises_at}" in alone[1], name
+    s = ts.structure_of([SDS((b, 3), f32), SDS((2,), f32)])
+    assert s.leaves[0].shape == (b, 3) and s.dims == ("b",)
+
+
 # == 2. Deep trees ================================================================================
 # How deep a tree JAX flattens is not a constant: with Python 3.11, `tree_flatten`
 # (C++) counts each level against Python's recursion limit (1000 by default), from
