@@ -360,6 +360,7 @@ def cycle_problem(tree: Any, root: str) -> str | None:
 
 
 _MANY_CONTAINERS: Final = 10**7
+_CHUNK: Final = 2048  # containers whose children are found and typed in one go
 
 
 def _walk(level: list[Any], depth: int, reached: set[type] | None) -> int:
@@ -374,8 +375,15 @@ def _walk(level: list[Any], depth: int, reached: set[type] | None) -> int:
     limit = sys.getrecursionlimit()
     count = len(level) if depth else 0  # containers reached below the root
     types: set[type] | None = None if reached is None else set()
+    referents = gc.get_referents
     while level:
-        level = _containers(gc.get_referents(*level), types)
+        if len(level) <= _CHUNK:
+            level = _containers(referents(*level), types)
+        else:  # a wide level, a chunk at a time: its children are typed while still in the CPU's caches
+            below: list[Any] = []
+            for start in range(0, len(level), _CHUNK):
+                below += _containers(referents(*level[start : start + _CHUNK]), types)
+            level = below
         depth, count = depth + 1, count + len(level)
         if depth >= limit or count > _MANY_CONTAINERS:
             return depth
