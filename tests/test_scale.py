@@ -649,6 +649,29 @@ def test_100k_flat_list_against_one_more():
     assert ts.structure_of(longer).diff(tree) == [ts.Mismatch("[100000]", "structure", "f32[2]", None)]
 
 
+def test_100k_flat_list_and_a_long_tuple_with_leaves_changed_in_place():
+    tree = {"xs": [F2] * N, "ys": (F2,) * 1000, "z": [F2] * 3}
+    other = {"xs": [F2] * N, "ys": list(tree["ys"]), "z": [F2] * 3}
+    other["xs"][0] = SDS((3,), jnp.float32)
+    other["xs"][64] = SDS((2,), jnp.bfloat16)
+    other["xs"][31_337] = "relu"
+    other["xs"][N - 1] = SDS((2,), jnp.float32, weak_type=True)
+    other["ys"][999] = SDS((), jnp.int32)
+    other["ys"] = tuple(other["ys"])
+    expected = [
+        ts.Mismatch("['xs'][0]", "shape", (2,), (3,)),
+        ts.Mismatch("['xs'][64]", "dtype", jnp.dtype("float32"), jnp.dtype("bfloat16")),
+        ts.Mismatch("['xs'][31337]", "structure", "f32[2]", "the static value 'relu'"),
+        ts.Mismatch("['xs'][99999]", "weak_type", False, True),
+        ts.Mismatch("['ys'][999]", "shape", (2,), ()),
+        ts.Mismatch("['ys'][999]", "dtype", jnp.dtype("float32"), jnp.dtype("int32")),
+    ]
+    s = ts.structure_of(tree)
+    _assert_one_diff(s, other, expected)
+    assert [str(m) for m in s.diff(other)][2] == "tree['xs'][31337]: expected f32[2], got the static value 'relu'."
+    assert ts.structure_of(other).diff(tree)[0] == ts.Mismatch("['xs'][0]", "shape", (3,), (2,))
+
+
 def test_100k_nested_list_grown_by_one_leaf():
     tree = [[F2] * 1000 for _ in range(N // 1000)]
     grown = [list(row) for row in tree]

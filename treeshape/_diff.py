@@ -127,6 +127,7 @@ def _subtree_paths(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> list[str]:
 # -- walking two treedefs --------------------------------------------------------
 _CONTAINERS: Final = (dict, collections.OrderedDict, collections.defaultdict, list, tuple, type(None))
 _SMALL: Final = 64  # a subtree with more leaves is split by its children rather than flattened with paths
+_SEQUENCES: Final = (list, tuple)
 
 
 def _same_treedef(e: jtu.PyTreeDef, a: jtu.PyTreeDef) -> bool:
@@ -227,7 +228,10 @@ class _Walk:
                 k += 1
             e0, a0 = run.e0 + start, run.a0 + start
             path = run.path + run.keys[i]
-            if td.num_leaves > _SMALL and td.num_nodes > 1:
+            if td.num_leaves > _SMALL and td.num_nodes == td.num_leaves + 1 and td.node_data()[0] in _SEQUENCES:
+                # A long list or tuple of leaves (each child one node): leaf `j` is its child `[j]`.
+                tasks.append(_Leaves([(f"{path}[{j}]", e0 + j, a0 + j) for j in mine], run.saved))
+            elif td.num_leaves > _SMALL and td.num_nodes > 1:
                 keys, children = self._keyed_children(td, e0)
                 starts = _starts(children, 0)
                 tasks.append(_Run(path, keys, list(children), starts, e0, a0, td.num_leaves, mine, run.saved))
