@@ -672,6 +672,24 @@ def test_100k_flat_list_and_a_long_tuple_with_leaves_changed_in_place():
     assert ts.structure_of(other).diff(tree)[0] == ts.Mismatch("['xs'][0]", "shape", (3,), (2,))
 
 
+def test_lists_and_tuples_of_leaves_of_other_lengths_agree_with_the_reference_diff():
+    leaves = [F2, SDS((3,), jnp.bfloat16), "relu", SDS((), jnp.int32, weak_type=True)] * 30
+    changed = list(leaves)
+    changed[1] = SDS((3,), jnp.float32)
+    changed[2] = "gelu"
+    changed[7] = F2
+    for kind in (list, tuple):
+        for a, b in [(leaves, changed[:-5]), (leaves[:-1], changed), (leaves[:3], changed), (leaves, leaves[:1])]:
+            tree, other = {"xs": kind(a), "n": F2}, {"xs": kind(b), "n": F2}
+            assert _assert_as_reference(ts.structure_of(tree), other, set()), (kind, len(a), len(b))
+            _assert_as_reference(ts.structure_of(other), tree, {"dtype"})
+    grown = [F2] * N
+    longer = [*grown[:31_337], SDS((2,), jnp.int32), *grown[31_337:]]  # one leaf in the middle: every later one moves
+    found = ts.structure_of(grown).diff(longer)
+    assert found[0] == ts.Mismatch("[31337]", "dtype", jnp.dtype("float32"), jnp.dtype("int32"))
+    assert found[-1] == ts.Mismatch("[100000]", "structure", None, "f32[2]") and len(found) == 2
+
+
 def test_100k_nested_list_grown_by_one_leaf():
     tree = [[F2] * 1000 for _ in range(N // 1000)]
     grown = [list(row) for row in tree]
