@@ -485,6 +485,13 @@ def test_a_tree_of_only_shape_dtype_structs_is_read_as_one_with_another_leaf():
             assert alone[1].startswith("treeshape.structure_of: ") and f"tree{raises_at}" in alone[1], name
     s = ts.structure_of([SDS((b, 3), f32), SDS((2,), f32)])
     assert s.leaves[0].shape == (b, 3) and s.dims == ("b",)
+    # A bare PartitionSpec as the sharding: JAX reads it on the mesh in context, and refuses it without one.
+    by_spec = [SDS((8, 2), f32, sharding=P("x")), SDS((2,), f32)]
+    alone, beside = _read(by_spec), _read([*by_spec, "relu"])
+    assert alone == beside and alone[0] is TypeError and "context mesh cannot be empty" in alone[1]
+    with jax.set_mesh(mesh):
+        assert _read(by_spec) == _read([*by_spec, "relu"])[:-1]
+        assert ts.structure_of(by_spec).leaves[0].sharding == split
 
 
 # == 2. Deep trees ================================================================================

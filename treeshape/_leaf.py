@@ -147,7 +147,8 @@ class IntTooBig(OverflowError):
 
 _SHAPE: Final = operator.attrgetter("shape")
 _DTYPE: Final = operator.attrgetter("dtype")
-_SHARDING: Final = operator.attrgetter("sharding")
+_GIVEN_SHARDING: Final = operator.attrgetter(_compat.GIVEN_SHARDING_FIELD)
+_SPEC: Final = jax.sharding.PartitionSpec
 
 
 def _given_as_read(leaves: list[Any], sharded_symbolic: bool) -> bool:
@@ -156,11 +157,19 @@ def _given_as_read(leaves: list[Any], sharded_symbolic: bool) -> bool:
     has few), instead of a Python loop over the leaves: every leaf is a
     `jax.ShapeDtypeStruct` (not a subclass) of a canonical dtype whose dimensions are ints
     >= 0 or symbolic (each checked by its type, so no shape stands for an equal one of
-    other types), that XLA can hold with any of the dtypes present; and, where a shape is
-    symbolic and `sharded_symbolic` leaves are collected, no leaf has a sharding. False
-    leaves them to the loop, which also names a leaf that JAX or XLA cannot take."""
+    other types), that XLA can hold with any of the dtypes present, and none given a bare
+    `PartitionSpec` as its sharding (which JAX's `sharding` reads on the mesh in context, and
+    refuses without one); where a shape is symbolic and `sharded_symbolic` leaves are
+    collected, no leaf has a sharding. False leaves them to the loop, which also names a
+    leaf that JAX or XLA cannot take."""
     sds = jax.ShapeDtypeStruct
     if type(leaves[0]) is not sds or len(set(map(type, leaves))) != 1:
+        return False
+    try:  # the shardings as given, read from their field (the `sharding` property is a call)
+        unsharded = operator.countOf(map(_GIVEN_SHARDING, leaves), None) == len(leaves)
+        if not unsharded and any(map(isinstance, map(_GIVEN_SHARDING, leaves), itertools.repeat(_SPEC))):
+            return False
+    except Exception:  # (where JAX's field is the property itself)
         return False
     shapes = list(map(_SHAPE, leaves))
     dim_types = set(map(type, itertools.chain.from_iterable(shapes)))
@@ -183,7 +192,7 @@ def _given_as_read(leaves: list[Any], sharded_symbolic: bool) -> bool:
             symbolic = True
         if any(extent_problem(shape, d) is not None for d in dtypes):
             return False
-    return not (symbolic and sharded_symbolic and list(map(_SHARDING, leaves)).count(None) != len(leaves))
+    return not (symbolic and sharded_symbolic and not unsharded)
 
 
 def read_leaves(
@@ -253,7 +262,7 @@ def read_leaves(
                     shapes_ok.add(shape)
                 else:
                     x = x.update(shape=shape)
-            if shapes_ok and sharded_symbolic is not None and x.shape in shapes_ok and x.sharding is not None:
+            if x.sharding is not None and sharded_symbolic is not None and x.shape in shapes_ok:
                 sharded_symbolic.append((i, x))
             if (x.shape, x.dtype) not in fits:
                 check_fits(x, i, fits)
