@@ -440,6 +440,9 @@ def cyclic(kind):
     elif kind == "nested":
         t = {"p": {"q": [1.0], "r": 2.0}, "s": 3.0}
         t["p"]["q"].append(t["p"])
+    elif kind == "wide":  # more containers side by side than the walk takes at once
+        t = [{"w": 1.0} for _ in range(5000)]
+        t[4321]["up"] = t
     else:  # through a namedtuple, a node JAX flattens itself
         inner = []
         inner.append(P(inner, 1.0))
@@ -473,6 +476,12 @@ for kind in ("dict", "list", "nested", "node"):
             except Exception as e:
                 result = f"{type(e).__name__}: {e}"
             out[f"{kind} {name}{' jit' if jit else ''}"] = result
+for name in ("structure_of", "out_structure"):
+    try:
+        calls[name](cyclic("wide"))
+        out[f"wide {name}"] = "no error"
+    except Exception as e:
+        out[f"wide {name}"] = f"{type(e).__name__}: {e}"
 print(json.dumps(out))
 print(float(jnp.ones(3).sum()))  # the interpreter still works
 """
@@ -502,6 +511,10 @@ def test_a_pytree_that_contains_itself_is_named_where_it_cycles():
                 node.startswith(f"ValueError: treeshape.{who}: ")
                 and "one of its custom pytree nodes contains itself" in node
             ), node
+    for name, root in (("structure_of", "tree"), ("out_structure", "args[1]")):
+        assert results[f"wide {name}"].startswith(
+            f"ValueError: treeshape.{name}: {root}[4321]['up'] is {root} itself: the pytree contains itself"
+        ), results[f"wide {name}"]
     assert results["nested check_prefix"].startswith("ValueError: treeshape.check_prefix: tree['p']['q'][1] is")
     assert results["dict carry_structure jit"].startswith(
         "ValueError: treeshape.carry_structure: carry['self'] is carry itself"

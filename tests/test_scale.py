@@ -443,6 +443,57 @@ def test_top_level_committed_arrays_and_sharded_shape_dtype_structs_keep_their_s
     assert zeros["d"].sharding == NamedSharding(mesh, P(None, "x"))
 
 
+# -- a tree of ShapeDtypeStructs only ------------------------------------------------------
+def _read(tree: Any) -> tuple[Any, ...]:
+    """What `structure_of` gives for `tree`: its leaves as `(shape, dtype, weak_type)`, or the error."""
+    try:
+        s = ts.structure_of(tree)
+    except Exception as e:
+        return type(e), str(e)
+    assert s == ts.out_structure(lambda t: t, tree)
+    return tuple((x.shape, x.dtype, x.weak_type) if isinstance(x, SDS) else x for x in s.leaves)
+
+
+def test_a_tree_of_only_shape_dtype_structs_is_read_as_one_with_another_leaf():
+    """A tree whose leaves are all `ShapeDtypeStruct`s is read without a loop over them (a
+    big tree has few distinct shapes and dtypes): each leaf the loop would convert, check or
+    refuse is read as in a tree that has another leaf too (which the loop reads)."""
+    (b,) = jax.export.symbolic_shape("b")
+    mesh = jax.make_mesh((8,), ("x",))
+    split = NamedSharding(mesh, P("x"))
+    f32, f64 = np.dtype("float32"), np.dtype("float64")
+    cases = {
+        "concrete": ([SDS((2, 3), f32), SDS((), jnp.int32, weak_type=True)], None),
+        "float64": ([SDS((2,), f64), SDS((3,), f32)], None),
+        "NumPy int size": ([SDS((np.int64(3), 2), f32), SDS((8, 2), f32, sharding=split)], None),
+        "bool size": ([SDS((True, 2), f32), SDS((1, 2), f32)], None),
+        "empty": ([SDS((0, 4), f32), SDS((0,), jnp.bfloat16)], None),
+        "symbolic": ([SDS((b, 3), f32), SDS((2 * b,), jnp.bfloat16)], None),
+        "symbolic, sharded": ([SDS((8, 3), f32, sharding=split), SDS((b, 3), f32, sharding=split)], "[1]"),
+        "NumPy int size, sharded": ([SDS((5,), f32), SDS((np.int64(5),), f32, sharding=split)], "[1]"),
+        "negative size": ([SDS((2,), f32), SDS((-1, 3), f32)], "[1]"),
+        "too large": ([SDS((2,), f32), SDS((2**40, 2**30), f32)], "[1]"),
+    }
+    for name, (leaves, raises_at) in cases.items():
+        alone, beside = _read(leaves), _read([*leaves, "relu"])
+        if raises_at is None:
+            assert beside[-1] == "relu", name
+            assert alone == beside[:-1], name
+            assert alone[0][1] == _canonical(leaves[0].dtype), name
+        else:
+            assert alone == beside and alone[0] is ValueError, (name, alone)
+            assert alone[1].startswith("treeshape.structure_of: ") and f"tree{raises_at}" in alone[1], name
+    s = ts.structure_of([SDS((b, 3), f32), SDS((2,), f32)])
+    assert s.leaves[0].shape == (b, 3) and s.dims == ("b",)
+    # A bare PartitionSpec as the sharding: JAX reads it on the mesh in context, and refuses it without one.
+    by_spec = [SDS((8, 2), f32, sharding=P("x")), SDS((2,), f32)]
+    alone, beside = _read(by_spec), _read([*by_spec, "relu"])
+    assert alone == beside and alone[0] is TypeError and "context mesh cannot be empty" in alone[1]
+    with jax.set_mesh(mesh):
+        assert _read(by_spec) == _read([*by_spec, "relu"])[:-1]
+        assert ts.structure_of(by_spec).leaves[0].sharding == split
+
+
 # == 2. Deep trees ================================================================================
 # How deep a tree JAX flattens is not a constant: with Python 3.11, `tree_flatten`
 # (C++) counts each level against Python's recursion limit (1000 by default), from
@@ -603,6 +654,47 @@ def test_100k_flat_list_against_one_more():
     assert str(m) == "tree[100000]: unexpected extra entry f32[2]."
     # ... and the other way round: one missing.
     assert ts.structure_of(longer).diff(tree) == [ts.Mismatch("[100000]", "structure", "f32[2]", None)]
+
+
+def test_100k_flat_list_and_a_long_tuple_with_leaves_changed_in_place():
+    tree = {"xs": [F2] * N, "ys": (F2,) * 1000, "z": [F2] * 3}
+    other = {"xs": [F2] * N, "ys": list(tree["ys"]), "z": [F2] * 3}
+    other["xs"][0] = SDS((3,), jnp.float32)
+    other["xs"][64] = SDS((2,), jnp.bfloat16)
+    other["xs"][31_337] = "relu"
+    other["xs"][N - 1] = SDS((2,), jnp.float32, weak_type=True)
+    other["ys"][999] = SDS((), jnp.int32)
+    other["ys"] = tuple(other["ys"])
+    expected = [
+        ts.Mismatch("['xs'][0]", "shape", (2,), (3,)),
+        ts.Mismatch("['xs'][64]", "dtype", jnp.dtype("float32"), jnp.dtype("bfloat16")),
+        ts.Mismatch("['xs'][31337]", "structure", "f32[2]", "the static value 'relu'"),
+        ts.Mismatch("['xs'][99999]", "weak_type", False, True),
+        ts.Mismatch("['ys'][999]", "shape", (2,), ()),
+        ts.Mismatch("['ys'][999]", "dtype", jnp.dtype("float32"), jnp.dtype("int32")),
+    ]
+    s = ts.structure_of(tree)
+    _assert_one_diff(s, other, expected)
+    assert [str(m) for m in s.diff(other)][2] == "tree['xs'][31337]: expected f32[2], got the static value 'relu'."
+    assert ts.structure_of(other).diff(tree)[0] == ts.Mismatch("['xs'][0]", "shape", (3,), (2,))
+
+
+def test_lists_and_tuples_of_leaves_of_other_lengths_agree_with_the_reference_diff():
+    leaves = [F2, SDS((3,), jnp.bfloat16), "relu", SDS((), jnp.int32, weak_type=True)] * 30
+    changed = list(leaves)
+    changed[1] = SDS((3,), jnp.float32)
+    changed[2] = "gelu"
+    changed[7] = F2
+    for kind in (list, tuple):
+        for a, b in [(leaves, changed[:-5]), (leaves[:-1], changed), (leaves[:3], changed), (leaves, leaves[:1])]:
+            tree, other = {"xs": kind(a), "n": F2}, {"xs": kind(b), "n": F2}
+            assert _assert_as_reference(ts.structure_of(tree), other, set()), (kind, len(a), len(b))
+            _assert_as_reference(ts.structure_of(other), tree, {"dtype"})
+    grown = [F2] * N
+    longer = [*grown[:31_337], SDS((2,), jnp.int32), *grown[31_337:]]  # one leaf in the middle: every later one moves
+    found = ts.structure_of(grown).diff(longer)
+    assert found[0] == ts.Mismatch("[31337]", "dtype", jnp.dtype("float32"), jnp.dtype("int32"))
+    assert found[-1] == ts.Mismatch("[100000]", "structure", None, "f32[2]") and len(found) == 2
 
 
 def test_100k_nested_list_grown_by_one_leaf():

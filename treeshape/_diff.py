@@ -127,6 +127,13 @@ def _subtree_paths(treedef: jtu.PyTreeDef, leaves: Sequence[Any]) -> list[str]:
 # -- walking two treedefs --------------------------------------------------------
 _CONTAINERS: Final = (dict, collections.OrderedDict, collections.defaultdict, list, tuple, type(None))
 _SMALL: Final = 64  # a subtree with more leaves is split by its children rather than flattened with paths
+_SEQUENCES: Final = (list, tuple)
+_LEAF: Final = jtu.tree_structure(0)
+
+
+def _leaves_only(td: jtu.PyTreeDef) -> bool:
+    """Whether every child of the node `td` is one leaf (no child is a node itself, nor None)."""
+    return bool(td.num_nodes == td.num_leaves + 1)
 
 
 def _same_treedef(e: jtu.PyTreeDef, a: jtu.PyTreeDef) -> bool:
@@ -227,7 +234,10 @@ class _Walk:
                 k += 1
             e0, a0 = run.e0 + start, run.a0 + start
             path = run.path + run.keys[i]
-            if td.num_leaves > _SMALL and td.num_nodes > 1:
+            if td.num_leaves > _SMALL and _leaves_only(td) and td.node_data()[0] in _SEQUENCES:
+                # A long list or tuple of leaves (each child one node): leaf `j` is its child `[j]`.
+                tasks.append(_Leaves([(f"{path}[{j}]", e0 + j, a0 + j) for j in mine], run.saved))
+            elif td.num_leaves > _SMALL and td.num_nodes > 1:
                 keys, children = self._keyed_children(td, e0)
                 starts = _starts(children, 0)
                 tasks.append(_Run(path, keys, list(children), starts, e0, a0, td.num_leaves, mine, run.saved))
@@ -269,6 +279,8 @@ class _Walk:
         if e_node is None or a_node is None or e_node[0] is not a_node[0]:
             return [_Add(p.path, self._describe(e_td, self.e_leaves, p.e0), self._describe(a_td, self.a_leaves, p.a0))]
         node_type = e_node[0]
+        if node_type in _SEQUENCES and _leaves_only(e_td) and _leaves_only(a_td):
+            return self._leaf_sequences(p)
         e_children, a_children = e_td.children(), a_td.children()
         e_keys, a_keys = mapping_keys(node_type, e_node[1]), mapping_keys(node_type, a_node[1])
         if e_keys is not None and a_keys is not None:
@@ -460,6 +472,20 @@ class _Walk:
         e_which = [e_index.get(k, -1) for k in keys]
         a_which = [a_index.get(k, -1) for k in keys]
         return self._line_up(p, texts, p.e_td.children(), p.a_td.children(), e_which, a_which)
+
+    def _leaf_sequences(self, p: _Pair) -> list[_Task]:
+        """Two lists (or tuples) of leaves only, of other lengths: the leaves both have, compared
+        one by one, then each leaf that only one side has; as `_line_up` lines them up, without
+        a treedef, a key and a start per child (a list of 100,000 leaves grown by one)."""
+        n_e, n_a = p.e_td.num_leaves, p.a_td.num_leaves
+        n = min(n_e, n_a)
+        differ = _differing(self.e_leaves, p.e0, self.a_leaves, p.a0, n, p.saved)
+        tasks: list[_Task] = [_Leaves([(f"{p.path}[{j}]", p.e0 + j, p.a0 + j) for j in differ], p.saved)]
+        for j in range(n, n_e):
+            tasks.append(_Add(f"{p.path}[{j}]", self._describe(_LEAF, self.e_leaves, p.e0 + j), None))
+        for j in range(n, n_a):
+            tasks.append(_Add(f"{p.path}[{j}]", None, self._describe(_LEAF, self.a_leaves, p.a0 + j)))
+        return tasks
 
     def _line_up(
         self,

@@ -15,6 +15,7 @@ import collections
 import functools as ft
 import gc
 import itertools
+import operator
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
@@ -29,6 +30,7 @@ from ._shapes import (
     BadShape,
     check_fits,
     checked_shape,
+    extent_problem,
     has_symbolic,
     same_symbolic_shape,
     short_shape,
@@ -143,6 +145,56 @@ class IntTooBig(OverflowError):
         self.index, self.value, self.bits = index, value, bits
 
 
+_SHAPE: Final = operator.attrgetter("shape")
+_DTYPE: Final = operator.attrgetter("dtype")
+_GIVEN_SHARDING: Final = operator.attrgetter(_compat.GIVEN_SHARDING_FIELD)
+_SPEC: Final = jax.sharding.PartitionSpec
+
+
+def _given_as_read(leaves: list[Any], sharded_symbolic: bool) -> bool:
+    """Whether `read_leaves` at top level describes each of `leaves` as itself, told in a
+    few passes of C code over the leaves and then per distinct shape and dtype (a big tree
+    has few), instead of a Python loop over the leaves: every leaf is a
+    `jax.ShapeDtypeStruct` (not a subclass) of a canonical dtype whose dimensions are ints
+    >= 0 or symbolic (each checked by its type, so no shape stands for an equal one of
+    other types), that XLA can hold with any of the dtypes present, and none given a bare
+    `PartitionSpec` as its sharding (which JAX's `sharding` reads on the mesh in context, and
+    refuses without one); where a shape is symbolic and `sharded_symbolic` leaves are
+    collected, no leaf has a sharding. False leaves them to the loop, which also names a
+    leaf that JAX or XLA cannot take."""
+    sds = jax.ShapeDtypeStruct
+    if type(leaves[0]) is not sds or len(set(map(type, leaves))) != 1:
+        return False
+    try:  # the shardings as given, read from their field (the `sharding` property is a call)
+        unsharded = operator.countOf(map(_GIVEN_SHARDING, leaves), None) == len(leaves)
+        if not unsharded and any(map(isinstance, map(_GIVEN_SHARDING, leaves), itertools.repeat(_SPEC))):
+            return False
+    except Exception:  # (where JAX's field is the property itself)
+        return False
+    shapes = list(map(_SHAPE, leaves))
+    dim_types = set(map(type, itertools.chain.from_iterable(shapes)))
+    dim_types.discard(int)
+    if not all(issubclass(t, _compat.SYMBOLIC_DIM_TYPE) for t in dim_types):
+        return False  # a NumPy integer, a bool, a float: the loop checks (or converts) it
+    dtypes = set(map(_DTYPE, leaves))
+    if any(jax.dtypes.canonicalize_dtype(d, allow_extended_dtype=True) != d for d in dtypes):
+        return False
+    symbolic = False
+    for shape in set(shapes):
+        if type(shape) is not tuple:
+            return False
+        if not sizes(shape):
+            try:
+                if checked_shape(shape) != shape:
+                    return False
+            except BadShape:
+                return False
+            symbolic = True
+        if any(extent_problem(shape, d) is not None for d in dtypes):
+            return False
+    return not (symbolic and sharded_symbolic and not unsharded)
+
+
 def read_leaves(
     leaves: list[Any], top_level: bool, sharded_symbolic: list[tuple[int, jax.ShapeDtypeStruct]] | None = None
 ) -> list[Any]:
@@ -165,6 +217,8 @@ def read_leaves(
     both symbolic dimensions and a sharding, whose divisibility is `_sharding`'s to
     check, are appended to `sharded_symbolic`, when given.
     """
+    if top_level and leaves and _given_as_read(leaves, sharded_symbolic is not None):
+        return leaves  # (a tree of `ShapeDtypeStruct`s, as `jax.eval_shape` returns it: no loop)
     kinds = KINDS
     out: list[Any] = []
     append = out.append
@@ -315,6 +369,7 @@ def cycle_problem(tree: Any, root: str) -> str | None:
 
 
 _MANY_CONTAINERS: Final = 10**7
+_CHUNK: Final = 2048  # containers whose children are found and typed in one go
 
 
 def _walk(level: list[Any], depth: int, reached: set[type] | None) -> int:
@@ -329,8 +384,15 @@ def _walk(level: list[Any], depth: int, reached: set[type] | None) -> int:
     limit = sys.getrecursionlimit()
     count = len(level) if depth else 0  # containers reached below the root
     types: set[type] | None = None if reached is None else set()
+    referents = gc.get_referents
     while level:
-        level = _containers(gc.get_referents(*level), types)
+        if len(level) <= _CHUNK:
+            level = _containers(referents(*level), types)
+        else:  # a wide level, a chunk at a time: its children are typed while still in the CPU's caches
+            below: list[Any] = []
+            for start in range(0, len(level), _CHUNK):
+                below += _containers(referents(*level[start : start + _CHUNK]), types)
+            level = below
         depth, count = depth + 1, count + len(level)
         if depth >= limit or count > _MANY_CONTAINERS:
             return depth

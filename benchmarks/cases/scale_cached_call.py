@@ -1,4 +1,4 @@
-"""Case 18, `scale_cached_call` (group `scale`): a cached `out_structure` call at 1,000,000 leaves vs its floor.
+"""Case 18, `scale_cached_call` (group `scale`): a cached `out_structure` call, 1,000,000 and 100 leaves, vs its floor.
 
 `ts.out_structure(first_layer, tree)`, the same call repeated (every call
 after the first is a cache hit), where `tree` is the model-like tree of
@@ -14,8 +14,18 @@ answer before it has flattened the inputs and read each leaf's abstract
 value; the floor does exactly that and nothing else (it keeps the treedef, as
 a key must). Both sides get the same tree object on every call.
 
+A second row (issue 62) times the same call on a state of 100 leaves (the same
+layout, 10 layers) against flatten + one `.aval` read per leaf
+(`workloads.aval_floor`, the tighter floor of case 3), both sides on the same
+tree object: there what a hit does beside the floor weighs most, per call
+(the key, the lookup) and per container (the walk for cycles before JAX's
+flatten, the comparison of the call's treedef with the entry's), beside a
+floor of ~10-25 us. Goal <=2x, as case 3's (whose 101 leaves are a list of
+dicts: 2 levels of containers, where these have 5). It checks 1 hit, 0 misses.
+
 Repetitions: 5 (a call takes ~1 s at 1M leaves; plus one untimed warm-up per
-side). Under `--quick`: 10,000 leaves, 3 repetitions.
+side), 31 for the 100-leaf row. Under `--quick`: 10,000 leaves, 3 repetitions
+(the 100-leaf row unchanged but for its repetitions).
 """
 
 from typing import Any
@@ -23,10 +33,11 @@ from typing import Any
 import treeshape as ts
 
 from harness import Config, Row, at_most, case, check_cache, compare, k, repeat, timed_row
-from workloads import model_leaves, model_tree, typeof_floor
+from workloads import aval_floor, model_leaves, model_tree, typeof_floor
 
 
 N_LEAVES, N_LEAVES_QUICK = 1_000_000, 10_000
+N_STATE = 100  # the small state of issue 62
 
 
 def first_layer(tree: dict[str, Any]) -> Any:
@@ -49,4 +60,19 @@ def scale_cached_call(cfg: Config) -> list[Row]:
     )
     row = timed_row(f"18 cached out_structure, {k(n)} arrays vs flatten + jax.typeof", t, at_most(1.5))
     row.detail["leaves"] = n
-    return [check_cache(row, lambda: ts.out_structure(first_layer, tree), 1, 0)]
+    return [check_cache(row, lambda: ts.out_structure(first_layer, tree), 1, 0), _state_row(cfg)]
+
+
+def _state_row(cfg: Config) -> Row:
+    """18. The same cached call on a state of 100 arrays vs flatten + one `.aval` per leaf."""
+    state = model_tree(model_leaves(N_STATE, "array"))
+    ts.out_structure(first_layer, state)  # the one miss, untimed
+    t = compare(
+        repeat(lambda: aval_floor(state)),
+        repeat(lambda: ts.out_structure(first_layer, state)),
+        cfg,
+        reps=31,
+    )
+    row = timed_row(f"18 cached out_structure, {N_STATE} arrays vs flatten + one .aval per leaf", t, at_most(2))
+    row.detail["leaves"] = N_STATE
+    return check_cache(row, lambda: ts.out_structure(first_layer, state), 1, 0)
