@@ -30,6 +30,8 @@ side), 31 for the 100-leaf row. Under `--quick`: 10,000 leaves, 3 repetitions
 
 from typing import Any
 
+import jax
+
 import treeshape as ts
 
 from harness import Config, Row, at_most, case, check_cache, compare, k, repeat, timed_row
@@ -46,33 +48,23 @@ def first_layer(tree: dict[str, Any]) -> Any:
 
 @case("scale_cached_call", group="scale")
 def scale_cached_call(cfg: Config) -> list[Row]:
-    """18. A cached out_structure call, 1M arrays, vs flatten + jax.typeof of each leaf."""
+    """18. A cached out_structure call, 1M arrays, vs flatten + jax.typeof of each leaf; and
+    the same call on a state of 100 arrays vs flatten + one `.aval` per leaf."""
     n = N_LEAVES_QUICK if cfg.quick else N_LEAVES
     tree = model_tree(model_leaves(n, "array"))
     got = ts.out_structure(first_layer, tree)  # the one miss, untimed
     if got != ts.structure_of(first_layer(tree)):
         raise AssertionError("out_structure gave another structure than the first layer's")
-    t = compare(
-        repeat(lambda: typeof_floor(tree)),
-        repeat(lambda: ts.out_structure(first_layer, tree)),
-        cfg,
-        reps=5,
-    )
-    row = timed_row(f"18 cached out_structure, {k(n)} arrays vs flatten + jax.typeof", t, at_most(1.5))
-    row.detail["leaves"] = n
-    return [check_cache(row, lambda: ts.out_structure(first_layer, tree), 1, 0), _state_row(cfg)]
-
-
-def _state_row(cfg: Config) -> Row:
-    """18. The same cached call on a state of 100 arrays vs flatten + one `.aval` per leaf."""
+    large = _cached_row(cfg, tree, typeof_floor, f"{k(n)} arrays vs flatten + jax.typeof", at_most(1.5), reps=5)
     state = model_tree(model_leaves(N_STATE, "array"))
     ts.out_structure(first_layer, state)  # the one miss, untimed
-    t = compare(
-        repeat(lambda: aval_floor(state)),
-        repeat(lambda: ts.out_structure(first_layer, state)),
-        cfg,
-        reps=31,
-    )
-    row = timed_row(f"18 cached out_structure, {N_STATE} arrays vs flatten + one .aval per leaf", t, at_most(2))
-    row.detail["leaves"] = N_STATE
-    return check_cache(row, lambda: ts.out_structure(first_layer, state), 1, 0)
+    small = _cached_row(cfg, state, aval_floor, f"{N_STATE} arrays vs flatten + one .aval per leaf", at_most(2), 31)
+    return [large, small]
+
+
+def _cached_row(cfg: Config, tree: Any, floor: Any, label: str, goal: Any, reps: int) -> Row:
+    """The cached call on `tree` against `floor(tree)`, interleaved, its one hit checked."""
+    t = compare(repeat(lambda: floor(tree)), repeat(lambda: ts.out_structure(first_layer, tree)), cfg, reps=reps)
+    row = timed_row(f"18 cached out_structure, {label}", t, goal)
+    row.detail["leaves"] = len(jax.tree.leaves(tree))
+    return check_cache(row, lambda: ts.out_structure(first_layer, tree), 1, 0)
