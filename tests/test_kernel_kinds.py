@@ -118,7 +118,7 @@ def test_a_scatter_adds_its_rows_element_by_element():
 def _scatter_into_zeros_seconds(table_rows, rows):
     ids = jax.ShapeDtypeStruct((rows,), jnp.int32)
     updates = jax.ShapeDtypeStruct((rows, 128), jnp.float32)  # 512-byte rows
-    step = jax.jit(lambda u, i: jnp.zeros((table_rows, 128)).at[i].add(u))
+    step = jax.jit(lambda u, i: jnp.zeros((table_rows, 128), jnp.float32).at[i].add(u))
     (scatter,) = [k for k in ts.cost(step, updates, ids, target="v5e").time.kernels if k.kind == "scatter"]
     return scatter.seconds
 
@@ -168,16 +168,17 @@ def test_a_layout_copy_between_hbm_and_vmem_runs_at_hbms_pace():
     # (the chip: 14.4 us each for 8 MiB, where 0.6 added VMEM's time to HBM's: 29.8 us), and
     # two copies a trip in VMEM at the rate measured for them in a loop
     def transpose_in_a_loop(x):
-        return jax.lax.fori_loop(0, 16, lambda i, y: jnp.swapaxes(y, 1, 2), x)
+        # (an int32 counter under x64 too: an int64 one is laid out, and copied, otherwise)
+        return jax.lax.fori_loop(jnp.int32(0), jnp.int32(16), lambda i, y: jnp.swapaxes(y, 1, 2), x)
 
     x = jax.ShapeDtypeStruct((8, 512, 512), jnp.float32)
     t = ts.cost(jax.jit(transpose_in_a_loop), x, target="v5e").time
     (around,) = [k for k in t.kernels if k.kind == "copy" and k.runs == 2]
     assert around.seconds == pytest.approx(2 * (8 * 2**20 / HBM + RUN), rel=0.02)
-    (inside,) = [k for k in t.kernels if k.kind == "copy" and k.runs == 33]  # (XLA's own, with the counter's)
+    inside = [k for k in t.kernels if k.kind == "copy" and k.runs >= 32]  # (XLA's own, the counter's with them)
     vmem_run = number("vmem_cycles_per_run") / V5E_CLOCK
     in_vmem = 32 * (16 * 2**20 / number("loop_vmem_bytes_per_second.copy") + vmem_run)
-    assert inside.seconds == pytest.approx(in_vmem, rel=0.02)
+    assert sum(k.seconds for k in inside) == pytest.approx(in_vmem, rel=0.02)
 
 
 def _product_seconds(dtype, precision=None, context=None):
