@@ -86,7 +86,7 @@ class Kernel:
     host: str = ""  # an asynchronous copy's direction to or from the host's memory ("device_to_host", ...)
     host_bytes: float = 0.0  # the bytes it moves there, one run
     precision: str = ""  # a matrix product's operand precision above the default ("high", "highest")
-    staged: bool = False  # a scatter that libtpu's staged emitter runs (a custom fusion, `kind=kCustom`)
+    staged: bool = False  # a scatter that libtpu's staged emitter runs (megabytes of scoped VMEM: `scoped_bytes`)
     strided: str = ""  # a slice with a stride over its operand's lanes ("lanes") or sublanes ("sublanes")
     strided_bytes: float = 0.0  # the bytes of the operand that slice spans, one run
 
@@ -314,12 +314,13 @@ def _strided(computation: Computation, instruction: Instruction) -> tuple[str, f
     operands, attributes = op_of(instruction)[1:]
     found = _SLICE.search(attributes)
     operand = computation.named.get(operands[0]) if operands else None
-    layout = _LAYOUT.search(re.sub(r"/\*.*?\*/", "", _shape(operand))) if operand is not None else None
+    shape = re.sub(r"/\*.*?\*/", "", _shape(operand)) if operand is not None else ""
+    layout = _LAYOUT.search(shape)
     if found is None or layout is None:
         return "", 0.0
     strides = [int(d.split(":")[2]) if d.count(":") == 2 else 1 for d in re.findall(r"\[([\d:]+)\]", found.group(1))]
     order = [int(d) for d in layout.group(1).split(",")]
-    in_vmem = re.search(r"S\(\d+\)", _shape(operand) if operand is not None else "") is not None
+    in_vmem = re.search(r"S\(\d+\)", shape) is not None
     for name, place in (("lanes", 0), ("sublanes", 1)):
         if place < len(order) and order[place] < len(strides) and strides[order[place]] > 1:
             if name == "sublanes" and in_vmem:  # (every other row of VMEM: at VMEM's pace)
