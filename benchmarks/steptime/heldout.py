@@ -71,7 +71,9 @@ def cost(args: argparse.Namespace) -> None:
     import models
 
     groups = {"K": kinds.AFTER_J, "L": kinds_l.AFTER_K, "M": models.POLICIES}
-    rows = [row for name in args.rows.split(",") for row in models.rows(groups[name])]
+    rows = []
+    for name in args.rows.split(","):  # a group, or one row as NAME:SIZE
+        rows += models.rows(groups[name]) if name in groups else [(name.rsplit(":", 1)[0], int(name.rsplit(":", 1)[1]))]
     out: list[dict[str, Any]] = []
     with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
         for record in pool.map(_cost_row, rows):

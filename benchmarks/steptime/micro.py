@@ -18,8 +18,9 @@ left out (and listed). Needs JAX and NumPy only.
     python benchmarks/steptime/micro.py --out DIR [--cases GROUP|NAME,...] [--quick | --selftest]
         [--budget-seconds 420] [--no-profile] [--deviceless v5e] [--list]
 
-A second set, `micro_cases_k.py` (groups scatter2, stride, layout, mm_f32, flash2), runs
-only when `--cases` names its groups or cases; with no `--cases`, the first set runs.
+A second set, `micro_cases_k.py` (groups scatter2, stride, layout, mm_f32, flash2), and a
+third, `micro_cases_l.py` (group ttable), run only when `--cases` names their groups or
+cases; with no `--cases`, the first set runs.
 
 Writes DIR/micro.json (the environment and one record a case, rewritten after each case)
 and DIR/modules.tar.gz (each case's optimized module as the compiler dumped it:
@@ -63,6 +64,7 @@ START = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import micro_cases  # noqa: E402
 import micro_cases_k  # noqa: E402
+import micro_cases_l  # noqa: E402
 from micro_cases import Case  # noqa: E402
 
 
@@ -118,7 +120,7 @@ def choose(cases: list[Case], args: argparse.Namespace, where: str) -> list[Case
         if where not in ("tpu", "deviceless"):
             names[-1] = "ew_16mib"  # (no Pallas TPU kernel off a TPU)
         return [c for n in names for c in cases if c.name == n]
-    groups = micro_cases.GROUPS + micro_cases_k.GROUPS_K
+    groups = micro_cases.GROUPS + micro_cases_k.GROUPS_K + micro_cases_l.GROUPS_L
     if args.cases:
         wanted = args.cases.split(",")
         unknown = [w for w in wanted if w not in groups and w not in {c.name for c in cases}]
@@ -154,7 +156,7 @@ def environment(dev: Any, where: str, args: argparse.Namespace) -> dict[str, Any
     env["libtpu"] = _version("libtpu")
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for name in ("micro.py", "micro_cases.py", "micro_cases_k.py"):
+    for name in ("micro.py", "micro_cases.py", "micro_cases_k.py", "micro_cases_l.py"):
         digest.update((here / name).read_bytes())
     env["scripts_sha256"] = digest.hexdigest()[:16]
     return env
@@ -641,8 +643,8 @@ def selftest_check(records: list[dict[str, Any]], where: str, profiled: bool) ->
 def main() -> int:
     args = parse_args()
     dev, where = device_of(args)
-    every = micro_cases.cases(dev) + micro_cases_k.cases()
-    assert len({c.name for c in every}) == len(every), "case names must be unique across both sets"
+    every = micro_cases.cases(dev) + micro_cases_k.cases() + micro_cases_l.cases()
+    assert len({c.name for c in every}) == len(every), "case names must be unique across the sets"
     cases = choose(every, args, where)
     if args.list:
         for c in cases:
@@ -656,8 +658,9 @@ def main() -> int:
         log("this device has no pinned_host memory: the host group is left out")
         cases = [c for c in cases if c.group != "host"]
     runner = Runner(args, dev, where, cases)
-    second = {c.group in micro_cases_k.GROUPS_K for c in cases}
-    runner.env["set"] = "k" if second == {True} else ("first" if second == {False} else "both")
+    set_of = {g: "k" for g in micro_cases_k.GROUPS_K} | {g: "l" for g in micro_cases_l.GROUPS_L}
+    sets = {set_of.get(c.group, "first") for c in cases}
+    runner.env["set"] = sets.pop() if len(sets) == 1 else "mixed"
     log("env", json.dumps(runner.env))
     log(f"{len(cases)} cases on {where}, {args.threads} compile threads, budget {args.budget_seconds:.0f} s")
     status = runner.run()

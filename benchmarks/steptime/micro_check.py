@@ -25,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import micro_cases  # noqa: E402
 import micro_cases_k  # noqa: E402
+import micro_cases_l  # noqa: E402
 
 import treeshape as ts  # noqa: E402
 
@@ -65,10 +66,11 @@ def main() -> None:
     parser.add_argument("--json", help="write every case's figures here")
     args = parser.parse_args()
     summary = {c["name"]: c for c in json.loads(Path(args.summary).read_text())["cases"]}
-    groups = args.groups.split(",") if args.groups else list(micro_cases.GROUPS + micro_cases_k.GROUPS_K)
+    every = micro_cases.GROUPS + micro_cases_k.GROUPS_K + micro_cases_l.GROUPS_L
+    groups = args.groups.split(",") if args.groups else list(every)
     device = jax.devices()[0]
     rows: list[dict[str, Any]] = []
-    for case in micro_cases.cases(device) + micro_cases_k.cases():
+    for case in micro_cases.cases(device) + micro_cases_k.cases() + micro_cases_l.cases():
         measured = summary.get(case.name, {})
         if case.group not in groups or "kernels_s" not in measured:
             continue

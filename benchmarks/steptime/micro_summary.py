@@ -97,7 +97,7 @@ def main() -> None:
     if args.output:
         output = Path(args.output)
     else:
-        prefix = "microk" if env.get("set") == "k" else "micro"  # (the second set's: not `micro-*.json`)
+        prefix = {"k": "microk", "l": "microl"}.get(env.get("set", ""), "micro")  # (not `micro-*.json`: the first set)
         output = Path(__file__).resolve().parent / "measured" / f"{prefix}-{env['date'][:10]}.json"
     if env["backend"] != "tpu":
         print(f"note: measured on {env['backend']} ({env['device_kind']}), not on a TPU", file=sys.stderr)
