@@ -15,6 +15,9 @@ the date).
   precision (the passes a higher one takes), scatters into large tables by each of
   libtpu's two emitters, strided slices over lanes and over sublanes, layout copies in a
   loop's body (in VMEM).
+- `measured/microl-*.json`: the third set (`micro_cases_l.py`): gathers and scatters on
+  tables libtpu lays out transposed (a row one lane of several tiles), by the tiles a row
+  spans and where the table lies.
 
     python benchmarks/steptime/calibrate.py [--check]
 
@@ -208,6 +211,42 @@ def scatter_emitters(doc: dict[str, Any], first: dict[str, Any], number: Any, hb
     }
 
 
+def transposed_tables(doc: dict[str, Any], number: Any, in_place_row: float) -> dict[str, Any]:
+    """Gathers and scatters on tables libtpu lays out transposed (`micro_cases_l.py`'s
+    `ttable`: a row one lane of `ceil(lanes / 8)` tiles): a scatter adds a row in place at
+    `scatter_in_place_row_seconds` and each tile it spans at a cost fitted through the f32
+    rows of 1-8 tiles (least squares, the line held at that row's cost); a gather from a
+    table in HBM at a tile's cost (the median of the 4-tile cases: every other width was
+    laid out plainly or prefetched into VMEM); from a table prefetched into VMEM at a line
+    through its rows of 1, 2 and 4 tiles (the f32 8- and 16-lane tables, the bf16 32-lane)."""
+    cases = _cases(doc, "ttable")
+
+    def tiles(c: dict[str, Any]) -> int:
+        return -(-c["params"]["lanes"] // 8)
+
+    scatters = [cases[f"ttable_scatter_d{d}"] for d in (8, 16, 32, 64)]
+    points = [(tiles(c), _per_row(c, "scatter_fusion") - in_place_row) for c in scatters]
+    tile = sum(x * y for x, y in points) / sum(x * x for x, _ in points)
+    in_hbm = ("ttable_gather_d32", "ttable_gather_d32_n4k", "ttable_gather_d32_n256k", "ttable_gather_t4m_d32")
+    hbm_tile = statistics.median(_per_row(cases[n], "gather_fusion") / tiles(cases[n]) for n in in_hbm)
+    in_vmem = ("ttable_gather_d8", "ttable_gather_d16", "ttable_gather_bf16_d32")
+    row, slope = _line([(tiles(cases[n]), _per_row(cases[n], "gather_fusion")) for n in in_vmem])
+    return {
+        "scatter_transposed_tile_seconds": number(
+            tile, "s a tile a row spans, besides its in-place row", f"micro: {', '.join(c['name'] for c in scatters)}"
+        ),
+        "gather_transposed_tile_seconds.hbm": number(
+            hbm_tile, "s a tile a row spans, the table in HBM", f"micro: {', '.join(in_hbm)} (median)"
+        ),
+        "gather_transposed_row_seconds.vmem": number(
+            row, "s a row, the table in VMEM", f"micro: {', '.join(in_vmem)} (a line)"
+        ),
+        "gather_transposed_tile_seconds.vmem": number(
+            slope, "s a tile a row spans, the table in VMEM", "micro: the same line's slope"
+        ),
+    }
+
+
 def strides(doc: dict[str, Any], number: Any) -> dict[str, Any]:
     """A strided slice's rate by the bytes of its operand it spans: over lanes (the minor
     dimension: `x[:, ::2]`, the odd lanes of rotary embeddings) the median of those cases;
@@ -294,10 +333,17 @@ def build() -> dict[str, Any]:
     numbers |= scatter_emitters(micro_k, micro, number_k, hbm_efficiency)
     numbers |= strides(micro_k, number_k)
     numbers |= loop_copies(micro_k, number_k)
+    third = sorted(MEASURED.glob("microl-*.json"))[-1]  # the third set (`micro_cases_l.py`)
+    micro_l = json.loads(third.read_text())
+
+    def number_l(value: float, unit: str, came_from: str) -> dict[str, Any]:
+        return _number(value, unit, came_from, third.name, micro_l["env"])
+
+    numbers |= transposed_tables(micro_l, number_l, numbers["scatter_in_place_row_seconds"]["value"])
     return {
         "chip": "v5e",
         "rebuilt_by": "benchmarks/steptime/calibrate.py",
-        "summaries": ["profiles-a-i.json", latest.name, second.name],
+        "summaries": ["profiles-a-i.json", latest.name, second.name, third.name],
         "numbers": dict(sorted(numbers.items())),
     }
 

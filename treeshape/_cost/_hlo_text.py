@@ -22,6 +22,7 @@ _CALLED: Final = re.compile(
 )
 _NAME: Final = re.compile(r"%([^\s,(){}]+)")
 _TRIPS: Final = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+CALLS: Final = re.compile(r"\bcalls=%([^\s,]+)")  # the computation a fusion or call runs
 GET: Final = re.compile(r"get-tuple-element\(%([^\s,)]+)\), index=(\d+)")
 
 
@@ -219,6 +220,33 @@ def element(computation: Computation, name: str) -> int | None:
     got = GET.search(instruction.text) if instruction is not None else None
     parameter = next((i.name for i in computation.instructions if " parameter(0)" in i.text), None)
     return int(got.group(2)) if got is not None and got.group(1) == parameter else None
+
+
+# An array of a shape's text: its XLA type, dimensions and layout (`bf16[512,512]{1,0:T(8,128)(2,1)}`).
+ARRAY: Final = re.compile(r"\b(pred|[a-z]+\d+[a-z0-9]*)\[([\d,]*)\](\{[^}]*\})?")
+_BITS: Final = re.compile(r"[a-z]+(\d+)")  # an XLA type's bits: `bf16`, `s32`, `f8e4m3fn`, `f4e2m1fn`
+
+
+def itemsize(kind: str) -> int:
+    """The bytes of one element of an XLA type (a narrow one's as one byte: a TPU holds
+    them unpacked)."""
+    bits = _BITS.match(kind)
+    return 1 if kind == "pred" or bits is None else max(int(bits.group(1)) // 8, 1)
+
+
+def arrays(shape: str) -> Iterator[tuple[str, int, bool]]:
+    """Each array of a shape's text: its XLA type, bytes, and whether it is in device memory
+    (not in a TPU's VMEM or SMEM, which a layout's `S(n)` names)."""
+    for kind, dims, layout in ARRAY.findall(re.sub(r"/\*.*?\*/", "", shape)):
+        count = 1
+        for d in dims.split(","):
+            count *= int(d) if d else 1
+        yield kind, count * itemsize(kind), re.search(r"S\((\d+)\)", layout or "") is None
+
+
+def shape_bytes(instruction: Instruction | None) -> int:
+    """The bytes of an instruction's result (0 for none)."""
+    return 0 if instruction is None else sum(b for _, b, _ in arrays(instruction.shape))
 
 
 def cost(text: str) -> tuple[float, float] | None:

@@ -14,12 +14,13 @@ import dataclasses
 import math
 import re
 import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final, Literal
 
 from .. import _compat
 from . import _hlo_loops
-from ._hlo_text import Computation, Instruction, Module, op_of, parse
+from ._hlo_text import ARRAY, CALLS, Computation, Instruction, Module, arrays, itemsize, op_of, parse, shape_bytes
+from ._layout import row_tiles, strided, strided_of
 from ._pallas import Work, signature
 
 
@@ -87,6 +88,8 @@ class Kernel:
     host_bytes: float = 0.0  # the bytes it moves there, one run
     precision: str = ""  # a matrix product's operand precision above the default ("high", "highest")
     staged: bool = False  # a scatter that libtpu's staged emitter runs (megabytes of scoped VMEM: `scoped_bytes`)
+    row_tiles: int = 0  # its table laid out transposed (its rows along the lanes): the tiles a row spans
+    table_in_vmem: bool = False  # a gather's or scatter's table in VMEM (prefetched there)
     strided: str = ""  # a slice with a stride over its operand's lanes ("lanes") or sublanes ("sublanes")
     strided_bytes: float = 0.0  # the bytes of the operand that slice spans, one run
 
@@ -113,9 +116,7 @@ _DATA: Final = frozenset(
     }
 )  # fmt: skip
 _CYCLES: Final = re.compile(r'"estimated_cycles":"(\d+)"')
-_CALLS: Final = re.compile(r"\bcalls=%([^\s,]+)")
 _WINDOW_TEXT: Final = re.compile(r"\bwindow=\{[^}]*\}")
-_ARRAY: Final = re.compile(r"\b(pred|[a-z]+\d+[a-z0-9]*)\[([\d,]*)\](\{[^}]*\})?")
 _MINOR: Final = re.compile(r"\{(\d+)")  # a layout's first dimension: its minor one
 _BRANCHES: Final = re.compile(
     r"\b(?:to_apply|branch_computations|true_computation|false_computation)=(\{[^}]*\}|%[^\s,]+)"
@@ -131,15 +132,7 @@ _MESH_AXIS: Final = re.compile(r"'?([^'=,]+)'?=(\d+)")
 _AXIS_REF: Final = re.compile(r"'?([^':,]+)'?(?::\(\d+\)(\d+))?")
 _PAIRS: Final = re.compile(r"\bsource_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 _CHANNEL: Final = re.compile(r"\bchannel_id=(\d+)")
-_BITS: Final = re.compile(r"[a-z]+(\d+)")  # an XLA type's bits: `bf16`, `s32`, `f8e4m3fn`, `f4e2m1fn`
 _NAMES: Final = {"pred": "bool", "bf16": "bfloat16", "f": "float", "s": "int", "u": "uint", "c": "complex"}
-
-
-def _size(kind: str) -> int:
-    """The bytes of one element of an XLA type (a narrow one's as one byte: a TPU holds
-    them unpacked)."""
-    bits = _BITS.match(kind)
-    return 1 if kind == "pred" or bits is None else max(int(bits.group(1)) // 8, 1)
 
 
 def _dtype_name(kind: str) -> str:
@@ -152,15 +145,6 @@ def _dtype_name(kind: str) -> str:
         return kind
     prefix, bits, rest = typed.groups()
     return _NAMES[prefix] + bits + (f"_{rest}" if rest else "")
-
-
-def _arrays(shape: str) -> Iterator[tuple[str, int, bool]]:
-    """Each array of a shape's text: its XLA type, bytes, and whether it is in device memory."""
-    for kind, dims, layout in _ARRAY.findall(re.sub(r"/\*.*?\*/", "", shape)):
-        count = 1
-        for d in dims.split(","):
-            count *= int(d) if d else 1
-        yield kind, count * _size(kind), re.search(r"S\((\d+)\)", layout or "") is None
 
 
 def _shape(instruction: Instruction) -> str:
@@ -180,6 +164,8 @@ class _Traits:
     table_bytes: float = 0.0  # a scatter's result, a gather's operand
     precision: str = ""  # that product's operand precision above the default (`precision_of`)
     staged: bool = False  # a scatter run by libtpu's staged emitter
+    row_tiles: int = 0  # a gather's or scatter's row: the tiles it spans where its table lies transposed (`row_tiles`)
+    in_vmem: bool = False  # that table is in VMEM
     strided: str = ""  # a strided slice's strided dimension: "lanes" or "sublanes" (`strided_of`)
     strided_bytes: float = 0.0  # the operand's bytes it spans
 
@@ -201,7 +187,7 @@ def _find(module: Module, computation: Computation, opcode: str) -> tuple[Comput
         inner, _, attributes = op_of(instruction)
         if inner == opcode:
             return computation, instruction
-        called = _CALLS.search(attributes)
+        called = CALLS.search(attributes)
         if inner == "fusion" and called is not None and called.group(1) in module.computations:
             found = _find(module, module.computations[called.group(1)], opcode)
             if found is not None:
@@ -209,30 +195,29 @@ def _find(module: Module, computation: Computation, opcode: str) -> tuple[Comput
     return None
 
 
-def _bytes(instruction: Instruction | None) -> int:
-    return 0 if instruction is None else sum(b for _, b, _ in _arrays(_shape(instruction)))
-
-
 def _indexed(computation: Computation, instruction: Instruction) -> _Traits:
     """A gather's or scatter's traits: how many slices it moves and their bytes (each
     gathered slice, or each scattered update row, and the table a scatter writes)."""
     opcode, operands, attributes = op_of(instruction)
     named = computation.named
+    tiles, vmem = row_tiles(computation, instruction)
     if opcode == "gather":
         sizes = re.search(r"\bslice_sizes=\{([\d,]*)\}", attributes)
         each = math.prod(int(d) for d in sizes.group(1).split(",") if d) if sizes else 1
         out = _dims(instruction) or []
         count = math.prod(out) // max(each, 1)
-        table = _bytes(named.get(operands[0])) if operands else 0
-        return _Traits("gather", indices=count, slice_bytes=_bytes(instruction) / max(count, 1), table_bytes=table)
+        table = shape_bytes(named.get(operands[0])) if operands else 0
+        row = shape_bytes(instruction) / max(count, 1)
+        return _Traits("gather", indices=count, slice_bytes=row, table_bytes=table, row_tiles=tiles, in_vmem=vmem)
     indices = _dims(named.get(operands[1])) if len(operands) >= 3 else None
     vector = re.search(r"\bindex_vector_dim=(\d+)", attributes)
     if indices is None or vector is None:
-        return _Traits("scatter", table_bytes=_bytes(instruction))
+        return _Traits("scatter", table_bytes=shape_bytes(instruction))
     at = int(vector.group(1))
     count = math.prod(indices) // (indices[at] if at < len(indices) else 1)
-    updates = _bytes(named.get(operands[2]))
-    return _Traits("scatter", indices=count, slice_bytes=updates / max(count, 1), table_bytes=_bytes(instruction))
+    updates = shape_bytes(named.get(operands[2])) / max(count, 1)
+    table = shape_bytes(instruction)
+    return _Traits("scatter", indices=count, slice_bytes=updates, table_bytes=table, row_tiles=tiles, in_vmem=vmem)
 
 
 def _kind(module: Module, computation: Computation, instruction: Instruction) -> _Traits:
@@ -254,11 +239,11 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
     if opcode in ("reduce", "reduce-window", "select-and-scatter"):
         return _Traits("reduction", lanes=lane_fill(computation, instruction))
     if opcode == "slice":
-        over, span = _strided(computation, instruction)
+        over, span = strided(computation, instruction)
         return _Traits("data movement", strided=over, strided_bytes=span)
     if opcode in ("copy", "transpose", "reshape"):  # (a reshape left alone is a change of layout: a copy)
         return _Traits("copy")
-    called = _CALLS.search(attributes)
+    called = CALLS.search(attributes)
     if opcode != "fusion" or called is None or called.group(1) not in module.computations:
         return _Traits("data movement" if opcode in _DATA else "elementwise")
     kinds: set[Kind] = set()
@@ -283,10 +268,10 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
         found = _find(module, fused, indexed)
         if found is not None:
             return dataclasses.replace(_indexed(*found), staged=scoped_bytes(attributes) >= _STAGED_SCOPED_BYTES)
-    strided, spanned = strided_of(module, fused)
+    over, spanned = strided_of(module, fused)
     if "reduction" in kinds:
-        return _Traits("reduction", lanes=lane_fill(computation, instruction), strided=strided, strided_bytes=spanned)
-    return _Traits("elementwise" if "elementwise" in kinds else "data movement", strided=strided, strided_bytes=spanned)
+        return _Traits("reduction", lanes=lane_fill(computation, instruction), strided=over, strided_bytes=spanned)
+    return _Traits("elementwise" if "elementwise" in kinds else "data movement", strided=over, strided_bytes=spanned)
 
 
 # libtpu's staged scatter emitter holds its rows in megabytes of scoped VMEM (1-16 MB as
@@ -302,51 +287,6 @@ def scoped_bytes(attributes: str) -> int:
     return sum(int(n) for n in re.findall(r'"size":"(\d+)"', found.group(1))) if found else 0
 
 
-_SLICE: Final = re.compile(r"\bslice=\{((?:\[[\d:]+\],?\s*)*)\}")
-_LAYOUT: Final = re.compile(r"\{([\d,]+)(?::|\})")
-
-
-def _strided(computation: Computation, instruction: Instruction) -> tuple[str, float]:
-    """Whether a slice steps over its operand's minor dimension (`"lanes"`: a TPU gathers
-    each element of a vector register's lanes), else over its second-minor one
-    (`"sublanes"`, from HBM), by its operand's layout; and the operand's bytes the slice
-    spans (its result's times that stride). `("", 0)` for a slice with no stride there."""
-    operands, attributes = op_of(instruction)[1:]
-    found = _SLICE.search(attributes)
-    operand = computation.named.get(operands[0]) if operands else None
-    shape = re.sub(r"/\*.*?\*/", "", _shape(operand)) if operand is not None else ""
-    layout = _LAYOUT.search(shape)
-    if found is None or layout is None:
-        return "", 0.0
-    strides = [int(d.split(":")[2]) if d.count(":") == 2 else 1 for d in re.findall(r"\[([\d:]+)\]", found.group(1))]
-    order = [int(d) for d in layout.group(1).split(",")]
-    in_vmem = re.search(r"S\(\d+\)", shape) is not None
-    for name, place in (("lanes", 0), ("sublanes", 1)):
-        if place < len(order) and order[place] < len(strides) and strides[order[place]] > 1:
-            if name == "sublanes" and in_vmem:  # (every other row of VMEM: at VMEM's pace)
-                break
-            return name, float(_bytes(instruction) * strides[order[place]])
-    return "", 0.0
-
-
-def strided_of(module: Module, computation: Computation) -> tuple[str, float]:
-    """The most costly strided slice a fused computation holds (`_strided`; one over lanes
-    before one over sublanes), a fusion inside it searched too; the bytes they span summed."""
-    kinds, spanned = set(), 0.0
-    for instruction in computation.instructions:
-        inner, _, attributes = op_of(instruction)
-        found: tuple[str, float] = ("", 0.0)
-        if inner == "slice":
-            found = _strided(computation, instruction)
-        called = _CALLS.search(attributes)
-        if inner == "fusion" and called is not None and called.group(1) in module.computations:
-            found = strided_of(module, module.computations[called.group(1)])
-        if found[0]:
-            kinds.add(found[0])
-            spanned += found[1]
-    return next((k for k in ("lanes", "sublanes") if k in kinds), ""), spanned
-
-
 def _operand_type(computation: Computation, kernel: Instruction) -> str | None:
     """The XLA type a matrix product or custom call computes in: its operands' (an int8
     product's `s8`, whatever it accumulates into), the type that holds the most of their
@@ -354,9 +294,9 @@ def _operand_type(computation: Computation, kernel: Instruction) -> str | None:
     named = computation.named
     held: dict[str, int] = {}
     for operand in op_of(kernel)[1]:
-        for kind, size, _ in _arrays(_shape(named[operand])) if operand in named else ():
+        for kind, size, _ in arrays(_shape(named[operand])) if operand in named else ():
             held[kind] = held.get(kind, 0) + size
-    return max(held, key=lambda kind: (held[kind], _size(kind))) if held else None
+    return max(held, key=lambda kind: (held[kind], itemsize(kind))) if held else None
 
 
 def lane_fill(computation: Computation, kernel: Instruction) -> float:
@@ -367,7 +307,7 @@ def lane_fill(computation: Computation, kernel: Instruction) -> float:
     arrays = [kernel, *(named[o] for o in op_of(kernel)[1] if o in named)]
     largest, minor = 0, _TILE
     for instruction in arrays:
-        for found in _ARRAY.finditer(re.sub(r"/\*.*?\*/", "", _shape(instruction))):
+        for found in ARRAY.finditer(re.sub(r"/\*.*?\*/", "", _shape(instruction))):
             dims = [int(d) for d in found.group(2).split(",") if d]
             layout = _MINOR.match(found.group(3) or "")
             if dims and layout and math.prod(dims) > largest:
@@ -383,7 +323,7 @@ _DOT_DIMS: Final = re.compile(r"\b(lhs_contracting|rhs_contracting|lhs_batch|rhs
 def _dims(instruction: Instruction | None) -> list[int] | None:
     if instruction is None:
         return None
-    found = _ARRAY.search(re.sub(r"/\*.*?\*/", "", _shape(instruction)))
+    found = ARRAY.search(re.sub(r"/\*.*?\*/", "", _shape(instruction)))
     return [int(d) for d in found.group(2).split(",") if d] if found else None
 
 
@@ -504,7 +444,7 @@ def _alone(module: Module, computation: Computation, instruction: Instruction) -
     body = [f"  %p{i} = {s} parameter({i})" for i, s in enumerate(shapes)]
     operand_list = ", ".join(f"%p{i}" for i in range(len(shapes)))
     body.append(f"  ROOT %kernel = {_shape(instruction)} {opcode}({operand_list}){attributes}")
-    called = _CALLS.search(attributes)
+    called = CALLS.search(attributes)
     head = module.text(called.group(1)).replace("ENTRY ", "", 1) if called else f"HloModule {module.name}\n"
     entry = f"ENTRY %kernel.entry ({signature}) -> {_shape(instruction)} {{\n" + "\n".join(body) + "\n}\n"
     return re.sub(r",? stack_frame_id=\d+", "", head + "\n" + entry)
@@ -543,8 +483,8 @@ def _costed(module: Module, computation: Computation, instruction: Instruction) 
     where it carries them (`_figures`). Never negative."""
     opcode, operands, _ = op_of(instruction)
     named = computation.named
-    in_device = [all(d for _, _, d in _arrays(_shape(named[o]))) if o in named else True for o in operands]
-    outputs = [d for _, _, d in _arrays(_shape(instruction))]
+    in_device = [all(d for _, _, d in arrays(_shape(named[o]))) if o in named else True for o in operands]
+    outputs = [d for _, _, d in arrays(_shape(instruction))]
     out_device = all(outputs)
     figures = _figures(instruction) if opcode == "custom-call" else None
     if figures is not None:
@@ -553,8 +493,8 @@ def _costed(module: Module, computation: Computation, instruction: Instruction) 
     text = _alone(module, computation, instruction) if alone else None
     analysis = _compat.hlo_text_cost_analysis(text) if text is not None else {}
     if "bytes accessed" not in analysis or any(v < 0 for k, v in analysis.items() if k.startswith(("flops", "bytes"))):
-        sizes = [_bytes(named.get(o)) for o in operands]
-        out = _bytes(instruction)
+        sizes = [shape_bytes(named.get(o)) for o in operands]
+        out = shape_bytes(instruction)
         if opcode in _ASYNC_COPIES | _COLLECTIVES:  # the output holds the operand again, and a context
             return 0.0, float(sum(sizes)), float(sum(sizes))
         held = sum(s for s, d in zip(sizes, in_device, strict=True) if d) + (out if out_device else 0)
@@ -594,7 +534,7 @@ def _held(module: Module, computation: Computation) -> tuple[Computation, Instru
         inner, _, attributes = op_of(instruction)
         if inner.removesuffix("-start") in _COLLECTIVE_OPS:
             return computation, instruction
-        called = _CALLS.search(attributes)
+        called = CALLS.search(attributes)
         if inner == "fusion" and called is not None and called.group(1) in module.computations:
             found = _held(module, module.computations[called.group(1)])
             if found is not None:
@@ -609,7 +549,7 @@ def _communication(module: Module, computation: Computation, kernel: Instruction
     opcode, _, attributes = op_of(kernel)
     found: tuple[Computation, Instruction] | None = (computation, kernel)
     if opcode.removesuffix("-start") not in _COLLECTIVE_OPS:
-        called = _CALLS.search(attributes)
+        called = CALLS.search(attributes)
         if opcode not in ("fusion", "async-start") or called is None or called.group(1) not in module.computations:
             return None
         found = _held(module, module.computations[called.group(1)])
@@ -618,19 +558,19 @@ def _communication(module: Module, computation: Computation, kernel: Instruction
     inside, instruction = found
     opcode, operands, attributes = op_of(instruction)
     op = opcode.removesuffix("-start")
-    arrays = [_bytes(inside.named.get(o)) for o in operands]
+    sizes = [shape_bytes(inside.named.get(o)) for o in operands]
     channel = _CHANNEL.search(attributes)
     name = f"channel {channel.group(1)}" if channel is not None else kernel.name
     if op == "collective-permute":
         pairs = _PAIRS.search(attributes)
         moves = pairs is not None and any(a != b for a, b in re.findall(r"\{(\d+),(\d+)\}", pairs.group(1)))
-        return Collective(op, 2 if moves else 1, float(arrays[0] if arrays else 0), name)
+        return Collective(op, 2 if moves else 1, float(sizes[0] if sizes else 0), name)
     devices = _group(attributes, everyone)
     if op == "all-gather":
-        return Collective(op, devices, float(sum(arrays) * devices), name)
-    if op == "all-reduce" and instruction is not kernel and _bytes(kernel) < _bytes(instruction):
+        return Collective(op, devices, float(sum(sizes) * devices), name)
+    if op == "all-reduce" and instruction is not kernel and shape_bytes(kernel) < shape_bytes(instruction):
         op = "reduce-scatter"  # (libtpu's: an all-reduce fused with the slice of each device's shard)
-    return Collective(op, devices, float(sum(arrays)), name)
+    return Collective(op, devices, float(sum(sizes)), name)
 
 
 def _trips(module: Module, computation: Computation, loop: Instruction, same: int | None) -> int | None:
@@ -643,7 +583,7 @@ def _trips(module: Module, computation: Computation, loop: Instruction, same: in
 
 def _types(shape: str) -> list[str]:
     """Each array of a shape's text as `bf16[512,512]`."""
-    return [f"{kind}[{dims}]" for kind, dims, _ in _ARRAY.findall(re.sub(r"/\*.*?\*/", "", shape))]
+    return [f"{kind}[{dims}]" for kind, dims, _ in ARRAY.findall(re.sub(r"/\*.*?\*/", "", shape))]
 
 
 # Where an asynchronous copy or slice moves its bytes: `S(5)`, the host's pinned memory, in
@@ -658,7 +598,7 @@ def _host_move(opcode: str, instruction: Instruction) -> tuple[str, float]:
     on the device's side: the slice read from the host, the update written to it."""
     arrays = [
         (kind, dims, _HOST_SPACE.search(layout or "") is not None)
-        for kind, dims, layout in _ARRAY.findall(re.sub(r"/\*.*?\*/", "", _shape(instruction)))
+        for kind, dims, layout in ARRAY.findall(re.sub(r"/\*.*?\*/", "", _shape(instruction)))
     ]
     if len(arrays) < 2:
         return "", 0.0
@@ -668,7 +608,7 @@ def _host_move(opcode: str, instruction: Instruction) -> tuple[str, float]:
         result, operands = arrays[-2], arrays[:-2]
 
     def nbytes(kind: str, dims: str) -> float:
-        return float(math.prod(int(d) for d in dims.split(",") if d) * _size(kind))
+        return float(math.prod(int(d) for d in dims.split(",") if d) * itemsize(kind))
 
     if result[2] and not all(o[2] for o in operands):
         return "device_to_host", sum(nbytes(k, d) for k, d, host in operands if not host and d)
@@ -741,7 +681,7 @@ def read(
         cycles = _CYCLES.search(attributes)
         traits = _kind(module, computation, instruction)
         flops, accessed, device = _costed(module, computation, instruction)
-        result = next(iter(_arrays(_shape(instruction))), ("f32", 0, True))[0]
+        result = next(iter(arrays(_shape(instruction))), ("f32", 0, True))[0]
         work = None
         if opcode == "custom-call" and pallas:
             named = computation.named
@@ -775,9 +715,11 @@ def read(
             table_bytes=traits.table_bytes,
             precision=traits.precision,
             staged=traits.staged,
+            row_tiles=traits.row_tiles,
+            table_in_vmem=traits.in_vmem,
             strided=traits.strided,
             strided_bytes=traits.strided_bytes,
-            results=sum(1 for _ in _arrays(_shape(instruction))),
+            results=sum(1 for _ in arrays(_shape(instruction))),
             collective=communication,
             branch=branch,
             by_bytes=opcode == "custom-call" and work is None and accessed > 0 and _figures(instruction) is None,

@@ -115,6 +115,9 @@ class Correction:
     scatter_large_table_factor: float
     scatter_in_place_row_seconds: float
     scatter_in_place_row_bytes_per_second: float
+    scatter_transposed_tile_seconds: float
+    gather_transposed_row_seconds: Mapping[str, float]
+    gather_transposed_tile_seconds: Mapping[str, float]
     strided_bytes_per_second: Mapping[str, float]
     host_bytes_per_second: Mapping[str, float]
     pallas_step_seconds: float
@@ -170,6 +173,9 @@ def _correction(table: Mapping[str, Any]) -> Correction:
         scatter_large_table_factor=numbers["scatter_large_table_factor"],
         scatter_in_place_row_seconds=numbers["scatter_in_place_row_seconds"],
         scatter_in_place_row_bytes_per_second=numbers["scatter_in_place_row_bytes_per_second"],
+        scatter_transposed_tile_seconds=numbers["scatter_transposed_tile_seconds"],
+        gather_transposed_row_seconds=by("gather_transposed_row_seconds"),
+        gather_transposed_tile_seconds=by("gather_transposed_tile_seconds"),
         strided_bytes_per_second=by("strided_bytes_per_second"),
         host_bytes_per_second=by("host_bytes_per_second"),
         pallas_step_seconds=numbers["pallas_step_seconds"],
@@ -473,12 +479,19 @@ def _indexed(k: Kernel, chip: Chip, c: Correction) -> float:
     single element (a loss picking its labels' logits) slower; a scatter writes its whole
     table at HBM's rate and adds each row at its cost and its bytes' rate, slower in a large
     table; where libtpu does not stage the rows of a scatter into a table larger than VMEM's
-    scoped share, it adds each in place in HBM, slower still (the table written apart)."""
+    scoped share, it adds each in place in HBM, slower still (the table written apart). A
+    table laid out transposed (`Kernel.row_tiles`) costs a row by the tiles it spans."""
     hbm = chip.hbm_bytes_per_second * c.hbm_efficiency
     run = _hbm_run(k, chip, c)
     share = _table_share(k)
     if k.kind == "scatter" and not k.staged and k.table_bytes > _VMEM_TABLE_BYTES:  # each row added in HBM
-        row = c.scatter_in_place_row_seconds + k.slice_bytes / c.scatter_in_place_row_bytes_per_second
+        # (a row of a table laid out transposed is one lane of `row_tiles` tiles, each read and written)
+        spans = k.row_tiles * c.scatter_transposed_tile_seconds
+        row = c.scatter_in_place_row_seconds + (spans or k.slice_bytes / c.scatter_in_place_row_bytes_per_second)
+        return k.indices * row + run
+    if k.kind == "gather" and k.row_tiles:  # (each row a lane of its tiles, read whole)
+        where = "vmem" if k.table_in_vmem else "hbm"
+        row = c.gather_transposed_row_seconds.get(where, 0.0) + k.row_tiles * c.gather_transposed_tile_seconds[where]
         return k.indices * row + run
     if k.kind == "scatter":  # (its rows add element by element: a bf16 row's as an f32 row twice as wide)
         wide = k.slice_bytes * 4 / _ITEMSIZE.get(k.dtype, 4)
