@@ -11,7 +11,7 @@ not treeshape.
     python benchmarks/steptime/chip.py --out DIR [--rows GROUP,NAME:SIZE,...] [--profile-runs N]
 
 GROUP is tuning, held-out, fresh, unseen, last, after-e, after-f, after-g, after-h, after-i or host
-(`models.py`), K (`kinds.py`), L (`kinds_l.py`) or M (`models.POLICIES`).
+(`models.py`), K (`kinds.py`), L (`kinds_l.py`), N (`kinds_n.py`) or M (`models.POLICIES`).
 
 A row `plan/REMAT/DTYPE:SIZE` is the plan's step (`models.plan_case`); a row whose
 compile the chip refuses is recorded with the compiler's error.
@@ -45,6 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kinds  # noqa: E402
 import kinds_l  # noqa: E402
+import kinds_n  # noqa: E402
 import models  # noqa: E402
 
 
@@ -192,6 +193,7 @@ def main() -> None:
         "after-i": models.AFTER_I,
         "K": kinds.AFTER_J,
         "L": kinds_l.AFTER_K,
+        "N": kinds_n.AFTER_L,
         "host": models.HOST,
         "M": models.POLICIES,
     }

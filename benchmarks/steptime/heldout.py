@@ -68,9 +68,10 @@ def _cost_row(row: tuple[str, int]) -> dict[str, Any]:
 def cost(args: argparse.Namespace) -> None:
     import kinds  # (JAX and the step models, only here)
     import kinds_l
+    import kinds_n
     import models
 
-    groups = {"K": kinds.AFTER_J, "L": kinds_l.AFTER_K, "M": models.POLICIES}
+    groups = {"K": kinds.AFTER_J, "L": kinds_l.AFTER_K, "N": kinds_n.AFTER_L, "M": models.POLICIES}
     rows = []
     for name in args.rows.split(","):  # a group, or one row as NAME:SIZE
         rows += models.rows(groups[name]) if name in groups else [(name.rsplit(":", 1)[0], int(name.rsplit(":", 1)[1]))]

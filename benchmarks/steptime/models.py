@@ -701,6 +701,7 @@ def rows(group: dict[str, tuple[Callable[[int], Case], tuple[int, ...]]]) -> lis
 def build(name: str, size: int) -> Case:
     from kinds import AFTER_J  # (groups K and L, kinds of their own: kinds.py imports this module)
     from kinds_l import AFTER_K
+    from kinds_n import AFTER_L
 
     builder, _ = {
         **TUNING,
@@ -715,6 +716,7 @@ def build(name: str, size: int) -> Case:
         **AFTER_I,
         **AFTER_J,
         **AFTER_K,
+        **AFTER_L,
         **HOST,
         **POLICIES,
     }[name]
