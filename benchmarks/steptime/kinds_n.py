@@ -33,7 +33,7 @@ from models import Case
 # name -> (builder, sizes): group N.
 AFTER_L: dict[str, tuple[Callable[[int], Case], tuple[int, ...]]] = {
     "moe-four-experts": (lambda s: moe(s, layers=3, d=1024, experts=4, top_k=2, seq=512), (8,)),
-    "unet-wide": (lambda s: unet(s, channels=(48, 96, 192), image=32), (32,)),
+    "unet-wide": (lambda s: unet(s, channels=(32, 96, 192), image=32), (32,)),
     "long-attention-short-wide": (lambda s: long_attention(s, layers=3, d=1536, heads=12, seq=2048), (2,)),
     "ssm-wide-state": (lambda s: ssm(s, layers=3, d=256, state=32, seq=512), (8,)),
     "recsys-thin-tables": (
