@@ -213,6 +213,66 @@ def test_where_nothing_fits_best_is_none_the_table_says_so_and_every_compile_cou
     assert "nothing fits" in p._repr_html_()
 
 
+@functools.cache
+def make_stream(width):
+    """A donated elementwise step over `b` rows of `width` floats: its time on a v5e grows
+    with `b` (1.0 ms at b=64 for width 2**20) once past the host's time to call a step."""
+    return (lambda x: jnp.sin(x) * 2), jax.ShapeDtypeStruct((B, width), jnp.float32)
+
+
+def test_max_seconds_makes_a_rows_size_the_fastest_whose_step_is_that_fast():
+    unbounded = ts.plan(make_stream, {"width": [2**20]}, target="v5e", donate_argnums=0, max_size=MAX)
+    bounded = ts.plan(make_stream, {"width": [2**20]}, target="v5e", donate_argnums=0, max_size=MAX, max_seconds=5e-4)
+    (free,), (row,) = unbounded.rows, bounded.rows
+    assert (free.size, free.largest) == (64, 64) and free.seconds > 5e-4 and unbounded.max_seconds is None
+    assert (row.size, row.largest) == (16, 64) and bounded.max_seconds == 5e-4
+    assert row.fit == dataclasses.replace(free.fit, compiles=row.fit.compiles)  # (the second plan: cache hits)
+    step, x = make_stream(2**20)
+    seconds = {
+        n: ts.cost(step, x.update(shape=(n, 2**20)), donate_argnums=0, target="v5e").time.seconds
+        for n in (1, 2, 4, 8, 16, 32, 64)
+    }
+    assert row.seconds == seconds[16] <= 5e-4 < seconds[32]  # 32 and 64 are faster per row, and too slow
+    assert row.throughput == max(n / s for n, s in seconds.items() if s <= 5e-4) < free.throughput
+    head = "max_seconds=0.0005: each row's b the fastest whose step takes at most 500.0 us"
+    assert str(bounded).splitlines()[0] == head
+    assert str(bounded).splitlines()[1].split()[:2] == ["width", "b"] and "max_seconds" not in str(unbounded)
+    assert "max_seconds=0.0005" in bounded._repr_html_()
+
+
+def test_a_combination_slower_than_max_seconds_at_size_one_is_a_row_of_size_0_saying_so():
+    p = ts.plan(make_stream, {"width": [2**24, 2**20]}, target="v5e", donate_argnums=0, max_size=8, max_seconds=4e-4)
+    fast, slow = p.rows
+    assert fast.choice == {"width": 2**20} and fast.size == 8 and p.best is fast
+    step, x = make_stream(2**24)
+    one = ts.cost(step, x.update(shape=(1, 2**24)), donate_argnums=0, target="v5e").time.seconds
+    assert one > 4e-4
+    assert slow.choice == {"width": 2**24} and (slow.size, slow.seconds, slow.throughput) == (0, None, 0.0)
+    assert slow.largest == 8 and slow.fit.size == 8  # it fits: only the bound rules it out
+    assert slow.note == (
+        f"even b=1 is slower than max_seconds: its step takes {one * 1e6:.1f} us, over max_seconds=0.0004 "
+        "(400.0 us). b=1 is the smallest size: make the step itself faster (a shorter cache, fewer layers, a "
+        "smaller model, a larger mesh or a faster target) or raise max_seconds."
+    )
+    assert str(p).splitlines()[-2].split()[:3] == ["16777216", "0", "8"]
+    assert "even b=1 is slower than max_seconds" in str(p).splitlines()[-2]
+    none = ts.plan(make_stream, {"width": [2**24]}, target="v5e", donate_argnums=0, max_size=8, max_seconds=4e-4)
+    assert none.best is None and str(none).splitlines()[-1].startswith(
+        "nothing meets max_seconds: at b=1 each combination's step takes longer than 400.0 us"
+    )
+
+
+@pytest.mark.parametrize("bad", [0, -0.01, math.nan, math.inf])
+def test_max_seconds_must_be_a_positive_finite_number(bad):
+    with pytest.raises(ValueError, match=r"^treeshape\.plan: max_seconds must be a positive, finite number of seconds"
+                       ) as caught:  # fmt: skip
+        ts.plan(make, CHOICES, target="v5e", max_seconds=bad)
+    assert f"got {bad!r}" in str(caught.value) and "e.g. max_seconds=0.02 for 20 ms a step" in str(caught.value)
+    for wrong in ("20ms", True):
+        with pytest.raises(TypeError, match=rf"^treeshape\.plan: max_seconds must be a number, got \w+ {wrong!r}"):
+            ts.plan(make, CHOICES, target="v5e", max_seconds=wrong)
+
+
 def make_typed(dtype, layout, remat):
     """A step whose choices are a dtype, a tuple and a string (`layout` and `remat` unused)."""
     del layout, remat
