@@ -302,3 +302,45 @@ def test_the_command_line_names_the_combination_make_raised_for(capsys, tmp_path
         "treeshape: error: planning broken_plan:make failed, raised by make(remat=dots, mesh=4x1): "
         "KeyError: 'no layer for dots'"
     )
+
+
+def serving_model():
+    """The serving guide's decode step (docs/guide/serving.md, the block defining
+    `make_decode`), as the guide and benchmarks/steptime/serving.py run it."""
+    import pathlib
+    import re
+
+    page = (pathlib.Path(__file__).parents[1] / "docs" / "guide" / "serving.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", page, flags=re.DOTALL | re.MULTILINE)
+    (code,) = [block for block in blocks if "def make_decode(" in block]
+    namespace = {"__name__": "serving_model"}
+    exec(compile(code, "<guide/serving.md: make_decode>", "exec"), namespace)
+    return namespace
+
+
+def test_a_decode_step_planned_over_its_cache_length_sequences_tokens_a_second_and_the_caches_bytes():
+    """A decode step (bf16 weights, per layer a [b, cache, heads, d_head] KV cache written by
+    dynamic_update_slice, donated) planned over the cache length: each row's largest the most
+    sequences that fit at that length, its throughput tokens a second (b / seconds: a token
+    for each sequence a step), and the KV cache at the fit's peak by pytree path."""
+    model = serving_model()
+    make_decode, config = model["make_decode"], model["CONFIG"]
+    budget, caches = 128 * 2**20, [1024, 4096]
+    p = ts.plan(make_decode, {"cache": caches}, target="v5e", budget=budget, donate_argnums=1, max_size=16)
+    rows = {r.choice["cache"]: r for r in p.rows}
+    for cache, row in rows.items():
+        step, params, kv, tokens, pos = make_decode(cache)
+        fit = ts.largest_fit(step, params, kv, tokens, pos, dim="b", target="v5e", budget=budget, donate_argnums=1,
+                             max_size=16)  # fmt: skip
+        assert row.largest == fit.size and 1 <= row.size <= row.largest
+        at_size = ts.cost(*make_decode(cache, row.size), donate_argnums=1, target="v5e")
+        assert row.seconds == at_size.time.seconds and row.throughput == pytest.approx(row.size / row.seconds)
+        # the cache at the fit's peak, by path: each layer's keys and values, `largest` sequences, reused in place
+        layer_bytes = fit.size * cache * config["heads"] * config["d_head"] * 2
+        cache_buffers = [b for b in row.fit.cost.buffers if b.path and b.path.startswith(("args[1]", "out[1]"))]
+        assert {b.shape for b in cache_buffers} == {(fit.size, cache, config["heads"], config["d_head"])}
+        assert all(b.nbytes == layer_bytes for b in cache_buffers) and len(cache_buffers) == 2 * config["layers"]
+        leaves = [f"args[1][{i}]['{kv}']" for i in range(config["layers"]) for kv in "kv"]
+        assert sorted(row.fit.cost.donation) == leaves
+        assert all(d.reused for d in row.fit.cost.donation.values())
+    assert rows[1024].largest > rows[4096].largest >= 1  # a longer cache, fewer sequences
