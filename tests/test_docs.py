@@ -600,3 +600,23 @@ def test_the_memory_guides_chip_table_is_the_committed_measurement():
         at = [r for r in summary["rows"] if r["size"] == size]
         by_chip = sorted(at, key=lambda r: r["median_back_to_back_s"])
         assert by_chip == sorted(at, key=lambda r: r["model_as_committed"]["seconds"])
+
+
+# -- "Serving: how many sequences, how fast": its plans of a decode step -------------------------
+def test_the_serving_guides_examples_print_what_it_shows(capsys):
+    """serving.md's python blocks in order, in one namespace, each compared with the text
+    block it prints (with another XLA than the guide's, the floor release's, only run): a
+    decode step planned over cache lengths on a v5e, without and within `max_seconds`, a
+    bound no size meets, and the KV cache's bytes by path at the peak (27 compiles)."""
+    blocks = _blocks_with_output("guide/serving.md")
+    assert len(blocks) == 5 and [shown is not None for _, shown in blocks] == [False, True, True, True, True]
+    exact = _same_xla_as_the_guides()
+    namespace: dict = {"__name__": "__docs__"}
+    with jax.enable_x64(False):
+        for i, (code, shown) in enumerate(blocks):
+            exec(compile(code, f"<guide/serving.md block {i}>", "exec"), namespace)
+            printed = capsys.readouterr().out
+            if exact and shown is not None:
+                assert printed == shown, code
+    assert namespace["plan"].compiles == 0 and namespace["plan"].max_seconds == 0.00075
+    ts.clear_cache()

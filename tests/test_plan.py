@@ -213,6 +213,66 @@ def test_where_nothing_fits_best_is_none_the_table_says_so_and_every_compile_cou
     assert "nothing fits" in p._repr_html_()
 
 
+@functools.cache
+def make_stream(width):
+    """A donated elementwise step over `b` rows of `width` floats: its time on a v5e grows
+    with `b` (1.0 ms at b=64 for width 2**20) once past the host's time to call a step."""
+    return (lambda x: jnp.sin(x) * 2), jax.ShapeDtypeStruct((B, width), jnp.float32)
+
+
+def test_max_seconds_makes_a_rows_size_the_fastest_whose_step_is_that_fast():
+    unbounded = ts.plan(make_stream, {"width": [2**20]}, target="v5e", donate_argnums=0, max_size=MAX)
+    bounded = ts.plan(make_stream, {"width": [2**20]}, target="v5e", donate_argnums=0, max_size=MAX, max_seconds=5e-4)
+    (free,), (row,) = unbounded.rows, bounded.rows
+    assert (free.size, free.largest) == (64, 64) and free.seconds > 5e-4 and unbounded.max_seconds is None
+    assert (row.size, row.largest) == (16, 64) and bounded.max_seconds == 5e-4
+    assert row.fit == dataclasses.replace(free.fit, compiles=row.fit.compiles)  # (the second plan: cache hits)
+    step, x = make_stream(2**20)
+    seconds = {
+        n: ts.cost(step, x.update(shape=(n, 2**20)), donate_argnums=0, target="v5e").time.seconds
+        for n in (1, 2, 4, 8, 16, 32, 64)
+    }
+    assert row.seconds == seconds[16] <= 5e-4 < seconds[32]  # 32 and 64 are faster per row, and too slow
+    assert row.throughput == max(n / s for n, s in seconds.items() if s <= 5e-4) < free.throughput
+    head = "max_seconds=0.0005: each row's b the fastest whose step takes at most 500.0 us"
+    assert str(bounded).splitlines()[0] == head
+    assert str(bounded).splitlines()[1].split()[:2] == ["width", "b"] and "max_seconds" not in str(unbounded)
+    assert "max_seconds=0.0005" in bounded._repr_html_()
+
+
+def test_a_combination_slower_than_max_seconds_at_size_one_is_a_row_of_size_0_saying_so():
+    p = ts.plan(make_stream, {"width": [2**24, 2**20]}, target="v5e", donate_argnums=0, max_size=8, max_seconds=4e-4)
+    fast, slow = p.rows
+    assert fast.choice == {"width": 2**20} and fast.size == 8 and p.best is fast
+    step, x = make_stream(2**24)
+    one = ts.cost(step, x.update(shape=(1, 2**24)), donate_argnums=0, target="v5e").time.seconds
+    assert one > 4e-4
+    assert slow.choice == {"width": 2**24} and (slow.size, slow.seconds, slow.throughput) == (0, None, 0.0)
+    assert slow.largest == 8 and slow.fit.size == 8  # it fits: only the bound rules it out
+    assert slow.note == (
+        f"even b=1 is slower than max_seconds: its step takes {one * 1e6:.1f} us, over max_seconds=0.0004 "
+        "(400.0 us). b=1 is the smallest size: make the step itself faster (a shorter cache, fewer layers, a "
+        "smaller model, a larger mesh or a faster target) or raise max_seconds."
+    )
+    assert str(p).splitlines()[-2].split()[:3] == ["16777216", "0", "8"]
+    assert "even b=1 is slower than max_seconds" in str(p).splitlines()[-2]
+    none = ts.plan(make_stream, {"width": [2**24]}, target="v5e", donate_argnums=0, max_size=8, max_seconds=4e-4)
+    assert none.best is None and str(none).splitlines()[-1].startswith(
+        "nothing meets max_seconds: at b=1 each combination's step takes longer than 400.0 us"
+    )
+
+
+@pytest.mark.parametrize("bad", [0, -0.01, math.nan, math.inf])
+def test_max_seconds_must_be_a_positive_finite_number(bad):
+    with pytest.raises(ValueError, match=r"^treeshape\.plan: max_seconds must be a positive, finite number of seconds"
+                       ) as caught:  # fmt: skip
+        ts.plan(make, CHOICES, target="v5e", max_seconds=bad)
+    assert f"got {bad!r}" in str(caught.value) and "e.g. max_seconds=0.02 for 20 ms a step" in str(caught.value)
+    for wrong in ("20ms", True):
+        with pytest.raises(TypeError, match=rf"^treeshape\.plan: max_seconds must be a number, got \w+ {wrong!r}"):
+            ts.plan(make, CHOICES, target="v5e", max_seconds=wrong)
+
+
 def make_typed(dtype, layout, remat):
     """A step whose choices are a dtype, a tuple and a string (`layout` and `remat` unused)."""
     del layout, remat
@@ -242,3 +302,45 @@ def test_the_command_line_names_the_combination_make_raised_for(capsys, tmp_path
         "treeshape: error: planning broken_plan:make failed, raised by make(remat=dots, mesh=4x1): "
         "KeyError: 'no layer for dots'"
     )
+
+
+def serving_model():
+    """The serving guide's decode step (docs/guide/serving.md, the block defining
+    `make_decode`), as the guide and benchmarks/steptime/serving.py run it."""
+    import pathlib
+    import re
+
+    page = (pathlib.Path(__file__).parents[1] / "docs" / "guide" / "serving.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", page, flags=re.DOTALL | re.MULTILINE)
+    (code,) = [block for block in blocks if "def make_decode(" in block]
+    namespace = {"__name__": "serving_model"}
+    exec(compile(code, "<guide/serving.md: make_decode>", "exec"), namespace)
+    return namespace
+
+
+def test_a_decode_step_planned_over_its_cache_length_sequences_tokens_a_second_and_the_caches_bytes():
+    """A decode step (bf16 weights, per layer a [b, cache, heads, d_head] KV cache written by
+    dynamic_update_slice, donated) planned over the cache length: each row's largest the most
+    sequences that fit at that length, its throughput tokens a second (b / seconds: a token
+    for each sequence a step), and the KV cache at the fit's peak by pytree path."""
+    model = serving_model()
+    make_decode, config = model["make_decode"], model["CONFIG"]
+    budget, caches = 128 * 2**20, [1024, 4096]
+    p = ts.plan(make_decode, {"cache": caches}, target="v5e", budget=budget, donate_argnums=1, max_size=16)
+    rows = {r.choice["cache"]: r for r in p.rows}
+    for cache, row in rows.items():
+        step, params, kv, tokens, pos = make_decode(cache)
+        fit = ts.largest_fit(step, params, kv, tokens, pos, dim="b", target="v5e", budget=budget, donate_argnums=1,
+                             max_size=16)  # fmt: skip
+        assert row.largest == fit.size and 1 <= row.size <= row.largest
+        at_size = ts.cost(*make_decode(cache, row.size), donate_argnums=1, target="v5e")
+        assert row.seconds == at_size.time.seconds and row.throughput == pytest.approx(row.size / row.seconds)
+        # the cache at the fit's peak, by path: each layer's keys and values, `largest` sequences, reused in place
+        layer_bytes = fit.size * cache * config["heads"] * config["d_head"] * 2
+        cache_buffers = [b for b in row.fit.cost.buffers if b.path and b.path.startswith(("args[1]", "out[1]"))]
+        assert {b.shape for b in cache_buffers} == {(fit.size, cache, config["heads"], config["d_head"])}
+        assert all(b.nbytes == layer_bytes for b in cache_buffers) and len(cache_buffers) == 2 * config["layers"]
+        leaves = [f"args[1][{i}]['{kv}']" for i in range(config["layers"]) for kv in "kv"]
+        assert sorted(row.fit.cost.donation) == leaves
+        assert all(d.reused for d in row.fit.cost.donation.values())
+    assert rows[1024].largest > rows[4096].largest >= 1  # a longer cache, fewer sequences

@@ -90,6 +90,13 @@ def declare(sub: Any) -> argparse.ArgumentParser:
     plan.add_argument("--max-size", type=int, default=None, metavar="N", help="the largest size to try")
     plan.add_argument("--donate", type=int, action="append", default=[], metavar="I", help="donate argument I")
     plan.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="the longest a step may take, in seconds (a latency bound): each row's size the fastest within it",
+    )
+    plan.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -110,6 +117,9 @@ def run(args: argparse.Namespace, stdout: TextIO) -> int:
         raise Fail(f"--budget: {err}", 2) from err
     if args.max_size is not None and args.max_size < 1:
         raise Fail(f"--max-size must be >= 1, got {args.max_size}", 2)
+    if args.max_seconds is not None and not 0 < args.max_seconds < float("inf"):
+        said = f"--max-seconds must be a positive number of seconds (e.g. 0.02 for 20 ms), got {args.max_seconds}"
+        raise Fail(said, 2)
     target = checked_target(args.target_name, "plan")
     make = resolve(args.target)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
@@ -123,6 +133,7 @@ def run(args: argparse.Namespace, stdout: TextIO) -> int:
             donate_argnums=tuple(args.donate),
             max_size=args.max_size,
             progress=progress,
+            max_seconds=args.max_seconds,
         )
     except (TopologyError, CountError) as err:
         raise Fail(target_problem(err), 2) from err
@@ -130,7 +141,8 @@ def run(args: argparse.Namespace, stdout: TextIO) -> int:
         raise Fail(f"planning {args.target} failed{_combination(err)}: {one_line(err)}", 1) from err
     if args.json:
         rows = [{**json_data(row), "fit": None if row.fit is None else json_data(row.fit)} for row in result.rows]
-        print(json.dumps({"dim": result.dim, "compiles": result.compiles, "rows": rows}), file=stdout)
+        data = {"dim": result.dim, "compiles": result.compiles, "max_seconds": result.max_seconds, "rows": rows}
+        print(json.dumps(data), file=stdout)
     else:
         print(result, file=stdout)
     return 0

@@ -8,8 +8,11 @@ builds the step and its arguments; `_fit.search` finds the largest size that fit
 largest which are powers of two and were not compiled are compiled too (each once, cached
 as `cost` caches it). Each size's throughput is `size / seconds` (`Cost.time`; the
 roofline floor where the target has no checked estimate), and the row keeps the size of
-highest throughput. A combination that fits at no size (over the budget at size 1, or
-refused by the target's compiler for want of memory) is a row of size 0 with its reason.
+highest throughput; with `max_seconds`, of the sizes whose step takes at most that. A
+combination that fits at no size (over the budget at size 1, or refused by the target's
+compiler for want of memory), or whose step at size 1 already takes longer than
+`max_seconds`, is a row of size 0 with its reason (size 1 is always compiled: the search
+starts there).
 """
 
 import dataclasses
@@ -28,7 +31,7 @@ from .._table import grid, html_grid
 from . import _compiles, _plot, _target
 from ._cost import Cost, check_target
 from ._fit import Fit, search
-from ._request import BudgetError, check_arguments, check_progress
+from ._request import BudgetError, check_arguments, check_max_seconds, check_progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +41,8 @@ class PlanRow:
     Attributes:
         choice: The combination, a `dict` from each choice's name to its value.
         size: The size of highest throughput among those compiled up to `largest` and
-            the powers of two below it (ties: the larger); 0 where none fits.
+            the powers of two below it (ties: the larger) whose step takes at most the
+            plan's `max_seconds`; 0 where none fits, or none is that fast.
         largest: The largest size that fits, as [treeshape.largest_fit][] finds it; 0
             where none does.
         seconds: The time of one step at `size` (`Cost.time.seconds`, else its
@@ -50,8 +54,9 @@ class PlanRow:
         budget: The bytes one device has.
         mfu: The model FLOPs utilization at `size`, where `seconds` is an estimate.
         fit: The [treeshape.Fit][] of the combination, `None` where none fits.
-        note: Why none fits, or which time the throughput is of (`"floor"` where the
-            target has no checked estimate); `""` otherwise.
+        note: Why none fits (or why size 1 misses `max_seconds`, and its time), or which
+            time the throughput is of (`"floor"` where the target has no checked
+            estimate); `""` otherwise.
 
     Examples:
         >>> import treeshape as ts
@@ -85,6 +90,7 @@ class Plan:
             the smaller peak); combinations that fit at no size last.
         compiles: The programs compiled for the plan, those of combinations that fit at no
             size included (cached sizes compile nothing).
+        max_seconds: The longest step a size may take (`None`: no bound).
 
     Examples:
         >>> import treeshape as ts
@@ -106,6 +112,7 @@ class Plan:
     dim: str
     rows: tuple[PlanRow, ...]
     compiles: int = 0
+    max_seconds: float | None = None
 
     @property
     def best(self) -> PlanRow | None:
@@ -144,23 +151,42 @@ class Plan:
             rows.append([mark, *values, f"{r.size:,}", f"{r.largest:,}", seconds, rate, peak, mfu, note])
         return head, rows
 
+    def _bound(self) -> str:
+        """The line over the table where the plan has a `max_seconds`, else `""`."""
+        if self.max_seconds is None:
+            return ""
+        return f"max_seconds={self.max_seconds:g}: each row's {self.dim} the fastest whose step takes at most " + (
+            _duration(self.max_seconds)
+        )
+
     def _nothing_fits(self) -> str:
         """The line under the table where no combination fits, else `""`."""
         if self.best is not None:
             return ""
+        slow = sum(r.largest > 0 for r in self.rows)  # rows of size 0 that fit: too slow at size 1
+        if slow and slow == len(self.rows):
+            return (
+                f"nothing meets max_seconds: at {self.dim}=1 each combination's step takes longer than "
+                f"{_duration(self.max_seconds or 0.0)} (each row's note says how long). Make the step faster (a "
+                "shorter cache, fewer layers, a larger mesh) or raise max_seconds."
+            )
+        within = " within max_seconds" if slow else ""
         return (
-            f"nothing fits: no combination fits at {self.dim}=1 (each row's note says why). Raise the budget, shard "
-            "over more devices, donate buffers (donate_argnums) or shrink the step."
+            f"nothing fits{within}: no combination fits at {self.dim}=1{', or is fast enough there' if slow else ''} "
+            "(each row's note says why). Raise the budget, shard over more devices, donate buffers (donate_argnums) "
+            "or shrink the step."
         )
 
     def __str__(self) -> str:
         head, rows = self._table()
         text = grid(head, rows, right=0)
+        text = f"{bound}\n{text}" if (bound := self._bound()) else text
         return f"{text}\n{said}" if (said := self._nothing_fits()) else text
 
     def _repr_html_(self) -> str:
         head, rows = self._table()
         page = html_grid(head, rows, right=0, css_class="treeshape-plan")
+        page = f"<p>{html.escape(bound)}</p>{page}" if (bound := self._bound()) else page
         return f"{page}<p>{html.escape(said)}</p>" if (said := self._nothing_fits()) else page
 
     def plot(self, ax: Any = None) -> Any:
@@ -246,21 +272,31 @@ def _seconds(cost: Cost) -> tuple[float | None, bool]:
     return cost.time.floor_seconds, False
 
 
-def _row(choice: dict[str, Any], fit: Fit, costs: dict[int, Cost], judged: Callable[[Cost], int | None]) -> PlanRow:
-    """The row of one combination: of the sizes costed up to `fit.size`, the one of highest
-    throughput (ties: the larger)."""
+def _row(
+    choice: dict[str, Any],
+    fit: Fit,
+    costs: dict[int, Cost],
+    judged: Callable[[Cost], int | None],
+    max_seconds: float | None,
+    dim: str,
+) -> PlanRow:
+    """The row of one combination: of the sizes costed up to `fit.size` whose step takes at
+    most `max_seconds`, the one of highest throughput (ties: the larger); a row of size 0
+    where size 1 (always costed: the search starts there) takes longer."""
     best: tuple[float, int] | None = None
     estimated = True
     for n, cost in costs.items():
         if n > fit.size:
             continue
         seconds, estimate = _seconds(cost)
-        if seconds is None or seconds <= 0:
+        if seconds is None or seconds <= 0 or (max_seconds is not None and seconds > max_seconds):
             continue
         estimated = estimated and estimate
         key = (n / seconds, n)
         if best is None or key > best:
             best = key
+    if best is None and max_seconds is not None and 1 in costs and (one := _seconds(costs[1]))[0] is not None:
+        return _too_slow(choice, fit, one, max_seconds, dim)
     if best is None:
         raise ValueError("treeshape.plan: no size has a time; pass target= an accelerator of ts.targets()")
     throughput, size = best
@@ -269,6 +305,22 @@ def _row(choice: dict[str, Any], fit: Fit, costs: dict[int, Cost], judged: Calla
     mfu = cost.time.mfu if cost.time is not None else None
     note = "" if estimated else "floor: the roofline floor's time (no estimate checked on this target)"
     return PlanRow(choice, size, fit.size, seconds, throughput, judged(cost), fit.budget, mfu, fit, note)
+
+
+def _too_slow(
+    choice: dict[str, Any], fit: Fit, one: tuple[float | None, bool], max_seconds: float, dim: str
+) -> PlanRow:
+    """The row of a combination that fits but whose step at size 1 takes longer than
+    `max_seconds`: size 0, its `largest` and `fit` kept, the note saying how long and what to do."""
+    seconds, estimate = one
+    assert seconds is not None
+    which = "" if estimate else " (the roofline floor's time: no estimate checked on this target)"
+    note = (
+        f"even {dim}=1 is slower than max_seconds: its step takes {_duration(seconds)}{which}, over max_seconds="
+        f"{max_seconds:g} ({_duration(max_seconds)}). {dim}=1 is the smallest size: make the step itself faster (a "
+        "shorter cache, fewer layers, a smaller model, a larger mesh or a faster target) or raise max_seconds."
+    )
+    return PlanRow(choice, 0, fit.size, None, 0.0, None, fit.budget, None, fit, note)
 
 
 def _powers_below(n: int) -> list[int]:
@@ -286,6 +338,7 @@ def plan(
     donate_argnames: str | Iterable[str] = (),
     max_size: int | None = None,
     progress: bool = False,
+    max_seconds: float | None = None,
 ) -> Plan:
     """The fastest combination of `choices` that fits, with its size: each combination
     compiled by the target's own compiler at the sizes [treeshape.largest_fit][] searches.
@@ -294,8 +347,9 @@ def plan(
     `(step, *args)`, the arguments holding the symbolic dimension `dim` as `largest_fit`
     takes them. The row's `largest` is `largest_fit`'s answer; its `size` is, of the sizes
     compiled up to `largest` and the powers of two below it, the one of highest
-    throughput (`size / seconds`, seconds from [treeshape.StepTime][]): the largest batch
-    is not always the fastest. [The fastest plan](../guide/plan.md).
+    throughput (`size / seconds`, seconds from [treeshape.StepTime][]) whose step takes at
+    most `max_seconds`: the largest batch is not always the fastest. [The fastest
+    plan](../guide/plan.md), [serving](../guide/serving.md).
 
     Args:
         make: Called with one keyword per choice; returns `(step, *args)`.
@@ -308,6 +362,8 @@ def plan(
         donate_argnames: As for `largest_fit`.
         max_size: The largest size to consider (`largest_fit`'s default where `None`).
         progress: Print a line to standard error per combination and per compile.
+        max_seconds: The longest a step may take (a latency bound); a combination whose
+            step takes longer at size 1 is a row of size 0 saying so.
 
     Returns:
         A [treeshape.Plan][].
@@ -315,12 +371,10 @@ def plan(
     Raises:
         TypeError: `make` is not callable, `choices` is not a dict of sequences, or an
             argument has the wrong type (`progress` a bool, `donate_argnums` ints).
-        ValueError: no `target`, an empty choice, or what `largest_fit` raises for a
-            combination (but a [treeshape.BudgetError][], even size 1 not fitting or
-            refused by the target's compiler, which is a row).
-
-    Errors raised by `make` or a step propagate unchanged, with a note naming the
-    combination.
+        ValueError: no `target`, an empty choice, `max_seconds` not positive, or what
+            `largest_fit` raises for a combination (but a [treeshape.BudgetError][]:
+            even size 1 not fitting, a row). Errors of `make` or a step propagate, with
+            a note naming the combination.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -344,6 +398,7 @@ def plan(
         )
     check_arguments(dim, budget, 0.0, 2**20 if max_size is None else max_size, "plan")
     check_progress(progress, "plan")
+    check_max_seconds(max_seconds, "plan")
     donate_argnums, donate_argnames = check_donation(donate_argnums, donate_argnames, "plan")
     target = check_target(target, "plan")
     largest = 2**20 if max_size is None else int(max_size)
@@ -368,9 +423,9 @@ def plan(
                 if n not in sizes.costs:
                     sizes.cost_at(n)
             judged = (lambda c: c.compiler_peak_bytes) if fit.judged_by is not None else (lambda c: c.peak_bytes)
-            rows.append(_row(choice, fit, sizes.costs, judged))
+            rows.append(_row(choice, fit, sizes.costs, judged, max_seconds, dim))
     rows.sort(key=lambda r: (r.size == 0, -r.throughput, r.peak_bytes if r.peak_bytes is not None else 0))
-    out = Plan(dim, tuple(rows), programs[0])
+    out = Plan(dim, tuple(rows), programs[0], None if max_seconds is None else float(max_seconds))
     if progress:
         best = out.best
         said = "nothing fits" if best is None else f"best {_said(best.choice)} at {dim}={best.size} "

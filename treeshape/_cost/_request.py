@@ -152,6 +152,19 @@ def check_progress(progress: Any, who: str) -> None:
         raise TypeError(f"treeshape.{who}: progress must be True or False, got {type(progress).__name__} {progress!r}.")
 
 
+def check_max_seconds(max_seconds: Any, who: str = "plan") -> None:
+    """Raise `TypeError` / `ValueError` for a `max_seconds` that is not `None` or a positive,
+    finite number of seconds."""
+    if max_seconds is None:
+        return
+    example = "e.g. max_seconds=0.02 for 20 ms a step, or None for no bound"
+    if not math.isfinite(_real(max_seconds, "max_seconds", example, who)) or max_seconds <= 0:
+        raise ValueError(
+            f"treeshape.{who}: max_seconds must be a positive, finite number of seconds, the longest a step may "
+            f"take ({example}), got {max_seconds!r}."
+        )
+
+
 def check_names(dim: str, names: Sequence[str], command_line: bool = False) -> None:
     """`dim` must be the only free dimension of the inputs (`names`); the fixes are told
     in Python, or for `command_line` in specs."""

@@ -1,0 +1,176 @@
+"""The serving guide's decode step on a real accelerator, against treeshape's `seconds`.
+
+The step is the guide's own (docs/guide/serving.md, the python block that defines
+`make_decode`: read from the page, so the guide, this script and the tests run one
+definition). A row is a batch size `b` and a cache length: the step jitted with its KV
+cache donated (`donate_argnums=1`), compiled ahead in a thread pool, run on real arrays
+(bf16 weights, a zero cache, every sequence at position `cache // 2`): 3 steps of warm-up,
+then 20 steps back to back in groups of 5, one `block_until_ready` a group, the median of
+the per-step times of the groups (as `chip.py`'s `median_back_to_back`). A step writes one
+token for each of the `b` sequences: its time is the time per token.
+
+    # on the chip (jax, numpy; about a minute):
+    PYTHONPATH=. python benchmarks/steptime/serving.py --out serving-chip.json
+    # here, deviceless (treeshape's seconds for the same rows, target v5e):
+    PYTHONPATH=. python benchmarks/steptime/serving.py --model --out serving-model.json
+    # the guide's table:
+    PYTHONPATH=. python benchmarks/steptime/serving.py compare serving-chip.json serving-model.json
+
+`--rows B:CACHE,...` replaces the default rows (`ROWS`).
+"""
+
+import argparse
+import concurrent.futures
+import json
+import platform
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "serving.md"
+BATCHES = (1, 8, 32, 64)
+CACHES = (1024, 2048, 4096)
+# and the sizes the guide's plans choose: 59 (the largest at 2,048), 20 and 17 (at 4,096)
+ROWS = sorted({(b, cache) for cache in CACHES for b in BATCHES} | {(59, 2048), (20, 4096), (17, 4096)},
+              key=lambda r: (r[1], r[0]))  # fmt: skip
+GROUP, GROUPS, WARMUP = 5, 4, 3
+
+
+def log(*args: Any) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}]", *args, flush=True)
+
+
+def model() -> dict[str, Any]:
+    """The namespace of the guide's block that defines `make_decode` (and `CONFIG`)."""
+    blocks = re.findall(r"^```python\n(.*?)^```", GUIDE.read_text(), flags=re.DOTALL | re.MULTILINE)
+    (code,) = [block for block in blocks if "def make_decode(" in block]
+    namespace: dict[str, Any] = {"__name__": "serving_model"}
+    exec(compile(code, f"<{GUIDE.name}: make_decode>", "exec"), namespace)
+    return namespace
+
+
+def real(shapes: Any, seed: int) -> Any:
+    """Arrays of `shapes`: weights normal * 0.02, integers and the cache zero."""
+    leaves, treedef = jax.tree.flatten(shapes)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    out = [
+        (jax.random.normal(k, s.shape, jnp.float32) * 0.02).astype(s.dtype)
+        if jnp.issubdtype(s.dtype, jnp.floating)
+        else jnp.zeros(s.shape, s.dtype)
+        for k, s in zip(keys, leaves, strict=True)
+    ]
+    return jax.tree.unflatten(treedef, out)
+
+
+def measure(compiled: Any, params: Any, cache_shapes: Any, b: int, cache: int) -> dict[str, Any]:
+    kv = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cache_shapes)
+    tokens, pos = jnp.zeros((b,), jnp.int32), jnp.int32(cache // 2)
+    for _ in range(WARMUP):
+        tokens, kv = compiled(params, kv, tokens, pos)
+    jax.block_until_ready((tokens, kv))
+    grouped = []
+    for _ in range(GROUPS):
+        start = time.perf_counter()
+        for _ in range(GROUP):
+            tokens, kv = compiled(params, kv, tokens, pos)
+        jax.block_until_ready((tokens, kv))
+        grouped.append((time.perf_counter() - start) / GROUP)
+    del kv
+    return {"grouped": grouped, "seconds": statistics.median(grouped)}
+
+
+def chip(rows: list[tuple[int, int]], threads: int) -> dict[str, Any]:
+    ns = model()
+    make = ns["make_decode"]
+    env = {"jax": jax.__version__, "device_kind": jax.devices()[0].device_kind, "python": platform.python_version()}
+    log("env", env, "config", ns["CONFIG"])
+    step, params_shapes, *_ = make(rows[0][1], rows[0][0])
+    params = real(params_shapes, 0)  # the same weights for every row (not donated)
+    jitted = jax.jit(step, donate_argnums=1)
+    out: list[dict[str, Any]] = []
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        futures = {}
+        for b, cache in rows:
+            lowered = jitted.lower(*make(cache, b)[1:])  # traced here, compiled in the pool
+
+            def build(lowered: Any = lowered) -> tuple[Any, float]:
+                start = time.perf_counter()
+                compiled = lowered.compile()
+                return compiled, time.perf_counter() - start
+
+            futures[b, cache] = pool.submit(build)
+        for b, cache in rows:
+            record: dict[str, Any] = {"b": b, "cache": cache}
+            try:
+                compiled, seconds = futures[b, cache].result()
+                record["compile_seconds"] = seconds
+                peak = getattr(compiled.memory_analysis(), "peak_memory_in_bytes", None)
+                record["peak_bytes"] = None if peak is None else int(peak)
+                record.update(measure(compiled, params, make(cache, b)[2], b, cache))
+                log(f"b={b} cache={cache}: {record['seconds'] * 1e3:.3f} ms a token (compiled in {seconds:.0f} s)")
+            except Exception as e:  # a row the chip cannot hold is recorded, not fatal
+                record["error"] = f"{type(e).__name__}: {str(e)[:500]}"
+                log(f"b={b} cache={cache}: FAILED {record['error'][:200]}")
+            futures.pop((b, cache))
+            out.append(record)
+    return {"env": env, "config": ns["CONFIG"], "rows": out}
+
+
+def modelled(rows: list[tuple[int, int]]) -> dict[str, Any]:
+    import treeshape as ts
+
+    ns = model()
+    make = ns["make_decode"]
+    out = []
+    for b, cache in rows:
+        step, *args = make(cache, b)
+        cost = ts.cost(step, *args, donate_argnums=1, target="v5e")
+        assert cost.time is not None
+        out.append({"b": b, "cache": cache, "seconds": cost.time.seconds, "floor_seconds": cost.time.floor_seconds,
+                    "peak_bytes": cost.compiler_peak_bytes})  # fmt: skip
+        log(f"b={b} cache={cache}: {cost.time.seconds * 1e3:.3f} ms a token (treeshape, v5e)")
+    return {"env": {"jax": jax.__version__, "treeshape": ts.__version__}, "config": ns["CONFIG"], "rows": out}
+
+
+def compare(measured_path: str, model_path: str) -> None:
+    measured = {(r["b"], r["cache"]): r for r in json.loads(Path(measured_path).read_text())["rows"]}
+    model_rows = json.loads(Path(model_path).read_text())["rows"]
+    print("| b | cache | measured (ms a token) | treeshape (ms a token) | treeshape / measured |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for r in model_rows:
+        m = measured.get((r["b"], r["cache"]))
+        if m is None or "seconds" not in m:
+            continue
+        ratio = r["seconds"] / m["seconds"]
+        flag = "" if 0.8 <= ratio <= 1.2 else " (!)"
+        figures = f"{m['seconds'] * 1e3:.3f} | {r['seconds'] * 1e3:.3f} | {ratio:.2f}{flag}"
+        print(f"| {r['b']} | {r['cache']:,} | {figures} |")
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["compare"]:
+        compare(*sys.argv[2:4])
+        return
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--model", action="store_true", help="treeshape's seconds (deviceless v5e), not the chip's")
+    parser.add_argument("--rows", default=None, metavar="B:CACHE,...")
+    parser.add_argument("--threads", type=int, default=6)
+    args = parser.parse_args()
+    rows = ROWS if args.rows is None else [tuple(map(int, r.split(":"))) for r in args.rows.split(",")]
+    start = time.perf_counter()
+    data = modelled(rows) if args.model else chip(rows, args.threads)  # type: ignore[arg-type]
+    data["wall_seconds"] = time.perf_counter() - start
+    Path(args.out).write_text(json.dumps(data, indent=1))
+    log(f"wrote {args.out} ({data['wall_seconds']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
