@@ -5,7 +5,7 @@ The step is the guide's own (docs/guide/serving.md, the python block that define
 definition). A row is a batch size `b` and a cache length: the step jitted with its KV
 cache donated (`donate_argnums=1`), compiled ahead in a thread pool, run on real arrays
 (bf16 weights, a zero cache, every sequence at position `cache // 2`): 3 steps of warm-up,
-then 20 steps back to back in groups of 5, one `block_until_ready` a group, the median of
+then 100 steps back to back in groups of 5, one `block_until_ready` a group, the median of
 the per-step times of the groups (as `chip.py`'s `median_back_to_back`). A step writes one
 token for each of the `b` sequences: its time is the time per token.
 
@@ -40,7 +40,7 @@ CACHES = (1024, 2048, 4096)
 # and the sizes the guide's plans choose: 59 (the largest at 2,048), 20 and 17 (at 4,096)
 ROWS = sorted({(b, cache) for cache in CACHES for b in BATCHES} | {(59, 2048), (20, 4096), (17, 4096)},
               key=lambda r: (r[1], r[0]))  # fmt: skip
-GROUP, GROUPS, WARMUP = 5, 4, 3
+GROUP, GROUPS, WARMUP = 5, 20, 10
 
 
 def log(*args: Any) -> None:
