@@ -144,6 +144,38 @@ def test_a_scatter_into_a_table_larger_than_vmem_costs_what_its_emitter_does():
     assert many / 65536 < few / 16384 / 4 or few == pytest.approx(staged(16384), rel=0.02)
 
 
+def _indexed_kernel(kind, lanes, table_rows=1048576, dtype=jnp.float32):
+    table = jax.ShapeDtypeStruct((table_rows, lanes), dtype)
+    ids = jax.ShapeDtypeStruct((16384,), jnp.int32)
+    if kind == "scatter":  # an optimizer's update of a donated table: each row added in place
+        rows = jax.ShapeDtypeStruct((16384, lanes), dtype)
+        step, args = jax.jit(lambda t, r, i: t.at[i].add(r), donate_argnums=0), (table, rows, ids)
+    else:
+        step, args = jax.jit(lambda t, i: jnp.take(t, i, axis=0)), (table, ids)
+    (kernel,) = [k for k in ts.cost(step, *args, target="v5e").time.kernels if k.kind == kind]
+    return kernel.seconds
+
+
+@pytest.mark.parametrize("lanes", [16, 32])
+def test_a_table_laid_out_transposed_costs_a_row_by_the_tiles_it_spans(lanes):
+    # libtpu lays a million-row table of fewer than 128 lanes out with its rows along the
+    # lanes: a row is one lane of lanes / 8 tiles (the chip: a scatter's row 100 ns at 16
+    # lanes, 126 ns at 32; a gather's 35 ns at 32 from HBM), where 0.6 costed 67 ns and 7.6 ns
+    tiles = lanes // 8
+    scatter_row = number("scatter_in_place_row_seconds") + tiles * number("scatter_transposed_tile_seconds")
+    assert _indexed_kernel("scatter", lanes) == pytest.approx(16384 * scatter_row + RUN, rel=0.02)
+    gather_row = tiles * number("gather_transposed_tile_seconds.hbm")
+    gathered = _indexed_kernel("gather", lanes)
+    in_vmem = number("gather_transposed_row_seconds.vmem") + tiles * number("gather_transposed_tile_seconds.vmem")
+    # (a table that fits is prefetched into VMEM, where its rows cost less)
+    assert gathered in (pytest.approx(16384 * gather_row + RUN, rel=0.02), pytest.approx(16384 * in_vmem, rel=0.1))
+    # a table of 128 lanes is laid out row by row: its row costs its bytes, not tiles
+    assert _indexed_kernel("scatter", 128) == pytest.approx(
+        16384 * (number("scatter_in_place_row_seconds") + 512 / number("scatter_in_place_row_bytes_per_second")) + RUN,
+        rel=0.02,
+    )
+
+
 def _moved_seconds(f, shape):
     x = jax.ShapeDtypeStruct(shape, jnp.float32)
     return sum(k.seconds for k in ts.cost(jax.jit(f), x, target="v5e").time.kernels if k.kind != "launch")
