@@ -8,7 +8,8 @@ kind fixes) and, with `--cases`, every case.
     python benchmarks/steptime/micro_check.py [--summary PATH] [--groups host,pallas] [--cases] [--json OUT]
 
 The second set's cases (`micro_cases_k.py`) are costed with its summary:
-`--summary measured/microk-2026-12-07.json`.
+`--summary measured/microk-2026-12-07.json`; the third's (`micro_cases_l.py`) with
+`--summary measured/microl-2026-12-07.json`.
 """
 
 import argparse
@@ -40,6 +41,7 @@ FIXES = {
     "scatter2": "scatter_large_table_factor, scatter_in_place_row_seconds, scatter_in_place_row_bytes_per_second",
     "stride": "strided_bytes_per_second.*",
     "layout": "loop_vmem_bytes_per_second.copy",
+    "ttable": "scatter_transposed_tile_seconds, gather_transposed_*",
 }
 
 
