@@ -1,8 +1,10 @@
 """XLA's optimized HLO as text (what `Compiled.as_text()` returns and compilers dump):
 its computations and instructions (`parse`), an instruction's shape, opcode, operands and
-attributes, a value traced back through copies and bitcasts, a computation made a module of
-its own (`Module.text`), and XLA's HLO cost analysis of such a module (`cost`). Read by
-`_hlo_loops` (a program's loops) and `_kernels` (a program's kernels). Nothing compiles.
+attributes, the arrays of a shape (their type, bytes and memory space), a value traced
+back through copies and bitcasts, a computation made a module of its own
+(`Module.text`), and XLA's HLO cost analysis of such a module (`cost`). Read by
+`_hlo_loops` (a program's loops), `_layout` and `_kernels` (a program's kernels).
+Nothing compiles.
 """
 
 import dataclasses

@@ -489,10 +489,6 @@ def _indexed(k: Kernel, chip: Chip, c: Correction) -> float:
         spans = k.row_tiles * c.scatter_transposed_tile_seconds
         row = c.scatter_in_place_row_seconds + (spans or k.slice_bytes / c.scatter_in_place_row_bytes_per_second)
         return k.indices * row + run
-    if k.kind == "gather" and k.row_tiles:  # (each row a lane of its tiles, read whole)
-        where = "vmem" if k.table_in_vmem else "hbm"
-        row = c.gather_transposed_row_seconds.get(where, 0.0) + k.row_tiles * c.gather_transposed_tile_seconds[where]
-        return k.indices * row + run
     if k.kind == "scatter":  # (its rows add element by element: a bf16 row's as an f32 row twice as wide)
         wide = k.slice_bytes * 4 / _ITEMSIZE.get(k.dtype, 4)
         row = c.scatter_seconds_per_row + wide / c.scatter_row_bytes_per_second
@@ -500,6 +496,10 @@ def _indexed(k: Kernel, chip: Chip, c: Correction) -> float:
         return k.table_bytes / hbm + k.indices * row * slower + run
     if k.slice_bytes <= 8:  # (one element)
         return k.indices * c.gather_seconds_per_element + k.device_bytes / hbm + run
+    if k.kind == "gather" and k.row_tiles:  # (each row a lane of its tiles, read whole)
+        where = "vmem" if k.table_in_vmem else "hbm"
+        row = c.gather_transposed_row_seconds.get(where, 0.0) + k.row_tiles * c.gather_transposed_tile_seconds[where]
+        return k.indices * row + run
     rows = c.gather_seconds_per_row
     least: float = rows["small_table"] * (rows["large_table"] / rows["small_table"]) ** share
     wide = (k.slice_bytes - c.gather_row_knee_bytes) / c.gather_row_bytes_per_second
