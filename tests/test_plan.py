@@ -335,6 +335,9 @@ def test_a_decode_step_planned_over_its_cache_length_sequences_tokens_a_second_a
         assert row.largest == fit.size and 1 <= row.size <= row.largest
         at_size = ts.cost(*make_decode(cache, row.size), donate_argnums=1, target="v5e")
         assert row.seconds == at_size.time.seconds and row.throughput == pytest.approx(row.size / row.seconds)
+        if jax.__version_info__ < (0, 9):  # (the libtpu of jax 0.8.0 writes no live ranges: no buffers, never made up)
+            assert row.fit.cost.buffers is None and row.fit.cost.donation is None
+            continue
         # the cache at the fit's peak, by path: each layer's keys and values, `largest` sequences, reused in place
         layer_bytes = fit.size * cache * config["heads"] * config["d_head"] * 2
         cache_buffers = [b for b in row.fit.cost.buffers if b.path and b.path.startswith(("args[1]", "out[1]"))]
