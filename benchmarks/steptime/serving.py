@@ -16,7 +16,9 @@ token for each of the `b` sequences: its time is the time per token.
     # the guide's table:
     PYTHONPATH=. python benchmarks/steptime/serving.py compare serving-chip.json serving-model.json
 
-`--rows B:CACHE,...` replaces the default rows (`ROWS`).
+`--rows B:CACHE,...` replaces the default rows (`ROWS`); `--profile-runs N` adds, for each
+row, N steps under `jax.profiler`: each op's device time summed by name (`XLA Ops`) and each
+run of the module with the device's idle time before the next.
 """
 
 import argparse
@@ -26,6 +28,7 @@ import platform
 import re
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -69,7 +72,29 @@ def real(shapes: Any, seed: int) -> Any:
     return jax.tree.unflatten(treedef, out)
 
 
-def measure(compiled: Any, params: Any, cache_shapes: Any, b: int, cache: int) -> dict[str, Any]:
+def profiled(directory: str) -> dict[str, Any]:
+    """The device's ops summed by name (count, ns), and its module runs with the idle time
+    between them (ns)."""
+    (file,) = Path(directory).glob("**/*.xplane.pb")
+    data = jax.profiler.ProfileData.from_file(str(file))
+    out: dict[str, Any] = {"ops": {}, "runs_ns": [], "idle_ns": []}
+    for plane in data.planes:
+        if not plane.name.startswith("/device:"):
+            continue
+        for line in plane.lines:
+            if line.name == "XLA Ops":
+                for event in line.events:
+                    count, ns = out["ops"].get(event.name, (0, 0.0))
+                    out["ops"][event.name] = (count + 1, ns + event.duration_ns)
+            elif line.name == "XLA Modules":
+                events = sorted(line.events, key=lambda e: e.start_ns)
+                out["runs_ns"] = [e.duration_ns for e in events]
+                pairs = zip(events, events[1:], strict=False)
+                out["idle_ns"] = [b.start_ns - a.start_ns - a.duration_ns for a, b in pairs]
+    return out
+
+
+def measure(compiled: Any, params: Any, cache_shapes: Any, b: int, cache: int, profile_runs: int = 0) -> dict[str, Any]:
     kv = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cache_shapes)
     tokens, pos = jnp.zeros((b,), jnp.int32), jnp.int32(cache // 2)
     for _ in range(WARMUP):
@@ -82,11 +107,20 @@ def measure(compiled: Any, params: Any, cache_shapes: Any, b: int, cache: int) -
             tokens, kv = compiled(params, kv, tokens, pos)
         jax.block_until_ready((tokens, kv))
         grouped.append((time.perf_counter() - start) / GROUP)
+    record: dict[str, Any] = {"grouped": grouped, "seconds": statistics.median(grouped)}
+    if profile_runs:
+        with tempfile.TemporaryDirectory() as tmp:
+            jax.profiler.start_trace(tmp)
+            for _ in range(profile_runs):
+                tokens, kv = compiled(params, kv, tokens, pos)
+            jax.block_until_ready((tokens, kv))
+            jax.profiler.stop_trace()
+            record["profile"] = profiled(tmp)
     del kv
-    return {"grouped": grouped, "seconds": statistics.median(grouped)}
+    return record
 
 
-def chip(rows: list[tuple[int, int]], threads: int) -> dict[str, Any]:
+def chip(rows: list[tuple[int, int]], threads: int, profile_runs: int = 0) -> dict[str, Any]:
     ns = model()
     make = ns["make_decode"]
     env = {"jax": jax.__version__, "device_kind": jax.devices()[0].device_kind, "python": platform.python_version()}
@@ -114,7 +148,7 @@ def chip(rows: list[tuple[int, int]], threads: int) -> dict[str, Any]:
                 record["compile_seconds"] = seconds
                 peak = getattr(compiled.memory_analysis(), "peak_memory_in_bytes", None)
                 record["peak_bytes"] = None if peak is None else int(peak)
-                record.update(measure(compiled, params, make(cache, b)[2], b, cache))
+                record.update(measure(compiled, params, make(cache, b)[2], b, cache, profile_runs))
                 log(f"b={b} cache={cache}: {record['seconds'] * 1e3:.3f} ms a token (compiled in {seconds:.0f} s)")
             except Exception as e:  # a row the chip cannot hold is recorded, not fatal
                 record["error"] = f"{type(e).__name__}: {str(e)[:500]}"
@@ -164,10 +198,11 @@ def main() -> None:
     parser.add_argument("--model", action="store_true", help="treeshape's seconds (deviceless v5e), not the chip's")
     parser.add_argument("--rows", default=None, metavar="B:CACHE,...")
     parser.add_argument("--threads", type=int, default=6)
+    parser.add_argument("--profile-runs", type=int, default=0)
     args = parser.parse_args()
     rows = ROWS if args.rows is None else [tuple(map(int, r.split(":"))) for r in args.rows.split(",")]
     start = time.perf_counter()
-    data = modelled(rows) if args.model else chip(rows, args.threads)  # type: ignore[arg-type]
+    data = modelled(rows) if args.model else chip(rows, args.threads, args.profile_runs)  # type: ignore[arg-type]
     data["wall_seconds"] = time.perf_counter() - start
     Path(args.out).write_text(json.dumps(data, indent=1))
     log(f"wrote {args.out} ({data['wall_seconds']:.0f} s)")
