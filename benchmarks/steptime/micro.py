@@ -19,7 +19,7 @@ left out (and listed). Needs JAX and NumPy only.
         [--budget-seconds 420] [--no-profile] [--deviceless v5e] [--list]
 
 A second set, `micro_cases_k.py` (groups scatter2, stride, layout, mm_f32, flash2), and a
-third, `micro_cases_l.py` (group ttable), run only when `--cases` names their groups or
+third, `micro_cases_l.py` (groups ttable, cacheput), run only when `--cases` names their groups or
 cases; with no `--cases`, the first set runs.
 
 Writes DIR/micro.json (the environment and one record a case, rewritten after each case)

@@ -24,17 +24,32 @@ Run only when named (`micro.py --cases ttable`). Group `ttable`:
 - `ttable_gather_*`: the same series for `jnp.take` of 65,536 rows (4,096 and 262,144 in
   `_n*`).
 
+Group `cacheput` (the serving guide's decode step wrote one position of its KV cache at
+~14 ns a tile, 56 us a layer's keys at 64 sequences, which the model costed at its bytes,
+~1 us: libtpu lays a cache `[b, s, h, k]` out `{1,3,2,0}`, the positions along the lanes,
+so one position is one lane of every tile): `lax.dynamic_update_slice_in_dim` of one
+position into a donated bf16 cache, in place:
+- `cacheput_b{8,16,32,64,128}`: the sequences `b` of a cache `[b, 1024, 8, 64]` (the tiles
+  the position spans, `b * 8 * 64 / 8`);
+- `cacheput_s{512,4096}_b32`: the cache's positions (the tiles spanned do not change);
+- `cacheput_k{32,128}_b32`: the head's width (the tiles a head's position spans);
+- `cacheput_f32_b32`: an f32 cache;
+- `cacheput_bhsk_b32`: a cache `[b, h, s, k]` (its position a sublane of full tiles, for
+  reference).
+
 Imports JAX and `micro_cases` only.
 """
 
 import dataclasses
+import math
 from typing import Any
 
-from micro_cases import BF16, F32, Case, _gather
+from jax import lax
+from micro_cases import BF16, F32, I32, Arg, Case, _gather
 from micro_cases_k import _rows_label, _scatter
 
 
-GROUPS_L = ("ttable",)
+GROUPS_L = ("ttable", "cacheput")
 _T = 1048576
 
 
@@ -69,9 +84,35 @@ def ttable() -> list[Case]:
     return cases
 
 
+def _cacheput(varied: str, b: int = 32, s: int = 1024, k: int = 64, dtype: Any = BF16, bhsk: bool = False) -> Case:
+    parts = ["bhsk" if bhsk else "", "f32" if dtype is F32 else "", f"s{s}" if s != 1024 else ""]
+    parts += [f"k{k}" if k != 64 else "", f"b{b}"]
+    name = "cacheput_" + "_".join(p for p in parts if p)
+    h, axis = 8, 2 if bhsk else 1
+
+    def put(cache: Any, new: Any, pos: Any) -> Any:
+        return (lax.dynamic_update_slice_in_dim(cache, lax.expand_dims(new, (axis,)), pos, axis=axis),)
+
+    shape = (b, h, s, k) if bhsk else (b, s, h, k)
+    written = b * h * k * (2 if dtype is BF16 else 4)
+    args = (Arg(shape, dtype, "zeros"), Arg((b, h, k), dtype), Arg((), I32, "const", s // 2))
+    params = {"b": b, "positions": s, "heads": h, "head": k, "dtype": "bf16" if dtype is BF16 else "f32"}
+    params |= {"layout_asked": "bhsk" if bhsk else "bshk", "tiles_spanned": math.ceil(b * h * k / 8)}
+    return Case(
+        name, "cacheput", varied, params, put, args, bytes=2 * written, donate=(0,), quick=name == "cacheput_b32"
+    )
+
+
+def cacheput() -> list[Case]:
+    cases = [_cacheput("rows", b=b) for b in (8, 16, 32, 64, 128)]
+    cases += [_cacheput("positions", s=s) for s in (512, 4096)]
+    cases += [_cacheput("head", k=k) for k in (32, 128)]
+    return cases + [_cacheput("dtype", dtype=F32), _cacheput("layout", bhsk=True)]
+
+
 def cases() -> list[Case]:
     """Every case of the third set, in the order `micro.py` runs them (`GROUPS_L`)."""
-    out = ttable()
+    out = ttable() + cacheput()
     names = [c.name for c in out]
     assert len(set(names)) == len(names), "case names must be unique"
     return out
