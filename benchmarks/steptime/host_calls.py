@@ -6,7 +6,11 @@ vector op): its time back to back is the host's call. What varies: the arrays in
 (`leaves`, 1-256), whether they are donated (`donated`: the state in and out, as a train
 step; `kept`: in and out, nothing donated, as a serving step's weights; `read`: in, and one
 scalar out), and a serving step's own arguments (`decode_args`: `kept` with a donated
-state beside it and two small integer arguments). Each case: 10 calls of warm-up, 20 groups
+state beside it and two small integer arguments); `train`: `chip.py`'s `pytree-dict` step
+(its state donated, a batch, a loss out). And how the step is called (`--paths`): `jit`, the
+function `jax.jit` returns (its dispatch in C++), `compiled`, the `Compiled` object
+`.lower(...).compile()` returns (as `chip.py` and `serving.py` call their steps), `dumped`,
+that compiled with `chip.py`'s dump options. Each case: 10 calls of warm-up, 20 groups
 of 5 calls back to back, one `block_until_ready` a group (as `serving.py` and `chip.py`
 measure), the median of the per-call times; `issued`, the host's time to return from a call
 (dispatch without the wait); and `--profile-runs` calls under `jax.profiler`: the device's
@@ -30,7 +34,8 @@ import jax.numpy as jnp
 
 
 LEAVES = (1, 4, 16, 64, 256)
-KINDS = ("donated", "kept", "read", "decode_args")
+KINDS = ("donated", "kept", "read", "decode_args", "train")
+DUMP = {"xla_dump_hlo_as_text": True, "xla_dump_hlo_as_proto": True}
 GROUP, GROUPS, WARMUP = 5, 20, 10
 
 
@@ -41,6 +46,14 @@ def log(*args: Any) -> None:
 def case(kind: str, leaves: int) -> tuple[Any, tuple[Any, ...], int]:
     """The jitted step, its arguments, and which argument its output hands back (-1: none)."""
     state = {f"w{i:03d}": jnp.full((8, 128), float(i), jnp.float32) for i in range(leaves)}
+    if kind == "train":
+        layers = {"layers": [{"w": jnp.ones((8, 8)), "b": jnp.zeros(8)} for _ in range(max(leaves // 2, 1))]}
+
+        def train(s: Any, batch: Any) -> Any:
+            new = jax.tree.map(lambda x: x * 0.999 + batch["x"], s)
+            return new, jnp.sum(jax.tree.leaves(new)[0])
+
+        return jax.jit(train, donate_argnums=0), (layers, {"x": jnp.ones((), jnp.float32)}), 2
     if kind == "read":
         return jax.jit(lambda s: sum(jnp.sum(x) for x in s.values())), (state,), -1
     if kind == "decode_args":
@@ -62,6 +75,8 @@ def call(step: Any, args: list[Any], hands_back: int) -> Any:
         args[0] = out
     elif hands_back == 1:
         args[2], args[1] = out
+    elif hands_back == 2:
+        args[0] = out[0]
     return out
 
 
@@ -84,8 +99,10 @@ def device_runs(directory: Path) -> dict[str, Any]:
     return {"error": "no XLA Modules line"}
 
 
-def measure(kind: str, leaves: int, profile_runs: int) -> dict[str, Any]:
+def measure(kind: str, leaves: int, profile_runs: int, path: str = "jit") -> dict[str, Any]:
     step, args0, hands_back = case(kind, leaves)
+    if path != "jit":
+        step = step.lower(*args0).compile(compiler_options=DUMP if path == "dumped" else None)
     args = list(args0)
     for _ in range(WARMUP):
         out = call(step, args, hands_back)
@@ -98,7 +115,7 @@ def measure(kind: str, leaves: int, profile_runs: int) -> dict[str, Any]:
         issued.append((time.perf_counter() - start) / GROUP)
         jax.block_until_ready(out)
         grouped.append((time.perf_counter() - start) / GROUP)
-    record: dict[str, Any] = {"kind": kind, "leaves": leaves, "grouped": grouped, "issued": issued}
+    record: dict[str, Any] = {"kind": kind, "leaves": leaves, "path": path, "grouped": grouped, "issued": issued}
     record |= {"seconds": statistics.median(grouped), "issued_seconds": statistics.median(issued)}
     if profile_runs:
         with tempfile.TemporaryDirectory() as tmp:
@@ -115,16 +132,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--profile-runs", type=int, default=20)
+    parser.add_argument("--paths", default="jit", help="comma-separated: jit, compiled, dumped")
+    parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--leaves", default=",".join(map(str, LEAVES)))
     args = parser.parse_args()
     env = {"jax": jax.__version__, "device_kind": jax.devices()[0].device_kind, "python": platform.python_version()}
     rows = []
-    for kind in KINDS:
-        for leaves in LEAVES:
-            record = measure(kind, leaves, args.profile_runs)
-            rows.append(record)
-            idle = record.get("profile", {}).get("median_idle_ns")
-            log(f"{kind} {leaves}: {record['seconds'] * 1e6:.0f} us a call back to back,"
-                f" issued {record['issued_seconds'] * 1e6:.0f} us, device idle {idle} ns")  # fmt: skip
+    for path in args.paths.split(","):
+        for kind in args.kinds.split(","):
+            for leaves in map(int, args.leaves.split(",")):
+                record = measure(kind, leaves, args.profile_runs, path)
+                rows.append(record)
+                idle = record.get("profile", {}).get("median_idle_ns")
+                log(f"{path} {kind} {leaves}: {record['seconds'] * 1e6:.0f} us a call back to back,"
+                    f" issued {record['issued_seconds'] * 1e6:.0f} us, device idle {idle} ns")  # fmt: skip
     Path(args.out).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
     log(f"wrote {args.out}")
 
