@@ -7,7 +7,9 @@ vector op): its time back to back is the host's call. What varies: the arrays in
 step; `kept`: in and out, nothing donated, as a serving step's weights; `read`: in, and one
 scalar out), and a serving step's own arguments (`decode_args`: `kept` with a donated
 state beside it and two small integer arguments); `train`: `chip.py`'s `pytree-dict` step
-(its state donated, a batch, a loss out). And how the step is called (`--paths`): `jit`, the
+(its state donated, a batch, a loss out); `eqx` and `nnx`: that step over an equinox
+module of `leaves / 2` linear layers and over an nnx module's `State` of as many (their
+registered pytree nodes beside their arrays). And how the step is called (`--paths`): `jit`, the
 function `jax.jit` returns (its dispatch in C++), `compiled`, the `Compiled` object
 `.lower(...).compile()` returns (as `chip.py` and `serving.py` call their steps), `dumped`,
 that compiled with `chip.py`'s dump options. Each case: 10 calls of warm-up, 20 groups
@@ -34,7 +36,7 @@ import jax.numpy as jnp
 
 
 LEAVES = (1, 4, 16, 64, 256)
-KINDS = ("donated", "kept", "read", "decode_args", "train")
+KINDS = ("donated", "kept", "read", "decode_args", "train", "eqx", "nnx")
 DUMP = {"xla_dump_hlo_as_text": True, "xla_dump_hlo_as_proto": True}
 GROUP, GROUPS, WARMUP = 5, 20, 10
 
@@ -46,8 +48,18 @@ def log(*args: Any) -> None:
 def case(kind: str, leaves: int) -> tuple[Any, tuple[Any, ...], int]:
     """The jitted step, its arguments, and which argument its output hands back (-1: none)."""
     state = {f"w{i:03d}": jnp.full((8, 128), float(i), jnp.float32) for i in range(leaves)}
-    if kind == "train":
-        layers = {"layers": [{"w": jnp.ones((8, 8)), "b": jnp.zeros(8)} for _ in range(max(leaves // 2, 1))]}
+    if kind in ("train", "eqx", "nnx"):
+        layers: Any = {"layers": [{"w": jnp.ones((8, 8)), "b": jnp.zeros(8)} for _ in range(max(leaves // 2, 1))]}
+        if kind == "eqx":
+            import equinox as eqx
+
+            keys = jax.random.split(jax.random.key(0), max(leaves // 2, 1))
+            layers = [eqx.nn.Linear(8, 8, key=k) for k in keys]
+        if kind == "nnx":
+            from flax import nnx
+
+            rngs = nnx.Rngs(0)
+            layers = nnx.state(nnx.List([nnx.Linear(8, 8, rngs=rngs) for _ in range(max(leaves // 2, 1))]))
 
         def train(s: Any, batch: Any) -> Any:
             new = jax.tree.map(lambda x: x * 0.999 + batch["x"], s)
@@ -116,6 +128,9 @@ def measure(kind: str, leaves: int, profile_runs: int, path: str = "jit") -> dic
         jax.block_until_ready(out)
         grouped.append((time.perf_counter() - start) / GROUP)
     record: dict[str, Any] = {"kind": kind, "leaves": leaves, "path": path, "grouped": grouped, "issued": issued}
+    trees = [jax.tree_util.tree_structure(a) for a in args0] + [jax.tree_util.tree_structure(out)]
+    record["arrays_in"] = sum(t.num_leaves for t in trees[:-1])
+    record["arrays_out"] = trees[-1].num_leaves
     record |= {"seconds": statistics.median(grouped), "issued_seconds": statistics.median(issued)}
     if profile_runs:
         with tempfile.TemporaryDirectory() as tmp:
@@ -141,7 +156,11 @@ def main() -> None:
     for path in args.paths.split(","):
         for kind in args.kinds.split(","):
             for leaves in map(int, args.leaves.split(",")):
-                record = measure(kind, leaves, args.profile_runs, path)
+                try:
+                    record = measure(kind, leaves, args.profile_runs, path)
+                except ImportError as e:  # (equinox or flax not installed there)
+                    log(f"{path} {kind} {leaves}: {e}")
+                    continue
                 rows.append(record)
                 idle = record.get("profile", {}).get("median_idle_ns")
                 log(f"{path} {kind} {leaves}: {record['seconds'] * 1e6:.0f} us a call back to back,"

@@ -16,7 +16,9 @@ token for each of the `b` sequences: its time is the time per token.
     # the guide's table:
     PYTHONPATH=. python benchmarks/steptime/serving.py compare serving-chip.json serving-model.json
 
-`--rows B:CACHE,...` replaces the default rows (`ROWS`); `--profile-runs N` adds, for each
+`--config wide|deep` runs the guide's step at another size (`CONFIGS`: committed before
+they were measured, to check the model on decode steps it was not fitted on) over its own
+rows; `--rows B:CACHE,...` replaces the default rows (`ROWS`); `--profile-runs N` adds, for each
 row, N steps under `jax.profiler`: each op's device time summed by name (`XLA Ops`) and each
 run of the module with the device's idle time before the next.
 """
@@ -44,18 +46,29 @@ CACHES = (1024, 2048, 4096)
 ROWS = sorted({(b, cache) for cache in CACHES for b in BATCHES} | {(59, 2048), (20, 4096), (17, 4096)},
               key=lambda r: (r[1], r[0]))  # fmt: skip
 GROUP, GROUPS, WARMUP = 5, 20, 10
+# Held-out sizes: 4 layers of d 1024 (16 heads of 64), and 8 layers of 4 heads of 128 (a
+# cache whose head fills the lanes); each with its own rows.
+CONFIGS = {
+    "wide": ({"vocab": 16384, "d_model": 1024, "layers": 4, "heads": 16, "d_head": 64, "d_ff": 4096},
+             [(1, 2048), (8, 2048), (32, 1024), (16, 4096), (48, 2048), (4, 8192)]),
+    "deep": ({"vocab": 8192, "d_model": 512, "layers": 8, "heads": 4, "d_head": 128, "d_ff": 2048},
+             [(1, 1024), (16, 2048), (64, 1024), (32, 4096)]),
+}  # fmt: skip
 
 
 def log(*args: Any) -> None:
     print(f"[{time.strftime('%H:%M:%S')}]", *args, flush=True)
 
 
-def model() -> dict[str, Any]:
-    """The namespace of the guide's block that defines `make_decode` (and `CONFIG`)."""
+def model(config: str | None = None) -> dict[str, Any]:
+    """The namespace of the guide's block that defines `make_decode` (and `CONFIG`), its
+    `CONFIG` replaced by `CONFIGS[config]`'s where one is named."""
     blocks = re.findall(r"^```python\n(.*?)^```", GUIDE.read_text(), flags=re.DOTALL | re.MULTILINE)
     (code,) = [block for block in blocks if "def make_decode(" in block]
     namespace: dict[str, Any] = {"__name__": "serving_model"}
     exec(compile(code, f"<{GUIDE.name}: make_decode>", "exec"), namespace)
+    if config is not None:
+        namespace["CONFIG"] = dict(CONFIGS[config][0])
     return namespace
 
 
@@ -120,8 +133,8 @@ def measure(compiled: Any, params: Any, cache_shapes: Any, b: int, cache: int, p
     return record
 
 
-def chip(rows: list[tuple[int, int]], threads: int, profile_runs: int = 0) -> dict[str, Any]:
-    ns = model()
+def chip(rows: list[tuple[int, int]], threads: int, profile_runs: int = 0, config: str | None = None) -> dict[str, Any]:
+    ns = model(config)
     make = ns["make_decode"]
     env = {"jax": jax.__version__, "device_kind": jax.devices()[0].device_kind, "python": platform.python_version()}
     log("env", env, "config", ns["CONFIG"])
@@ -158,10 +171,10 @@ def chip(rows: list[tuple[int, int]], threads: int, profile_runs: int = 0) -> di
     return {"env": env, "config": ns["CONFIG"], "rows": out}
 
 
-def modelled(rows: list[tuple[int, int]]) -> dict[str, Any]:
+def modelled(rows: list[tuple[int, int]], config: str | None = None) -> dict[str, Any]:
     import treeshape as ts
 
-    ns = model()
+    ns = model(config)
     make = ns["make_decode"]
     out = []
     for b, cache in rows:
@@ -199,10 +212,15 @@ def main() -> None:
     parser.add_argument("--rows", default=None, metavar="B:CACHE,...")
     parser.add_argument("--threads", type=int, default=6)
     parser.add_argument("--profile-runs", type=int, default=0)
+    parser.add_argument("--config", choices=sorted(CONFIGS), default=None)
     args = parser.parse_args()
-    rows = ROWS if args.rows is None else [tuple(map(int, r.split(":"))) for r in args.rows.split(",")]
+    default = ROWS if args.config is None else CONFIGS[args.config][1]
+    rows = default if args.rows is None else [tuple(map(int, r.split(":"))) for r in args.rows.split(",")]
     start = time.perf_counter()
-    data = modelled(rows) if args.model else chip(rows, args.threads, args.profile_runs)  # type: ignore[arg-type]
+    if args.model:
+        data = modelled(rows, args.config)  # type: ignore[arg-type]
+    else:
+        data = chip(rows, args.threads, args.profile_runs, args.config)  # type: ignore[arg-type]
     data["wall_seconds"] = time.perf_counter() - start
     Path(args.out).write_text(json.dumps(data, indent=1))
     log(f"wrote {args.out} ({data['wall_seconds']:.0f} s)")
