@@ -17,7 +17,8 @@ the date).
   loop's body (in VMEM).
 - `measured/microl-*.json`: the third set (`micro_cases_l.py`): gathers and scatters on
   tables libtpu lays out transposed (a row one lane of several tiles), by the tiles a row
-  spans and where the table lies.
+  spans and where the table lies; one position written into a KV cache laid out with its
+  positions along the lanes (group cacheput, a second run of the set).
 
     python benchmarks/steptime/calibrate.py [--check]
 
@@ -247,6 +248,59 @@ def transposed_tables(doc: dict[str, Any], number: Any, in_place_row: float) -> 
     }
 
 
+def host_calls(doc: dict[str, Any], number: Any) -> dict[str, Any]:
+    """The host's time to call a step (`host_calls.py`: steps whose device time is next to
+    nothing, by arrays in and out, donated or not, and how the step is called): least
+    squares over every case, a call's own cost plus each array in and each array out."""
+    rows = doc["rows"]
+    a = [[1.0, float(r["inputs"]), float(r["outputs"])] for r in rows]
+    y = [r["seconds"] for r in rows]
+    # (the normal equations of a 3-term fit, solved by Cramer's rule: no numpy here)
+    m = [[sum(p[i] * p[j] for p in a) for j in range(3)] for i in range(3)]
+    v = [sum(p[i] * t for p, t in zip(a, y, strict=True)) for i in range(3)]
+
+    def det(x: list[list[float]]) -> float:
+        return (x[0][0] * (x[1][1] * x[2][2] - x[1][2] * x[2][1]) - x[0][1] * (x[1][0] * x[2][2] - x[1][2] * x[2][0])
+                + x[0][2] * (x[1][0] * x[2][1] - x[1][1] * x[2][0]))  # fmt: skip
+
+    whole = det(m)
+    call, each_in, each_out = (det([[v[i] if j == k else m[i][j] for j in range(3)] for i in range(3)]) / whole
+                               for k in range(3))  # fmt: skip
+    came_from = (
+        f"micro: host_calls.py, {len(rows)} steps, {', '.join(sorted({r['kind'] for r in rows}))} (least squares)"
+    )
+    # each registered pytree node (an equinox module's, an nnx State's): what its steps took
+    # beyond their arrays' figures, a line through zero over the nodes
+    points = [(r["nodes"], r["seconds"] - call - r["inputs"] * each_in - r["outputs"] * each_out)
+              for r in doc["nodes_rows"] if r["nodes"]]  # fmt: skip
+    node = sum(x * y for x, y in points) / sum(x * x for x, _ in points)
+    kinds = ", ".join(sorted({r["kind"] for r in doc["nodes_rows"] if r["nodes"]}))
+    return {
+        "host_call_seconds": number(call, "s a call", came_from),
+        "host_input_seconds": number(each_in, "s an array in", came_from),
+        "host_output_seconds": number(each_out, "s an array out", came_from),
+        "host_node_seconds": number(
+            node, "s a registered pytree node in or out", f"micro: host_calls.py, {kinds} (a line)"
+        ),
+    }
+
+
+def cache_writes(doc: dict[str, Any], number: Any) -> dict[str, Any]:
+    """One position written into a KV cache whose positions lie along the lanes
+    (`micro_cases_l.py`'s `cacheput`): each tile the update writes a lane of, at a cost
+    fitted through the bf16 caches of 8-128 sequences (least squares through zero: the
+    tiles `b * heads * head / 8`)."""
+    cases = _cases(doc, "cacheput")
+    chosen = [f"cacheput_b{b}" for b in (8, 16, 32, 64, 128)]
+    points = [(cases[n]["params"]["tiles_spanned"], _kernel_seconds(cases[n], "dynamic_update_slice")) for n in chosen]
+    tile = sum(x * y for x, y in points) / sum(x * x for x, _ in points)
+    return {
+        "update_lane_tile_seconds": number(
+            tile, "s a tile a dynamic-update-slice writes a part of the lanes of", f"micro: {', '.join(chosen)}"
+        )
+    }
+
+
 def strides(doc: dict[str, Any], number: Any) -> dict[str, Any]:
     """A strided slice's rate by the bytes of its operand it spans: over lanes (the minor
     dimension: `x[:, ::2]`, the odd lanes of rotary embeddings) the median of those cases;
@@ -340,10 +394,20 @@ def build() -> dict[str, Any]:
         return _number(value, unit, came_from, third.name, micro_l["env"])
 
     numbers |= transposed_tables(micro_l, number_l, numbers["scatter_in_place_row_seconds"]["value"])
+    numbers |= cache_writes(micro_l, number_l)
+    calls_file = sorted(MEASURED.glob("host-calls-*.json"))[-1]
+    calls = json.loads(calls_file.read_text())
+    for name in ("host_call_seconds", "host_leaf_seconds", "host_node_seconds"):  # (measured beside compiles)
+        numbers.pop(name, None)
+
+    def number_h(value: float, unit: str, came_from: str) -> dict[str, Any]:
+        return _number(value, unit, came_from, calls_file.name, calls["env"])
+
+    numbers |= host_calls(calls, number_h)
     return {
         "chip": "v5e",
         "rebuilt_by": "benchmarks/steptime/calibrate.py",
-        "summaries": ["profiles-a-i.json", latest.name, second.name, third.name],
+        "summaries": ["profiles-a-i.json", latest.name, second.name, third.name, calls_file.name],
         "numbers": dict(sorted(numbers.items())),
     }
 

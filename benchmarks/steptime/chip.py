@@ -5,7 +5,7 @@ For each row (`models.build(name, size)`): the step compiled as users compile it
 same options `ts.cost(target=...)` compiles with), then run on real arrays: warm-up,
 then each of `--steps` runs timed alone (`block_until_ready`), the median kept; then a
 few runs under `jax.profiler`, each kernel's device time summed by name. Compiles run in
-parallel threads, runs one at a time. Needs JAX and optax (flax, equinox for their rows),
+parallel threads, all before the first run; runs one at a time. Needs JAX and optax (flax, equinox for their rows),
 not treeshape.
 
     python benchmarks/steptime/chip.py --out DIR [--rows GROUP,NAME:SIZE,...] [--profile-runs N]
@@ -227,6 +227,9 @@ def main() -> None:
                 futures[key] = pool.submit(lambda e=e: (_ for _ in ()).throw(e))
                 continue
             futures[key] = pool.submit(compile_row, lowered, work / _file(key))
+        # every compile done before the first step runs: a compile beside a timed step takes
+        # the host's cores, and a step its host bounds ran slower (host_calls.py)
+        concurrent.futures.wait(futures.values())
         results = []
         for key, case in cases.items():
             record: dict[str, Any] = {"name": key[0], "size": key[1], "kind": case.kind, "case": case.name}

@@ -42,6 +42,7 @@ FIXES = {
     "stride": "strided_bytes_per_second.*",
     "layout": "loop_vmem_bytes_per_second.copy",
     "ttable": "scatter_transposed_tile_seconds, gather_transposed_*",
+    "cacheput": "update_lane_tile_seconds",
 }
 
 

@@ -102,7 +102,8 @@ def read(r: dict[str, Any], modules: Path) -> dict[str, Any]:
     frames = Frames(proto)
     names = {i.name: (_buffers.op_of(i), frames.source(i.metadata)) for i in proto.instructions.values()}
     # (recorded by `recheck.py --dump`; else counted from the step)
-    call = tuple(r["call"]) if "call" in r else call_counts(r["name"], r["size"])
+    # (a record of 2 counts, arrays in and out together, is from before they were apart)
+    call = tuple(r["call"]) if len(r.get("call", ())) == 3 else call_counts(r["name"], r["size"])
     t = _time.estimate(kernels, names, CHIP, "TPU v5e", "tpu", r["cost_analysis"]["flops"], exact, call)
     # each compiled kernel on its own (named apart, so that none go together by line)
     alone = _time.estimate(kernels, {k.name: (k.name, None) for k in kernels}, CHIP, "", "tpu", None, exact)
@@ -110,13 +111,14 @@ def read(r: dict[str, Any], modules: Path) -> dict[str, Any]:
     return {**r, "group": group, "kernels": kernels, "profile": measured, "time": t, "alone": alone, "names": names}
 
 
-def call_counts(name: str, size: int) -> tuple[int, int]:
-    """The arrays and registered pytree nodes a call of the row's step passes in and gets
-    back, as `ts.cost` counts them (`_host.tree_counts`)."""
+def call_counts(name: str, size: int) -> tuple[int, int, int]:
+    """The arrays a call of the row's step passes in, the arrays it gets back, and their
+    registered pytree nodes, as `ts.cost` counts them (`_host.tree_counts`)."""
     case = case_of(name, size)
     state, batch = case.abstract()
     out = jax.eval_shape(case.step, state, batch)
-    return _host.tree_counts([jax.tree_util.tree_structure(((state, batch), {})), jax.tree_util.tree_structure(out)])
+    inputs = jax.tree_util.tree_structure(((state, batch), {}))
+    return _host.tree_counts(inputs, [jax.tree_util.tree_structure(out)])
 
 
 def _key(op: str | None, source: str | None, kind: str) -> tuple[str | None, str | None, str | None]:

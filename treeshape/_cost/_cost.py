@@ -384,7 +384,8 @@ def _step_time(program: Compiled, flops: float | None) -> StepTime | None:
     names = {i.name: (_buffers.op_of(i), frames.source(i.metadata)) for i in module.instructions.values()}
     chip = CHIPS[placed.target.name]
     # (a call from Python: the arrays and pytree nodes its host flattens and unflattens)
-    call = _host.tree_counts(program.call) if program.call and placed.target.platform == "tpu" else None
+    from_python = program.call and placed.target.platform == "tpu"
+    call = _host.tree_counts(program.call[0], program.call[1:]) if from_python else None
     return _time.estimate(kernels, names, chip, placed.target.label, placed.target.platform, flops, exact, call)
 
 

@@ -1,7 +1,7 @@
-"""What a call of a jitted step asks of the host: its arrays (each dispatched on the way
-in and wrapped on the way out) and the nodes of its pytrees whose flattening runs Python
-(every type registered outside JAX's own containers: an nnx `State` and its `Variable`s,
-an equinox `Module`), which `_time` prices as a v5e's host measured them."""
+"""What a call of a jitted step asks of the host: its arrays in (each dispatched) and out
+(each wrapped), and the nodes of its pytrees whose flattening runs Python (every type
+registered outside JAX's own containers: an nnx `State` and its `Variable`s, an equinox
+`Module`), which `_time` prices as a v5e's host measured them."""
 
 import collections
 from collections.abc import Iterable
@@ -16,14 +16,12 @@ from .._tree import node_types
 _BUILTIN: Final = frozenset({tuple, list, dict, type(None), collections.OrderedDict, collections.defaultdict})
 
 
-def tree_counts(trees: Iterable[jtu.PyTreeDef]) -> tuple[int, int]:
-    """The leaves of `trees` and their nodes of types registered outside JAX's own
-    containers."""
-    leaves = nodes = 0
-    for tree in trees:
-        leaves += tree.num_leaves
-        nodes += sum(not _builtin(kind) for kind in node_types(tree))
-    return leaves, nodes
+def tree_counts(inputs: jtu.PyTreeDef, outputs: Iterable[jtu.PyTreeDef]) -> tuple[int, int, int]:
+    """The leaves of `inputs`, the leaves of `outputs`, and the nodes of both of types
+    registered outside JAX's own containers."""
+    trees = [inputs, *outputs]
+    nodes = sum(not _builtin(kind) for tree in trees for kind in node_types(tree))
+    return inputs.num_leaves, sum(tree.num_leaves for tree in trees[1:]), nodes
 
 
 def _builtin(kind: Any) -> bool:

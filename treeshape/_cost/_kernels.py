@@ -20,7 +20,7 @@ from typing import Final, Literal
 from .. import _compat
 from . import _hlo_loops
 from ._hlo_text import ARRAY, CALLS, Computation, Instruction, Module, arrays, itemsize, op_of, parse, shape_bytes
-from ._layout import row_tiles, strided, strided_of
+from ._layout import lane_tiles, row_tiles, strided, strided_of
 from ._pallas import Work, signature
 
 
@@ -92,6 +92,7 @@ class Kernel:
     table_in_vmem: bool = False  # a gather's or scatter's table in VMEM (prefetched there)
     strided: str = ""  # a slice with a stride over its operand's lanes ("lanes") or sublanes ("sublanes")
     strided_bytes: float = 0.0  # the bytes of the operand that slice spans, one run
+    lane_tiles: int = 0  # a dynamic-update-slice writing a part of each tile's lanes: those tiles, one run
 
 
 # Instructions that run no kernel of their own.
@@ -168,6 +169,7 @@ class _Traits:
     in_vmem: bool = False  # that table is in VMEM
     strided: str = ""  # a strided slice's strided dimension: "lanes" or "sublanes" (`strided_of`)
     strided_bytes: float = 0.0  # the operand's bytes it spans
+    lane_tiles: int = 0  # a dynamic-update-slice's: the tiles its update writes a part of the lanes of (`lane_tiles`)
 
 
 def precision_of(attributes: str) -> str:
@@ -243,6 +245,8 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
         return _Traits("data movement", strided=over, strided_bytes=span)
     if opcode in ("copy", "transpose", "reshape"):  # (a reshape left alone is a change of layout: a copy)
         return _Traits("copy")
+    if opcode == "dynamic-update-slice":
+        return _Traits("data movement", lane_tiles=lane_tiles(computation, instruction))
     called = CALLS.search(attributes)
     if opcode != "fusion" or called is None or called.group(1) not in module.computations:
         return _Traits("data movement" if opcode in _DATA else "elementwise")
@@ -719,6 +723,7 @@ def read(
             table_in_vmem=traits.in_vmem,
             strided=traits.strided,
             strided_bytes=traits.strided_bytes,
+            lane_tiles=traits.lane_tiles,
             results=sum(1 for _ in arrays(_shape(instruction))),
             collective=communication,
             branch=branch,

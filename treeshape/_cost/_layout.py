@@ -5,7 +5,10 @@ optimized module's: `f32[1000000,32]{0,1:T(8,128)}` holds its rows along the lan
   vector register's lanes gathered) or over its second-minor one from HBM;
 - `row_tiles`: a gather's or scatter's table laid out with the dimension it indexes minor,
   so that one of its rows is one lane of several tiles (libtpu lays a table of fewer than
-  128 lanes out so, where padding its rows to 128 lanes would take more memory).
+  128 lanes out so, where padding its rows to 128 lanes would take more memory);
+- `lane_tiles`: a dynamic-update-slice whose update fills a part of the lanes of every
+  tile it writes (a KV cache `[b, s, h, k]` laid out `{1,3,2,0}`, its positions along the
+  lanes: one position written is one lane of each of its tiles).
 
 Read by `_kernels`. Nothing compiles.
 """
@@ -21,6 +24,7 @@ _SLICE: Final = re.compile(r"\bslice=\{((?:\[[\d:]+\],?\s*)*)\}")
 _LAYOUT: Final = re.compile(r"\{([\d,]+)(?::|\})")
 _DIMS: Final = re.compile(r"\[([\d,]*)\]")
 _TILE: Final = re.compile(r":T\((\d+),\d+\)")
+_LANES: Final = 128  # a vector register's lanes, a tile's minor extent
 _INDEXED: Final = re.compile(r"\b(?:start_index_map|scatter_dims_to_operand_dims)=\{([\d,]*)\}")
 
 
@@ -88,3 +92,22 @@ def row_tiles(computation: Computation, instruction: Instruction) -> tuple[int, 
         return 0, in_vmem
     row = math.prod(n for d, n in enumerate(sizes) if d not in by)
     return math.ceil(row / int(tile.group(1))), in_vmem
+
+
+def lane_tiles(computation: Computation, instruction: Instruction) -> int:
+    """For a dynamic-update-slice whose update spans fewer of its operand's minor dimension
+    than a tile's lanes and than the operand has: the tiles the update writes a part of
+    (each read and written whole), else 0."""
+    operands = op_of(instruction)[1]
+    update = computation.named.get(operands[1]) if len(operands) > 1 else None
+    shape, written = _shape(instruction), _DIMS.search(_shape(update))
+    layout, dims, tile = _LAYOUT.search(shape), _DIMS.search(shape), _TILE.search(shape)
+    if layout is None or dims is None or tile is None or written is None:
+        return 0
+    order = [int(d) for d in layout.group(1).split(",")]
+    sizes = [int(d) for d in dims.group(1).split(",") if d]
+    parts = [int(d) for d in written.group(1).split(",") if d]
+    if len(order) < 2 or len(parts) != len(sizes) or not parts[order[0]] < min(sizes[order[0]], _LANES):
+        return 0
+    rest = math.prod(n for d, n in enumerate(parts) if d not in order[:2])
+    return rest * math.ceil(parts[order[1]] / int(tile.group(1)))

@@ -116,6 +116,7 @@ class Correction:
     scatter_in_place_row_seconds: float
     scatter_in_place_row_bytes_per_second: float
     scatter_transposed_tile_seconds: float
+    update_lane_tile_seconds: float
     gather_transposed_row_seconds: Mapping[str, float]
     gather_transposed_tile_seconds: Mapping[str, float]
     strided_bytes_per_second: Mapping[str, float]
@@ -130,7 +131,8 @@ class Correction:
     exposed_copy: float
     launch_seconds: float
     host_call_seconds: float
-    host_leaf_seconds: float
+    host_input_seconds: float
+    host_output_seconds: float
     host_node_seconds: float
     measured_on: str
 
@@ -174,6 +176,7 @@ def _correction(table: Mapping[str, Any]) -> Correction:
         scatter_in_place_row_seconds=numbers["scatter_in_place_row_seconds"],
         scatter_in_place_row_bytes_per_second=numbers["scatter_in_place_row_bytes_per_second"],
         scatter_transposed_tile_seconds=numbers["scatter_transposed_tile_seconds"],
+        update_lane_tile_seconds=numbers["update_lane_tile_seconds"],
         gather_transposed_row_seconds=by("gather_transposed_row_seconds"),
         gather_transposed_tile_seconds=by("gather_transposed_tile_seconds"),
         strided_bytes_per_second=by("strided_bytes_per_second"),
@@ -188,7 +191,8 @@ def _correction(table: Mapping[str, Any]) -> Correction:
         exposed_copy=numbers["exposed_copy"],
         launch_seconds=numbers["launch_seconds"],
         host_call_seconds=numbers["host_call_seconds"],
-        host_leaf_seconds=numbers["host_leaf_seconds"],
+        host_input_seconds=numbers["host_input_seconds"],
+        host_output_seconds=numbers["host_output_seconds"],
         host_node_seconds=numbers["host_node_seconds"],
         measured_on=table["chip"],
     )
@@ -438,6 +442,8 @@ def _corrected(k: Kernel, chip: Chip, c: Correction) -> float:
     moved = k.device_bytes / hbm + in_vmem
     if k.strided:
         moved = max(moved, k.strided_bytes / c.strided_bytes_per_second[k.strided])
+    if k.lane_tiles:  # (each tile read and written for the lanes the update fills)
+        moved = max(moved, k.lane_tiles * c.update_lane_tile_seconds)
     return moved + run
 
 
@@ -623,12 +629,12 @@ def estimate(
     platform: str,
     flops: float | None,
     exact: bool,
-    call: tuple[int, int] | None = None,
+    call: tuple[int, int, int] | None = None,
 ) -> StepTime:
     """The `StepTime` of a program's kernels on `chip`: `names` gives each kernel's op and
     source by name; `flops` is the program's (for the MFU); `exact` whether every loop's
-    trip count was known; `call` the arrays and the registered pytree nodes a call passes
-    in and gets back (`_host.tree_counts`), where the step is called from Python."""
+    trip count was known; `call` the arrays a call passes in, the arrays it gets back, and
+    their registered pytree nodes (`_host.tree_counts`), where the step is called from Python."""
     checked = platform == "tpu" and chip.clock_hz is not None
     c = CORRECTION
     each = [kernel_seconds(k, chip, c, checked) for k in kernels]
@@ -644,7 +650,8 @@ def estimate(
     gaps = [gap if not k.in_loop and k.kind != "async copy" else 0.0 for k in kernels]
     seconds = sum(each) + sum(gaps) + c.launch_seconds if checked else None
     # a step whose kernels take less time than its host takes to call it waits for the host
-    host = c.host_call_seconds + call[0] * c.host_leaf_seconds + call[1] * c.host_node_seconds if call else 0.0
+    each_part = (c.host_input_seconds, c.host_output_seconds, c.host_node_seconds)  # (arrays in, out; nodes)
+    host = c.host_call_seconds + sum(n * s for n, s in zip(call, each_part, strict=True)) if call else 0.0
     waiting = max(host - seconds, 0.0) if seconds is not None else 0.0
     seconds = seconds + waiting if seconds is not None else None
     uncosted = sum(1 for k in kernels if k.kind in c.estimate and k.cycles is None and k.flops)
