@@ -12,8 +12,8 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 import pytest
+from jax import lax
 
 import treeshape as ts
 
