@@ -55,7 +55,7 @@ def compiles():
 
 
 # Tracer leaks are checked around every test, unless JAX's own switch says
-# otherwise (`JAX_CHECK_TRACER_LEAKS=0`: CI's x64 and floor passes; the checker
+# otherwise (`JAX_CHECK_TRACER_LEAKS=0`: CI's x64 pass and most of the floor's; the checker
 # turns JAX's caches off, which makes every eager operation compile again and
 # the suite three times slower; .ci/run says what that gives up).
 _CHECK_LEAKS = jax.config.jax_check_tracer_leaks if "JAX_CHECK_TRACER_LEAKS" in os.environ else True

@@ -298,6 +298,10 @@ def test_the_guide_states_the_calibrations_numbers():
         f"plus {number('pallas_step_seconds') * 1e6:.2f} us for each step",
         f"`Precision.HIGHEST` at {number('f32_passes.highest'):.2f}x the time of its FLOPs",
         f"`HIGH` at {number('f32_passes.high'):.2f}x",
+        f"each read and written: {number('update_lane_tile_seconds') * 1e9:.1f} ns a tile",
+        f"took {number('host_call_seconds') * 1e3:.2f} ms a call",
+        f"{number('host_input_seconds') * 1e6:.2f} us for each array",
+        f"{number('host_output_seconds') * 1e6:.1f} us for each array returned",
     }
     missing = [s for s in said if " ".join(s.split()) not in " ".join(guide.split())]
     assert not missing, missing
