@@ -210,10 +210,11 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
         >>> ts.cache_info().hits  # the same abstract input: answered from the cache
         1
     """
-    check_callable(fn, "out_structure")
+    if not callable(fn):
+        check_callable(fn, "out_structure")
     call = split_call(fn, args, kwargs)
     concrete: bool | tuple[bool, ...] = False
-    types = call.leaf_types()  # (found once by `split_call`)
+    types = call.types or call.leaf_types()  # (found once by `split_call`)
     if not types <= ARRAY_TYPES:  # (else a model's parameters and batch: no Structure, no scalar)
         if Structure in types:
             call = with_trees(call)
