@@ -421,8 +421,15 @@ COST_CACHE: Cache[Any] = Cache(maxsize=4096)
 
 
 # -- the cached answer ------------------------------------------------------------
+_LOOK_UP: Final = object()
+
+
 def answer(
-    cache: Cache[Any], key: Key, bound_leaves: list[Any], evaluate: Callable[[bool], _Value]
+    cache: Cache[Any],
+    key: Key,
+    bound_leaves: list[Any],
+    evaluate: Callable[[bool], _Value],
+    found: Any = _LOOK_UP,
 ) -> tuple[_Value, bool]:
     """The answer to a call keyed `key` (`out_structure`'s, `cost`'s), and whether it was
     evaluated now (False: found in `cache`).
@@ -434,8 +441,11 @@ def answer(
     `jax.jit` of the partial itself take them): `key` then holds `NEEDS_CONCRETE`, and
     the answer is stored under a key of those values (`value_key`; small arrays only),
     looked up first on the calls after. Any other error is the caller's to raise.
+
+    `found`: what `cache.get(key)` gave, where the caller looked first (a hit then needs
+    no `evaluate` built); by default it is looked up here.
     """
-    hit = cache.get(key)
+    hit = cache.get(key) if found is _LOOK_UP else found
     if hit is not None and hit is not NEEDS_CONCRETE:
         return hit, False
     if hit is NEEDS_CONCRETE:
