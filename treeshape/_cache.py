@@ -429,7 +429,7 @@ def answer(
     key: Key,
     bound_leaves: list[Any],
     evaluate: Callable[[bool], _Value],
-    found: Any = _LOOK_UP,
+    looked_up: Any = _LOOK_UP,
 ) -> tuple[_Value, bool]:
     """The answer to a call keyed `key` (`out_structure`'s, `cost`'s), and whether it was
     evaluated now (False: found in `cache`).
@@ -442,10 +442,10 @@ def answer(
     the answer is stored under a key of those values (`value_key`; small arrays only),
     looked up first on the calls after. Any other error is the caller's to raise.
 
-    `found`: what `cache.get(key)` gave, where the caller looked first (a hit then needs
+    `looked_up`: what `cache.get(key)` gave, where the caller looked first (a hit then needs
     no `evaluate` built); by default it is looked up here.
     """
-    hit = cache.get(key) if found is _LOOK_UP else found
+    hit = cache.get(key) if looked_up is _LOOK_UP else looked_up
     if hit is not None and hit is not NEEDS_CONCRETE:
         return hit, False
     if hit is NEEDS_CONCRETE:
