@@ -263,26 +263,33 @@ def call_key(call: Call, *extra: Hashable, concrete_scalars: bool | Sequence[boo
     where a part cannot be keyed. `concrete_scalars`: the call's Python scalars (all, or per
     leaf) are passed concrete (to a jitted core, as `Call.concrete_scalars` says), so they
     are keyed by value (bound ones always are)."""
+    core, bound_leaves, bound_treedef, call_leaves, call_treedef, types_ = call
     refs: list[Any] = []
     bound: Iterable[Any]
     given: Iterable[Any]
     try:
-        if call.leaf_types() <= ARRAY_TYPES:  # a model's parameters and batch: one C-level pass each
-            bound, given = map(_AVAL, call.bound_leaves), map(_AVAL, call.call_leaves)
+        if (types_ if types_ is not None else call.leaf_types()) <= ARRAY_TYPES:
+            # a model's parameters and batch: one C-level pass each
+            bound, given = map(_AVAL, bound_leaves), map(_AVAL, call_leaves)
         else:
-            bound = _leaf_keys(call.bound_leaves, True, refs)
-            given = _leaf_keys(call.call_leaves, concrete_scalars, refs)
+            bound = _leaf_keys(bound_leaves, True, refs)
+            given = _leaf_keys(call_leaves, concrete_scalars, refs)
+        if type(core) is types.FunctionType:  # (`static_key`'s first case, without the call)
+            refs.append(core)
+            core_part: Hashable = weakref.ref(core)
+        else:
+            core_part = static_key(core, refs)
         items = (  # the treedefs last: two calls that differ mostly differ in cheaper parts
-            static_key(call.core, refs),
+            core_part,
             *bound,
             *given,
             _compat.tracing_context(),
             jax.sharding.get_abstract_mesh(),
             *extra,
-            call.bound_treedef,
-            call.call_treedef,
+            bound_treedef,
+            call_treedef,
         )
-        return Key(items, refs, (call.bound_treedef, call.call_treedef))
+        return Key(items, refs, (bound_treedef, call_treedef))
     except Exception:  # Uncacheable, or a user object's `__hash__` failing (node data's: when the key is hashed)
         return NOT_CACHED
 
@@ -414,8 +421,15 @@ COST_CACHE: Cache[Any] = Cache(maxsize=4096)
 
 
 # -- the cached answer ------------------------------------------------------------
+_LOOK_UP: Final = object()
+
+
 def answer(
-    cache: Cache[Any], key: Key, bound_leaves: list[Any], evaluate: Callable[[bool], _Value]
+    cache: Cache[Any],
+    key: Key,
+    bound_leaves: list[Any],
+    evaluate: Callable[[bool], _Value],
+    looked_up: Any = _LOOK_UP,
 ) -> tuple[_Value, bool]:
     """The answer to a call keyed `key` (`out_structure`'s, `cost`'s), and whether it was
     evaluated now (False: found in `cache`).
@@ -427,8 +441,11 @@ def answer(
     `jax.jit` of the partial itself take them): `key` then holds `NEEDS_CONCRETE`, and
     the answer is stored under a key of those values (`value_key`; small arrays only),
     looked up first on the calls after. Any other error is the caller's to raise.
+
+    `looked_up`: what `cache.get(key)` gave, where the caller looked first (a hit then needs
+    no `evaluate` built); by default it is looked up here.
     """
-    hit = cache.get(key)
+    hit = cache.get(key) if looked_up is _LOOK_UP else looked_up
     if hit is not None and hit is not NEEDS_CONCRETE:
         return hit, False
     if hit is NEEDS_CONCRETE:

@@ -610,7 +610,11 @@ def split_call(
     found = walked_leaf_types(reached)  # (a model's parameters and batch: no pass over the leaves)
     if found is None:
         found = frozenset(map(type, call_leaves)).union(map(type, bound_leaves))
-    return Call(core, bound_leaves, bound_treedef, call_leaves, call_treedef, found)
+    # (`Call(...)` without its Python-level `__new__`: built on every call, hits included)
+    return _new_call(Call, (core, bound_leaves, bound_treedef, call_leaves, call_treedef, found))
+
+
+_new_call: Final = tuple.__new__
 
 
 def _is_structure(x: Any) -> bool:

@@ -210,10 +210,11 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
         >>> ts.cache_info().hits  # the same abstract input: answered from the cache
         1
     """
-    check_callable(fn, "out_structure")
+    if not callable(fn):
+        check_callable(fn, "out_structure")
     call = split_call(fn, args, kwargs)
     concrete: bool | tuple[bool, ...] = False
-    types = call.leaf_types()  # (found once by `split_call`)
+    types = call.types or call.leaf_types()  # (found once by `split_call`)
     if not types <= ARRAY_TYPES:  # (else a model's parameters and batch: no Structure, no scalar)
         if Structure in types:
             call = with_trees(call)
@@ -223,7 +224,11 @@ def out_structure(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Struc
         concrete = call.concrete_scalars()
     key = _cache.call_key(call, concrete_scalars=concrete)
     # (the call's treedef is built only on a miss, by `_evaluate`: a hit needs none)
-    structure, _ = _cache.answer(CACHE, key, call.bound_leaves, ft.partial(_evaluate, call))
+    found = CACHE.get(key)
+    if type(found) is Structure:  # a hit: no evaluation to prepare
+        structure = found
+    else:
+        structure, _ = _cache.answer(CACHE, key, call.bound_leaves, ft.partial(_evaluate, call), found)
     if not structure._sharded():  # (most answers: nothing to place)
         return structure
     return _with_call_meshes(structure, fn, call.call_leaves)

@@ -383,11 +383,17 @@ def _walk(level: list[Any], depth: int, reached: set[type] | None) -> int:
     `_find_cycle`, which tells a cycle from a shared subtree."""
     limit = sys.getrecursionlimit()
     count = len(level) if depth else 0  # containers reached below the root
-    types: set[type] | None = None if reached is None else set()
-    referents = gc.get_referents
+    types: set[type] = set()
+    referents, containers = gc.get_referents, _CONTAINERS
     while level:
-        if len(level) <= _CHUNK:
-            level = _containers(referents(*level), types)
+        if len(level) <= _CHUNK:  # (`_containers`, inlined: a small tree's walk is mostly its levels)
+            children = referents(*level)
+            here = set(map(type, children))
+            types |= here
+            if here <= containers:
+                level = children
+            else:
+                level = [] if here.isdisjoint(containers) else [x for x in children if type(x) in containers]
         else:  # a wide level, a chunk at a time: its children are typed while still in the CPU's caches
             below: list[Any] = []
             for start in range(0, len(level), _CHUNK):
@@ -396,24 +402,22 @@ def _walk(level: list[Any], depth: int, reached: set[type] | None) -> int:
         depth, count = depth + 1, count + len(level)
         if depth >= limit or count > _MANY_CONTAINERS:
             return depth
-    if reached is not None and types is not None:
+    if reached is not None:
         reached |= types
     return 0
 
 
-def _containers(children: list[Any], types: set[type] | None) -> list[Any]:
-    """The containers among `children`; with `types`, the types of all of them added to it."""
+def _containers(children: list[Any], types: set[type]) -> list[Any]:
+    """The containers among `children`, the types of all of them added to `types` (one C-level
+    pass; a second, over the children, only for a level that mixes containers and leaves)."""
     containers = _CONTAINERS
-    if types is None:
-        return list(itertools.compress(children, map(containers.__contains__, map(type, children))))
-    kinds = list(map(type, children))
-    here = {kinds[0]} if kinds and kinds.count(kinds[0]) == len(kinds) else set(kinds)  # (most levels: one)
+    here = set(map(type, children))
     types |= here
-    if here <= containers:
+    if here <= containers:  # (most levels: all containers, or none)
         return children
     if here.isdisjoint(containers):
         return []
-    return list(itertools.compress(children, map(containers.__contains__, kinds)))
+    return [x for x in children if type(x) in containers]
 
 
 def walk_call(parts: list[Any], reached: set[type]) -> bool:
