@@ -1,8 +1,9 @@
 """XLA's HLO module as treeshape reads it, from the bytes XLA returns with a compiled
 program: a reader of protobuf wire format (`fields`, `ints`, `int_field`, ...), and the
 optimized, scheduled module (`Module`: its instructions with their shapes, operands and
-called computations, each computation's root and parameters, the schedule, the
-input/output aliases and the stack frames), decoded with the field numbers that
+called computations, each computation's root, parameters and name, a `while`'s body and
+condition, the schedule, the input/output aliases and the stack frames), decoded with the
+field numbers that
 `Fields` pins. No Python module ships to decode these messages.
 """
 

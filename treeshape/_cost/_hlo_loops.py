@@ -19,6 +19,9 @@ XLA's analysis counts a conditional as its most costly branch (each figure's), a
 it once: what it misses there is the most costly branch with its loops counted, less that
 (never the loops of every branch).
 
+The one walk through a module's loops and calls is here too (`walk`: each instruction in
+schedule order with how often it runs), which `_kernels` reads each kernel on.
+
 Nothing is compiled: parsing and analysing a body takes milliseconds.
 """
 

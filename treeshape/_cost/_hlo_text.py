@@ -2,9 +2,14 @@
 its computations and instructions (`parse`), an instruction's shape, opcode, operands and
 attributes, the arrays of a shape (their type, bytes and memory space), a value traced
 back through copies and bitcasts, a computation made a module of its own
-(`Module.text`), and XLA's HLO cost analysis of such a module (`cost`). Read by
-`_hlo_loops` (a program's loops), `_layout` and `_kernels` (a program's kernels).
-Nothing compiles.
+(`Module.text`) or an instruction alone (`Module.alone`), and XLA's HLO cost analysis
+of such a module (`cost`); the one reader of a `while`'s text (`loop_of`: its body,
+condition and `known_trip_count`) and of a call's or conditional's computations
+(`branches`), and the readers of the attributes a kernel's cost depends on (a product's
+dimensions, labels and window, a collective's groups, pairs and channel, a backend
+config's cycles, scoped memory and cost estimate). Read by `_hlo_loops` (a program's
+loops, and the one walk through them), `_layout` (a layout's strides and tiles) and
+`_kernels` (a program's kernels, which reads no text of its own). Nothing compiles.
 """
 
 import dataclasses
