@@ -130,3 +130,33 @@ def test_the_module_reads_as_xla_prints_it():
     assert module.instructions[module.roots[module.entry]].name == printed["ENTRY"][-1]
     assert sorted(module.parameters[module.entry]) == [0, 1]
     assert [module.instructions[i].opcode for i in module.parameters[module.entry].values()] == ["parameter"] * 2
+
+
+def test_both_readers_of_a_module_find_the_same_loops_and_the_walk_counts_them():
+    """The optimized module as text (`_hlo_text`, walked by `_hlo_loops.walk`) and as XLA's
+    message (`_hlo`) name the same loops: each `while`'s body and condition alike; the walk
+    reaches the inner loop 5 times (once a run of the outer body) and its body's
+    instructions 15 times, its condition's 20."""
+    from treeshape._cost import _hlo_loops, _hlo_text
+
+    def f(x):
+        def outer(h, _):
+            return jax.lax.fori_loop(0, 3, lambda i, h: jnp.tanh(h @ h), h), None
+
+        return jax.lax.scan(outer, x, length=5)[0]
+
+    compiled = jax.jit(f).lower(jax.ShapeDtypeStruct((8, 8), jnp.float32)).compile()
+    text = _hlo_text.parse(compiled.as_text())
+    proto = Module.read(_compat.optimized_module(compiled))
+    assert text is not None
+    by_name = {i.name: i for i in proto.instructions.values()}
+    steps = list(_hlo_loops.walk(text))
+    loops = [s for s in steps if s.loop is not None]
+    assert sorted((s.runs, s.trips) for s in loops) == [(1, 5), (5, 3)]
+    for step in loops:
+        assert step.instruction.opcode == by_name[step.instruction.name].opcode == "while"
+        body, condition = proto.loop(by_name[step.instruction.name])
+        assert (proto.names[body], proto.names[condition]) == (step.loop.body, step.loop.condition)
+    inner = next(s.loop for s in loops if s.runs == 5)
+    assert {s.runs for s in steps if s.computation.name == inner.body} == {15}
+    assert {s.runs for s in steps if s.computation.name == inner.condition} == {20}

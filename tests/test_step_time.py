@@ -78,6 +78,32 @@ def test_compiler_seconds_are_libtpus_own_cycles_with_each_loop_counted(tmp_path
     assert condition and all(runs % (LENGTH + 1) == 0 for runs in condition)
 
 
+def test_a_kernel_in_a_loop_inside_a_loops_body_runs_as_often_as_both_trip_counts_say():
+    """A `fori_loop` of 3 in a `scan` of 5: the inner body's kernels run 15 times, the inner
+    condition's 4 x 5, the outer body's own 5 and its condition's 6; each kernel once where
+    the loops around it run it."""
+
+    def nested(w, x):
+        def outer(h, _):
+            return jax.lax.fori_loop(0, 3, lambda i, h: jnp.tanh(h @ w), h), None
+
+        return jax.lax.scan(outer, x, length=5)[0]
+
+    w, x = jax.ShapeDtypeStruct((256, 256), jnp.float32), jax.ShapeDtypeStruct((64, 256), jnp.float32)
+    c = ts.cost(nested, w, x, target="v5e")
+    # each kernel by (the loop bodies around it, in a condition?, its op's own name)
+    runs = {
+        (k.op.count("/while/body/"), "/while/cond/" in k.op, k.op.rsplit("/", 1)[-1]): k.runs
+        for k in c.time.kernels
+        if k.op
+    }
+    assert runs[2, False, "dot_general"] == 15
+    assert runs[2, False, "add"] == 15  # (the inner counter)
+    assert runs[1, True, "lt"] == 20
+    assert runs[1, False, "add"] == 5 and runs[0, True, "lt"] == 6
+    assert c.exact_flops and c.flops >= 15 * 2 * 64 * 256 * 256
+
+
 def test_the_kernels_sum_to_seconds_above_the_floor_and_flops_at_peak():
     w, x = scanned_inputs()
     c = ts.cost(scanned, w, x, donate_argnums=0, target="v5e")

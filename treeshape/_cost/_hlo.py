@@ -1,8 +1,9 @@
 """XLA's HLO module as treeshape reads it, from the bytes XLA returns with a compiled
 program: a reader of protobuf wire format (`fields`, `ints`, `int_field`, ...), and the
 optimized, scheduled module (`Module`: its instructions with their shapes, operands and
-called computations, each computation's root and parameters, the schedule, the
-input/output aliases and the stack frames), decoded with the field numbers that
+called computations, each computation's root, parameters and name, a `while`'s body and
+condition, the schedule, the input/output aliases and the stack frames), decoded with the
+field numbers that
 `Fields` pins. No Python module ships to decode these messages.
 """
 
@@ -57,6 +58,7 @@ class Fields:
     ALIAS_OUTPUT_INDEX: Final = 1
     ALIAS_PARAMETER: Final = 2
     # HloComputationProto
+    COMPUTATION_NAME: Final = 1
     COMPUTATION_INSTRUCTIONS: Final = 2
     COMPUTATION_ID: Final = 5
     COMPUTATION_ROOT_ID: Final = 6
@@ -262,6 +264,16 @@ class Module:
     entry: int
     aliases: list[tuple[Index, int]]  # (output index, parameter number)
     frames: Message
+    names: dict[int, str] = dataclasses.field(default_factory=dict)  # computation -> its name, as the text names it
+
+    def loop(self, ins: Instruction) -> tuple[int, int]:
+        """A `while`'s body and condition (the text's `body=` and `condition=`, which the
+        message does not label): the condition is the one whose root is a `pred[]`."""
+        a, b = ins.called[0], ins.called[1]
+        root = self.instructions.get(self.roots.get(a, -1))
+        if root is not None and root.shape.dtype == "bool" and not root.shape.dims and not root.shape.tuple_shapes:
+            return b, a
+        return a, b
 
     @staticmethod
     def read(data: bytes) -> "Module":
@@ -273,9 +285,11 @@ class Module:
         instructions: dict[int, Instruction] = {}
         roots: dict[int, int] = {}
         parameters: dict[int, dict[int, int]] = {}
+        names: dict[int, str] = {}
         for c in m.get(F.MODULE_COMPUTATIONS, ()):
             cm = fields(c)
             cid = int_field(cm, F.COMPUTATION_ID)
+            names[cid] = str_field(cm, F.COMPUTATION_NAME)
             roots[cid] = int_field(cm, F.COMPUTATION_ROOT_ID)
             params = parameters[cid] = {}
             if cid not in sequences:  # fusions, reductions' regions: no live ranges of their own
@@ -292,7 +306,7 @@ class Module:
             aliases.append((tuple(ints(am, F.ALIAS_OUTPUT_INDEX)), int_field(am, F.ALIAS_PARAMETER)))
         return Module(
             instructions, roots, parameters, sequences, int_field(m, F.MODULE_ENTRY_ID), aliases,
-            message_field(m, F.MODULE_STACK_FRAMES),
+            message_field(m, F.MODULE_STACK_FRAMES), names,
         )  # fmt: skip
 
 

@@ -19,6 +19,9 @@ XLA's analysis counts a conditional as its most costly branch (each figure's), a
 it once: what it misses there is the most costly branch with its loops counted, less that
 (never the loops of every branch).
 
+The one walk through a module's loops and calls is here too (`walk`: each instruction in
+schedule order with how often it runs), which `_kernels` reads each kernel on.
+
 Nothing is compiled: parsing and analysing a body takes milliseconds.
 """
 
@@ -26,6 +29,7 @@ import dataclasses
 import math
 import operator
 import re
+import typing
 from collections.abc import Iterator, Sequence
 from typing import Final
 
@@ -33,11 +37,14 @@ from ._hlo_text import (
     GET,
     Computation,
     Instruction,
+    Loop,
     Module,
+    branches,
     constant,
     cost as text_cost,
     element,
     elements,
+    loop_of,
     op_of,
     parse,
     shape_end,
@@ -45,15 +52,13 @@ from ._hlo_text import (
 )
 
 
-def counted(module: Module, parent: Computation, loop: Instruction) -> int | None:
+def counted(module: Module, parent: Computation, loop: Loop) -> int | None:
     """How often a `while` whose trip count XLA did not record runs, where its condition
     compares a counter element with a constant and its body steps that element by a
     constant (as a scan's loop is lowered), read from its condition, body and start."""
-    condition = re.search(r"\bcondition=%([^\s,]+)", loop.text)
-    body = re.search(r"\bbody=%([^\s,]+)", loop.text)
-    if condition is None or body is None:
+    if loop.condition is None:
         return None
-    cond, step = module.computations.get(condition.group(1)), module.computations.get(body.group(1))
+    cond, step = module.computations.get(loop.condition), module.computations.get(loop.body)
     if cond is None or step is None:
         return None
     test = next((i for i in cond.instructions if i.root), None)
@@ -77,7 +82,7 @@ def counted(module: Module, parent: Computation, loop: Instruction) -> int | Non
         by = constant(step, a)
     if by is None:
         return None
-    start = op_of(loop)[1]
+    start = op_of(loop.instruction)[1]
     init = source_of(parent, start[0]) if len(start) == 1 else None
     if init is None or op_of(init)[0] != "tuple" or counter >= len(op_of(init)[1]):
         return None
@@ -166,33 +171,62 @@ class LoopsRead:
     exact: bool
 
 
-_BRANCHES: Final = re.compile(r"\b(?:branch_computations|true_computation|false_computation)=(\{[^}]*\}|%[^\s,]+)")
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One instruction as a run of a module reaches it (`walk`)."""
+
+    computation: Computation  # that holds it
+    instruction: Instruction
+    runs: int  # how often it runs in one run of the walk's start (a loop's body as often as the loop)
+    at_top: bool  # outside every loop's body and condition (as the walk's start is, where it says so)
+    branch: tuple[tuple[int, int], ...]  # (conditional, branch) of each conditional holding it, in walk order
+    counted: bool  # every loop around it has a trip count (else each was walked as if it ran once)
+    condition: bool  # in a loop's condition
+    loop: Loop | None  # the loop it runs, for a `while`
+    trips: int | None  # that loop's trip count: known, counted (`counted`), or the walk's `same` at the top
 
 
-def _branches(instruction: Instruction) -> list[str]:
-    """A conditional's branches, in order (none for any other instruction)."""
-    if op_of(instruction)[0] != "conditional":
-        return []
-    return [n for group in _BRANCHES.findall(instruction.text) for n in re.findall(r"%([^\s,{}]+)", group)]
+def walk(module: Module, start: str | None = None, same: int | None = None, at_top: bool = True) -> Iterator[Step]:
+    """Each instruction that one run of `start` (the module's entry) runs, in schedule order,
+    with how often it runs: the body of a `while` as often as its trip count says (XLA's
+    `known_trip_count`, else counted from its condition, body and start (`counted`), else, at
+    the top, `same`: the program's own loops as traced), its condition once more, each
+    walked where the loop runs (the body first), a loop inside them as often again; a
+    loop whose count is not known as if once. A `call`'s computation and each branch of a
+    `conditional` (numbered in walk order in `Step.branch`; one run takes one branch) are
+    walked where they run too. The one walk through a module's loops and calls: `_kernels`
+    reads each kernel on it, and `missed` each loop."""
+    conditionals = 0
+    # (computation, its next instruction, runs, at the top?, branches, counted?, in a condition?)
+    stack: list[tuple[Computation, int, int, bool, tuple[tuple[int, int], ...], bool, bool]] = []
 
+    def push(name: str | None, *context: typing.Any) -> None:
+        if name is not None and name in module.computations:
+            stack.append((module.computations[name], 0, *context))
 
-def _whiles(
-    module: Module, start: str, branches: bool = True
-) -> Iterator[tuple[Computation, Instruction, str, int | None]]:
-    """The `while` loops that `start` runs, itself or through what it calls (not inside
-    another loop's body; nor inside a conditional's branch, where `branches` is False):
-    each with the computation holding it, its body and trip count."""
-    todo, seen = [start], set()
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in module.computations:
+    push(module.entry if start is None else start, 1, at_top, (), True, False)
+    while stack:
+        computation, i, runs, top, branch, known, condition = stack.pop()
+        if i >= len(computation.instructions):
             continue
-        seen.add(name)
-        computation = module.computations[name]
-        skipped = set() if branches else {b for i in computation.instructions for b in _branches(i)}
-        todo += [called for called in computation.called(loops=False) if called not in skipped]
-        for loop, body, trips in computation.whiles():
-            yield computation, loop, body, trips if trips is not None else counted(module, computation, loop)
+        stack.append((computation, i + 1, runs, top, branch, known, condition))
+        instruction = computation.instructions[i]
+        loop = loop_of(instruction)
+        trips = None
+        if loop is not None:
+            trips = loop.known if loop.known is not None else counted(module, computation, loop)
+            trips = same if trips is None and top else trips
+        yield Step(computation, instruction, runs, top, branch, known, condition, loop, trips)
+        if loop is not None:  # (pushed last: walked first, the condition after it)
+            times, now = (trips, known) if trips is not None else (1, False)
+            push(loop.condition, runs * (times + 1), False, branch, now, True)
+            push(loop.body, runs * times, False, branch, now, False)
+        elif instruction.parts[0] in ("call", "conditional"):
+            names = branches(instruction)
+            conditionals += instruction.parts[0] == "conditional"
+            for index in reversed(range(len(names))):
+                marked = branch + ((conditionals, index),) if instruction.parts[0] == "conditional" else branch
+                push(names[index], runs, top, marked, known, condition)
 
 
 def missed(text: str, lengths: Sequence[int] = ()) -> LoopsRead | None:
@@ -206,26 +240,10 @@ def missed(text: str, lengths: Sequence[int] = ()) -> LoopsRead | None:
     module = parse(text)
     if module is None:
         return None
-    top = list(_whiles(module, module.entry))
-    same = lengths[0] if len(set(lengths)) == 1 and len(top) == len(lengths) else None
+    top = sum(1 for step in walk(module) if step.loop is not None and step.at_top)
+    same = lengths[0] if len(set(lengths)) == 1 and top == len(lengths) else None
     read = _missed_from(module, module.entry, same, True)
     return None if read is None else LoopsRead(*read)
-
-
-def _conditionals(module: Module, start: str) -> Iterator[list[str]]:
-    """The branches of each conditional that `start` runs, itself or through what it calls
-    (not inside a loop's body or another conditional's branch)."""
-    todo, seen = [start], set()
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in module.computations:
-            continue
-        seen.add(name)
-        computation = module.computations[name]
-        found = [_branches(i) for i in computation.instructions]
-        yield from (branches for branches in found if branches)
-        skipped = {b for branches in found for b in branches}
-        todo += [called for called in computation.called(loops=False) if called not in skipped]
 
 
 def _missed_from(module: Module, start: str, same: int | None, at_top: bool) -> tuple[float, float, bool] | None:
@@ -235,37 +253,36 @@ def _missed_from(module: Module, start: str, same: int | None, at_top: bool) -> 
     once: what it misses is the most costly branch with its loops counted, less that."""
     flops = accessed = 0.0
     exact = True
-    # (what runs the loops: the program, a branch or a loop's body; how often; at the top?)
-    todo = [(start, 1, at_top)]
-    while todo:
-        name, runs, at_top = todo.pop()
-        for branches in _conditionals(module, name):
-            once = [cost for cost in (text_cost(module.text(b)) for b in branches) if cost is not None]
-            read = [r for r in (_missed_from(module, b, same, at_top) for b in branches) if r is not None]
-            if len(once) != len(branches) or len(read) != len(branches):
+    for step in walk(module, start, same, at_top):
+        if step.branch or not step.counted or step.condition:  # (a branch's loops: with its conditional)
+            continue
+        if step.instruction.parts[0] == "conditional":
+            names = branches(step.instruction)
+            once = [cost for cost in (text_cost(module.text(b)) for b in names) if cost is not None]
+            read = [r for r in (_missed_from(module, b, same, step.at_top) for b in names) if r is not None]
+            if len(once) != len(names) or len(read) != len(names):
                 return None
             full = [(o[0] + r[0], o[1] + r[1]) for o, r in zip(once, read, strict=True)]
-            flops += runs * (max(f for f, _ in full) - max(f for f, _ in once))
-            accessed += runs * (max(b for _, b in full) - max(b for _, b in once))
+            flops += step.runs * (max(f for f, _ in full) - max(f for f, _ in once))
+            accessed += step.runs * (max(b for _, b in full) - max(b for _, b in once))
             exact = exact and all(r[2] for r in read)
-        for computation, loop, body, trips in _whiles(module, name, branches=False):
-            trips = same if trips is None and at_top else trips
-            cost = text_cost(module.text(body))
-            if cost is None:
-                return None
-            if trips is None:
+        if step.loop is None:
+            continue
+        cost = text_cost(module.text(step.loop.body))
+        if cost is None:
+            return None
+        if step.trips is None:
+            exact = False
+            continue
+        flops += step.runs * (step.trips - 1) * cost[0]
+        accessed += step.runs * (step.trips - 1) * cost[1]
+        unread = _unread(step.computation, step.instruction) if step.at_top else None
+        last = _without_results(module.computations[step.loop.body], unread) if unread else None
+        if last is not None:
+            cut = text_cost(module.text(step.loop.body, last))
+            if cut is None:
                 exact = False
-                continue
-            flops += runs * (trips - 1) * cost[0]
-            accessed += runs * (trips - 1) * cost[1]
-            todo.append((body, runs * trips, False))
-            unread = _unread(computation, loop) if at_top else None
-            last = _without_results(module.computations[body], unread) if unread else None
-            if last is not None:
-                cut = text_cost(module.text(body, last))
-                if cut is None:
-                    exact = False
-                else:
-                    flops -= max(cost[0] - cut[0], 0.0)
-                    accessed -= max(cost[1] - cut[1], 0.0)
+            else:
+                flops -= max(cost[0] - cut[0], 0.0)
+                accessed -= max(cost[1] - cut[1], 0.0)
     return flops, accessed, exact

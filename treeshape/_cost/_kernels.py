@@ -12,14 +12,42 @@ Nothing compiles: each kernel is costed as a module of its own, in about a milli
 
 import dataclasses
 import math
-import re
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Final, Literal
 
 from .. import _compat
 from . import _hlo_loops
-from ._hlo_text import ARRAY, CALLS, Computation, Instruction, Module, arrays, itemsize, op_of, parse, shape_bytes
+from ._hlo_text import (
+    Computation,
+    Instruction,
+    Module,
+    array_dims,
+    arrays,
+    channel,
+    cost_estimate,
+    custom_call_target,
+    dim_labels,
+    dims_of,
+    dot_dims,
+    dtype_name,
+    estimated_cycles,
+    fused,
+    group_size,
+    host_arrays,
+    int_of,
+    ints_of,
+    itemsize,
+    minor as minor_of,
+    op_of,
+    operand_precision,
+    parse,
+    permute_pairs,
+    scoped_bytes,
+    shape_bytes,
+    types,
+    window,
+)
 from ._layout import lane_tiles, row_tiles, strided, strided_of
 from ._pallas import Work, signature
 
@@ -116,36 +144,6 @@ _DATA: Final = frozenset(
         "pad", "gather", "scatter", "reshape", "reverse", "iota", "select", "sort",
     }
 )  # fmt: skip
-_CYCLES: Final = re.compile(r'"estimated_cycles":"(\d+)"')
-_WINDOW_TEXT: Final = re.compile(r"\bwindow=\{[^}]*\}")
-_MINOR: Final = re.compile(r"\{(\d+)")  # a layout's first dimension: its minor one
-_BRANCHES: Final = re.compile(
-    r"\b(?:to_apply|branch_computations|true_computation|false_computation)=(\{[^}]*\}|%[^\s,]+)"
-)
-# A collective's groups, as XLA writes them: listed (`{{0,1},{2,3}}`, `{}` for every device),
-# in iota form (`[2,4]<=[8]`, `[4,2]<=[2,4]T(1,0)`: 2 groups of 4, 4 of 2), or by mesh axes
-# (`mesh['x'=2,'y'=4] {'y'}`; a sub-axis `'y':(1)2`; the mesh may name its `device_ids=(...)`).
-_GROUPS: Final = re.compile(
-    r"replica_groups=(\{\}|\{[^=]*?\}\}|\[[\d,]+\]<=\[[\d,]+\]|"
-    r"mesh\[([^\]]*)\](?:, device_ids=\((?:[^()]|\([^()]*\))*\))? \{([^}]*)\})"
-)
-_MESH_AXIS: Final = re.compile(r"'?([^'=,]+)'?=(\d+)")
-_AXIS_REF: Final = re.compile(r"'?([^':,]+)'?(?::\(\d+\)(\d+))?")
-_PAIRS: Final = re.compile(r"\bsource_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
-_CHANNEL: Final = re.compile(r"\bchannel_id=(\d+)")
-_NAMES: Final = {"pred": "bool", "bf16": "bfloat16", "f": "float", "s": "int", "u": "uint", "c": "complex"}
-
-
-def _dtype_name(kind: str) -> str:
-    """The JAX dtype name of an XLA type (`bf16` -> `bfloat16`, `s8` -> `int8`,
-    `f8e4m3fn` -> `float8_e4m3fn`), the name itself where it is not one."""
-    if kind in _NAMES:
-        return _NAMES[kind]
-    typed = re.fullmatch(r"([fsuc])(\d+)(\w*)", kind)
-    if typed is None:
-        return kind
-    prefix, bits, rest = typed.groups()
-    return _NAMES[prefix] + bits + (f"_{rest}" if rest else "")
 
 
 def _shape(instruction: Instruction) -> str:
@@ -175,12 +173,8 @@ class _Traits:
 def precision_of(attributes: str) -> str:
     """A matrix product's operand precision where either operand's is above the default:
     `"highest"` or `"high"` (a TPU multiplies f32 at those in several bf16 passes), else ``."""
-    found = _PRECISION.search(attributes)
-    said = set(found.group(1).split(",")) if found else set()
+    said = operand_precision(attributes)
     return next((p for p in ("highest", "high") if p in said), "")
-
-
-_PRECISION: Final = re.compile(r"\boperand_precision=\{([a-z,]*)\}")
 
 
 def _find(module: Module, computation: Computation, opcode: str) -> tuple[Computation, Instruction] | None:
@@ -189,9 +183,9 @@ def _find(module: Module, computation: Computation, opcode: str) -> tuple[Comput
         inner, _, attributes = op_of(instruction)
         if inner == opcode:
             return computation, instruction
-        called = CALLS.search(attributes)
-        if inner == "fusion" and called is not None and called.group(1) in module.computations:
-            found = _find(module, module.computations[called.group(1)], opcode)
+        called = fused(module, attributes) if inner == "fusion" else None
+        if called is not None:
+            found = _find(module, called, opcode)
             if found is not None:
                 return found
     return None
@@ -204,18 +198,17 @@ def _indexed(computation: Computation, instruction: Instruction) -> _Traits:
     named = computation.named
     tiles, vmem = row_tiles(computation, instruction)
     if opcode == "gather":
-        sizes = re.search(r"\bslice_sizes=\{([\d,]*)\}", attributes)
-        each = math.prod(int(d) for d in sizes.group(1).split(",") if d) if sizes else 1
-        out = _dims(instruction) or []
+        sizes = ints_of(attributes, "slice_sizes")
+        each = math.prod(sizes) if sizes is not None else 1
+        out = dims_of(instruction) or []
         count = math.prod(out) // max(each, 1)
         table = shape_bytes(named.get(operands[0])) if operands else 0
         row = shape_bytes(instruction) / max(count, 1)
         return _Traits("gather", indices=count, slice_bytes=row, table_bytes=table, row_tiles=tiles, in_vmem=vmem)
-    indices = _dims(named.get(operands[1])) if len(operands) >= 3 else None
-    vector = re.search(r"\bindex_vector_dim=(\d+)", attributes)
-    if indices is None or vector is None:
+    indices = dims_of(named.get(operands[1])) if len(operands) >= 3 else None
+    at = int_of(attributes, "index_vector_dim")
+    if indices is None or at is None:
         return _Traits("scatter", table_bytes=shape_bytes(instruction))
-    at = int(vector.group(1))
     count = math.prod(indices) // (indices[at] if at < len(indices) else 1)
     updates = shape_bytes(named.get(operands[2])) / max(count, 1)
     table = shape_bytes(instruction)
@@ -247,19 +240,18 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
         return _Traits("copy")
     if opcode == "dynamic-update-slice":
         return _Traits("data movement", lane_tiles=lane_tiles(computation, instruction))
-    called = CALLS.search(attributes)
-    if opcode != "fusion" or called is None or called.group(1) not in module.computations:
+    fusion = fused(module, attributes) if opcode == "fusion" else None
+    if fusion is None:
         return _Traits("data movement" if opcode in _DATA else "elementwise")
     kinds: set[Kind] = set()
     product = None
-    fused = module.computations[called.group(1)]
-    for inner_instruction in fused.instructions:
+    for inner_instruction in fusion.instructions:
         inner, operands, rest = op_of(inner_instruction)
         if inner in ("convolution", "dot"):
             kinds.add(_product(rest))
             if product is None:
-                dtype = _operand_type(fused, inner_instruction)
-                fill, gradient, products = product_traits(fused, inner_instruction)
+                dtype = _operand_type(fusion, inner_instruction)
+                fill, gradient, products = product_traits(fusion, inner_instruction)
                 product = _Traits(_product(rest), dtype, fill, gradient, products, precision=precision_of(rest))
         elif inner in ("reduce", "reduce-window", "select-and-scatter"):
             kinds.add("reduction")
@@ -269,10 +261,10 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
         if kind in kinds and product is not None:
             return dataclasses.replace(product, kind=typing.cast(Kind, kind))
     for indexed in ("scatter", "gather"):  # (no product: the indexed op is its work)
-        found = _find(module, fused, indexed)
+        found = _find(module, fusion, indexed)
         if found is not None:
             return dataclasses.replace(_indexed(*found), staged=scoped_bytes(attributes) >= _STAGED_SCOPED_BYTES)
-    over, spanned = strided_of(module, fused)
+    over, spanned = strided_of(module, fusion)
     if "reduction" in kinds:
         return _Traits("reduction", lanes=lane_fill(computation, instruction), strided=over, strided_bytes=spanned)
     return _Traits("elementwise" if "elementwise" in kinds else "data movement", strided=over, strided_bytes=spanned)
@@ -282,13 +274,6 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
 # libtpu 0.0.42.1 compiles them); the other adds each row in place, in 68-544 KB (1 MB for
 # 256-byte rows into a table of a million).
 _STAGED_SCOPED_BYTES: Final = 4 * 2**20
-_SCOPED: Final = re.compile(r'"used_scoped_memory_configs":\[([^\]]*)\]')
-
-
-def scoped_bytes(attributes: str) -> int:
-    """The scoped VMEM a kernel uses, as its backend config says (0 where it says none)."""
-    found = _SCOPED.search(attributes)
-    return sum(int(n) for n in re.findall(r'"size":"(\d+)"', found.group(1))) if found else 0
 
 
 def _operand_type(computation: Computation, kernel: Instruction) -> str | None:
@@ -311,24 +296,14 @@ def lane_fill(computation: Computation, kernel: Instruction) -> float:
     arrays = [kernel, *(named[o] for o in op_of(kernel)[1] if o in named)]
     largest, minor = 0, _TILE
     for instruction in arrays:
-        for found in ARRAY.finditer(re.sub(r"/\*.*?\*/", "", _shape(instruction))):
-            dims = [int(d) for d in found.group(2).split(",") if d]
-            layout = _MINOR.match(found.group(3) or "")
-            if dims and layout and math.prod(dims) > largest:
-                largest, minor = math.prod(dims), dims[int(layout.group(1))]
+        for _, dims, layout in array_dims(_shape(instruction)):
+            at = minor_of(layout)
+            if dims and at is not None and math.prod(dims) > largest:
+                largest, minor = math.prod(dims), dims[at]
     return _filled(minor) if minor > 0 else 1.0
 
 
 _TILE: Final = 128  # a TPU matrix unit multiplies 128x128 tiles
-_LABELS: Final = re.compile(r"\bdim_labels=(\w+)_(\w+)->(\w+)")
-_DOT_DIMS: Final = re.compile(r"\b(lhs_contracting|rhs_contracting|lhs_batch|rhs_batch)_dims=\{([\d,]*)\}")
-
-
-def _dims(instruction: Instruction | None) -> list[int] | None:
-    if instruction is None:
-        return None
-    found = ARRAY.search(re.sub(r"/\*.*?\*/", "", _shape(instruction)))
-    return [int(d) for d in found.group(2).split(",") if d] if found else None
 
 
 def _filled(size: int) -> float:
@@ -341,16 +316,16 @@ def _operands(computation: Computation, product: Instruction) -> tuple[list[int]
     if len(operands) < 2:
         return None
     named = computation.named
-    lhs, rhs, out = _dims(named.get(operands[0])), _dims(named.get(operands[1])), _dims(product)
+    lhs, rhs, out = dims_of(named.get(operands[0])), dims_of(named.get(operands[1])), dims_of(product)
     return None if lhs is None or rhs is None or out is None else (lhs, rhs, out)
 
 
 def _labels(attributes: str, dims: tuple[list[int], list[int], list[int]]) -> tuple[str, str, str] | None:
     """A convolution's `dim_labels` (input, kernel, output), where they match its dimensions."""
-    labels = _LABELS.search(attributes)
-    if labels is None or any(len(t) != len(d) for t, d in zip(labels.groups(), dims, strict=True)):
+    labels = dim_labels(attributes)
+    if labels is None or any(len(t) != len(d) for t, d in zip(labels, dims, strict=True)):
         return None
-    return typing.cast(tuple[str, str, str], labels.groups())
+    return labels
 
 
 def _window(labels: str, dims: list[int]) -> int:
@@ -376,7 +351,7 @@ def batch_count(product: Instruction, dims: tuple[list[int], list[int], list[int
         if labels is None or _product(attributes) != "batched matmul":
             return 1
         return _window(labels[2], dims[2])
-    dot = {name: [int(d) for d in text.split(",") if d] for name, text in _DOT_DIMS.findall(attributes)}
+    dot = dot_dims(attributes)
     return math.prod(dims[0][d] for d in dot.get("lhs_batch", []))
 
 
@@ -398,7 +373,7 @@ def tile_fill(product: Instruction, dims: tuple[list[int], list[int], list[int]]
             k *= _window(labels[1], rhs)
         rows = out[labels[2].index("b")] if kind == "batched matmul" else None
     else:
-        dot = {name: [int(d) for d in text.split(",") if d] for name, text in _DOT_DIMS.findall(attributes)}
+        dot = dot_dims(attributes)
         contracting = dot.get("lhs_contracting", [])
         k = math.prod(lhs[d] for d in contracting)
         rhs_free = set(range(len(rhs))) - set(dot.get("rhs_contracting", [])) - set(dot.get("rhs_batch", []))
@@ -425,33 +400,12 @@ def _product(attributes: str) -> Kind:
     """A matrix product's kind: a convolution over padded spatial windows; a product
     with batch dimensions (a TPU writes it as a convolution whose window dilates over the
     batch); else a matmul."""
-    window = _WINDOW_TEXT.search(attributes)
-    if window is None:
+    written = window(attributes)
+    if written is None:
         return "matmul"
-    if "pad=" in window.group(0):
+    if "pad=" in written:
         return "convolution"
-    return "batched matmul" if "lhs_dilate=" in window.group(0) else "matmul"
-
-
-def _alone(module: Module, computation: Computation, instruction: Instruction) -> str | None:
-    """A module whose entry runs `instruction` alone, on parameters shaped as its operands."""
-    opcode, operands, attributes = op_of(instruction)
-    named = computation.named
-    shapes = []
-    for operand in operands:
-        source = named.get(operand)
-        if source is None:
-            return None
-        shapes.append(_shape(source))
-    attributes = re.sub(r",\s*control-predecessors=\{[^}]*\}", "", attributes)
-    signature = ", ".join(f"p{i}: {s}" for i, s in enumerate(shapes))
-    body = [f"  %p{i} = {s} parameter({i})" for i, s in enumerate(shapes)]
-    operand_list = ", ".join(f"%p{i}" for i in range(len(shapes)))
-    body.append(f"  ROOT %kernel = {_shape(instruction)} {opcode}({operand_list}){attributes}")
-    called = CALLS.search(attributes)
-    head = module.text(called.group(1)).replace("ENTRY ", "", 1) if called else f"HloModule {module.name}\n"
-    entry = f"ENTRY %kernel.entry ({signature}) -> {_shape(instruction)} {{\n" + "\n".join(body) + "\n}\n"
-    return re.sub(r",? stack_frame_id=\d+", "", head + "\n" + entry)
+    return "batched matmul" if "lhs_dilate=" in written else "matmul"
 
 
 # libtpu's custom calls that do no work of their own: a buffer allocated, arrays laid out
@@ -459,9 +413,6 @@ def _alone(module: Module, computation: Computation, instruction: Instruction) -
 _BOOKKEEPING: Final = frozenset(
     {"AllocateBuffer", "ConcatBitcast", "AssumeGatherIndicesInBound", "GatherScatterIndicesBitpacked"}
 )
-_TARGET: Final = re.compile(r'\bcustom_call_target="([^"]*)"')
-_COST_ESTIMATE: Final = re.compile(r'"cost_estimate":\{([^{}]*)\}')
-_ESTIMATED: Final = re.compile(r'"(flops|bytes_accessed)":"?(\d+)')
 
 
 def _figures(instruction: Instruction) -> tuple[float, float] | None:
@@ -469,11 +420,9 @@ def _figures(instruction: Instruction) -> tuple[float, float] | None:
     `pallas_call(cost_estimate=...)`, which its backend config holds as `"cost_estimate"`
     (its bytes those it moves in device memory); `(0, 0)` for one that does no work."""
     attributes = op_of(instruction)[2]
-    target = _TARGET.search(attributes)
-    if target is not None and target.group(1) in _BOOKKEEPING:
+    if custom_call_target(attributes) in _BOOKKEEPING:
         return 0.0, 0.0
-    estimate = _COST_ESTIMATE.search(attributes)
-    figures = dict(_ESTIMATED.findall(estimate.group(1))) if estimate else {}
+    figures = cost_estimate(attributes)
     if "flops" not in figures or "bytes_accessed" not in figures:
         return None
     return float(figures["flops"]), float(figures["bytes_accessed"])
@@ -494,7 +443,7 @@ def _costed(module: Module, computation: Computation, instruction: Instruction) 
     if figures is not None:
         return figures[0], figures[1], figures[1]
     alone = opcode not in _ASYNC_COPIES | _COLLECTIVES | {"custom-call"}
-    text = _alone(module, computation, instruction) if alone else None
+    text = module.alone(computation, instruction) if alone else None
     analysis = _compat.hlo_text_cost_analysis(text) if text is not None else {}
     if "bytes accessed" not in analysis or any(v < 0 for k, v in analysis.items() if k.startswith(("flops", "bytes"))):
         sizes = [shape_bytes(named.get(o)) for o in operands]
@@ -511,24 +460,6 @@ def _costed(module: Module, computation: Computation, instruction: Instruction) 
     return float(analysis.get("flops", 0.0)), float(analysis["bytes accessed"]), read + written
 
 
-def _group(attributes: str, everyone: int) -> int:
-    """The size of a collective's groups (`everyone`: the program's devices, which `{}` names)."""
-    groups = _GROUPS.search(attributes)
-    if groups is None:
-        return 1
-    text = groups.group(1)
-    if text == "{}":
-        return everyone
-    if text.startswith("["):  # iota form: [groups,size]<=[devices]
-        return int(text[1:].split("]")[0].split(",")[-1])
-    if text.startswith("mesh"):  # the grouped axes' sizes (a sub-axis's own) multiplied
-        sizes = {name.strip(): int(size) for name, size in _MESH_AXIS.findall(groups.group(2))}
-        axes = _AXIS_REF.findall(groups.group(3))
-        return math.prod(int(sub) if sub else sizes.get(name.strip(), 1) for name, sub in axes)
-    first = re.search(r"\{\{([^}]*)\}", text)
-    return len(first.group(1).split(",")) if first and first.group(1) else 1
-
-
 _COLLECTIVE_OPS: Final = frozenset(op for op in _COLLECTIVES if not op.endswith("-start"))
 
 
@@ -538,9 +469,9 @@ def _held(module: Module, computation: Computation) -> tuple[Computation, Instru
         inner, _, attributes = op_of(instruction)
         if inner.removesuffix("-start") in _COLLECTIVE_OPS:
             return computation, instruction
-        called = CALLS.search(attributes)
-        if inner == "fusion" and called is not None and called.group(1) in module.computations:
-            found = _held(module, module.computations[called.group(1)])
+        called = fused(module, attributes) if inner == "fusion" else None
+        if called is not None:
+            found = _held(module, called)
             if found is not None:
                 return found
     return None
@@ -553,23 +484,23 @@ def _communication(module: Module, computation: Computation, kernel: Instruction
     opcode, _, attributes = op_of(kernel)
     found: tuple[Computation, Instruction] | None = (computation, kernel)
     if opcode.removesuffix("-start") not in _COLLECTIVE_OPS:
-        called = CALLS.search(attributes)
-        if opcode not in ("fusion", "async-start") or called is None or called.group(1) not in module.computations:
+        called = fused(module, attributes) if opcode in ("fusion", "async-start") else None
+        if called is None:
             return None
-        found = _held(module, module.computations[called.group(1)])
+        found = _held(module, called)
     if found is None:
         return None
     inside, instruction = found
     opcode, operands, attributes = op_of(instruction)
     op = opcode.removesuffix("-start")
     sizes = [shape_bytes(inside.named.get(o)) for o in operands]
-    channel = _CHANNEL.search(attributes)
-    name = f"channel {channel.group(1)}" if channel is not None else kernel.name
+    said = channel(attributes)
+    name = f"channel {said}" if said is not None else kernel.name
     if op == "collective-permute":
-        pairs = _PAIRS.search(attributes)
-        moves = pairs is not None and any(a != b for a, b in re.findall(r"\{(\d+),(\d+)\}", pairs.group(1)))
+        pairs = permute_pairs(attributes)
+        moves = pairs is not None and any(a != b for a, b in pairs)
         return Collective(op, 2 if moves else 1, float(sizes[0] if sizes else 0), name)
-    devices = _group(attributes, everyone)
+    devices = group_size(attributes, everyone)
     if op == "all-gather":
         return Collective(op, devices, float(sum(sizes) * devices), name)
     if op == "all-reduce" and instruction is not kernel and shape_bytes(kernel) < shape_bytes(instruction):
@@ -577,33 +508,12 @@ def _communication(module: Module, computation: Computation, kernel: Instruction
     return Collective(op, devices, float(sum(sizes)), name)
 
 
-def _trips(module: Module, computation: Computation, loop: Instruction, same: int | None) -> int | None:
-    known = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', loop.text)
-    if known is not None:
-        return int(known.group(1))
-    counted = _hlo_loops.counted(module, computation, loop)
-    return counted if counted is not None else same
-
-
-def _types(shape: str) -> list[str]:
-    """Each array of a shape's text as `bf16[512,512]`."""
-    return [f"{kind}[{dims}]" for kind, dims, _ in ARRAY.findall(re.sub(r"/\*.*?\*/", "", shape))]
-
-
-# Where an asynchronous copy or slice moves its bytes: `S(5)`, the host's pinned memory, in
-# a TPU's layouts.
-_HOST_SPACE: Final = re.compile(r"S\(5\)")
-
-
 def _host_move(opcode: str, instruction: Instruction) -> tuple[str, float]:
     """The direction and the bytes of an asynchronous start that moves data between device
     and host memory (a `copy-start`: its result, then its operand; an `async-start` of a
     slice or an update: its operands, then its result), else `("", 0)`. The bytes are those
     on the device's side: the slice read from the host, the update written to it."""
-    arrays = [
-        (kind, dims, _HOST_SPACE.search(layout or "") is not None)
-        for kind, dims, layout in ARRAY.findall(re.sub(r"/\*.*?\*/", "", _shape(instruction)))
-    ]
+    arrays = host_arrays(_shape(instruction))
     if len(arrays) < 2:
         return "", 0.0
     if opcode == "copy-start":
@@ -634,63 +544,34 @@ def read(
     module = parse(text)
     if module is None:
         return None
-    header = text.partition("\n")[0]
-    everyone = math.prod(int(n) for n in re.findall(r"\b(?:num_partitions|replica_count)=(\d+)", header))
-    conditionals = 0
-    top = sum(1 for _ in module.computations[module.entry].whiles())
+    everyone = module.devices
+    top = sum(1 for _ in module.computations[module.entry].loops())
     same = lengths[0] if len(set(lengths)) == 1 and top == len(lengths) else None
     kernels: list[Kernel] = []
     exact = True
     pending: dict[str, int] = {}  # an async start's name -> its kernel's index
-    # (computation, its next instruction, runs, at the top level?, the conditionals' branches
-    # holding it): a body is read where it runs
-    stack: list[tuple[Computation, int, int, bool, tuple[tuple[int, int], ...]]] = []
-
-    def push(name: str, runs: int, at_top: bool, branch: tuple[tuple[int, int], ...]) -> None:
-        if name in module.computations:
-            stack.append((module.computations[name], 0, runs, at_top, branch))
-
-    push(module.entry, 1, True, ())
-    while stack:
-        computation, i, runs, at_top, branch = stack.pop()
-        if i >= len(computation.instructions):
-            continue
-        stack.append((computation, i + 1, runs, at_top, branch))
-        instruction = computation.instructions[i]
+    for step in _hlo_loops.walk(module, same=same):  # (a loop's body and a branch read where they run)
+        computation, instruction, runs, branch = step.computation, step.instruction, step.runs, step.branch
         opcode, operands, attributes = op_of(instruction)
-        if opcode == "while":
-            trips = _trips(module, computation, instruction, same if at_top else None)
-            exact = exact and trips is not None
-            body = re.search(r"\bbody=%([^\s,]+)", instruction.text)
-            condition = re.search(r"\bcondition=%([^\s,]+)", instruction.text)
-            times = trips if trips is not None else 1
-            if body is not None:  # (pushed last: read first, the condition after it)
-                if condition is not None:
-                    push(condition.group(1), runs * (times + 1), False, branch)
-                push(body.group(1), runs * times, False, branch)
+        if step.loop is not None:
+            exact = exact and step.trips is not None
             continue
-        if opcode in ("call", "conditional"):  # each branch read, marked (a call's one is no branch)
-            called = _BRANCHES.findall(attributes)
-            names = [n for group in called for n in re.findall(r"%([^\s,{}]+)", group)]
-            conditionals += opcode == "conditional"
-            for index in reversed(range(len(names))):
-                marked = branch + ((conditionals, index),) if opcode == "conditional" else branch
-                push(names[index], runs, at_top, marked)
+        if opcode in ("while", "call", "conditional"):
             continue
         if opcode.endswith("-done") and operands and operands[0] in pending:
             start = pending.pop(operands[0])
             kernels[start] = dataclasses.replace(kernels[start], done=len(kernels))
         if opcode in _FREE:
             continue
-        cycles = _CYCLES.search(attributes)
+        cycles = estimated_cycles(attributes)
         traits = _kind(module, computation, instruction)
         flops, accessed, device = _costed(module, computation, instruction)
         result = next(iter(arrays(_shape(instruction))), ("f32", 0, True))[0]
         work = None
         if opcode == "custom-call" and pallas:
             named = computation.named
-            operand_types = [t for o in operands if o in named for t in _types(_shape(named[o]))]
-            work = pallas.get(signature(operand_types, _types(_shape(instruction))))
+            operand_types = [t for o in operands if o in named for t in types(_shape(named[o]))]
+            work = pallas.get(signature(operand_types, types(_shape(instruction))))
         if work is not None and _figures(instruction) is None:  # (its own `cost_estimate` first)
             flops, accessed, device = work.flops, work.bytes_copied, work.bytes_copied
         communication = _communication(module, computation, instruction, everyone)
@@ -703,13 +584,13 @@ def read(
             kind=traits.kind,
             position=len(kernels),
             runs=runs,
-            cycles=float(cycles.group(1)) if cycles else None,
+            cycles=cycles,
             flops=flops,
             bytes_accessed=accessed,
             device_bytes=device,
-            dtype=_dtype_name(traits.dtype or result),
+            dtype=dtype_name(traits.dtype or result),
             devices=communication.devices if communication is not None else 1,
-            in_loop=not at_top,
+            in_loop=not step.at_top,
             fill=traits.fill,
             weight_gradient=traits.weight_gradient,
             products=traits.products,

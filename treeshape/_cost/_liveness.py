@@ -63,7 +63,7 @@ def _flatten(module: Module) -> tuple[list[int], dict[int, tuple[int, int]]]:
                 for c in ins.called:
                     visit(c)
             elif ins.opcode == "while":
-                body, condition = _while_parts(module, ins)
+                body, condition = module.loop(ins)
                 visit(condition)
                 visit(body)
             order.append(iid)
@@ -71,15 +71,6 @@ def _flatten(module: Module) -> tuple[list[int], dict[int, tuple[int, int]]]:
 
     visit(module.entry)
     return order, spans
-
-
-def _while_parts(module: Module, ins: Instruction) -> tuple[int, int]:
-    """A while's (body, condition): the condition's root is a `pred[]`."""
-    a, b = ins.called[0], ins.called[1]
-    root_a = module.instructions.get(module.roots.get(a, -1))
-    if root_a is not None and root_a.shape.dtype == "bool" and not root_a.shape.dims and not root_a.shape.tuple_shapes:
-        return b, a
-    return a, b
 
 
 def _callers(module: Module, order: list[int]) -> dict[int, Instruction]:
@@ -123,7 +114,7 @@ def _value_sets(
         if op == "tuple":
             return at(ins.operands[index[0]], index[1:]) if index else empty
         if op == "while":  # what the body returns (its parameter holds what comes in)
-            body, _ = _while_parts(module, ins)
+            body, _ = module.loop(ins)
             return at(module.roots.get(body, -1), index)
         if op in _FLATTENED:
             return set().union(*(at(module.roots.get(c, -1), index) for c in ins.called))
@@ -152,7 +143,7 @@ def live_ranges(module: Module, values: dict[int, Value]) -> tuple[list[int], di
     body_of = {}  # a while's condition -> its body
     for ins in map(module.instructions.__getitem__, order):
         if ins.opcode == "while":
-            body, condition = _while_parts(module, ins)
+            body, condition = module.loop(ins)
             if body in spans:
                 body_of[condition] = body
     root_of = {root: c for c, root in module.roots.items()}
