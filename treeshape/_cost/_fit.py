@@ -289,7 +289,7 @@ class _Probes:
         self.host_limit: int | None = None  # the host's bytes a size may take (`host_budget`), None: any
         # A TPU target's size fits by libtpu's own peak, what the chip holds (`peak_bytes`
         # counts a donated output twice where libtpu places it once).
-        self.tpu = target is not None and _target.resolve(target, "largest_fit")[0].platform == "tpu"
+        self.own_peak = target is not None and _target.resolve(target, "largest_fit")[0].chip.compiler.own_peak
         self.bind(1)
         self.bind(max_size)  # before compiling anything
 
@@ -345,7 +345,7 @@ class _Probes:
 
     def judged(self, cost: Cost) -> int | None:
         """The peak a size is judged by: libtpu's own on a TPU target, else `peak_bytes`."""
-        if self.tpu and cost.compiler_peak_bytes is not None:
+        if self.own_peak and cost.compiler_peak_bytes is not None:
             return cost.compiler_peak_bytes
         return cost.peak_bytes
 
@@ -544,7 +544,7 @@ def _fit(
         monotone=monotone,
         capped=size == probes.max_size,
         budget_source=budget_source,
-        judged_by=_JUDGED_BY_LIBTPU if probes.tpu and probes.costs[size].compiler_peak_bytes is not None else None,
+        judged_by=_JUDGED_BY_LIBTPU if probes.own_peak and probes.costs[size].compiler_peak_bytes is not None else None,
         refused_next=size + 1 in probes.refused and "out of memory" in probes.refused[size + 1][0],
     )
 
