@@ -516,24 +516,3 @@ class _WithAssignment:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stats, name)
-
-
-def budget(target: _target.Target, variable: str | None) -> tuple[int, str]:
-    """The memory JAX lets XLA use on one device of the target, and how it was found: on
-    NVIDIA the fraction JAX preallocates (`XLA_PYTHON_CLIENT_MEM_FRACTION`, else 0.75), on
-    TPU all of it."""
-    if target.chip.compiler.whole_memory:
-        return target.device_bytes, f"the memory libtpu lets one program use on a {target.label}"
-    fraction, said = 0.75, "JAX's default preallocation, 75%"
-    if variable is not None and variable.strip():
-        try:
-            fraction = float(variable)
-        except ValueError:
-            fraction = math.nan
-        if not 0 < fraction <= 1:
-            raise ValueError(
-                f"treeshape.largest_fit: XLA_PYTHON_CLIENT_MEM_FRACTION={variable!r} is not a fraction in (0, 1]; "
-                "set it as JAX reads it (e.g. 0.9), or unset it for JAX's default (0.75)."
-            )
-        said = f"XLA_PYTHON_CLIENT_MEM_FRACTION={variable.strip()}"
-    return math.floor(fraction * target.device_bytes), f"{said} of the {target.label}'s {target.device_bytes:,} B"
