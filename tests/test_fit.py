@@ -549,3 +549,15 @@ def test_the_table_says_where_its_figures_come_from_as_the_cost_does():
     assert said in str(fit).splitlines() and html.escape(said) in fit._repr_html_()
     local = dataclasses.replace(fit, cost=dataclasses.replace(cost, backend="cpu x8"))
     assert "compiled for" not in str(local) and "compiled for" not in str(local.cost)
+
+
+def test_the_hosts_bytes_are_over_the_device_limit_on_its_scale_exactly_where_over_host_budget():
+    # One number judges both budgets: the host's bytes scaled to the device's limit (rounded
+    # up) pass it exactly where they pass the host budget; the larger of the two is judged.
+    from treeshape._cost import _budget
+
+    limit, host_limit = 1000, 64
+    scaled = {host: _budget.on_device_scale(0, host, limit, host_limit) for host in range(1, 200)}
+    assert all((scaled[host] > limit) == (host > host_limit) for host in scaled)
+    assert _budget.on_device_scale(900, 32, limit, host_limit) == 900  # the device's peak, the larger
+    assert _budget.limit(1000, 0.15) == 850 and _budget.limit(999, 0.5) == 499

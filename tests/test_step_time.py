@@ -130,11 +130,11 @@ def _conv(x, w):
     return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
-def _flops_per_second(channels, batch):
+def _flops_per_second(channels, batch, target="v5e"):
     """A 3x3 convolution of `channels` in and out over 64x64 images, as `seconds` costs it."""
     x = jax.ShapeDtypeStruct((batch, 64, 64, channels), jnp.bfloat16)
     w = jax.ShapeDtypeStruct((3, 3, channels, channels), jnp.bfloat16)
-    (conv,) = [k for k in ts.cost(_conv, x, w, target="v5e").time.kernels if k.kind == "convolution"]
+    (conv,) = [k for k in ts.cost(_conv, x, w, target=target).time.kernels if k.kind == "convolution"]
     return conv.flops / conv.seconds  # (the line's: its kernels' FLOPs over their time)
 
 
@@ -147,6 +147,19 @@ def test_a_narrow_convolution_runs_at_its_share_of_the_matrix_units_tiles():
     narrow, wide = _flops_per_second(32, batch=64), _flops_per_second(128, batch=16)
     assert wide >= 0.5 * V5E_BF16
     assert narrow <= wide / 3
+
+
+def test_a_v6e_counts_a_narrow_convolution_in_its_256_wide_tiles():
+    # A v6e's matrix units multiply 256x256 tiles (a v5e's, 128x128): the 3x3 convolution of
+    # 32 channels contracts over 288 (0.5625 of two tiles) into an eighth of a tile's columns
+    # (counted at twice theirs: a quarter), a fill of 0.14 there, 0.375 on a v5e; one of 256
+    # channels fills its tiles on both. The narrow one's share of the wide one's rate is at
+    # most its fill.
+    narrow, wide = _flops_per_second(32, batch=64, target="v6e"), _flops_per_second(256, batch=8, target="v6e")
+    assert wide >= 0.5 * 918e12
+    assert narrow / wide <= 0.5625 * 0.25
+    v5e_narrow, v5e_wide = _flops_per_second(32, batch=64), _flops_per_second(256, batch=8)
+    assert narrow / wide < 0.75 * v5e_narrow / v5e_wide
 
 
 def _dumped_cycles(fn, *args, tmp_path):

@@ -504,6 +504,19 @@ def test_a_plugin_that_did_not_start_says_what_to_set(tmp_path):
     assert "did not start" in out.stdout and "Set JAX_PLATFORMS=cpu" in out.stdout, out.stderr[-2000:]
 
 
+def test_each_target_carries_its_chips_record_and_says_its_compiler():
+    # One record per accelerator: the target's chip is its own (figures, compiler, matrix unit),
+    # and `ts.targets()` names the compiler that record holds.
+    from treeshape._cost import _target
+
+    for name, said in ts.targets().items():
+        chip = _target.resolve(name, "targets")[0].chip
+        assert chip.name == name and f"({chip.compiler.name};" in said
+        assert chip.estimated == name.startswith("v")  # a TPU's time is estimated; an NVIDIA GPU's is its floor
+    tiles = {name: _target.resolve(name, "targets")[0].chip.matrix_tile for name in ("v5e", "v5p", "v6e", "h100")}
+    assert tiles == {"v5e": 128, "v5p": 128, "v6e": 256, "h100": None}
+
+
 def test_targets_lists_each_with_its_memory():
     listed = ts.targets()
     assert {"h100", "h100-pcie", "h200", "b200", "a100-80gb", "a100-40gb", "v5e", "v5p", "v6e"} <= set(listed)

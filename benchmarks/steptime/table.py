@@ -93,7 +93,7 @@ def read(r: dict[str, Any], modules: Path) -> dict[str, Any]:
     """A row of `rows.json` with its module read and its time estimated (`time`, `alone`)."""
     key = f"{r['name']}-{r['size']}".replace("/", "_")
     text = (modules / f"{key}.after_codegen.txt").read_text()
-    kernels, exact = _kernels.read(text)
+    kernels, exact = _kernels.read(text, tile=CHIP.matrix_tile, lanes=CHIP.lanes)
     module = _kernels.parse(text)
     events = r["profile"]["/device:TPU:0"]["XLA Ops"] if "profile" in r else {}  # (`--no-profile`)
     measured = profile_kernels(module, events, r.get("profile_runs", 3))
@@ -104,9 +104,9 @@ def read(r: dict[str, Any], modules: Path) -> dict[str, Any]:
     # (recorded by `recheck.py --dump`; else counted from the step)
     # (a record of 2 counts, arrays in and out together, is from before they were apart)
     call = tuple(r["call"]) if len(r.get("call", ())) == 3 else call_counts(r["name"], r["size"])
-    t = _time.estimate(kernels, names, CHIP, "TPU v5e", "tpu", r["cost_analysis"]["flops"], exact, call)
+    t = _time.estimate(kernels, names, CHIP, "TPU v5e", r["cost_analysis"]["flops"], exact, call)
     # each compiled kernel on its own (named apart, so that none go together by line)
-    alone = _time.estimate(kernels, {k.name: (k.name, None) for k in kernels}, CHIP, "", "tpu", None, exact)
+    alone = _time.estimate(kernels, {k.name: (k.name, None) for k in kernels}, CHIP, "", None, exact)
     group = group_of(r["name"], r["size"])
     return {**r, "group": group, "kernels": kernels, "profile": measured, "time": t, "alone": alone, "names": names}
 

@@ -19,11 +19,12 @@ The rest of the package imports this front, never a room of the wing:
   program inside `shard_map`, a far mesh in a child process, a named accelerator);
 - `_timeline`: `Timeline` and `Phase`, the bytes live over the schedule;
 - `_kernels`, `_layout`, `_chips` and `_time`: the kernels of the module the target's
-  compiler dumped (what their operands' layouts say of their access), the chips' figures,
-  and `StepTime`, the time of one run (by kernel, `KernelTime`, and by phase,
-  `PhaseTime`);
-- `_request` and `_fit`: a `largest_fit` request checked (and `FitError`, `SizeError`,
-  `BudgetError`), then `largest_fit` and `Fit`;
+  compiler dumped (what their operands' layouts say of their access), each chip's record
+  (its compiler and figures), and `StepTime`, the time of one run (by kernel,
+  `KernelTime`, and by phase, `PhaseTime`);
+- `_request`, `_budget` and `_fit`: a `largest_fit` request checked and its sizes bound
+  (and `FitError`, `SizeError`, `BudgetError`), what a size is judged by against a budget,
+  then `largest_fit` and `Fit`;
 - `_plan`: `plan`, `Plan` and `PlanRow`, the fastest combination of choices that fits.
 """
 

@@ -38,7 +38,6 @@ from .._shapes import human_bytes
 from .._table import grid, html_grid
 from . import _buffers, _host, _kernels, _pallas, _simulate, _target, _time
 from ._buffers import Buffer, Donation
-from ._chips import CHIPS
 from ._hlo import Frames, Module
 from ._loops import NO_LOOPS, LoopCorrection, compiled_loops, holds_loops, loop_correction, scan_lengths
 from ._program import Compiled, compile_program, donated_leaves
@@ -342,7 +341,7 @@ def _targeted(program: Compiled) -> Cost:
     this process's)."""
     placed = program.target
     loops, looped = NO_LOOPS, holds_loops(program.jaxpr.jaxpr)
-    if looped and placed.target.platform == "tpu":
+    if looped and placed.target.chip.compiler.loop_counts:
         # libtpu's optimized module tells each loop's body and trip count: read there, as a
         # far mesh's are (nothing compiles again); compiled alone below where it cannot be.
         loops = compiled_loops(program.compiled, scan_lengths(program.jaxpr.jaxpr))
@@ -362,7 +361,8 @@ def _targeted(program: Compiled) -> Cost:
             loops = LoopCorrection(exact=False)
     cost = _read(program.compiled, program.argument_paths, program.output_paths, program.donated, loops, placed.backend)
     time = _step_time(program, cost.flops)
-    peak = _bytes(_compat.memory_analysis(program.compiled)["peak"]) if placed.target.platform == "tpu" else None
+    own = placed.target.chip.compiler.own_peak
+    peak = _bytes(_compat.memory_analysis(program.compiled)["peak"]) if own else None
     cost = dataclasses.replace(cost, device_bytes=placed.target.device_bytes, time=time, compiler_peak_bytes=peak)
     return _own_ops(cost, program.around, program.pmap)
 
@@ -375,18 +375,18 @@ def _step_time(program: Compiled, flops: float | None) -> StepTime | None:
         return None
     text, proto = dumped
     pallas = _pallas.kernels(program.jaxpr.jaxpr) if _pallas.CUSTOM_CALL in text else None  # (Mosaic's)
-    read = _kernels.read(text, scan_lengths(program.jaxpr.jaxpr), pallas)
+    chip = placed.target.chip
+    read = _kernels.read(text, scan_lengths(program.jaxpr.jaxpr), pallas, tile=chip.matrix_tile, lanes=chip.lanes)
     if read is None:
         return None
     kernels, exact = read
     module = Module.read(proto)
     frames = Frames(module)
     names = {i.name: (_buffers.op_of(i), frames.source(i.metadata)) for i in module.instructions.values()}
-    chip = CHIPS[placed.target.name]
     # (a call from Python: the arrays and pytree nodes its host flattens and unflattens)
-    from_python = program.call and placed.target.platform == "tpu"
+    from_python = program.call and chip.estimated
     call = _host.tree_counts(program.call[0], program.call[1:]) if from_python else None
-    return _time.estimate(kernels, names, chip, placed.target.label, placed.target.platform, flops, exact, call)
+    return _time.estimate(kernels, names, chip, placed.target.label, flops, exact, call)
 
 
 def _read(

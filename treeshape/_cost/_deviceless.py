@@ -373,7 +373,7 @@ def moved(closed: Any, inputs: list[Any], context: Any, name: str, who: str) -> 
     move, before anything compiles."""
     target, shape = _target.resolve(name, who)
     held = _callbacks(closed.jaxpr)
-    if held and target.platform == "cuda":
+    if held and not target.chip.compiler.host_callbacks:
         raise ValueError(
             f"treeshape.{who}: target {name!r}: the step holds a host callback ({', '.join(held)}), which JAX "
             "compiles for a GPU only where that GPU's backend started, never deviceless. Cost the step without it "
@@ -414,11 +414,6 @@ def _axes(mesh: Any) -> str:
     return "(" + ", ".join(f"{n}={s}" for n, s in zip(mesh.axis_names, mesh.axis_sizes, strict=True)) + ")"
 
 
-# The dump of the optimized module with its buffer assignment, as an `xla.HloProto`, by platform.
-_DUMP_SUFFIX: Final[dict[_target.Platform, str]] = {
-    "cuda": "gpu_after_optimizations.hlo.pb",
-    "tpu": ".after_optimizations.hlo.pb",
-}
 _HLO_PROTO_MODULE: Final = 1
 _HLO_PROTO_BUFFER_ASSIGNMENT: Final = 3
 _HBM_OOM: Final = re.compile(r"RESOURCE_EXHAUSTED: .*(out of memory|exceeds available HBM)", re.IGNORECASE | re.DOTALL)
@@ -446,7 +441,9 @@ def compile_for(lowered: Any, placed: Placed) -> "Targeted":
                 "buffers (donate_argnums) or shrink it."
             ) from None
         assignment, live_ranges = None, None
-        for path in sorted(Path(dump).glob(f"*{_DUMP_SUFFIX[placed.target.platform]}")):
+        compiler = placed.target.chip.compiler
+        # (the dump of the optimized module with its buffer assignment, as an `xla.HloProto`)
+        for path in sorted(Path(dump).glob(f"*{compiler.dump}")):
             message = fields(path.read_bytes())
             parts = message.get(_HLO_PROTO_BUFFER_ASSIGNMENT)
             assignment = bytes(parts[-1]) if parts else None
@@ -454,22 +451,19 @@ def compile_for(lowered: Any, placed: Placed) -> "Targeted":
             # libtpu's schedule also runs the insides of its asynchronous slices as steps (1,220
             # of them in the fit guide's 124M step), which XLA's rules over the module skip: its
             # own live ranges are read. XLA:GPU's follow those rules, as the CPU's do.
-            live_ranges = ranges.read_text() if placed.target.platform == "tpu" and ranges.exists() else None
-        kernels = _dumped_kernels(Path(dump), placed.target.platform)
-    if placed.target.platform == "tpu" and live_ranges is None:
+            live_ranges = ranges.read_text() if compiler.live_ranges and ranges.exists() else None
+        kernels = _dumped_kernels(Path(dump), compiler.kernels)
+    if compiler.live_ranges and live_ranges is None:
         assignment = None  # a libtpu that writes no live ranges: no buffers, rather than guessed ones
     return Targeted(compiled, assignment, live_ranges, kernels)
 
 
-# The module whose kernels run, as its compiler dumps it: libtpu's after code generation
-# (each kernel with its `estimated_cycles`), XLA:GPU's optimized one.
-_KERNELS_SUFFIX: Final[dict[_target.Platform, str]] = {"tpu": ".after_codegen", "cuda": "gpu_after_optimizations"}
-
-
-def _dumped_kernels(dump: Path, platform: _target.Platform) -> tuple[str, bytes] | None:
-    """The text and the `HloModuleProto` of the module whose kernels run, from a dump."""
-    texts = sorted(dump.glob(f"*{_KERNELS_SUFFIX[platform]}.txt"))
-    protos = sorted(dump.glob(f"*{_KERNELS_SUFFIX[platform]}.hlo.pb"))
+def _dumped_kernels(dump: Path, suffix: str) -> tuple[str, bytes] | None:
+    """The text and the `HloModuleProto` of the module whose kernels run, from a dump: the
+    files whose names end in `suffix` (`Compiler.kernels`: libtpu's module after code
+    generation, each kernel with its `estimated_cycles`; XLA:GPU's optimized one)."""
+    texts = sorted(dump.glob(f"*{suffix}.txt"))
+    protos = sorted(dump.glob(f"*{suffix}.hlo.pb"))
     if not texts or not protos:
         return None
     module = fields(protos[-1].read_bytes()).get(_HLO_PROTO_MODULE)
@@ -522,24 +516,3 @@ class _WithAssignment:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stats, name)
-
-
-def budget(target: _target.Target, variable: str | None) -> tuple[int, str]:
-    """The memory JAX lets XLA use on one device of the target, and how it was found: on
-    NVIDIA the fraction JAX preallocates (`XLA_PYTHON_CLIENT_MEM_FRACTION`, else 0.75), on
-    TPU all of it."""
-    if target.platform == "tpu":
-        return target.device_bytes, f"the memory libtpu lets one program use on a {target.label}"
-    fraction, said = 0.75, "JAX's default preallocation, 75%"
-    if variable is not None and variable.strip():
-        try:
-            fraction = float(variable)
-        except ValueError:
-            fraction = math.nan
-        if not 0 < fraction <= 1:
-            raise ValueError(
-                f"treeshape.largest_fit: XLA_PYTHON_CLIENT_MEM_FRACTION={variable!r} is not a fraction in (0, 1]; "
-                "set it as JAX reads it (e.g. 0.9), or unset it for JAX's default (0.75)."
-            )
-        said = f"XLA_PYTHON_CLIENT_MEM_FRACTION={variable.strip()}"
-    return math.floor(fraction * target.device_bytes), f"{said} of the {target.label}'s {target.device_bytes:,} B"

@@ -5,12 +5,13 @@ few sizes and reading XLA's own figures, never by extrapolating them.
 How a call flows: the inputs are prepared once as `cost` prepares them (split,
 flattened, Structures replaced by their trees, donation resolved); their free dimension
 names are read (`_dims.free_names`), and at each size the search asks about, the
-dimension is bound (`_dims.check_sizes`, `_dims.bind_leaves`) and the call's `Cost` is
-taken from `_cost.cost_of` (cached, so asking again compiles nothing).
+dimension is bound as the shapes allow (`_request.bind_searched`) and the call's `Cost`
+is taken from `_cost.cost_of` (cached, so asking again compiles nothing).
 
 The search (`_search.find_size`) keeps a bracket of the sizes compiled, guesses from
-their peaks and is bounded at `ceil(log2(max_size)) + 4` compilations for any curve; a
-TPU target's size is judged by libtpu's own peak (`Cost.compiler_peak_bytes`).
+their peaks and is bounded at `ceil(log2(max_size)) + 4` compilations for any curve;
+each size is judged against the budget as `_budget` says (the limit, the default budget,
+a TPU target's size by libtpu's own peak, `Cost.compiler_peak_bytes`, the host's bytes).
 """
 
 import dataclasses
@@ -24,22 +25,13 @@ from typing import Any, Final
 
 import jax
 
-from .._call import Call, abstract_inputs, check_callable, check_donation, input_path
+from .._call import Call, abstract_inputs, check_callable, check_donation
 from .._dims import free_names
 from .._shapes import human_bytes
 from .._table import grid, html_grid
-from . import _buffers, _compiles, _deviceless, _target
+from . import _budget, _buffers, _compiles, _deviceless
 from ._cost import Cost, check_target, cost_of, exact, prepare
-from ._request import (
-    BudgetError,
-    SizeError,
-    bind_at,
-    check_arguments,
-    check_host_budget,
-    check_names,
-    check_progress,
-    largest_allowed,
-)
+from ._request import BudgetError, bind_searched, check_arguments, check_host_budget, check_names, check_progress
 from ._search import far_over, find_size
 
 
@@ -180,7 +172,7 @@ class Fit:
         return notes
 
     def _rows(self) -> list[tuple[str, str, str]]:
-        limit = _limit(self.budget, self.margin)
+        limit = _budget.limit(self.budget, self.margin)
         peak = self._peak()
         rows = [
             (self.dim, f"{self.size:,}", exact(self.size)),
@@ -228,7 +220,6 @@ class Fit:
 
 
 _HEADERS: Final = ("largest fit", "value", "exact")
-_JUDGED_BY_LIBTPU: Final = "libtpu's own peak (Cost.compiler_peak_bytes, what the chip holds)"
 _COMPILED_FOR: Final = "compiled for: "  # the line of `str(cost)` that says where its figures come from
 _NEAR: Final = 0.1  # how far (a fraction of the peak) the probes' line may pass from the answer's peak
 
@@ -244,11 +235,6 @@ def _bytes_exact(n: int) -> str:
 
 def _percent(fraction: float) -> str:
     return f"{fraction * 100:g}%"
-
-
-def _limit(budget: int, margin: float) -> int:
-    """The most bytes the peak may take: `(1 - margin) * budget`, rounded down."""
-    return math.floor((1 - margin) * budget)
 
 
 # -- the steps of largest_fit ------------------------------------------------------
@@ -287,33 +273,13 @@ class _Probes:
         self.programs = 0  # compiled by this call: each size's, and loop bodies compiled alone
         self.progress = False
         self.host_limit: int | None = None  # the host's bytes a size may take (`host_budget`), None: any
-        # A TPU target's size fits by libtpu's own peak, what the chip holds (`peak_bytes`
-        # counts a donated output twice where libtpu places it once).
-        self.tpu = target is not None and _target.resolve(target, "largest_fit")[0].platform == "tpu"
+        self.own_peak = _budget.judges_by_own_peak(target)
         self.bind(1)
         self.bind(max_size)  # before compiling anything
 
     def bind(self, n: int) -> list[Any]:
         """The leaves with `dim` bound to `n`; an error at a size the shapes do not allow."""
-        dim, max_size = self.dim, self.max_size
-        try:
-            return bind_at(dim, n, self.names, self.leaves)
-        except SizeError as e:
-            where = "" if e.index is None else f"at {dim}={n}, {input_path(self.leaves, self.call.treedef, e.index)} "
-            largest = None
-            if e.fix:
-                fix = e.fix
-            elif n == 1:
-                fix = f"The search starts at {dim}=1, so the shapes must allow it: write them so that {dim} counts "
-                fix += f"from 1 (an offset such as `{dim} + 7`, not a difference such as `{dim} - 8` or a lower bound)."
-            else:
-                largest = largest_allowed(dim, max_size, self.names, self.leaves)
-                fix = f"The search tries sizes up to max_size={max_size}: pass max_size={largest}, which they allow."
-            error = SizeError(
-                f"treeshape.largest_fit: {where}{str(e).rstrip('.')}. {fix}", n, e.index, e.fix, e.problem
-            )
-            error.largest = largest
-            raise error from None
+        return bind_searched(self.dim, n, self.max_size, self.names, self.leaves, self.call.treedef)
 
     def cost_at(self, n: int) -> Cost:
         """The `Cost` at size `n`, compiled once (and timed) or taken from the cache."""
@@ -345,9 +311,7 @@ class _Probes:
 
     def judged(self, cost: Cost) -> int | None:
         """The peak a size is judged by: libtpu's own on a TPU target, else `peak_bytes`."""
-        if self.tpu and cost.compiler_peak_bytes is not None:
-            return cost.compiler_peak_bytes
-        return cost.peak_bytes
+        return _budget.judged(cost, self.own_peak)
 
     def peak_at(self, n: int, limit: int) -> int:
         """The peak bytes at size `n`; `limit + 1` (does not fit) where the target's compiler
@@ -392,19 +356,17 @@ class _Probes:
             )
         if self.host_limit is None:
             return peak
-        host = host_bytes(self.costs[n])
+        host = _budget.host_bytes(self.costs[n])
         if host is None:
             raise ValueError(
                 f"treeshape.largest_fit: the backend reports no host memory figures for the program at {self.dim}={n} "
                 "(a Cost.host_*_bytes is None), so no size can be checked against host_budget. Pass host_budget=None."
             )
-        # The host's bytes on the device's scale: over `limit` exactly where they are over
-        # `host_limit`, so that the search judges both budgets by one number that grows as both do.
-        return max(peak, -(-host * limit // self.host_limit))  # (the ceiling, in integers)
+        return _budget.on_device_scale(peak, host, limit, self.host_limit)
 
     def over_host(self, n: int) -> bool:
         """Whether size `n` (compiled) is over `host_limit`."""
-        host = host_bytes(self.costs[n]) if n in self.costs else None
+        host = _budget.host_bytes(self.costs[n]) if n in self.costs else None
         return self.host_limit is not None and host is not None and host > self.host_limit
 
     def device_peaks(self, sizes: Iterable[int]) -> dict[int, int]:
@@ -425,36 +387,6 @@ class _Probes:
         return far_over(n, {m: self.judged(c) for m, c in self.costs.items()}, limit)
 
 
-def host_bytes(cost: Cost) -> int | None:
-    """The bytes in the host's memory kinds: `host_argument_bytes + host_output_bytes +
-    host_temp_bytes - host_alias_bytes` (None where one is unknown)."""
-    figures = (cost.host_argument_bytes, cost.host_output_bytes, cost.host_temp_bytes, cost.host_alias_bytes)
-    if any(n is None for n in figures):
-        return None
-    argument, output, temp, alias = (int(n or 0) for n in figures)
-    return argument + output + temp - alias
-
-
-def _budget(budget: float | None, probes: _Probes) -> tuple[int, str | None]:
-    """The bytes one device has (an int), and where `target=` chose them (`None`: given, or
-    the device's reported limit, read from the `Cost` at size 1, which this compiles)."""
-    budget_source = None
-    if probes.target is not None and budget is None:  # what JAX lets XLA use on that accelerator
-        budget, budget_source = _deviceless.budget(
-            _target.resolve(probes.target, "largest_fit")[0], os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
-        )
-    if budget is None:  # the device's limit, from the `Cost` at size 1 (which the search compiles first)
-        first = probes.cost_at(1)
-        if first.device_bytes is None:
-            raise ValueError(
-                "treeshape.largest_fit: no budget given, and the device reports no memory limit "
-                "(Cost.device_bytes is None, as on CPU). Pass the bytes one device has, e.g. budget=16 * 2**30 "
-                "for 16 GiB."
-            )
-        budget = first.device_bytes
-    return math.floor(budget), budget_source
-
-
 def _report_size(probes: _Probes, limit: int, n: int, peak: int, lo: int, hi: int) -> None:
     """The progress line of size `n` (only if this call compiled it), with the range the
     answer is known to be in (`lo < 1`: none); or of a size the target's compiler refused."""
@@ -463,7 +395,7 @@ def _report_size(probes: _Probes, limit: int, n: int, peak: int, lo: int, hi: in
     if n in probes.seconds:
         verdict = "fits" if peak <= limit else f"over the limit of {limit:,} B"
         if probes.over_host(n):
-            verdict = f"host {host_bytes(probes.costs[n]):,} B over host_budget {probes.host_limit:,} B"
+            verdict = f"host {_budget.host_bytes(probes.costs[n]):,} B over host_budget {probes.host_limit:,} B"
         peak = probes.device_peaks([n]).get(n, peak)
         said, seconds = f"peak {_bytes_exact(peak)}, {verdict}", probes.seconds[n]
     elif n in probes.refused:
@@ -492,7 +424,7 @@ def _check_size_one(
     if peak > limit and probes.over_host(1):
         if report is not None:
             report(1, peak, 0, 1)
-        host, host_limit = host_bytes(probes.costs[1]), probes.host_limit
+        host, host_limit = _budget.host_bytes(probes.costs[1]), probes.host_limit
         assert host is not None and host_limit is not None  # (`over_host`)
         error = BudgetError(
             f"treeshape.largest_fit: even {probes.dim}=1 does not fit the host's memory: {human_bytes(host)} "
@@ -529,7 +461,8 @@ def _fit(
     peaks = {n: p for n, p in known.items() if n not in probes.refused}
     if probes.host_limit is not None:
         peaks = probes.device_peaks(peaks)
-    fixed, per_unit = _line(size, peaks, _limit(budget, margin))
+    fixed, per_unit = _line(size, peaks, _budget.limit(budget, margin))
+    own = probes.costs[size].compiler_peak_bytes  # (libtpu's, where it judged)
     ordered = sorted(peaks)  # a refused size has no peak
     monotone = all(peaks[a] <= peaks[b] for a, b in zip(ordered, ordered[1:], strict=False))
     return Fit(
@@ -544,7 +477,7 @@ def _fit(
         monotone=monotone,
         capped=size == probes.max_size,
         budget_source=budget_source,
-        judged_by=_JUDGED_BY_LIBTPU if probes.tpu and probes.costs[size].compiler_peak_bytes is not None else None,
+        judged_by=_budget.JUDGED_BY_OWN_PEAK if probes.own_peak and own is not None else None,
         refused_next=size + 1 in probes.refused and "out of memory" in probes.refused[size + 1][0],
     )
 
@@ -685,8 +618,9 @@ def search(
     probes = _Probes(fn, args, kwargs, dim, max_size, donate_argnums, donate_argnames, target)
     probes.progress = progress
     probes.host_limit = None if host_budget is None else math.floor(host_budget)
-    budget, budget_source = _budget(budget, probes)
-    limit = _limit(budget, margin)
+    variable = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    budget, budget_source = _budget.budget_of(budget, target, variable, lambda: probes.cost_at(1).device_bytes)
+    limit = _budget.limit(budget, margin)
     report = (lambda n, peak, lo, hi: _report_size(probes, limit, n, peak, lo, hi)) if progress else None
     _check_size_one(probes, budget, margin, limit, report)
     size, known = find_size(lambda n: probes.peak_at(n, limit), limit, max_size, report, probes.unknown_peak)

@@ -215,9 +215,12 @@ def _indexed(computation: Computation, instruction: Instruction) -> _Traits:
     return _Traits("scatter", indices=count, slice_bytes=updates, table_bytes=table, row_tiles=tiles, in_vmem=vmem)
 
 
-def _kind(module: Module, computation: Computation, instruction: Instruction) -> _Traits:
+def _kind(
+    module: Module, computation: Computation, instruction: Instruction, tile: int | None, lanes: int | None
+) -> _Traits:
     """A kernel's kind and what its cost depends on besides its bytes: a matrix product's
-    operand type, tile fill and direction; a gather's or scatter's slices."""
+    operand type, fill of the chip's `tile`s and direction; a reduction's fill of the
+    chip's `lanes`; a gather's or scatter's slices."""
     opcode, _, attributes = op_of(instruction)
     if opcode in _ASYNC_COPIES:
         return _Traits("async copy")
@@ -226,13 +229,13 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
     if opcode == "custom-call":
         return _Traits("custom call", _operand_type(computation, instruction))
     if opcode in ("convolution", "dot"):
-        fill, gradient, products = product_traits(computation, instruction)
+        fill, gradient, products = product_traits(computation, instruction, tile)
         dtype, said = _operand_type(computation, instruction), precision_of(attributes)
         return _Traits(_product(attributes), dtype, fill, gradient, products, precision=said)
     if opcode in ("gather", "scatter"):
         return _indexed(computation, instruction)
     if opcode in ("reduce", "reduce-window", "select-and-scatter"):
-        return _Traits("reduction", lanes=lane_fill(computation, instruction))
+        return _Traits("reduction", lanes=lane_fill(computation, instruction, lanes))
     if opcode == "slice":
         over, span = strided(computation, instruction)
         return _Traits("data movement", strided=over, strided_bytes=span)
@@ -251,7 +254,7 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
             kinds.add(_product(rest))
             if product is None:
                 dtype = _operand_type(fusion, inner_instruction)
-                fill, gradient, products = product_traits(fusion, inner_instruction)
+                fill, gradient, products = product_traits(fusion, inner_instruction, tile)
                 product = _Traits(_product(rest), dtype, fill, gradient, products, precision=precision_of(rest))
         elif inner in ("reduce", "reduce-window", "select-and-scatter"):
             kinds.add("reduction")
@@ -266,7 +269,9 @@ def _kind(module: Module, computation: Computation, instruction: Instruction) ->
             return dataclasses.replace(_indexed(*found), staged=scoped_bytes(attributes) >= _STAGED_SCOPED_BYTES)
     over, spanned = strided_of(module, fusion)
     if "reduction" in kinds:
-        return _Traits("reduction", lanes=lane_fill(computation, instruction), strided=over, strided_bytes=spanned)
+        return _Traits(
+            "reduction", lanes=lane_fill(computation, instruction, lanes), strided=over, strided_bytes=spanned
+        )
     return _Traits("elementwise" if "elementwise" in kinds else "data movement", strided=over, strided_bytes=spanned)
 
 
@@ -288,26 +293,27 @@ def _operand_type(computation: Computation, kernel: Instruction) -> str | None:
     return max(held, key=lambda kind: (held[kind], itemsize(kind))) if held else None
 
 
-def lane_fill(computation: Computation, kernel: Instruction) -> float:
-    """The share of a vector register's 128 lanes that the minor dimension of a kernel's
-    largest array (its operands' and result's) fills: a reduction over 64-wide attention
-    heads holds 64 of them, and a v5e ran it at half the rate of a full one."""
+def lane_fill(computation: Computation, kernel: Instruction, lanes: int | None) -> float:
+    """The share of a vector register's `lanes` (a TPU's 128, `Chip.lanes`) that the minor
+    dimension of a kernel's largest array (its operands' and result's) fills: a reduction
+    over 64-wide attention heads holds 64 of them, and a v5e ran it at half the rate of a
+    full one. 1.0 for a chip without lanes counted (`None`)."""
+    if lanes is None:
+        return 1.0
     named = computation.named
     arrays = [kernel, *(named[o] for o in op_of(kernel)[1] if o in named)]
-    largest, minor = 0, _TILE
+    largest, minor = 0, lanes
     for instruction in arrays:
         for _, dims, layout in array_dims(_shape(instruction)):
             at = minor_of(layout)
             if dims and at is not None and math.prod(dims) > largest:
                 largest, minor = math.prod(dims), dims[at]
-    return _filled(minor) if minor > 0 else 1.0
+    return _filled(minor, lanes) if minor > 0 else 1.0
 
 
-_TILE: Final = 128  # a TPU matrix unit multiplies 128x128 tiles
 
-
-def _filled(size: int) -> float:
-    return size / (-(-size // _TILE) * _TILE)
+def _filled(size: int, tile: int) -> float:
+    return size / (-(-size // tile) * tile)
 
 
 def _operands(computation: Computation, product: Instruction) -> tuple[list[int], list[int], list[int]] | None:
@@ -332,14 +338,14 @@ def _window(labels: str, dims: list[int]) -> int:
     return math.prod(d for label, d in zip(labels, dims, strict=True) if label.isdigit())
 
 
-def product_traits(computation: Computation, product: Instruction) -> tuple[float, bool, int]:
-    """A matrix product's `tile_fill`, whether it is a convolution's `weight_gradient`, and
+def product_traits(computation: Computation, product: Instruction, tile: int | None) -> tuple[float, bool, int]:
+    """A matrix product's `tile_fill` of the chip's `tile`, whether it is a convolution's `weight_gradient`, and
     its `batch_count` (its operands read once: a product at the top of a large program is
     one of many)."""
     dims = _operands(computation, product)
     if dims is None:
         return 1.0, False, 1
-    return tile_fill(product, dims), weight_gradient(product, dims), batch_count(product, dims)
+    return tile_fill(product, dims, tile), weight_gradient(product, dims), batch_count(product, dims)
 
 
 def batch_count(product: Instruction, dims: tuple[list[int], list[int], list[int]]) -> int:
@@ -355,12 +361,16 @@ def batch_count(product: Instruction, dims: tuple[list[int], list[int], list[int
     return math.prod(dims[0][d] for d in dot.get("lhs_batch", []))
 
 
-def tile_fill(product: Instruction, dims: tuple[list[int], list[int], list[int]]) -> float:
-    """How well a matrix product fills a TPU matrix unit's 128x128 tiles, as a v5e measured
-    it: its contraction (`K`; a convolution's input features times its window) at its
-    share of the tiles it spans; its output features (`N`) at twice theirs, up to a whole
+def tile_fill(product: Instruction, dims: tuple[list[int], list[int], list[int]], tile: int | None) -> float:
+    """How well a matrix product fills a TPU matrix unit's `tile` x `tile` tiles
+    (`Chip.matrix_tile`: 128 on a v5e, 256 on a v6e), as a v5e measured it: its
+    contraction (`K`; a convolution's input features times its window) at its share of
+    the tiles it spans; its output features (`N`) at twice theirs, up to a whole
     (the chip ran 64 output features as fast as 128); a product with batch dimensions,
-    each product's rows at their share of theirs. 1.0 where the dimensions cannot be read."""
+    each product's rows at their share of theirs. 1.0 where the dimensions cannot be read,
+    or for a chip without tiles counted (`None`)."""
+    if tile is None:
+        return 1.0
     opcode, _, attributes = op_of(product)
     lhs, rhs, out = dims
     if opcode == "convolution":
@@ -382,8 +392,8 @@ def tile_fill(product: Instruction, dims: tuple[list[int], list[int], list[int]]
         rows = math.prod(lhs[d] for d in lhs_free) if dot.get("lhs_batch") else None
     if min(k, n) <= 0:
         return 1.0
-    fill = _filled(k) * min(1.0, 2 * _filled(n))
-    return fill * _filled(rows) if rows else fill
+    fill = _filled(k, tile) * min(1.0, 2 * _filled(n, tile))
+    return fill * _filled(rows, tile) if rows else fill
 
 
 def weight_gradient(product: Instruction, dims: tuple[list[int], list[int], list[int]]) -> bool:
@@ -532,7 +542,12 @@ def _host_move(opcode: str, instruction: Instruction) -> tuple[str, float]:
 
 
 def read(
-    text: str, lengths: Sequence[int] = (), pallas: Mapping[tuple[tuple[str, ...], tuple[str, ...]], Work] | None = None
+    text: str,
+    lengths: Sequence[int] = (),
+    pallas: Mapping[tuple[tuple[str, ...], tuple[str, ...]], Work] | None = None,
+    *,
+    tile: int | None,
+    lanes: int | None,
 ) -> tuple[list[Kernel], bool] | None:
     """The kernels of the optimized module `text` in schedule order, and whether every loop's
     trip count was known (a loop whose count is not is counted once); None where the text
@@ -540,7 +555,9 @@ def read(
     for a top-level loop whose count the module does not tell (see `_hlo_loops.missed`).
     Each branch of a conditional is read, its kernels marked with it (`Kernel.branch`): one
     run takes one branch, and `_time` counts the most costly. `pallas`: the program's Pallas
-    kernels' work by their types (`_pallas.kernels`), for the custom calls that run them."""
+    kernels' work by their types (`_pallas.kernels`), for the custom calls that run them.
+    `tile` and `lanes`: the chip's matrix unit and vector register (`Chip.matrix_tile`,
+    `Chip.lanes`), which a product's and a reduction's fill are counted in."""
     module = parse(text)
     if module is None:
         return None
@@ -564,7 +581,7 @@ def read(
         if opcode in _FREE:
             continue
         cycles = estimated_cycles(attributes)
-        traits = _kind(module, computation, instruction)
+        traits = _kind(module, computation, instruction, tile, lanes)
         flops, accessed, device = _costed(module, computation, instruction)
         result = next(iter(arrays(_shape(instruction))), ("f32", 0, True))[0]
         work = None

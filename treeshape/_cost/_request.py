@@ -1,6 +1,7 @@
 """A `largest_fit` request checked, before anything compiles: its own arguments
 (`check_arguments`, `check_progress`), the one free dimension it searches (`check_names`),
-the sizes the inputs' shapes allow (`bind_at`, `largest_allowed`, `check_request`), and
+the sizes the inputs' shapes allow (`bind_at`, `largest_allowed`, `check_request`; and
+`bind_searched`, a search's size bound with its error told by the input's path), and
 the errors a search raises where a size does not fit: `FitError`, `SizeError` (a size the
 shapes do not allow) and `BudgetError` (even size 1 does not fit). `plan` checks its own
 arguments with the same functions, each error naming the function asked."""
@@ -10,6 +11,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Any, Final
 
+from .._call import input_path
 from .._dims import DimOverflow, bind_leaves, check_sizes, free_names
 from .._leaf import leaf_str
 from .._shapes import extent_problem
@@ -247,6 +249,31 @@ def largest_allowed(dim: str, max_size: int, names: Sequence[str], leaves: Seque
         else:
             lo = mid
     return lo
+
+
+def bind_searched(
+    dim: str, n: int, max_size: int, names: Sequence[str], leaves: Sequence[Any], treedef: Any
+) -> list[Any]:
+    """`bind_at` for a search of sizes `1..max_size`, its `SizeError` told as the user wrote
+    the inputs (the flat `leaves` of the call `treedef`): the input at fault by its path,
+    and the fix (a sharding's; for size 1, shapes that count from 1; else the largest
+    `max_size` the shapes allow, its `largest`)."""
+    try:
+        return bind_at(dim, n, names, leaves)
+    except SizeError as e:
+        where = "" if e.index is None else f"at {dim}={n}, {input_path(list(leaves), treedef, e.index)} "
+        largest = None
+        if e.fix:
+            fix = e.fix
+        elif n == 1:
+            fix = f"The search starts at {dim}=1, so the shapes must allow it: write them so that {dim} counts "
+            fix += f"from 1 (an offset such as `{dim} + 7`, not a difference such as `{dim} - 8` or a lower bound)."
+        else:
+            largest = largest_allowed(dim, max_size, names, leaves)
+            fix = f"The search tries sizes up to max_size={max_size}: pass max_size={largest}, which they allow."
+        error = SizeError(f"treeshape.largest_fit: {where}{str(e).rstrip('.')}. {fix}", n, e.index, e.fix, e.problem)
+        error.largest = largest
+        raise error from None
 
 
 def check_request(

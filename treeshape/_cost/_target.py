@@ -17,20 +17,17 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from .. import _compat, _quiet
-
-
-# The compilers a target compiles with: JAX's CUDA plugin (XLA:GPU) or libtpu.
-Platform = Literal["cuda", "tpu"]
+from ._chips import CHIPS, Chip
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
     name: str  # as `ts.targets()` lists it
     label: str  # as `Cost.backend` names it: "H100", "TPU v5e"
-    platform: Platform
+    chip: Chip  # its facts, and the compiler that compiles for it (libtpu, or XLA:GPU through JAX's CUDA plugin)
     device_bytes: int  # the memory one program may use on one device
     description: str
 
@@ -39,16 +36,16 @@ _GIB: Final = 2**30
 _TARGETS: Final = {
     t.name: t
     for t in (
-        Target("h100", "H100", "cuda", 84_942_979_072, "NVIDIA H100 SXM 80 GB"),
-        Target("h100-pcie", "H100 PCIe", "cuda", 84_942_979_072, "NVIDIA H100 PCIe 80 GB"),
-        Target("h200", "H200", "cuda", 151_397_597_184, "NVIDIA H200 141 GB"),
-        Target("b200", "B200", "cuda", 191_514_411_008, "NVIDIA B200 192 GB"),
-        Target("a100-80gb", "A100 80GB", "cuda", 85_100_068_864, "NVIDIA A100 SXM 80 GB"),
-        Target("a100-40gb", "A100 40GB", "cuda", 42_331_013_120, "NVIDIA A100 SXM 40 GB"),
+        Target("h100", "H100", CHIPS["h100"], 84_942_979_072, "NVIDIA H100 SXM 80 GB"),
+        Target("h100-pcie", "H100 PCIe", CHIPS["h100-pcie"], 84_942_979_072, "NVIDIA H100 PCIe 80 GB"),
+        Target("h200", "H200", CHIPS["h200"], 151_397_597_184, "NVIDIA H200 141 GB"),
+        Target("b200", "B200", CHIPS["b200"], 191_514_411_008, "NVIDIA B200 192 GB"),
+        Target("a100-80gb", "A100 80GB", CHIPS["a100-80gb"], 85_100_068_864, "NVIDIA A100 SXM 80 GB"),
+        Target("a100-40gb", "A100 40GB", CHIPS["a100-40gb"], 42_331_013_120, "NVIDIA A100 SXM 40 GB"),
         # TPUs: the HBM libtpu's compiler lets one program use (it refuses a larger one).
-        Target("v5e", "TPU v5e", "tpu", 16_911_433_728, "Google TPU v5e (v5 lite) 16 GB"),
-        Target("v5p", "TPU v5p", "tpu", math.floor(95.74 * _GIB), "Google TPU v5p 95 GB"),
-        Target("v6e", "TPU v6e", "tpu", 33_554_432_000, "Google TPU v6e (Trillium) 32 GB"),
+        Target("v5e", "TPU v5e", CHIPS["v5e"], 16_911_433_728, "Google TPU v5e (v5 lite) 16 GB"),
+        Target("v5p", "TPU v5p", CHIPS["v5p"], math.floor(95.74 * _GIB), "Google TPU v5p 95 GB"),
+        Target("v6e", "TPU v6e", CHIPS["v6e"], 33_554_432_000, "Google TPU v6e (Trillium) 32 GB"),
     )
 }
 
@@ -92,9 +89,8 @@ def targets() -> dict[str, str]:
         >>> sorted(ts.targets())[:3]
         ['a100-40gb', 'a100-80gb', 'b200']
     """
-    compilers: dict[Platform, str] = {"cuda": "XLA:GPU through JAX's CUDA plugin", "tpu": "libtpu"}
     return {
-        t.name: f"{t.description} ({compilers[t.platform]}; {t.device_bytes / _GIB:.1f} GiB per device)"
+        t.name: f"{t.description} ({t.chip.compiler.name}; {t.device_bytes / _GIB:.1f} GiB per device)"
         for t in _TARGETS.values()
     }
 
@@ -114,7 +110,7 @@ def resolve(name: Any, who: str) -> tuple[Target, str | None]:
     target = _TARGETS.get(base)
     if target is None:
         raise ValueError(f"treeshape.{who}: unknown target {name!r}; ts.targets() has {_listed()}.")
-    if colon and target.platform != "tpu":
+    if colon and not target.chip.compiler.named_topology:
         raise ValueError(
             f"treeshape.{who}: target {name!r}: a topology after the colon is a TPU's, as JAX writes it "
             f'(e.g. "v5e:16x16"); an NVIDIA target takes its device count from the inputs\' mesh.'
@@ -222,25 +218,20 @@ def _examples(target: Target) -> str:
 def check_installed(target: Target, who: str) -> None:
     """An `ImportError` naming the extra to install where the target's compiler is missing,
     a `JaxReleaseError` where this JAX release cannot compile for it without a device."""
-    jaxlib = _version("jaxlib")
-    if target.platform == "cuda":
-        if not any(_found(f"jax_plugins.xla_cuda{v}") for v in (12, 13)):
-            raise ImportError(
-                f'treeshape.{who}: target="{target.name}" compiles with JAX\'s CUDA plugin, which is not installed. '
-                f'pip install "treeshape[cuda]" (for jaxlib {jaxlib}: jax-cuda12-plugin=={jaxlib}; no CUDA '
-                "libraries or driver needed)."
-            )
+    jaxlib, compiler = _version("jaxlib"), target.chip.compiler
+    if not any(_found(module) for module in compiler.modules):
+        installs = compiler.install.format(jaxlib=jaxlib)
+        raise ImportError(
+            f'treeshape.{who}: target="{target.name}" compiles with {compiler.called}, which is not installed. '
+            f'pip install "treeshape[{compiler.extra}]" (for jaxlib {jaxlib}: {installs}).'
+        )
+    if compiler.deviceless_from is not None:  # (JAX's CUDA plugin: from 0.10.0, a GPU's backend starts without one)
         with _quiet.quiet():  # (a compile: XLA's log lines)
             compiles = _compat.cuda_starts_without_gpu() and _compat.compiles_without_device(
                 devices(target.name, "1x1x1")[0]
             )
         if not compiles:
-            raise _compat.JaxReleaseError("compiling for an NVIDIA GPU without one (target=)", "0.10.0")
-    elif not _found("libtpu"):
-        raise ImportError(
-            f'treeshape.{who}: target="{target.name}" compiles with libtpu, which is not installed. '
-            f'pip install "treeshape[tpu]" (for jaxlib {jaxlib}: jax[tpu]=={jaxlib} picks its libtpu).'
-        )
+            raise _compat.JaxReleaseError("compiling for an NVIDIA GPU without one (target=)", compiler.deviceless_from)
 
 
 def _found(module: str) -> bool:
@@ -267,7 +258,7 @@ def topology(target: Target, shape: str | None, count: int, where: str, who: str
     """The topology to compile `count` devices for: `1xHOSTSxPER_HOST` on NVIDIA, the
     given or standard `AxB[xC]` on TPU; a `CountError` naming both where they disagree, a
     `TopologyError` naming those of `count` for a TPU topology that is none."""
-    if target.platform == "cuda":
+    if not target.chip.compiler.named_topology:
         if count > MAX_DEVICES:
             raise CountError(
                 f"treeshape.{who}: {where} is sharded over {count} devices; target {target.name!r} compiles for at "
@@ -352,37 +343,37 @@ def _devices(name: str, shape: str) -> tuple[Any, ...]:
     from jax.experimental import topologies
 
     target = _TARGETS[name]
+    compiler = target.chip.compiler
     try:
-        if target.platform == "tpu":
+        if compiler.named_topology:
             # Compiling needs no TPU: libtpu's lock on the TPU (one process at a time) would
             # only keep two processes (two commands, a test and its subprocess) from compiling.
             os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
             # libtpu takes a slice of one chip only as a host of one chip.
             extra = {"chips_per_host_bounds": (1, 1, 1)} if shape == "1x1" else {}
-            topology = topologies.get_topology_desc(f"{name}:{shape}", "tpu", **extra)
+            topology = topologies.get_topology_desc(f"{name}:{shape}", compiler.platform, **extra)
             return tuple(topology.devices)
         text = _spec_text(name)
         try:
-            topology = topologies.get_topology_desc(platform="cuda", target_config=text, topology=shape)
+            topology = topologies.get_topology_desc(platform=compiler.platform, target_config=text, topology=shape)
         except Exception as e:
             # The plugin logs which field it does not know, and raises only "Failed to parse".
             if "Failed to parse" not in str(e):
                 raise
             for field in NEWER_FIELDS:
                 text = _without_field(text, field)
-            topology = topologies.get_topology_desc(platform="cuda", target_config=text, topology=shape)
+            topology = topologies.get_topology_desc(platform=compiler.platform, target_config=text, topology=shape)
         return tuple(topology.devices)
     except Exception as e:
-        if target.platform == "tpu" and "INVALID_ARGUMENT" in str(e):  # it started, and refused this layout
+        if compiler.named_topology and "INVALID_ARGUMENT" in str(e):  # it started, and refused this layout
             chips = math.prod(int(d) for d in shape.split("x"))
             raise ValueError(
                 f'treeshape: target="{name}:{shape}": libtpu cannot lay out this topology ({_first_line(e)}). '
                 f"{_choices(target, chips)}"
             ) from None
-        setting = "JAX_PLATFORMS=cpu" + (" and TPU_SKIP_MDS_QUERY=1" if target.platform == "tpu" else "")
         raise RuntimeError(
-            f'treeshape: target="{name}": the {"CUDA plugin" if target.platform == "cuda" else "libtpu"} is '
-            f"installed but did not start ({type(e).__name__}: {_first_line(e)}). Set {setting} in the "
+            f'treeshape: target="{name}": the {compiler.plugin} is '
+            f"installed but did not start ({type(e).__name__}: {_first_line(e)}). Set {compiler.settings} in the "
             "environment before JAX first uses a device (before the Python process starts, or before "
             "`import jax`); no driver or accelerator is needed."
         ) from None

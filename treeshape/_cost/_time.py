@@ -626,7 +626,6 @@ def estimate(
     names: dict[str, tuple[str | None, str | None]],
     chip: Chip,
     label: str,
-    platform: str,
     flops: float | None,
     exact: bool,
     call: tuple[int, int, int] | None = None,
@@ -635,7 +634,7 @@ def estimate(
     source by name; `flops` is the program's (for the MFU); `exact` whether every loop's
     trip count was known; `call` the arrays a call passes in, the arrays it gets back, and
     their registered pytree nodes (`_host.tree_counts`), where the step is called from Python."""
-    checked = platform == "tpu" and chip.clock_hz is not None
+    checked = chip.estimated
     c = CORRECTION
     each = [kernel_seconds(k, chip, c, checked) for k in kernels]
     if checked:
@@ -659,7 +658,7 @@ def estimate(
     measured = label.endswith(c.measured_on) and seconds is not None
     share = (sum(t for k, t in zip(kernels, each, strict=True) if _measured(k)) + sum(gaps)) if measured else 0.0
     share = min((share + c.launch_seconds + waiting) / seconds, 1.0) if measured and seconds else 0.0
-    source = _source(label, platform, checked, uncosted, exact, _by_bytes(kernels), conditionals, share)
+    source = _source(label, checked, uncosted, exact, _by_bytes(kernels), conditionals, share)
     bf16 = chip.peak("bfloat16")
     mfu = flops / (seconds * bf16) if seconds and flops is not None else None
     times = [
@@ -762,7 +761,6 @@ def _by_bytes(kernels: Sequence[Kernel]) -> dict[str, int]:
 
 def _source(
     label: str,
-    platform: str,
     checked: bool,
     uncosted: int,
     exact: bool,
