@@ -5,10 +5,11 @@ abstract values, from XLA's own analysis of it (compiled, never run, and cached 
 How a call flows: the inputs are split, flattened and checked by `_call` (`split_call`)
 and keyed by `_cache` (`call_key`), with each leaf's placement and the donation
 (`prepare`, `cost_of`); at a miss, `_program` traces, lowers and compiles the program
-the user runs (`compile_program`), and its analyses are read through `_compat` (`_read`,
-each loop body counted as often as it runs by `_loops`, what is at the peak by
-`_buffers`) and kept in `_cache.COST_CACHE` as a `Cost`: figures only, never the
-compiled program.
+the user runs (`compile_program`) and asks XLA's analyses of it once (`Analyses`); from
+that record the figures are read (`_read`, each loop body counted as often as it runs by
+`_loops.count`, what is at the peak by `_buffers`, each op named by the program's own
+rule, `Compiled.names`) and kept in `_cache.COST_CACHE` as a `Cost`: figures only, never
+the compiled program.
 """
 
 import dataclasses
@@ -305,10 +306,8 @@ def _figures(program: Compiled) -> Cost:
     if program.target is not None:  # compiled by a named accelerator's compiler (`target=`)
         with _quiet.quiet():  # (its loop bodies compiled alone: the compilers' log lines)
             return _targeted(program)
-    loops = _loops_of(program)
-    # The far mesh's devices are not here to compile loop bodies on: its loops are read
-    # from the program the child compiled.
-    return _read(program, loops, None if program.far is None else f"cpu x{program.far.size} {_SIMULATED}")
+    backend = None if program.far is None else f"cpu x{program.far.size} {_SIMULATED}"  # (a far mesh's)
+    return _read(program, _loops_of(program), backend)
 
 
 def _reported(program: Compiled) -> tuple[float | None, float | None]:
