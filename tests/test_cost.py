@@ -343,6 +343,38 @@ def test_no_analysis_at_all(monkeypatch):
     assert c == ts.Cost(None, None, None, None, None, None, None, None, backend=where, **unknown)
 
 
+@pytest.mark.parametrize("target", [None, "v5e"])
+def test_each_analysis_of_the_compiled_program_is_asked_once(monkeypatch, target):
+    """XLA's cost and memory analyses of the program `ts.cost` compiles are read once each
+    (the loop count, the figures, the buffers and libtpu's peak all read that one record);
+    a loop body compiled alone is another program, asked once too."""
+    asked: dict[tuple[int, str], int] = {}
+    held = []  # (every program asked is kept alive, so no two share an id)
+    for name in ("cost_analysis", "memory_analysis"):
+        original = getattr(jax.stages.Compiled, name)
+
+        def counted(self, original=original, name=name):
+            held.append(self)
+            asked[id(self), name] = asked.get((id(self), name), 0) + 1
+            return original(self)
+
+        monkeypatch.setattr(jax.stages.Compiled, name, counted)
+
+    def step(w, xs):
+        def loss(w):
+            return jax.lax.scan(lambda total, x: (total + jnp.sum(jnp.tanh(x @ w) ** 2), None), 0.0, xs)[0]
+
+        return w - 0.1 * jax.grad(loss)(w)
+
+    w, xs = jax.ShapeDtypeStruct((64, 64), F32), jax.ShapeDtypeStruct((4, 8, 64), F32)
+    c = ts.cost(step, w, xs, target=target)
+    assert c.exact_flops and c.flops > 4 * 2 * 8 * 64 * 64  # (each of the 4 runs counted)
+    assert (c.compiler_peak_bytes is not None) == (target == "v5e")
+    names = {name for _, name in asked}
+    assert names == {"cost_analysis", "memory_analysis"}
+    assert set(asked.values()) == {1}, asked
+
+
 # -- display -----------------------------------------------------------------------
 def test_table_and_html():
     c = ts.cost(sgd, PARAMS, X, donate_argnums=0)

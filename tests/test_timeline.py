@@ -302,6 +302,37 @@ def test_a_wrapper_s_own_jit_names_the_ops():
     assert [p.name for p in t.phases()] == ["layer"]
 
 
+def test_a_program_jitted_around_the_user_s_jit_names_every_op_as_the_user_s_own_program():
+    """Where `ts.cost` adds a donation, it jits its own program around the user's `jax.jit`
+    wrapper (the outer `jit(step)` is ours): the buffers, the steps of the timeline and the
+    kernels of its time are named as the wrapper's own program names them, as they are read
+    (the same compile for v5e: the same names, sources, phases and seconds)."""
+
+    def step(w, xs):
+        def loss(w):
+            def body(total, x):
+                with jax.named_scope("layer"):
+                    return total + jnp.sum(jnp.tanh(x @ w) ** 2), None
+
+            return jax.lax.scan(body, 0.0, xs)[0]
+
+        return w - 0.1 * jax.grad(loss)(w)
+
+    w, xs = jax.ShapeDtypeStruct((128, 128), F32), jax.ShapeDtypeStruct((4, 16, 128), F32)
+    jitted = jax.jit(step, donate_argnums=0)
+    own = ts.cost(jitted, w, xs, target="v5e")  # the wrapper's own program
+    around = ts.cost(jitted, w, xs, donate_argnums=0, target="v5e")  # ours, around it
+    assert around == own and around.time.seconds == own.time.seconds
+    assert around.timeline.ops == own.timeline.ops and around.timeline.phases() == own.timeline.phases()
+    assert [(b.op, b.source) for b in around.buffers] == [(b.op, b.source) for b in own.buffers]
+    kernels = [(k.op, k.source, k.name, k.kind, k.runs, k.seconds) for k in around.time.kernels]
+    assert kernels == [(k.op, k.source, k.name, k.kind, k.runs, k.seconds) for k in own.time.kernels]
+    assert around.time.schedule == own.time.schedule
+    ops = [op for op in around.timeline.ops if op] + [k.op for k in around.time.kernels if k.op]
+    assert ops and all(op.startswith("jit(step)/") and "jit(step)/jit(step)" not in op for op in ops)
+    assert any("/layer/" in op for op in ops)
+
+
 def test_a_pmapped_step_s_ops_are_its_program_s_and_its_phases_as_under_jit():
     def step(w, x):
         def loss(w):

@@ -30,10 +30,11 @@ from chip import case_of  # noqa: E402
 
 # What the guide's figures come from: treeshape's reading of a dumped module and its time
 # model (no public API reads a module that was compiled elsewhere).
-from treeshape._cost import _buffers, _chips, _host, _kernels, _time  # noqa: E402
+from treeshape._cost import _chips, _host, _kernels, _time  # noqa: E402
 from treeshape._cost._deviceless import _HLO_PROTO_MODULE  # noqa: E402
-from treeshape._cost._hlo import Frames, Module, fields  # noqa: E402
+from treeshape._cost._hlo import F, Frames, Module, fields, str_field  # noqa: E402
 from treeshape._cost._hlo_text import op_of  # noqa: E402
+from treeshape._cost._ops import AS_WRITTEN  # noqa: E402
 
 
 CHIP = _chips.CHIPS["v5e"]
@@ -100,7 +101,10 @@ def read(r: dict[str, Any], modules: Path) -> dict[str, Any]:
     dumped = fields((modules / f"{key}.after_codegen.hlo.pb").read_bytes())[_HLO_PROTO_MODULE][-1]
     proto = Module.read(bytes(dumped))
     frames = Frames(proto)
-    names = {i.name: (_buffers.op_of(i), frames.source(i.metadata)) for i in proto.instructions.values()}
+    names = {
+        i.name: (AS_WRITTEN.op(str_field(i.metadata, F.METADATA_OP_NAME)), frames.source(i.metadata))
+        for i in proto.instructions.values()
+    }
     # (recorded by `recheck.py --dump`; else counted from the step)
     # (a record of 2 counts, arrays in and out together, is from before they were apart)
     call = tuple(r["call"]) if len(r.get("call", ())) == 3 else call_counts(r["name"], r["size"])

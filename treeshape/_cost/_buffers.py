@@ -25,6 +25,7 @@ from .._table import Description, grid, html_grid
 from . import _liveness, _timeline
 from ._hlo import F, Frames, Index, Instruction, Module, fields, int_field, ints, message_field, str_field
 from ._liveness import Value
+from ._ops import AS_WRITTEN, NO_OP, OpNames, without_jit
 from ._timeline import BufferKind
 
 
@@ -176,6 +177,7 @@ def read(
     output_paths: Sequence[str],
     donated: frozenset[int],
     live_ranges: str | None = None,
+    names: OpNames = AS_WRITTEN,
 ) -> Reading | None:
     """The buffers live at the peak of `compiled` and what became of its donated arguments;
     None where the release or backend does not give the buffer assignment or the module.
@@ -185,14 +187,17 @@ def read(
     closes over), `output_paths[k]` its output `k`; `donated` holds the positions of the
     donated arguments. `live_ranges` is the compiler's own schedule and live ranges as it
     dumps them (`*-live-range.txt`), where they are read instead of following XLA's rules
-    over the module (libtpu schedules work the module does not show).
+    over the module (libtpu schedules work the module does not show). `names` names the
+    temporaries' and the steps' ops as the program's own (`_program` gives it).
     """
     module_bytes = _compat.optimized_module(compiled)
     kept = _compat.kept_arguments(compiled, len(argument_paths))
     if assignment is None or module_bytes is None or kept is None:
         return None
     try:
-        return _read(compiled, assignment, module_bytes, kept, argument_paths, output_paths, donated, live_ranges)
+        return _read(
+            compiled, assignment, module_bytes, kept, argument_paths, output_paths, donated, live_ranges, names
+        )
     except (ValueError, IndexError, KeyError) as err:  # a module this reader does not know: say nothing
         warnings.warn(f"treeshape: could not read the buffers of this program ({err!r})", RuntimeWarning, stacklevel=2)
         return None
@@ -206,7 +211,8 @@ def _read(
     argument_paths: Sequence[str | None],
     output_paths: Sequence[str],
     donated: frozenset[int],
-    live_ranges: str | None = None,
+    live_ranges: str | None,
+    names: OpNames,
 ) -> Reading:
     module = Module.read(module_bytes)
     values, allocations = _assignment(assignment)
@@ -242,7 +248,7 @@ def _read(
             return Buffer(v.size, dims, dtype, "output", path or _output_path(index, output_paths), memory_kind=where)
         if allocations[v.allocation].constant or ins.opcode == "constant":
             return Buffer(v.size, dims, dtype, "constant")
-        op = op_of(ins)
+        op = names.op(str_field(ins.metadata, F.METADATA_OP_NAME))
         if op and ins.id not in sources:
             sources[ins.id] = frames.source(ins.metadata)
         source, where = (sources.get(ins.id) if op else None), (_PINNED if on_host else "device")
@@ -256,7 +262,7 @@ def _read(
         ]
 
     steps = len(order)
-    ops = [_step_op(module.instructions[iid]) if iid in module.instructions else None for iid in order]
+    ops = [_step_op(module.instructions.get(iid), names) for iid in order]
     timeline = _timeline.build(lives("in_device_memory"), steps, ops)
     buffers = timeline.buffers_at(timeline.peak_step) if steps else ()
     if steps:  # the host's buffers live at the device's peak follow the device's
@@ -283,21 +289,11 @@ def _host_kinds(compiled: Any) -> tuple[dict[int, str], dict[int, str]]:
     return found[0], found[1]
 
 
-def _step_op(ins: Instruction) -> str | None:
-    """The op of a step: None where the metadata names no operation under the outermost
-    `jit(...)` (a parameter's names the input)."""
-    if ins.opcode == "parameter":
+def _step_op(ins: Instruction | None, names: OpNames) -> str | None:
+    """The op of a step, as `names` names it (None for a parameter's: its name is the input's)."""
+    if ins is None or ins.opcode == "parameter":
         return None
-    op = str_field(ins.metadata, F.METADATA_OP_NAME)
-    first = _timeline.first_name(op)  # a fusion's or a combined collective's first
-    return op if first.startswith(_compat.JIT_OP_PREFIXES) and "/" in first else None
-
-
-def op_of(ins: Instruction) -> str | None:
-    """The operation that makes `ins` as JAX names it (`jit(fn)/...`); None where XLA made
-    it (a copy XLA makes of a parameter keeps the parameter's name, `dynamic[2]`)."""
-    name = str_field(ins.metadata, F.METADATA_OP_NAME)
-    return name if name.startswith(_compat.JIT_OP_PREFIXES) else None
+    return names.step(str_field(ins.metadata, F.METADATA_OP_NAME))
 
 
 _dtype: Final = _compat.dtype_named
@@ -443,57 +439,10 @@ def _resharded(
 
 # -- tables -----------------------------------------------------------------------------------
 _KEY: Final = re.compile(r"\[(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\]]*)\]|\.[A-Za-z_]\w*")
-_XLA_OWN: Final = "(XLA's own)"
 
 
 def _label(b: Buffer) -> str:
-    return b.path or b.op or ("(constant)" if b.kind == "constant" else _XLA_OWN)
-
-
-def _without_jit(op: str) -> str:
-    """`op` without its outermost `jit(...)` name (the implementer's)."""
-    head, _, rest = op.partition("/")
-    return rest if head.startswith(_compat.JIT_OP_PREFIXES) and rest else op
-
-
-def without_outer_jit(b: Buffer, pmap: str | None = None) -> Buffer:
-    """`b` with its op's outermost `jit(...)` dropped where a `jit(...)` (`pmap(...)`) follows
-    it; where nothing follows, the metadata names the call itself, no operation of the program
-    the wrapper compiles (XLA's own buffer: a constant broadcast before a loop). `pmap`: see `own_op`."""
-    if b.op is None:
-        return b
-    op = own_op(b.op, pmap)
-    if op == b.op:
-        return b
-    return dataclasses.replace(b, op=op, source=None if op is None else b.source)
-
-
-# How JAX 0.8+ compiles a `jax.pmap`: through its own `jit(_fun)/shard_map` (`jit(call_wrapped)` on 0.8.0).
-_PMAP_HEAD: Final = re.compile(r"p?jit\([^()/]*\)/shard_map(?=/|$)")
-
-
-def own_op(op: str | None, pmap: str | None = None) -> str | None:
-    """`op` as `without_outer_jit` names it, each name `;` joins; for the `jax.pmap` named `pmap`,
-    `pmap(name)/...` for its own `jit(...)/shard_map/...`, as JAX's pmap before 0.8 named them."""
-    if op is None:
-        return None
-    names = op.split(";")
-    own = [_own_name(name, pmap) for name in names]
-    return None if own[0] is None else ";".join(o or n for o, n in zip(own, names, strict=True))
-
-
-def _own_name(name: str, pmap: str | None) -> str | None:
-    head, _, rest = name.partition("/")
-    if not (head.startswith(_compat.JIT_OP_PREFIXES) and rest.startswith(_compat.JIT_OP_PREFIXES)):
-        return name
-    if pmap is not None:
-        rest = _PMAP_HEAD.sub(f"pmap({pmap})", rest, count=1)
-    return rest if "/" in rest else None
-
-
-def without_outer_jit_timeline(t: _timeline.Timeline, pmap: str | None = None) -> _timeline.Timeline:
-    """`t` with its ops and buffers named as `without_outer_jit` names them."""
-    return _timeline.renamed(t, lambda op: own_op(op, pmap), lambda b: without_outer_jit(b, pmap))
+    return b.path or b.op or ("(constant)" if b.kind == "constant" else NO_OP)
 
 
 def _group(b: Buffer, depth: int | None) -> str:
@@ -506,9 +455,9 @@ def _group(b: Buffer, depth: int | None) -> str:
         root = b.path if first is None else b.path[: first.start()]
         return root + "".join(_KEY.findall(b.path[len(root) :])[:depth])
     if b.op is not None:
-        op = _without_jit(b.op.split(";")[0])  # a fusion's metadata may join several ops
+        op = without_jit(b.op.split(";")[0])  # a fusion's metadata may join several ops
         return op if depth is None else "/".join(op.split("/")[: max(depth, 1)])
-    return "(constants)" if b.kind == "constant" else _XLA_OWN
+    return "(constants)" if b.kind == "constant" else NO_OP
 
 
 def _breakdown_rows(buffers: Sequence[Buffer], depth: int | None) -> list[list[str]]:
@@ -580,7 +529,7 @@ def named(buffers: Sequence[Buffer], n: int = 3) -> str:
     parts = []
     for b in on_device(buffers)[:n]:
         label = _label(b)
-        label = "a buffer of XLA's own" if label == _XLA_OWN else label
+        label = "a buffer of XLA's own" if label == NO_OP else label
         parts.append(f"{label} ({_type_str(b)}, {human_bytes(b.nbytes)})")
     return ", ".join(parts)
 

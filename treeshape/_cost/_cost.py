@@ -5,10 +5,11 @@ abstract values, from XLA's own analysis of it (compiled, never run, and cached 
 How a call flows: the inputs are split, flattened and checked by `_call` (`split_call`)
 and keyed by `_cache` (`call_key`), with each leaf's placement and the donation
 (`prepare`, `cost_of`); at a miss, `_program` traces, lowers and compiles the program
-the user runs (`compile_program`), and its analyses are read through `_compat` (`_read`,
-each loop body counted as often as it runs by `_loops`, what is at the peak by
-`_buffers`) and kept in `_cache.COST_CACHE` as a `Cost`: figures only, never the
-compiled program.
+the user runs (`compile_program`) and asks XLA's analyses of it once (`Analyses`); from
+that record the figures are read (`_read`, each loop body counted as often as it runs by
+`_loops.count`, what is at the peak by `_buffers`, each op named by the program's own
+rule, `Compiled.names`) and kept in `_cache.COST_CACHE` as a `Cost`: figures only, never
+the compiled program.
 """
 
 import dataclasses
@@ -19,7 +20,7 @@ from typing import Any, Final
 import jax
 import jax.tree_util as jtu
 
-from .. import _compat, _quiet
+from .. import _quiet
 from .._cache import COST_CACHE, answer, call_key, has_value
 from .._call import (
     Call,
@@ -38,8 +39,8 @@ from .._shapes import human_bytes
 from .._table import grid, html_grid
 from . import _buffers, _host, _kernels, _pallas, _simulate, _target, _time
 from ._buffers import Buffer, Donation
-from ._hlo import Frames, Module
-from ._loops import NO_LOOPS, LoopCorrection, compiled_loops, holds_loops, loop_correction, scan_lengths
+from ._hlo import F, Frames, Module, str_field
+from ._loops import NO_LOOPS, LoopCorrection, count, scan_lengths
 from ._program import Compiled, compile_program, donated_leaves
 from ._time import StepTime
 from ._timeline import Timeline
@@ -298,38 +299,32 @@ def _bytes(x: Any) -> int | None:
 
 
 def _figures(program: Compiled) -> Cost:
-    """The `Cost` of a compiled program: its figures, each loop body counted as often as it runs."""
-    compiled = program.compiled
-    analysis = _compat.cost_analysis(compiled)
-    reported = (_figure(analysis.get("flops")), _figure(analysis.get("bytes accessed")))
-    paths, output_paths, donate = program.argument_paths, program.output_paths, program.donated
+    """The `Cost` of a compiled program from XLA's analyses of it (read once, where it
+    compiled), each loop body counted as often as it runs (`_loops.count`), its ops named as
+    the user's program names them (`program.names`)."""
     if program.target is not None:  # compiled by a named accelerator's compiler (`target=`)
         with _quiet.quiet():  # (its loop bodies compiled alone: the compilers' log lines)
             return _targeted(program)
-    if program.far is None:
-        loops = loop_correction(
-            program.jaxpr, _shardings(compiled), arguments=program.arguments, reported=reported, compiled=compiled
-        )
-        return _own_ops(_read(compiled, paths, output_paths, donate, loops), program.around, program.pmap)
-    # The far mesh's devices are not here to compile loop bodies on: its loops are read
-    # from the program the child compiled.
-    loops = compiled_loops(compiled) if holds_loops(program.jaxpr.jaxpr) else NO_LOOPS
-    cost = _read(compiled, paths, output_paths, donate, loops, backend=f"cpu x{program.far.size} {_SIMULATED}")
-    return _own_ops(cost, program.around, program.pmap)
+    backend = None if program.far is None else f"cpu x{program.far.size} {_SIMULATED}"  # (a far mesh's)
+    return _read(program, _loops_of(program), backend)
 
 
-def _own_ops(cost: Cost, around: bool, pmap: str | None = None) -> Cost:
-    """`cost` with each op named as the user's own jit wrapper's program names it, where
-    the program was jitted around that wrapper (`jit(step)/...`, not `jit(step)/jit(step)/...`;
-    `pmap(step)/...` for the `jax.pmap` wrapper named `pmap`)."""
-    if not around:
-        return cost
-    time = None if cost.time is None else _time.renamed(cost.time, lambda op: _buffers.own_op(op, pmap))
-    if not cost.buffers:
-        return dataclasses.replace(cost, time=time)
-    timeline = None if cost.timeline is None else _buffers.without_outer_jit_timeline(cost.timeline, pmap)
-    return dataclasses.replace(
-        cost, buffers=tuple(_buffers.without_outer_jit(b, pmap) for b in cost.buffers), timeline=timeline, time=time
+def _reported(program: Compiled) -> tuple[float | None, float | None]:
+    """XLA's (flops, bytes accessed) of the program, each body counted once."""
+    analysis = program.analyses.cost
+    return _figure(analysis.get("flops")), _figure(analysis.get("bytes accessed"))
+
+
+def _loops_of(program: Compiled) -> LoopCorrection:
+    """What XLA's figures miss of the program's loops, counted by `_loops.count`."""
+    return count(
+        program.jaxpr,
+        program.compiled,
+        shardings=_shardings(program.compiled),
+        arguments=program.arguments,
+        reported=_reported(program),
+        far=program.far is not None,
+        loop_counts=None if program.target is None else program.target.target.chip.compiler.loop_counts,
     )
 
 
@@ -340,31 +335,11 @@ def _targeted(program: Compiled) -> Cost:
     compiled alone by the target's compiler for the target's devices, as `_loops` does for
     this process's)."""
     placed = program.target
-    loops, looped = NO_LOOPS, holds_loops(program.jaxpr.jaxpr)
-    if looped and placed.target.chip.compiler.loop_counts:
-        # libtpu's optimized module tells each loop's body and trip count: read there, as a
-        # far mesh's are (nothing compiles again); compiled alone below where it cannot be.
-        loops = compiled_loops(program.compiled, scan_lengths(program.jaxpr.jaxpr))
-        looped = not loops.exact
-    if looped:
-        analysis = _compat.cost_analysis(program.compiled)
-        reported = (_figure(analysis.get("flops")), _figure(analysis.get("bytes accessed")))
-        try:  # each body compiled alone by the target's compiler, on the target's devices
-            loops = loop_correction(
-                program.jaxpr,
-                _shardings(program.compiled),
-                arguments=program.arguments,
-                reported=reported,
-                compiled=program.compiled,
-            )
-        except Exception:  # a body the target's compiler cannot take alone: counted once, and said so
-            loops = LoopCorrection(exact=False)
-    cost = _read(program.compiled, program.argument_paths, program.output_paths, program.donated, loops, placed.backend)
+    cost = _read(program, _loops_of(program), placed.backend)
     time = _step_time(program, cost.flops)
     own = placed.target.chip.compiler.own_peak
-    peak = _bytes(_compat.memory_analysis(program.compiled)["peak"]) if own else None
-    cost = dataclasses.replace(cost, device_bytes=placed.target.device_bytes, time=time, compiler_peak_bytes=peak)
-    return _own_ops(cost, program.around, program.pmap)
+    peak = _bytes(program.analyses.memory["peak"]) if own else None
+    return dataclasses.replace(cost, device_bytes=placed.target.device_bytes, time=time, compiler_peak_bytes=peak)
 
 
 def _step_time(program: Compiled, flops: float | None) -> StepTime | None:
@@ -382,36 +357,36 @@ def _step_time(program: Compiled, flops: float | None) -> StepTime | None:
     kernels, exact = read
     module = Module.read(proto)
     frames = Frames(module)
-    names = {i.name: (_buffers.op_of(i), frames.source(i.metadata)) for i in module.instructions.values()}
+    names = {
+        i.name: (program.names.op(str_field(i.metadata, F.METADATA_OP_NAME)), frames.source(i.metadata))
+        for i in module.instructions.values()
+    }
     # (a call from Python: the arrays and pytree nodes its host flattens and unflattens)
     from_python = program.call and chip.estimated
     call = _host.tree_counts(program.call[0], program.call[1:]) if from_python else None
     return _time.estimate(kernels, names, chip, placed.target.label, flops, exact, call)
 
 
-def _read(
-    compiled: Any,
-    argument_paths: Sequence[str | None] = (),
-    output_paths: Sequence[str] = (),
-    donated: frozenset[int] = frozenset(),
-    loops: LoopCorrection = NO_LOOPS,
-    backend: str | None = None,
-) -> Cost:
+def _read(program: Compiled, loops: LoopCorrection = NO_LOOPS, backend: str | None = None) -> Cost:
     """The figures of a compiled program, each loop body's FLOPs and bytes counted as often
-    as it runs (`loops`), and what is at its peak (`_buffers.read`): `argument_paths` name
-    its arguments, `output_paths` its outputs, `donated` holds the positions of the donated
-    arguments."""
-    analysis = _compat.cost_analysis(compiled)
-    memory = _compat.memory_analysis(compiled)
+    as it runs (`loops`), and what is at its peak (`_buffers.read`: its arguments named by
+    their input paths, its outputs by their `out` paths, its ops by `program.names`)."""
+    compiled, memory = program.compiled, program.analyses.memory
     argument, output, temp, alias = (_bytes(memory[k]) for k in ("argument", "output", "temp", "alias"))
     host = [_bytes(memory[k]) for k in ("host_argument", "host_output", "host_temp", "host_alias")]
     peak = None
     if argument is not None and output is not None and temp is not None and alias is not None:
         peak = argument + output + temp - alias
     reading = _buffers.read(
-        compiled, memory["buffer_assignment"], argument_paths, output_paths, donated, memory["live_ranges"]
+        compiled,
+        memory["buffer_assignment"],
+        program.argument_paths,
+        program.output_paths,
+        program.donated,
+        memory["live_ranges"],
+        program.names,
     )
-    flops, accessed = _figure(analysis.get("flops")), _figure(analysis.get("bytes accessed"))
+    flops, accessed = _reported(program)
     return Cost(
         flops=None if flops is None else flops + loops.flops,
         bytes_accessed=None if accessed is None else int(accessed + loops.bytes_accessed),

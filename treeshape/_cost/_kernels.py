@@ -311,7 +311,6 @@ def lane_fill(computation: Computation, kernel: Instruction, lanes: int | None) 
     return _filled(minor, lanes) if minor > 0 else 1.0
 
 
-
 def _filled(size: int, tile: int) -> float:
     return size / (-(-size // tile) * tile)
 

@@ -27,6 +27,7 @@ body stays counted once and the correction says it is not exact.
 """
 
 import dataclasses
+import functools
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
@@ -126,7 +127,7 @@ class _Walk:
             if not _explicit(body, self.mesh):
                 # A body XLA partitions across devices as it sees fit: its cost per device
                 # is known only inside the program, so it is read there (a scan outside
-                # other loops; `loop_correction` says how).
+                # other loops; `_from_bodies` says how).
                 if scan is not None and trips is not None and trips >= 2 and counted == 1 and self.depth == 0:
                     self.partitioned.append((eqn, runs * (trips - 1), trips % 2))
                     self.nested = self.nested or holds_loops(body.jaxpr)
@@ -550,8 +551,58 @@ def _partitioned_missed(
     return flops, accessed, exact
 
 
-# -- the public entries ---------------------------------------------------------------------
-def compiled_loops(compiled: Any, lengths: Sequence[int] = ()) -> LoopCorrection:
+# -- the count -------------------------------------------------------------------------------
+def count(
+    closed: jex.ClosedJaxpr,
+    compiled: Any,
+    *,
+    shardings: Sequence[Any] = (),
+    arguments: Sequence[Any] = (),
+    reported: tuple[float | None, float | None] = (None, None),
+    far: bool = False,
+    loop_counts: bool | None = None,
+) -> LoopCorrection:
+    """What XLA's cost analysis of a compiled program misses by counting each loop body
+    once, decided here alone for every program `ts.cost` compiles.
+
+    Args:
+        closed: The traced program (`jax.jit(f).trace(*args).jaxpr`).
+        compiled: The program compiled (`jax.stages.Compiled`, or one compiled elsewhere).
+        shardings: Its input and output shardings (see `_from_bodies`).
+        arguments: Its arguments as it was lowered, one per input of `closed`.
+        reported: XLA's (flops, bytes accessed) of the program.
+        far: Compiled for a mesh whose devices are not here (`_simulate`): the loops
+            are read from its optimized module alone, as no body can compile alone.
+        loop_counts: Where compiled for a target (`target=`), whether its compiler's module
+            tells each loop's trip count (libtpu's: `Compiler.loop_counts`); None without one.
+            On a TPU, libtpu's optimized module tells each loop's body and trip count:
+            read there first (nothing compiles again). A body the target's compiler
+            cannot take alone is counted once, and said so.
+
+    Returns:
+        The FLOPs and bytes to add, and whether every trip count and body cost was known.
+        A program without loops compiles nothing more.
+    """
+    if not holds_loops(closed.jaxpr):
+        return NO_LOOPS
+    if far:
+        return _from_module(compiled)
+    bodies = functools.partial(
+        _from_bodies, closed, shardings, arguments=arguments, reported=reported, compiled=compiled
+    )
+    if loop_counts is None:
+        return bodies()
+    if loop_counts:
+        read = _from_module(compiled, scan_lengths(closed.jaxpr))
+        if read.exact:
+            return read
+    try:  # each body compiled alone by the target's compiler, on the target's devices
+        return bodies()
+    except Exception:  # a body the target's compiler cannot take alone: counted once, and said so
+        return LoopCorrection(exact=False)
+
+
+def _from_module(compiled: Any, lengths: Sequence[int] = ()) -> LoopCorrection:
     """What XLA's cost analysis of `compiled` misses, read from its optimized HLO alone
     (`_hlo_loops`): for a program whose loop bodies cannot be compiled here (a far mesh)
     or have a cost per device only inside it (scans XLA partitions, of `lengths`)."""
@@ -562,7 +613,7 @@ def compiled_loops(compiled: Any, lengths: Sequence[int] = ()) -> LoopCorrection
     return LoopCorrection(read.flops, read.bytes_accessed, read.exact)
 
 
-def loop_correction(
+def _from_bodies(
     closed: jex.ClosedJaxpr,
     shardings: Sequence[Any] = (),
     *,
@@ -570,7 +621,8 @@ def loop_correction(
     reported: tuple[float | None, float | None] = (None, None),
     compiled: Any = None,
 ) -> LoopCorrection:
-    """What XLA's cost analysis of the program `closed` misses by counting each loop body once.
+    """What XLA's cost analysis of the program `closed` misses by counting each loop body
+    once, each body compiled alone for its abstract inputs.
 
     Args:
         closed: The traced program (`jax.jit(f).trace(*args).jaxpr`).
@@ -601,7 +653,7 @@ def loop_correction(
     if walk.partitioned and not terms and compiled is not None:
         # Every loop is a scan XLA partitions: each is read from the compiled program itself
         # (where that cannot be read, the program is compiled again below).
-        read = compiled_loops(compiled, [eqn.params["length"] for eqn, _, _ in walk.partitioned])
+        read = _from_module(compiled, [eqn.params["length"] for eqn, _, _ in walk.partitioned])
         if read.exact:
             return dataclasses.replace(read, exact=walk.exact)
     flops, accessed, exact = _missed(terms)

@@ -11,9 +11,9 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from .. import _compat
 from .._shapes import human_bytes
 from .._tree import clip
+from ._ops import without_jit
 
 
 if TYPE_CHECKING:
@@ -72,18 +72,13 @@ def _matplotlib() -> None:
         raise ImportError(f"treeshape: Timeline.plot draws with matplotlib, but {MISSING}") from err
 
 
-def _without_jit(op: str) -> str:
-    head, _, rest = op.partition("/")
-    return rest if head.startswith(_compat.JIT_OP_PREFIXES) and rest else op
-
-
 def largest_label(buffer: _Buffer) -> str:
     """The name the peak's label gives its largest buffer: its path, else its op (without
     the outermost `jit(...)`), else its kind."""
     if buffer.path is not None:
         return buffer.path
     if buffer.op is not None:
-        return clip(_without_jit(buffer.op), 60)
+        return clip(without_jit(buffer.op), 60)
     return f"a {buffer.kind} of XLA's own"
 
 

@@ -48,6 +48,7 @@ from .._call import (
 from .._leaf import ARRAY, NUMPY, SDS, kind_of, leaf_str
 from .._shapes import extent_problem
 from . import _compiles, _deviceless, _simulate, _target
+from ._ops import AS_WRITTEN, OpNames
 from ._per_device import (
     in_shard_map,
     inner_jaxprs,
@@ -370,10 +371,24 @@ def _hoist_tracers(program: _Program, donated: set[_Arg]) -> tuple[Any, list[Any
 
 
 # -- trace, lower, compile ------------------------------------------------------------
+class Analyses(NamedTuple):
+    """What XLA says of a compiled program, each analysis asked once, where it compiled."""
+
+    cost: dict[str, Any]  # `_compat.cost_analysis`: `flops`, `bytes accessed`, ...
+    memory: dict[str, Any]  # `_compat.memory_analysis`: the bytes, the buffer assignment, the live ranges
+
+    @classmethod
+    def of(cls, compiled: Any, quiet: bool) -> "Analyses":
+        """`compiled`'s analyses; `quiet`: a target's compiler's, its log lines kept quiet."""
+        with _quiet.quiet() if quiet else contextlib.nullcontext():
+            return cls(_compat.cost_analysis(compiled), _compat.memory_analysis(compiled))
+
+
 class Compiled(NamedTuple):
     """A compiled program, and what `_cost` needs to read its figures."""
 
     compiled: Any  # a `jax.stages.Compiled`, or `_simulate.Simulated` for a far mesh
+    analyses: Analyses  # XLA's analyses of `compiled`, read once
     argument_paths: list[str | None]  # each argument's input path (None: a value closed over)
     output_paths: list[str]  # each output's `out` path
     donated: frozenset[int]  # the positions of the donated arguments
@@ -381,9 +396,17 @@ class Compiled(NamedTuple):
     arguments: list[Any]  # its flat arguments, as lowered
     far: Any  # the abstract mesh it was compiled for in a child process, else None
     target: Any = None  # the `_deviceless.Placed` it was compiled for with `target=`, else None
-    around: bool = False  # jitted around the user's own jit wrapper: the ops' outermost `jit(...)` is ours
-    pmap: str | None = None  # the name of the user's `jax.pmap` wrapper, where it is one
+    names: OpNames = AS_WRITTEN  # how its ops are named as the user's program names them
     call: tuple[jtu.PyTreeDef, ...] = ()  # the structures a call passes in and gets back
+
+
+def _op_names(core: Any, jitted_around: bool) -> OpNames:
+    """How the ops of the program compiled for `core` are named: where it was jitted
+    around the user's own jit wrapper, the outermost `jit(...)` is ours (`jit(step)/...`,
+    not `jit(step)/jit(step)/...`; `pmap(step)/...` for a `jax.pmap` wrapper)."""
+    if not (jitted_around and is_jit_wrapper(core)):
+        return AS_WRITTEN
+    return OpNames(around=True, pmap=pmap_name(core))
 
 
 def compile_program(
@@ -472,10 +495,9 @@ def compile_program(
         output_paths = ["out" + jtu.keystr(tuple(keys)) for keys, _ in jtu.tree_flatten_with_path(lowered.out_info)[0]]
         output_tree = [jtu.tree_structure(lowered.out_info)]
     arguments = [_lowering_argument(x) for x in jtu.tree_leaves((args, named))]
-    around = jitted is not core and is_jit_wrapper(core)
-    pmap = pmap_name(core) if around else None
-    call = (treedef, *output_tree)
-    return Compiled(compiled, paths, output_paths, donate, traced.jaxpr, arguments, far, placed, around, pmap, call)
+    names, call = _op_names(core, jitted is not core), (treedef, *output_tree)
+    analyses = Analyses.of(compiled, quiet=placed is not None)
+    return Compiled(compiled, analyses, paths, output_paths, donate, traced.jaxpr, arguments, far, placed, names, call)
 
 
 def _retargeted(
@@ -542,11 +564,10 @@ def _retargeted(
     _compiles.compiled()
     paths = [*program.paths, *[None] * (len(infos) - len(program.paths))]
     arguments = [_lowering_argument(x) for x in placed.values]
-    call = (treedef, *program.output_tree)
-    around = is_jit_wrapper(own)
-    pmap_named = pmap_name(own) if around else None
+    names, call = _op_names(own, True), (treedef, *program.output_tree)
+    analyses = Analyses.of(compiled, quiet=True)
     return Compiled(
-        compiled, paths, program.output_paths, donate, traced.jaxpr, arguments, None, placed, around, pmap_named, call
+        compiled, analyses, paths, program.output_paths, donate, traced.jaxpr, arguments, None, placed, names, call
     )
 
 

@@ -52,14 +52,14 @@ import dataclasses
 import html
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
 from .._table import grid, html_grid
-from . import _timeline
 from ._chips import Chip
 from ._kernels import Collective, Kernel
+from ._ops import NO_OP, phase_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,8 +325,8 @@ class StepTime:
         """
         if type(depth) is not int or depth < 1:
             raise ValueError(f"depth must be an int >= 1 (how many path components name a phase), got {depth!r}")
-        names = [None if op is None else _timeline.phase_name(op, depth) for op, _ in self.schedule]
-        current = next((name for name in names if name is not None), _timeline.NO_OP)
+        names = [None if op is None else phase_name(op, depth) for op, _ in self.schedule]
+        current = next((name for name in names if name is not None), NO_OP)
         out: list[PhaseTime] = []
         for name, (_, seconds) in zip(names, self.schedule, strict=True):
             if out and (name is None or name == out[-1].name):
@@ -785,13 +785,6 @@ def _source(
     if conditionals:
         notes.append("each conditional counted at its most costly branch")
     return said + "".join(f"; {n}" for n in notes)
-
-
-def renamed(t: StepTime, op: Callable[[str | None], str | None]) -> StepTime:
-    """`t` with each kernel's op renamed by `op` (the user's own jit's names)."""
-    kernels = _by_line(dataclasses.replace(k, op=op(k.op)) for k in t.kernels)
-    schedule = tuple((op(o), s) for o, s in t.schedule)
-    return dataclasses.replace(t, kernels=kernels, schedule=schedule)
 
 
 # The public classes report module `treeshape`, so doctest would not find their examples here.

@@ -13,12 +13,12 @@ import bisect
 import dataclasses
 import html
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final, Literal, NamedTuple, get_args
 
-from .. import _compat
 from .._shapes import human_bytes
 from . import _plot  # it imports matplotlib only when a picture is drawn
+from ._ops import NO_OP, phase_name
 
 
 # What a buffer holds (`Buffer.kind`), the kinds a timeline counts its bytes by.
@@ -282,43 +282,8 @@ class Timeline:
         return svg if svg is not None else f"<pre>{html.escape(chart(self))}</pre>"
 
 
-NO_OP: Final = "(XLA's own)"
 _ROWS: Final = 23  # and a header: at most 24 lines
 _BAR: Final = 30
-
-
-def first_name(op: str) -> str:
-    """The first of the names `op` joins: a fusion's metadata joins several with `;`; a
-    combined collective's, and a multi-output fusion's, are a group in parentheses (after the
-    outermost `jit(...)/`, if any), separated by commas or colons."""
-    name = op.split(";")[0].strip()
-    head, slash, rest = name.partition("/")
-    if head.startswith(_compat.JIT_OP_PREFIXES) and rest.startswith("("):
-        return head + slash + _first_in_group(rest)
-    return _first_in_group(name) if name.startswith("(") else name
-
-
-def _first_in_group(group: str) -> str:
-    """`(a/b:c/d)` or `(a, b)` -> `a/b` / `a`: the first member, parentheses inside kept."""
-    depth = 0
-    for i, char in enumerate(group[1:], 1):
-        if char == "(":
-            depth += 1
-        elif char == ")" and depth:
-            depth -= 1
-        elif depth == 0 and char in "),:":
-            return group[1:i].strip()
-    return group[1:].strip()
-
-
-def phase_name(op: str, depth: int) -> str:
-    """`op`'s first name (a fusion's metadata joins several with `;`, a combined
-    collective's in parentheses) without its outermost `jit(...)`, to `depth` components."""
-    name = first_name(op)
-    head, _, rest = name.partition("/")
-    if head.startswith(_compat.JIT_OP_PREFIXES) and rest:
-        name = rest
-    return "/".join(name.split("/")[:depth])
 
 
 def chart(t: Timeline) -> str:
@@ -366,12 +331,6 @@ def build(values: Sequence[Live], steps: int, ops: Sequence[str | None]) -> Time
     live, by_kind = sweep(values, steps)
     peak_step = max(range(steps), key=lambda s: (live[s], -s)) if steps else 0
     return Timeline(tuple(live), {k: tuple(v) for k, v in by_kind.items()}, tuple(ops), peak_step, tuple(values))
-
-
-def renamed(t: Timeline, op: Callable[[str | None], str | None], buffer: Callable[[Any], Any]) -> Timeline:
-    """`t` with each step's op and each value's buffer renamed (the user's own jit wrapper)."""
-    values = tuple(v._replace(buffer=buffer(v.buffer)) for v in t._values)
-    return dataclasses.replace(t, ops=tuple(map(op, t.ops)), _values=values)
 
 
 # The public classes report module `treeshape`, so doctest would not look for their examples here.
