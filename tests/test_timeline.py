@@ -323,12 +323,15 @@ def test_a_program_jitted_around_the_user_s_jit_names_every_op_as_the_user_s_own
     own = ts.cost(jitted, w, xs, target="v5e")  # the wrapper's own program
     around = ts.cost(jitted, w, xs, donate_argnums=0, target="v5e")  # ours, around it
     assert around == own and around.time.seconds == own.time.seconds
-    assert around.timeline.ops == own.timeline.ops and around.timeline.phases() == own.timeline.phases()
-    assert [(b.op, b.source) for b in around.buffers] == [(b.op, b.source) for b in own.buffers]
+    steps: list = []
+    if own.timeline is not None:  # (none from the libtpu of jax 0.8.0, which writes no live ranges)
+        assert around.timeline.ops == own.timeline.ops and around.timeline.phases() == own.timeline.phases()
+        assert [(b.op, b.source) for b in around.buffers] == [(b.op, b.source) for b in own.buffers]
+        steps = list(around.timeline.ops)
     kernels = [(k.op, k.source, k.name, k.kind, k.runs, k.seconds) for k in around.time.kernels]
     assert kernels == [(k.op, k.source, k.name, k.kind, k.runs, k.seconds) for k in own.time.kernels]
     assert around.time.schedule == own.time.schedule
-    ops = [op for op in around.timeline.ops if op] + [k.op for k in around.time.kernels if k.op]
+    ops = [op for op in steps if op] + [k.op for k in around.time.kernels if k.op]
     assert ops and all(op.startswith("jit(step)/") and "jit(step)/jit(step)" not in op for op in ops)
     assert any("/layer/" in op for op in ops)
 
