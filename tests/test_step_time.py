@@ -90,7 +90,9 @@ def test_a_kernel_in_a_loop_inside_a_loops_body_runs_as_often_as_both_trip_count
         return jax.lax.scan(outer, x, length=5)[0]
 
     w, x = jax.ShapeDtypeStruct((256, 256), jnp.float32), jax.ShapeDtypeStruct((64, 256), jnp.float32)
-    c = ts.cost(nested, w, x, target="v5e")
+    # (x32: under jax_enable_x64 the loops' int64 counters are not yet read as trip counts)
+    with jax.enable_x64(False):
+        c = ts.cost(nested, w, x, target="v5e")
     # each kernel by (the loop bodies around it, in a condition?, its op's own name)
     runs = {
         (k.op.count("/while/body/"), "/while/cond/" in k.op, k.op.rsplit("/", 1)[-1]): k.runs
